@@ -1,0 +1,112 @@
+"""Datasets the user has on disk: ``folder:PATH`` (ImageFolder layout) and ``npz:PATH`` (arrays)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import DatasetError
+from .base import ArraySource, ImageSource
+
+
+def _pil_to_array(img) -> np.ndarray:
+    if img.mode not in ("L", "RGB"):
+        img = img.convert("RGB")
+    return np.asarray(img, dtype=np.float32) / 255.0
+
+
+class FolderSource(ImageSource):
+    """``PATH/<class>/<image>`` as torchvision's ``ImageFolder`` reads it; images opened on demand.
+
+    Only the examples that are drawn are opened, so a large folder costs one directory scan.
+    """
+
+    def __init__(self, path: str | Path, name: str | None = None):
+        from torchvision.datasets import ImageFolder
+
+        path = Path(path).expanduser()
+        self.name = name or f"folder:{path}"
+        if not path.is_dir():
+            raise DatasetError(f"{self.name}: no such folder; give a folder with one sub-folder of images per class")
+        try:
+            self._folder = ImageFolder(str(path), loader=lambda p: p)
+        except (FileNotFoundError, RuntimeError) as e:
+            first = str(e).splitlines()[0]
+            raise DatasetError(
+                f"{self.name}: no images found ({first}); expected PATH/<class>/<image>.png|jpg|..."
+            ) from None
+        self.num_classes = len(self._folder.classes)
+        self.classes = list(self._folder.classes)
+        self._targets = np.asarray(self._folder.targets, dtype=np.int64)
+        self.description = f"image folder {path} ({self.num_classes} classes)"
+
+    def __len__(self) -> int:
+        return len(self._folder.samples)
+
+    def labels(self, indices: Sequence[int]) -> np.ndarray:
+        return self._targets[np.asarray(indices, dtype=np.int64)]
+
+    def images(self, indices: Sequence[int]) -> list[np.ndarray]:
+        from PIL import Image, UnidentifiedImageError
+
+        out = []
+        for i in indices:
+            file = self._folder.samples[int(i)][0]
+            try:
+                with Image.open(file) as img:
+                    out.append(_pil_to_array(img))
+            except (UnidentifiedImageError, OSError) as e:
+                raise DatasetError(f"{self.name}: cannot read image {file} ({type(e).__name__}); remove or replace it") from None
+        return out
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d["class_names"] = self.classes
+        return d
+
+
+def npz_source(path: str | Path, name: str | None = None) -> ImageSource:
+    """``npz:PATH``: arrays ``x`` (N,H,W | N,C,H,W | N,H,W,C; C in 1 or 3) and ``y`` (N,) or (N, classes).
+
+    Integer images are divided by 255; float images are used as they are and must lie in [0, 1].
+    """
+    path = Path(path).expanduser()
+    name = name or f"npz:{path}"
+    if not path.is_file():
+        raise DatasetError(f"{name}: no such file; give an .npz with arrays 'x' and 'y'")
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            if "x" not in f.files or "y" not in f.files:
+                raise DatasetError(f"{name}: has arrays {f.files}; it needs arrays named 'x' (images) and 'y' (labels)")
+            x, y = f["x"], f["y"]
+    except DatasetError:
+        raise
+    except Exception as e:  # zipfile.BadZipFile, ValueError, OSError...
+        raise DatasetError(f"{name}: cannot read ({type(e).__name__}: {e}); save it with numpy.savez(path, x=..., y=...)") from None
+    if x.ndim == 4:
+        if x.shape[-1] in (1, 3):
+            pass
+        elif x.shape[1] in (1, 3):
+            x = np.moveaxis(x, 1, -1)
+        else:
+            raise DatasetError(f"{name}: x has shape {x.shape}; 4-d images need 1 or 3 channels (N,C,H,W or N,H,W,C)")
+        if x.shape[-1] == 1:
+            x = x[..., 0]
+    elif x.ndim != 3:
+        raise DatasetError(f"{name}: x has shape {x.shape}; expected N,H,W or N,C,H,W or N,H,W,C")
+    if y.ndim not in (1, 2) or len(y) != len(x):
+        raise DatasetError(f"{name}: y has shape {y.shape} for {len(x)} images; give one label (or one 0/1 row) per image")
+    if np.issubdtype(x.dtype, np.integer):
+        x = x.astype(np.float32) / 255.0
+    elif np.issubdtype(x.dtype, np.floating):
+        x = x.astype(np.float32)
+        if x.size and (x.min() < 0 or x.max() > 1):
+            raise DatasetError(f"{name}: float images must lie in [0, 1] (found {x.min():.3g}..{x.max():.3g}); rescale or save as uint8")
+    else:
+        raise DatasetError(f"{name}: x has dtype {x.dtype}; use uint8 or float in [0, 1]")
+    if y.ndim == 1:
+        if not np.issubdtype(y.dtype, np.integer) or (len(y) and y.min() < 0):
+            raise DatasetError(f"{name}: y must hold non-negative integer class labels (got dtype {y.dtype})")
+    return ArraySource(name, x, y, description=f"arrays from {path}")

@@ -1,0 +1,236 @@
+"""Per-sample gradients at fixed weights w0, in chunks, on the chosen device.
+
+Two engines compute the same matrix G (m x p, one row per example):
+
+* ``vmap``: ``torch.func.vmap(torch.func.grad(loss of functional_call))`` over a chunk.
+* ``hooks``: Opacus's ``GradSampleModule``: per-layer grad samplers for the layers Opacus knows
+  (Linear, Conv, GroupNorm, LayerNorm, Embedding...; the convolution one is an unfold + einsum over
+  the layer's captured input and output gradient) and torch.func for any other layer with parameters.
+
+``engine="auto"`` takes ``hooks`` on CPU and ``vmap`` on CUDA, the faster of the two in
+``benchmarks/bench_rank.py`` on the probe network and ResNet20 (figures in the README).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import logging
+import warnings
+from typing import Callable, Iterable, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .errors import GSDError, ModelError
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+ENGINES = ("auto", "vmap", "hooks")
+
+
+def default_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Per-example loss: softmax cross-entropy for class indices, sigmoid BCE (summed) for 0/1 rows."""
+    if target.dtype.is_floating_point:
+        return F.binary_cross_entropy_with_logits(logits, target, reduction="none").sum(-1)
+    return F.cross_entropy(logits, target, reduction="none")
+
+
+def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
+    """``auto`` -> CUDA when available, else CPU; ``cuda`` without a GPU is a user error."""
+    if device is None or str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise GSDError("--device cuda was asked for but no CUDA GPU is visible; use --device auto or cpu")
+    return dev
+
+
+def select_parameters(model: nn.Module, patterns: Sequence[str] | str | None = None) -> list[str]:
+    """Names of the parameters that get gradients.
+
+    ``patterns``: glob patterns (``fnmatch``) over ``model.named_parameters()`` names, or a comma-
+    separated string of them; ``None`` means every trainable parameter. A pattern that matches no
+    parameter is an error (it is almost always a typo).
+    """
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    if patterns is None:
+        if not names:
+            raise ModelError("the model has no trainable parameters; select some with --params")
+        return names
+    if isinstance(patterns, str):
+        patterns = [patterns]
+    pats = [q.strip() for pat in patterns for q in pat.split(",") if q.strip()]
+    if not pats:
+        raise ModelError("--params is empty; give glob patterns such as '*' or 'fc.*,layer3.*'")
+    all_names = [n for n, _ in model.named_parameters()]
+    chosen = set()
+    for pat in pats:
+        hit = fnmatch.filter(all_names, pat)
+        if not hit:
+            sample = ", ".join(all_names[:6]) + (", ..." if len(all_names) > 6 else "")
+            raise ModelError(f"--params pattern {pat!r} matches no parameter; names look like: {sample}")
+        chosen.update(hit)
+    return [n for n in all_names if n in chosen]
+
+
+def default_chunk_size(device: torch.device, num_params: int) -> int:
+    """Examples per chunk: 64 on CPU (cache-friendly), 256 on CUDA; fewer when p is large."""
+    base = 256 if device.type == "cuda" else 64
+    by_memory = int(2e9 // (4 * max(num_params, 1)))  # at most ~2 GB of per-sample gradients
+    return max(1, min(base, by_memory))
+
+
+@contextlib.contextmanager
+def _only_trainable(model: nn.Module, names: Sequence[str]):
+    keep = set(names)
+    saved = {n: p.requires_grad for n, p in model.named_parameters()}
+    try:
+        for n, p in model.named_parameters():
+            p.requires_grad_(n in keep)
+        yield
+    finally:
+        for n, p in model.named_parameters():
+            p.requires_grad_(saved[n])
+
+
+class _VmapEngine:
+    def __init__(self, model: nn.Module, names: Sequence[str], loss: LossFn):
+        from torch.func import functional_call, grad, vmap
+
+        params = dict(model.named_parameters())
+        self.names = list(names)
+        frozen = {n: p.detach() for n, p in params.items() if n not in set(names)}
+        buffers = {n: b.detach() for n, b in model.named_buffers()}
+
+        def one(selected, x, y):
+            out = functional_call(model, (selected, frozen, buffers), (x.unsqueeze(0),))
+            return loss(out, y.unsqueeze(0)).sum()
+
+        self._fn = vmap(grad(one), in_dims=(None, 0, 0), randomness="different")
+        self._selected = {n: params[n].detach() for n in names}
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        g = self._fn(self._selected, x, y)
+        return torch.cat([g[n].reshape(x.shape[0], -1) for n in self.names], dim=1)
+
+    def close(self) -> None:
+        pass
+
+
+class _HooksEngine:
+    def __init__(self, model: nn.Module, names: Sequence[str], loss: LossFn):
+        from opacus import GradSampleModule
+
+        logging.getLogger("opacus").setLevel(logging.ERROR)
+        self.model = model
+        self.loss = loss
+        self.params = [dict(model.named_parameters())[n] for n in names]
+        self.gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum", strict=False)
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        for p in self.params:
+            p.grad = None
+            p.grad_sample = None
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*Full backward hook is firing.*")
+            self.loss(self.gsm(x), y).sum().backward()
+        rows = torch.cat([p.grad_sample.reshape(x.shape[0], -1) for p in self.params], dim=1)
+        for p in self.params:
+            p.grad = None
+            p.grad_sample = None
+        return rows
+
+    def close(self) -> None:
+        self.gsm._close()
+
+
+def _engine_name(engine: str, device: torch.device) -> str:
+    if engine not in ENGINES:
+        raise GSDError(f"unknown gradient engine {engine!r}; use one of {', '.join(ENGINES)}")
+    if engine == "auto":
+        return "vmap" if device.type == "cuda" else "hooks"
+    return engine
+
+
+def gradient_matrix(
+    model: nn.Module,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    m: int,
+    params: Sequence[str] | None = None,
+    loss: LossFn | None = None,
+    engine: str = "auto",
+    device: str | torch.device | None = "auto",
+    row_norm: str = "none",
+    on_chunk: Callable[[int], None] | None = None,
+) -> torch.Tensor:
+    """Stack per-sample gradients of ``m`` examples that arrive as ``(x, y)`` chunks into G (m x p).
+
+    ``row_norm="unit"`` scales every row to unit L2 norm (zero rows stay zero) as each chunk
+    arrives. Returns float32 on ``device``. The model's parameters are not changed.
+    """
+    if row_norm not in ("unit", "none"):
+        raise GSDError(f"--row-norm must be 'unit' or 'none' (got {row_norm!r})")
+    dev = resolve_device(device)
+    names = list(params) if params is not None else select_parameters(model)
+    loss = loss or default_loss
+    model = model.to(dev)
+    was_training = model.training
+    model.train()  # per-sample gradients as in training (Opacus' hooks only fire in train mode)
+    p = sum(dict(model.named_parameters())[n].numel() for n in names)
+    G = torch.empty(m, p, device=dev)
+    kind = _engine_name(engine, dev)
+    try:
+        with _only_trainable(model, names):
+            eng = (_VmapEngine if kind == "vmap" else _HooksEngine)(model, names, loss)
+            try:
+                row = 0
+                for x, y in batches:
+                    x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+                    n = x.shape[0]
+                    if row + n > m:
+                        raise GSDError(f"more than the announced {m} examples arrived")
+                    G[row : row + n] = eng(x, y).detach()
+                    if row_norm == "unit":
+                        norms = G[row : row + n].norm(dim=1, keepdim=True)
+                        G[row : row + n] /= torch.where(norms > 0, norms, torch.ones_like(norms))
+                    row += n
+                    if on_chunk is not None:
+                        on_chunk(n)
+            finally:
+                eng.close()
+    finally:
+        model.train(was_training)
+    if row != m:
+        raise GSDError(f"expected {m} examples, got {row}")
+    return G
+
+
+def per_sample_gradients(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    loss: LossFn | None = None,
+    params: Sequence[str] | str | None = None,
+    chunk_size: int | None = None,
+    *,
+    engine: str = "auto",
+    device: str | torch.device | None = "auto",
+    row_norm: str = "none",
+) -> torch.Tensor:
+    """Per-sample gradients of ``loss(model(x_i), y_i)`` w.r.t. the selected parameters: ``(m, p)``.
+
+    ``params``: glob patterns over parameter names (default: all trainable); the columns follow
+    ``model.named_parameters()`` order, each parameter flattened. ``loss(logits, targets)`` returns
+    per-example losses (default :func:`default_loss`). ``chunk_size`` examples are processed at a time.
+    """
+    if x.shape[0] != y.shape[0]:
+        raise GSDError(f"x has {x.shape[0]} examples but y has {y.shape[0]}")
+    names = select_parameters(model, params)
+    dev = resolve_device(device)
+    p = sum(dict(model.named_parameters())[n].numel() for n in names)
+    cs = chunk_size or default_chunk_size(dev, p)
+    if cs < 1:
+        raise GSDError(f"--chunk-size must be at least 1 (got {cs})")
+    chunks = ((x[i : i + cs], y[i : i + cs]) for i in range(0, x.shape[0], cs))
+    return gradient_matrix(model, chunks, x.shape[0], names, loss, engine, dev, row_norm)

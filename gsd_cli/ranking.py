@@ -1,0 +1,309 @@
+"""GSD between datasets and the ranking of public candidates (paper 004, Algorithm 1).
+
+For one model at initial weights w0 (a function of ``seed``), the private sample's top-k gradient
+subspace is computed once and compared with each public candidate's; candidates are ranked by
+distance, lowest (closest to the private task) first.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import zlib
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from . import data as gdata
+from .errors import GSDError, ModelError
+from .gradients import LossFn, default_chunk_size, gradient_matrix, resolve_device, select_parameters
+from .subspace import principal_angles, projection_metric, top_k_subspace, uniform_baseline
+
+LABELS = ("random", "own")
+ROW_NORMS = ("unit", "none")
+
+#: ``progress(dataset_name, examples_done, examples_total)``, called after every chunk.
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass
+class Subspace:
+    """Top-k gradient subspace of one sample: basis ``V`` (p x k, float64) and singular values ``s``."""
+
+    name: str
+    V: torch.Tensor
+    s: torch.Tensor
+    examples: int
+    seconds: float
+
+
+@dataclass
+class RankResult:
+    """One public candidate's row of a ranking (what the JSON ``results`` list holds)."""
+
+    public: str
+    distance: float
+    rank: int
+    examples: int
+    principal_angles_deg: list[float]
+    seconds: float
+    winner: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Ranking:
+    """A ranking: a sequence of :class:`RankResult` (best first) plus the settings that produced it."""
+
+    private: str
+    model: str
+    k: int
+    examples: int
+    seed: int
+    labels: str
+    row_norm: str
+    params: list[str] | None
+    num_params: int
+    device: str
+    engine: str
+    private_examples: int
+    uniform_baseline: float
+    results: list[RankResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def __iter__(self) -> Iterator[RankResult]:
+        return iter(self.results)
+
+    def __getitem__(self, i: int) -> RankResult:
+        return self.results[i]
+
+    @property
+    def winner(self) -> RankResult:
+        return self.results[0]
+
+    def to_dict(self) -> dict:
+        """The JSON document: settings, then ``results`` sorted by rank. Fields are only ever added."""
+        d = {k: v for k, v in asdict(self).items() if k != "results"}
+        d["results"] = [r.to_dict() for r in self.results]
+        return d
+
+
+def _label_seed(seed: int, name: str) -> list[int]:
+    return [seed, zlib.crc32(name.encode()), 1]
+
+
+def sample_labels(sample: gdata.Sample, labels: str, num_classes: int, seed: int) -> torch.Tensor:
+    """Labels for the gradients: uniformly random in the model's label space (the authors' choice,
+    seeded by ``seed`` and the dataset name), or the dataset's own."""
+    if labels not in LABELS:
+        raise GSDError(f"--labels must be one of {', '.join(LABELS)} (got {labels!r})")
+    if labels == "random":
+        rng = np.random.default_rng(_label_seed(seed, sample.source.name))
+        return torch.from_numpy(rng.integers(0, num_classes, size=len(sample)))
+    y = sample.labels()
+    if sample.source.multilabel:
+        if y.shape[1] != num_classes:
+            raise GSDError(
+                f"{sample.source.name} has {y.shape[1]} labels per example but the model has {num_classes} outputs; use --labels random"
+            )
+        return torch.from_numpy(y.astype(np.float32))
+    if len(y) and int(y.max()) >= num_classes:
+        raise GSDError(
+            f"{sample.source.name} has labels up to {int(y.max())} but the model has {num_classes} classes "
+            f"(set by the private dataset); use --labels random"
+        )
+    return torch.from_numpy(y.astype(np.int64))
+
+
+def sample_subspace(
+    model: nn.Module,
+    sample: gdata.Sample,
+    *,
+    k: int,
+    input_size: int,
+    channels: int,
+    num_classes: int,
+    names: Sequence[str],
+    labels: str = "random",
+    row_norm: str = "unit",
+    seed: int = 0,
+    loss: LossFn | None = None,
+    engine: str = "auto",
+    device: str | torch.device = "auto",
+    chunk_size: int | None = None,
+    progress: Progress | None = None,
+) -> Subspace:
+    """Per-sample gradients of ``sample`` at the model's weights, then their top-k subspace."""
+    t0 = time.perf_counter()
+    dev = resolve_device(device)
+    if k > len(sample):
+        raise GSDError(f"k={k} is larger than the {len(sample)} examples of {sample.source.name}; use --k <= {len(sample)}")
+    y = sample_labels(sample, labels, num_classes, seed)
+    p = sum(dict(model.named_parameters())[n].numel() for n in names)
+    cs = chunk_size or default_chunk_size(dev, p)
+    if cs < 1:
+        raise GSDError(f"--chunk-size must be at least 1 (got {cs})")
+    done = 0
+
+    def batches():
+        for start, x in sample.batches(input_size, channels, cs):
+            yield x, y[start : start + x.shape[0]]
+
+    def on_chunk(n: int) -> None:
+        nonlocal done
+        done += n
+        if progress is not None:
+            progress(sample.source.name, done, len(sample))
+
+    G = gradient_matrix(model, batches(), len(sample), names, loss, engine, dev, row_norm, on_chunk)
+    V, s = top_k_subspace(G, k)
+    del G
+    return Subspace(sample.source.name, V, s, len(sample), time.perf_counter() - t0)
+
+
+def _as_xy(batch, num_classes: int, seed: int, salt: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + salt)
+        return batch, torch.randint(0, num_classes, (batch.shape[0],), generator=gen)
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0], batch[1]
+    raise GSDError("give examples as a tensor x (random labels) or a pair (x, y)")
+
+
+def gradient_subspace_distance(
+    model: nn.Module,
+    private,
+    public,
+    k: int = 16,
+    *,
+    params: Sequence[str] | str | None = None,
+    row_norm: str = "unit",
+    loss: LossFn | None = None,
+    chunk_size: int | None = None,
+    engine: str = "auto",
+    device: str | torch.device = "auto",
+    seed: int = 0,
+) -> float:
+    """GSD (paper 004, Algorithm 1) between two batches at the model's current weights.
+
+    ``private`` and ``public`` are input tensors (each example gets a uniformly random label in the
+    model's label space, drawn from ``seed``, as the authors do) or ``(x, y)`` pairs. Returns the
+    normalised projection metric in [0, 1] between the top-k right singular subspaces of the two
+    per-sample gradient matrices.
+    """
+    from .gradients import per_sample_gradients
+
+    if row_norm not in ROW_NORMS:
+        raise GSDError(f"--row-norm must be one of {', '.join(ROW_NORMS)} (got {row_norm!r})")
+    dev = resolve_device(device)
+    first = private if isinstance(private, torch.Tensor) else private[0]
+    with torch.no_grad():
+        num_classes = model.to(dev)(first[:1].to(dev)).shape[-1]
+    bases = []
+    for salt, batch in enumerate((private, public)):
+        x, y = _as_xy(batch, num_classes, seed, salt)
+        G = per_sample_gradients(model, x, y, loss, params, chunk_size, engine=engine, device=dev, row_norm=row_norm)
+        bases.append(top_k_subspace(G, k)[0])
+        del G
+    return projection_metric(*bases)
+
+
+def rank(
+    private: str | gdata.ImageSource = gdata.DEFAULT_PRIVATE,
+    publics: Sequence[str | gdata.ImageSource] = gdata.DEFAULT_PUBLIC,
+    *,
+    k: int = 16,
+    examples: int | None = 2000,
+    seed: int = 0,
+    model: str = "probe",
+    params: Sequence[str] | str | None = None,
+    labels: str = "random",
+    row_norm: str = "unit",
+    device: str = "auto",
+    chunk_size: int | None = None,
+    engine: str = "auto",
+    loss: LossFn | None = None,
+    progress: Progress | None = None,
+) -> Ranking:
+    """Rank public candidates by their GSD to the private dataset, lowest first.
+
+    Every dataset contributes ``min(examples, size)`` examples drawn with ``seed``; the model's
+    initial weights w0 also come from ``seed``, and the private subspace is computed once. Returns a
+    :class:`Ranking` (a sequence of :class:`RankResult`, best first; ``.to_dict()`` is the JSON).
+    """
+    from probes import get_model_spec
+
+    t0 = time.perf_counter()
+    if k < 1:
+        raise GSDError(f"--k must be at least 1 (got {k})")
+    if row_norm not in ROW_NORMS:
+        raise GSDError(f"--row-norm must be one of {', '.join(ROW_NORMS)} (got {row_norm!r})")
+    if labels not in LABELS:
+        raise GSDError(f"--labels must be one of {', '.join(LABELS)} (got {labels!r})")
+    if not publics:
+        raise GSDError("give at least one public candidate (--public NAME ...)")
+    try:
+        spec = get_model_spec(model)
+    except KeyError as e:
+        raise ModelError(str(e.args[0])) from None
+    dev = resolve_device(device)
+    priv_source = gdata.resolve(private)
+    pub_sources = [gdata.resolve(p) for p in publics]
+    names_seen = [priv_source.name] + [s.name for s in pub_sources]
+    dup = {n for n in names_seen[1:] if names_seen[1:].count(n) > 1}
+    if dup:
+        raise GSDError(f"public candidate(s) {', '.join(sorted(dup))} given twice; name each once")
+    samples = [gdata.draw(s, examples, seed) for s in [priv_source, *pub_sources]]
+    for smp in samples:
+        if k > len(smp):
+            raise GSDError(
+                f"k={k} is larger than the {len(smp)} examples of {smp.source.name}; use --k <= {len(smp)}"
+            )
+    num_classes = priv_source.num_classes
+    if num_classes < 1:
+        raise GSDError(f"{priv_source.name} has no classes; it needs labelled examples")
+    net = spec.build(num_classes=num_classes, seed=seed)
+    names = select_parameters(net, params)
+    num_params = sum(dict(net.named_parameters())[n].numel() for n in names)
+    if k > num_params:
+        raise GSDError(f"k={k} is larger than the {num_params} selected parameters; use a smaller --k")
+    common = dict(
+        k=k, input_size=spec.input_size, channels=spec.channels, num_classes=num_classes, names=names,
+        labels=labels, row_norm=row_norm, seed=seed, loss=loss, engine=engine, device=dev,
+        chunk_size=chunk_size, progress=progress,
+    )
+    priv = sample_subspace(net, samples[0], **common)
+    rows = []
+    for smp in samples[1:]:
+        pub = sample_subspace(net, smp, **common)
+        angles = principal_angles(priv.V, pub.V)
+        rows.append(
+            RankResult(
+                public=smp.source.name,
+                distance=projection_metric(priv.V, pub.V),
+                rank=0,
+                examples=pub.examples,
+                principal_angles_deg=[round(math.degrees(a), 4) for a in angles.tolist()],
+                seconds=round(pub.seconds, 3),
+            )
+        )
+    rows.sort(key=lambda r: r.distance)
+    for i, r in enumerate(rows, 1):
+        r.rank = i
+        r.winner = i == 1
+    return Ranking(
+        private=priv_source.name, model=model, k=k, examples=examples if examples is not None else -1,
+        seed=seed, labels=labels, row_norm=row_norm,
+        params=None if params is None else ([params] if isinstance(params, str) else list(params)),
+        num_params=num_params, device=str(dev), engine=engine, private_examples=priv.examples,
+        uniform_baseline=uniform_baseline(k, num_params), results=rows,
+        seconds=round(time.perf_counter() - t0, 3),
+    )

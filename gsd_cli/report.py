@@ -1,0 +1,106 @@
+"""Rendering a ranking: rich table for people, JSON and CSV for machines."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from .errors import GSDError
+from .ranking import Ranking
+
+
+def check_output_path(path: str | Path | None, what: str) -> Path | None:
+    """Fail before any work if an output path cannot be written (missing folder, is a folder)."""
+    if path is None:
+        return None
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise GSDError(f"{what} {path} is a folder; give a file name")
+    if not path.parent.exists():
+        raise GSDError(f"{what} {path}: folder {path.parent} does not exist; create it first")
+    return path
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    """Write via a temporary file and rename, so an interrupted run never leaves half a file."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def to_json(ranking: Ranking) -> str:
+    return json.dumps(ranking.to_dict(), indent=2) + "\n"
+
+
+def to_csv(ranking: Ranking) -> str:
+    buf = io.StringIO()
+    cols = ["rank", "public", "distance", "examples", "private", "model", "k", "seed", "labels", "row_norm", "min_angle_deg", "max_angle_deg"]
+    w = csv.DictWriter(buf, fieldnames=cols)
+    w.writeheader()
+    for r in ranking:
+        w.writerow({
+            "rank": r.rank, "public": r.public, "distance": f"{r.distance:.6f}", "examples": r.examples,
+            "private": ranking.private, "model": ranking.model, "k": ranking.k, "seed": ranking.seed,
+            "labels": ranking.labels, "row_norm": ranking.row_norm,
+            "min_angle_deg": r.principal_angles_deg[0], "max_angle_deg": r.principal_angles_deg[-1],
+        })
+    return buf.getvalue()
+
+
+def write_json(ranking: Ranking, path: str | Path) -> None:
+    _atomic_write(Path(path), to_json(ranking))
+
+
+def write_csv(ranking: Ranking, path: str | Path) -> None:
+    _atomic_write(Path(path), to_csv(ranking))
+
+
+def ranking_table(ranking: Ranking) -> Table:
+    t = Table(
+        title=f"GSD to private [bold]{ranking.private}[/] ({ranking.private_examples} examples)",
+        caption=(
+            f"model {ranking.model}, p={ranking.num_params:,} parameters, k={ranking.k}, seed {ranking.seed}, "
+            f"labels {ranking.labels}, row norm {ranking.row_norm}"
+        ),
+    )
+    t.add_column("rank", justify="right")
+    t.add_column("public", overflow="fold")
+    t.add_column("distance", justify="right")
+    t.add_column("", min_width=10, no_wrap=True)
+    t.add_column("angles min..max", justify="right")
+    t.add_column("examples", justify="right")
+    for r in ranking:
+        bar = "█" * max(1, round(10 * r.distance))
+        name = f"[bold green]{escape(r.public)}[/]" if r.winner else escape(r.public)
+        t.add_row(
+            f"[bold green]★ {r.rank}[/]" if r.winner else str(r.rank), name, f"{r.distance:.4f}", bar,
+            f"{r.principal_angles_deg[0]:.0f}°..{r.principal_angles_deg[-1]:.0f}°", str(r.examples),
+        )
+    return t
+
+
+def how_to_read(ranking: Ranking) -> str:
+    return (
+        f"Lower is closer: 0 = the same top-{ranking.k} gradient subspace as the private data, 1 = orthogonal; "
+        f"a uniformly random {ranking.k}-dim subspace would score about {ranking.uniform_baseline:.4f}. "
+        f"★ marks the best candidate."
+    )
+
+
+def print_ranking(ranking: Ranking, console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(ranking_table(ranking))
+    console.print(how_to_read(ranking))

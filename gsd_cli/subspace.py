@@ -1,0 +1,94 @@
+"""Top-k gradient subspaces and the distance between them (paper 004, Algorithm 1 and Definition 3).
+
+Top-k subspace. G is m x p. When m <= p, eigh(G G^T) = U diag(s^2) U^T and V_k = G^T U_k diag(1/s_k)
+(the top-k right singular vectors, the same subspace as the SVD's, at O(m^2 p) instead of a full SVD);
+otherwise eigh(G^T G). The Gram matrix is formed in float64: in float32 the subspace is already wrong
+(error ~0.1) when s_k / s_1 is near 1e-4. eigh returns ascending order; the *largest* k are taken.
+
+Projection metric. Paper 004's Definition 3 is the unnormalised (sum_i sin^2 theta_i)^(1/2) =
+(k - ||V1^T V2||_F^2)^(1/2), in [0, sqrt(k)]; the values in its tables (all below 1 at k=16) fit the
+normalised form, which is what gsd reports:
+
+    d(V1, V2) = sqrt(1 - ||V1^T V2||_F^2 / k)  in [0, 1],
+
+with cos(theta_i) the singular values of V1^T V2 (so Lemma 1's bound carries a factor 1/sqrt(k)).
+For two independent uniformly random k-subspaces of R^p, E[d^2] = 1 - k/p exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .errors import GSDError
+
+
+def _rank_tolerance(s_max: float, m: int, p: int) -> float:
+    # Singular values below this are numerically zero: float32 gradients carry relative error
+    # ~1e-7, and the float64 Gram's eigenvalues have absolute error ~ m * eps64 * s_1^2.
+    return s_max * max(1e-6, math.sqrt(max(m, p) * torch.finfo(torch.float64).eps))
+
+
+def top_k_subspace(G: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k right singular subspace of G (m x p): ``(V, s)`` with V ``(p, k)`` orthonormal, float64.
+
+    ``s`` holds the k largest singular values in descending order. Raises :class:`GSDError` when G
+    has fewer than k numerically independent rows (the k-th singular value is zero).
+    """
+    if G.ndim != 2:
+        raise GSDError(f"the gradient matrix must be 2-d (m x p), got shape {tuple(G.shape)}")
+    m, p = G.shape
+    if k < 1:
+        raise GSDError(f"k must be at least 1 (got {k})")
+    if k > min(m, p):
+        raise GSDError(f"k={k} is larger than the {m} examples x {p} parameters allow; use --k <= {min(m, p)} or more examples")
+    G64 = G.to(torch.float64)
+    if m <= p:
+        evals, U = torch.linalg.eigh(G64 @ G64.T)
+        evals, U = evals.flip(0)[:k], U.flip(1)[:, :k]
+        s = evals.clamp_min(0).sqrt()
+        _check_rank(s, k, m, p)
+        V = (G64.T @ U) / s
+        # re-orthonormalise (same span): removes the rounding left by the division by s
+        V, _ = torch.linalg.qr(V)
+    else:
+        evals, W = torch.linalg.eigh(G64.T @ G64)
+        evals, V = evals.flip(0)[:k], W.flip(1)[:, :k]
+        s = evals.clamp_min(0).sqrt()
+        _check_rank(s, k, m, p)
+    return V, s
+
+
+def _check_rank(s: torch.Tensor, k: int, m: int, p: int) -> None:
+    tol = _rank_tolerance(float(s[0]), m, p)
+    r = int((s > tol).sum())
+    if float(s[0]) == 0.0 or r < k:
+        raise GSDError(
+            f"the gradients span only {r} independent directions, fewer than k={k} "
+            f"(duplicate or constant examples?); use --k <= {max(r, 1)} or more varied examples"
+        )
+
+
+def _cross(V1: torch.Tensor, V2: torch.Tensor) -> torch.Tensor:
+    if V1.ndim != 2 or V2.ndim != 2 or V1.shape != V2.shape:
+        raise GSDError(f"subspace bases must both be p x k with the same shape, got {tuple(V1.shape)} and {tuple(V2.shape)}")
+    return V1.to(torch.float64).T @ V2.to(torch.float64)
+
+
+def projection_metric(V1: torch.Tensor, V2: torch.Tensor) -> float:
+    """Normalised projection metric sqrt(1 - ||V1^T V2||_F^2 / k) in [0, 1] (orthonormal p x k bases)."""
+    C = _cross(V1, V2)
+    k = C.shape[0]
+    return math.sqrt(max(0.0, 1.0 - float((C * C).sum()) / k))
+
+
+def principal_angles(V1: torch.Tensor, V2: torch.Tensor) -> torch.Tensor:
+    """Principal angles (radians, ascending) between span(V1) and span(V2): arccos of the singular values of V1^T V2."""
+    cos = torch.linalg.svdvals(_cross(V1, V2)).clamp(0.0, 1.0)
+    return torch.arccos(cos)
+
+
+def uniform_baseline(k: int, p: int) -> float:
+    """sqrt(E[d^2]) = sqrt(1 - k/p) for two independent uniformly random k-subspaces of R^p."""
+    return math.sqrt(max(0.0, 1.0 - k / p))

@@ -1,0 +1,71 @@
+"""Model zoo for gsd: the networks of the source papers, behind one registry.
+
+A :class:`ModelSpec` names a constructor and the input it expects (size and channels). Later parts
+of the project register more (torchvision backbones, parameter-efficient subsets) with
+:func:`register`.
+
+>>> from probes import get_model_spec
+>>> spec = get_model_spec("probe")
+>>> spec.input_size, spec.channels
+(224, 3)
+>>> model = spec.build(num_classes=10, seed=0)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from .cnn import fmnist_cnn, probe
+from .resnet import resnet20
+
+__all__ = ["ModelSpec", "register", "get_model_spec", "list_models", "probe", "fmnist_cnn", "resnet20"]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A named model: ``constructor(num_classes=..., in_channels=...)`` and its expected input."""
+
+    name: str
+    constructor: Callable[..., nn.Module]
+    input_size: int
+    channels: int
+    description: str = ""
+    presets: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def build(self, num_classes: int = 10, seed: int | None = 0) -> nn.Module:
+        """Construct the model; its initial weights w0 are a function of ``seed`` alone."""
+        if seed is None:
+            return self.constructor(num_classes=num_classes, in_channels=self.channels)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return self.constructor(num_classes=num_classes, in_channels=self.channels)
+
+
+_REGISTRY: dict[str, ModelSpec] = {}
+
+
+def register(spec: ModelSpec) -> ModelSpec:
+    """Add (or replace) a model in the registry."""
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def get_model_spec(name: str) -> ModelSpec:
+    """Look a model up by name; raises ``KeyError`` listing the known names."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown model {name!r}; known models: {', '.join(sorted(_REGISTRY))}") from None
+
+
+def list_models() -> list[ModelSpec]:
+    return [_REGISTRY[n] for n in sorted(_REGISTRY)]
+
+
+register(ModelSpec("probe", probe, 224, 3, "probe network of paper 004 Table 7b (~30k parameters)"))
+register(ModelSpec("fmnist-cnn", fmnist_cnn, 28, 1, "Fashion-MNIST CNN of paper 004 Table 7a (~26k parameters)"))
+register(ModelSpec("resnet20", resnet20, 32, 3, "ResNet20 with GroupNorm, as GEP (~268k parameters)"))
