@@ -7,13 +7,16 @@ Two engines compute the same matrix G (m x p, one row per example):
   (Linear, Conv, GroupNorm, LayerNorm, Embedding...; the convolution one is an unfold + einsum over
   the layer's captured input and output gradient) and torch.func for any other layer with parameters.
 
-``engine="auto"`` takes ``hooks`` on CPU and ``vmap`` on CUDA, the faster of the two in
-``benchmarks/bench_rank.py`` on the probe network and ResNet20 (figures in the README).
+Neither is faster everywhere (``benchmarks/bench_rank.py``: on a 2-core CPU the hooks win on the
+probe network's large-image convolutions, vmap wins on ResNet20's small 3x3 ones), so
+``engine="auto"`` measures: it computes the first chunk with both engines, keeps the faster for the
+rest of the matrix, and reports which it chose (``info["engine"]``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 import fnmatch
 import logging
 import warnings
@@ -94,6 +97,15 @@ def _only_trainable(model: nn.Module, names: Sequence[str]):
             p.requires_grad_(saved[n])
 
 
+def _scatter(out: torch.Tensor, grads: Sequence[torch.Tensor]) -> None:
+    """Copy per-sample gradients (n x param shape each) into the columns of ``out`` (n x p)."""
+    col = 0
+    for g in grads:
+        w = g[0].numel()
+        out[:, col : col + w] = g.reshape(out.shape[0], w)
+        col += w
+
+
 class _VmapEngine:
     def __init__(self, model: nn.Module, names: Sequence[str], loss: LossFn):
         from torch.func import functional_call, grad, vmap
@@ -110,9 +122,9 @@ class _VmapEngine:
         self._fn = vmap(grad(one), in_dims=(None, 0, 0), randomness="different")
         self._selected = {n: params[n].detach() for n in names}
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor) -> None:
         g = self._fn(self._selected, x, y)
-        return torch.cat([g[n].reshape(x.shape[0], -1) for n in self.names], dim=1)
+        _scatter(out, [g[n] for n in self.names])
 
     def close(self) -> None:
         pass
@@ -128,29 +140,54 @@ class _HooksEngine:
         self.params = [dict(model.named_parameters())[n] for n in names]
         self.gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum", strict=False)
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor) -> None:
         for p in self.params:
             p.grad = None
             p.grad_sample = None
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*Full backward hook is firing.*")
             self.loss(self.gsm(x), y).sum().backward()
-        rows = torch.cat([p.grad_sample.reshape(x.shape[0], -1) for p in self.params], dim=1)
+        _scatter(out, [p.grad_sample for p in self.params])
         for p in self.params:
             p.grad = None
             p.grad_sample = None
-        return rows
 
     def close(self) -> None:
         self.gsm._close()
 
 
-def _engine_name(engine: str, device: torch.device) -> str:
-    if engine not in ENGINES:
-        raise GSDError(f"unknown gradient engine {engine!r}; use one of {', '.join(ENGINES)}")
-    if engine == "auto":
-        return "vmap" if device.type == "cuda" else "hooks"
-    return engine
+_ENGINE_CLASSES = {"vmap": _VmapEngine, "hooks": _HooksEngine}
+
+
+def _first_engine(engine, model, names, loss, x, y, out, dev):
+    """Compute the first chunk into ``out``; for ``auto``, with each engine in turn (Opacus' hooks
+    break vmap, so one at a time), timed, keeping the faster. Returns ``(name, engine)`` with the engine open."""
+    if engine != "auto":
+        eng = _ENGINE_CLASSES[engine](model, names, loss)
+        eng(x, y, out)
+        return engine, eng
+    times = {}
+    for kind in ("vmap", "hooks"):
+        eng = _ENGINE_CLASSES[kind](model, names, loss)
+        times[kind] = _timed(lambda: eng(x, y, out), dev)
+        if kind == "vmap":
+            eng.close()
+    if times["vmap"] < times["hooks"]:
+        eng.close()
+        eng = _ENGINE_CLASSES["vmap"](model, names, loss)
+        eng(x, y, out)  # the rows of the engine that computes the rest
+        return "vmap", eng
+    return "hooks", eng
+
+
+def _timed(fn, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
 
 
 def gradient_matrix(
@@ -163,11 +200,13 @@ def gradient_matrix(
     device: str | torch.device | None = "auto",
     row_norm: str = "none",
     on_chunk: Callable[[int], None] | None = None,
+    info: dict | None = None,
 ) -> torch.Tensor:
     """Stack per-sample gradients of ``m`` examples that arrive as ``(x, y)`` chunks into G (m x p).
 
     ``row_norm="unit"`` scales every row to unit L2 norm (zero rows stay zero) as each chunk
-    arrives. Returns float32 on ``device``. The model's parameters are not changed.
+    arrives. Returns float32 on ``device``. The model's parameters are not changed. ``info``, when
+    given, receives ``info["engine"]``: the engine that computed the rows.
     """
     if row_norm not in ("unit", "none"):
         raise GSDError(f"--row-norm must be 'unit' or 'none' (got {row_norm!r})")
@@ -178,29 +217,35 @@ def gradient_matrix(
     was_training = model.training
     model.train()  # per-sample gradients as in training (Opacus' hooks only fire in train mode)
     p = sum(dict(model.named_parameters())[n].numel() for n in names)
+    if engine not in ENGINES:
+        raise GSDError(f"unknown gradient engine {engine!r}; use one of {', '.join(ENGINES)}")
     G = torch.empty(m, p, device=dev)
-    kind = _engine_name(engine, dev)
+    row = 0
+    eng = None
     try:
         with _only_trainable(model, names):
-            eng = (_VmapEngine if kind == "vmap" else _HooksEngine)(model, names, loss)
-            try:
-                row = 0
-                for x, y in batches:
-                    x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
-                    n = x.shape[0]
-                    if row + n > m:
-                        raise GSDError(f"more than the announced {m} examples arrived")
-                    G[row : row + n] = eng(x, y).detach()
-                    if row_norm == "unit":
-                        norms = G[row : row + n].norm(dim=1, keepdim=True)
-                        G[row : row + n] /= torch.where(norms > 0, norms, torch.ones_like(norms))
-                    row += n
-                    if on_chunk is not None:
-                        on_chunk(n)
-            finally:
-                eng.close()
+            for x, y in batches:
+                x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+                n = x.shape[0]
+                if row + n > m:
+                    raise GSDError(f"more than the announced {m} examples arrived")
+                out = G[row : row + n]
+                if eng is None:
+                    kind, eng = _first_engine(engine, model, names, loss, x, y, out, dev)
+                else:
+                    eng(x, y, out)
+                if row_norm == "unit":
+                    norms = out.norm(dim=1, keepdim=True)
+                    out /= torch.where(norms > 0, norms, torch.ones_like(norms))
+                row += n
+                if on_chunk is not None:
+                    on_chunk(n)
     finally:
+        if eng is not None:
+            eng.close()
         model.train(was_training)
+    if info is not None:
+        info["engine"] = kind if eng is not None else engine
     if row != m:
         raise GSDError(f"expected {m} examples, got {row}")
     return G

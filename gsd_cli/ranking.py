@@ -38,6 +38,7 @@ class Subspace:
     s: torch.Tensor
     examples: int
     seconds: float
+    engine: str = ""
 
 
 @dataclass
@@ -163,10 +164,11 @@ def sample_subspace(
         if progress is not None:
             progress(sample.source.name, done, len(sample))
 
-    G = gradient_matrix(model, batches(), len(sample), names, loss, engine, dev, row_norm, on_chunk)
+    info: dict = {}
+    G = gradient_matrix(model, batches(), len(sample), names, loss, engine, dev, row_norm, on_chunk, info)
     V, s = top_k_subspace(G, k)
     del G
-    return Subspace(sample.source.name, V, s, len(sample), time.perf_counter() - t0)
+    return Subspace(sample.source.name, V, s, len(sample), time.perf_counter() - t0, info["engine"])
 
 
 def _as_xy(batch, num_classes: int, seed: int, salt: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -281,6 +283,8 @@ def rank(
         chunk_size=chunk_size, progress=progress,
     )
     priv = sample_subspace(net, samples[0], **common)
+    if engine == "auto":  # measured once on the private sample; the same engine for every candidate
+        common["engine"] = priv.engine
     rows = []
     for smp in samples[1:]:
         pub = sample_subspace(net, smp, **common)
@@ -303,7 +307,7 @@ def rank(
         private=priv_source.name, model=model, k=k, examples=examples if examples is not None else -1,
         seed=seed, labels=labels, row_norm=row_norm,
         params=None if params is None else ([params] if isinstance(params, str) else list(params)),
-        num_params=num_params, device=str(dev), engine=engine, private_examples=priv.examples,
+        num_params=num_params, device=str(dev), engine=priv.engine, private_examples=priv.examples,
         uniform_baseline=uniform_baseline(k, num_params), results=rows,
         seconds=round(time.perf_counter() - t0, 3),
     )

@@ -30,6 +30,20 @@ def _rank_tolerance(s_max: float, m: int, p: int) -> float:
     return s_max * max(1e-6, math.sqrt(max(m, p) * torch.finfo(torch.float64).eps))
 
 
+#: Columns of G converted to float64 at a time: the Gram matrix never needs a float64 copy of G.
+_BLOCK = 8192
+
+
+def gram(G: torch.Tensor) -> torch.Tensor:
+    """G G^T in float64, accumulated over column blocks (memory O(m * block) beyond G itself)."""
+    m, p = G.shape
+    K = torch.zeros(m, m, dtype=torch.float64, device=G.device)
+    for j in range(0, p, _BLOCK):
+        B = G[:, j : j + _BLOCK].to(torch.float64)
+        K.addmm_(B, B.T)
+    return K
+
+
 def top_k_subspace(G: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k right singular subspace of G (m x p): ``(V, s)`` with V ``(p, k)`` orthonormal, float64.
 
@@ -43,16 +57,16 @@ def top_k_subspace(G: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
         raise GSDError(f"k must be at least 1 (got {k})")
     if k > min(m, p):
         raise GSDError(f"k={k} is larger than the {m} examples x {p} parameters allow; use --k <= {min(m, p)} or more examples")
-    G64 = G.to(torch.float64)
     if m <= p:
-        evals, U = torch.linalg.eigh(G64 @ G64.T)
+        evals, U = torch.linalg.eigh(gram(G))
         evals, U = evals.flip(0)[:k], U.flip(1)[:, :k]
         s = evals.clamp_min(0).sqrt()
         _check_rank(s, k, m, p)
-        V = (G64.T @ U) / s
+        V = torch.cat([G[:, j : j + _BLOCK].to(torch.float64).T @ U for j in range(0, p, _BLOCK)]) / s
         # re-orthonormalise (same span): removes the rounding left by the division by s
         V, _ = torch.linalg.qr(V)
     else:
+        G64 = G.to(torch.float64)
         evals, W = torch.linalg.eigh(G64.T @ G64)
         evals, V = evals.flip(0)[:k], W.flip(1)[:, :k]
         s = evals.clamp_min(0).sqrt()
