@@ -155,7 +155,7 @@ def sample_subspace(
     done = 0
 
     def batches():
-        for start, x in sample.batches(input_size, channels, cs):
+        for start, x in sample.batches(input_size, channels, cs, dev):
             yield x, y[start : start + x.shape[0]]
 
     def on_chunk(n: int) -> None:

@@ -39,14 +39,14 @@ class Sample:
     def labels(self) -> np.ndarray:
         return self.source.labels(self.indices)
 
-    def batches(self, size: int, channels: int, chunk: int):
-        """Yield ``(offset, x)`` with x the model input of examples ``offset:offset+chunk``."""
+    def batches(self, size: int, channels: int, chunk: int, device: torch.device | str | None = None):
+        """Yield ``(offset, x)`` with x the model input of examples ``offset:offset+chunk`` on ``device``."""
         for start in range(0, len(self.indices), chunk):
             idx = self.indices[start : start + chunk]
-            yield start, to_model_input(self.source.images(idx), size, channels)
+            yield start, to_model_input(self.source.images(idx), size, channels, device)
 
-    def tensor(self, size: int, channels: int) -> torch.Tensor:
-        return to_model_input(self.source.images(self.indices), size, channels)
+    def tensor(self, size: int, channels: int, device: torch.device | str | None = None) -> torch.Tensor:
+        return to_model_input(self.source.images(self.indices), size, channels, device)
 
 
 def draw(source: ImageSource | str, m: int | None, seed: int) -> Sample:
