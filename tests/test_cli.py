@@ -1,0 +1,92 @@
+"""The `gsd` command: success path, outputs, and one-line errors with exit status 2."""
+
+import csv
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from gsd_cli.cli import app, main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_rank_writes_json_and_csv(capsys, npz_pair, tmp_path):
+    j, c = tmp_path / "r.json", tmp_path / "r.csv"
+    code, out, err = run(
+        capsys, "rank", "--private", f"npz:{npz_pair['priv']}", "--public", f"npz:{npz_pair['near']}",
+        f"npz:{npz_pair['far']}", "--model", "fmnist-cnn", "-m", "40", "--k", "4", "--json", str(j), "--csv", str(c), "-q",
+    )
+    assert code == 0, err
+    assert "★" in out and "Lower is closer" in out
+    doc = json.loads(j.read_text())
+    assert doc["k"] == 4 and doc["examples"] == 40 and doc["model"] == "fmnist-cnn"
+    assert [r["rank"] for r in doc["results"]] == [1, 2]
+    assert doc["results"][0]["public"] == f"npz:{npz_pair['near']}"
+    rows = list(csv.DictReader(c.open()))
+    assert len(rows) == 2 and rows[0]["public"] == doc["results"][0]["public"]
+    assert float(rows[0]["distance"]) == pytest.approx(doc["results"][0]["distance"], abs=1e-6)
+
+
+def _one_line_error(code, err):
+    assert code == 2
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--private", "no-such-set"], "unknown dataset"),
+        (["--k", "500", "-m", "100"], "k=500"),
+        (["-m", "1"], "at least 2"),
+        (["--params", "classifier.*"], "matches no parameter"),
+        (["--labels", "maybe"], "--labels"),
+        (["--json", "/no/such/folder/r.json"], "does not exist"),
+        (["--no-such-option"], "no-such-option"),
+    ],
+)
+def test_bad_input_one_line(capsys, args, needle):
+    code, _, err = run(capsys, "rank", *args)
+    _one_line_error(code, err)
+    assert needle in err
+
+
+def test_bad_datasets_one_line(capsys, tmp_path, image_folder):
+    (tmp_path / "empty").mkdir()
+    code, _, err = run(capsys, "rank", "--private", f"folder:{tmp_path / 'empty'}")
+    _one_line_error(code, err)
+    (image_folder / "dogs" / "3.png").write_bytes(b"\x89PNG garbage")
+    code, _, err = run(capsys, "rank", "--private", f"folder:{image_folder}", "--public", "digits", "--k", "2", "-q")
+    _one_line_error(code, err)
+    assert "cannot read image" in err
+    import numpy as np
+
+    np.savez(tmp_path / "nox.npz", images=np.zeros((3, 4, 4)))
+    code, _, err = run(capsys, "rank", "--public", f"npz:{tmp_path / 'nox.npz'}")
+    _one_line_error(code, err)
+
+
+def test_failed_run_keeps_existing_output(capsys, tmp_path):
+    j = tmp_path / "r.json"
+    j.write_text("precious")
+    code, _, _ = run(capsys, "rank", "--private", "nope", "--json", str(j))
+    assert code == 2 and j.read_text() == "precious"
+
+
+def test_help_documents_choices():
+    res = CliRunner().invoke(app, ["rank", "--help"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0
+    text = " ".join(res.output.split())
+    assert "--row-norm" in text and "experiment code" in text and "demo notebook" in text
+    assert "--labels" in text and "--chunk-size" in text
+
+
+def test_no_arguments_prints_help(capsys):
+    code, out, _ = run(capsys)
+    assert code == 0 and "rank" in out
