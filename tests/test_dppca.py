@@ -1,0 +1,144 @@
+"""DP-GSD's mechanism: the exponent, clipping, and the sampled distribution against exact integrals."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from gsd_cli import GSDError
+from gsd_cli.dppca import (
+    bingham_dense,
+    bingham_scale,
+    clip_rows,
+    private_top_k_subspace,
+    sample_sequential,
+)
+
+
+def sphere_moments(B, n_theta=600, n_phi=1200):
+    """E[x x^T] under exp(x^T B x) on S^2, by quadrature in spherical coordinates (independent of
+    any sampler)."""
+    th = (np.arange(n_theta) + 0.5) * math.pi / n_theta
+    ph = (np.arange(n_phi) + 0.5) * 2 * math.pi / n_phi
+    T, P = np.meshgrid(th, ph, indexing="ij")
+    x = np.stack([np.sin(T) * np.cos(P), np.sin(T) * np.sin(P), np.cos(T)], -1)
+    w = np.exp(np.einsum("...i,ij,...j->...", x, B, x)) * np.sin(T)
+    w /= w.sum()
+    return np.einsum("ab,abi,abj->ij", w, x, x)
+
+
+def test_exponent_is_epsilon_over_two_c_squared():
+    # B = epsilon / (2 C^2) G^T G: check the scale, and that the sampler's density uses exactly it
+    assert bingham_scale(2.0, 0.5) == pytest.approx(2.0 / (2 * 0.25))
+    G = torch.tensor([[math.sqrt(5.0), 0.0, 0.0], [0.0, 1.0, 0.0]], dtype=torch.float64)
+    eps, C = 4.0, math.sqrt(5.0)  # no row is clipped; B = 4 / 10 * diag(5, 1, 0) = diag(2, .4, 0)
+    B = bingham_scale(eps, C) * (G.T @ G)
+    assert torch.allclose(B, torch.diag(torch.tensor([2.0, 0.4, 0.0], dtype=torch.float64)))
+    exact = sphere_moments(B.numpy())
+    rng = np.random.default_rng(1)
+    xs = torch.stack([private_top_k_subspace(G, 1, eps, C, generator=rng)[:, 0] for _ in range(6000)])
+    got = (xs**2).mean(0).numpy()
+    se = np.sqrt(np.diag(exact) * (1 - np.diag(exact)) / 6000)  # conservative
+    assert np.all(np.abs(got - np.diag(exact)) < 5 * se + 2e-3), (got, np.diag(exact))
+    # the paper's printed scale (epsilon / 2 without C^2, here 2x larger) is rejected by the same test
+    wrong = np.diag(sphere_moments(2.5 * B.numpy()))
+    assert np.abs(got - wrong).max() > 5 * se.max()
+
+
+def test_clipping():
+    G = torch.tensor([[3.0, 4.0], [0.3, 0.4], [0.0, 0.0]])
+    Gc = clip_rows(G, 1.0)
+    assert torch.allclose(Gc[0], torch.tensor([0.6, 0.8]))
+    assert torch.equal(Gc[1], G[1]) and torch.equal(Gc[2], G[2])
+    assert (clip_rows(torch.randn(50, 7) * 10, 2.0).norm(dim=1) <= 2.0 + 1e-6).all()
+
+
+def test_low_rank_sampler_matches_exact_density_and_sign():
+    # DESIGN.md: p=3, B=diag(5,1,0): diag E[x x^T] = (.73, .15, .12); the wrong sign gives (.11, .35, .55)
+    B = np.diag([5.0, 1.0, 0.0])
+    exact = np.diag(sphere_moments(B))
+    assert exact == pytest.approx([0.73, 0.15, 0.12], abs=0.01)
+    G = torch.tensor([[math.sqrt(5.0), 0, 0], [0, 1.0, 0]], dtype=torch.float64)  # G^T G = B
+    rng = np.random.default_rng(0)
+    n = 8000
+    low = torch.stack([sample_sequential(G, 1, 1.0, rng)[:, 0] for _ in range(n)]).numpy()
+    dense = bingham_dense(torch.from_numpy(B), n, rng).numpy()
+    se = np.sqrt(exact * (1 - exact) / n)
+    for xs in (low, dense):
+        m2 = (xs**2).mean(0)
+        assert np.all(np.abs(m2 - exact) < 5 * se), m2
+        # a real sampler with random signs: odd moments vanish (a sign-less one would not)
+        assert np.all(np.abs(xs.mean(0)) < 5 / math.sqrt(n))
+        assert abs((xs[:, 0] * xs[:, 1]).mean()) < 5 / math.sqrt(n)
+    wrong_sign = np.diag(sphere_moments(-B))
+    assert np.abs(low.__pow__(2).mean(0) - wrong_sign).max() > 0.3
+
+
+def test_low_rank_and_dense_agree_in_higher_dimension():
+    rng = np.random.default_rng(3)
+    p, m = 6, 3
+    G = torch.from_numpy(rng.normal(size=(m, p)))
+    B = (G.T @ G).numpy()
+    n = 6000
+    low = torch.stack([sample_sequential(G, 1, 1.0, rng)[:, 0] for _ in range(n)]).numpy()
+    dense = bingham_dense(torch.from_numpy(B), n, rng).numpy()
+    M_low = np.einsum("ni,nj->ij", low, low) / n
+    M_dense = np.einsum("ni,nj->ij", dense, dense) / n
+    assert np.abs(M_low - M_dense).max() < 0.03
+    assert np.trace(M_low) == pytest.approx(1.0)
+
+
+def test_sequential_second_vector_is_restricted_bingham():
+    # p=3, k=2: given v1, v2 must follow exp(v^T B v) on the unit circle of v1's complement. So
+    # v2 v2^T - E_exact[v2 v2^T | v1] (by quadrature on that circle, for each drawn v1) has mean 0.
+    B = np.diag([3.0, 1.0, 0.0])
+    G = torch.from_numpy(np.sqrt(B[:2]))
+    rng = np.random.default_rng(5)
+    n = 3000
+    diffs = []
+    for _ in range(n):
+        V = sample_sequential(G, 2, 1.0, rng).numpy()
+        v1, v2 = V[:, 0], V[:, 1]
+        assert abs(v1 @ v2) < 1e-10
+        # basis of v1's complement; exact E[v2 v2^T | v1] by quadrature on the circle
+        Q = np.linalg.svd(np.eye(3) - np.outer(v1, v1))[0][:, :2]
+        ang = (np.arange(720) + 0.5) * 2 * math.pi / 720
+        pts = (Q @ np.stack([np.cos(ang), np.sin(ang)])).T
+        w = np.exp(np.einsum("ni,ij,nj->n", pts, B, pts))
+        w /= w.sum()
+        exact = np.einsum("n,ni,nj->ij", w, pts, pts)
+        diffs.append(np.outer(v2, v2) - exact)
+    mean_diff = np.mean(diffs, axis=0)
+    assert np.abs(mean_diff).max() < 5 / math.sqrt(n)
+
+
+def test_same_seed_same_sample_and_input_checks():
+    G = torch.randn(20, 50)
+    a = private_top_k_subspace(G, 3, 1.0, 1.0, generator=7)
+    b = private_top_k_subspace(G, 3, 1.0, 1.0, generator=7)
+    assert torch.equal(a, b)
+    assert torch.allclose(a.T @ a, torch.eye(3, dtype=torch.float64), atol=1e-10)
+    for bad in (dict(epsilon=0.0), dict(epsilon=-1.0), dict(clip=0.0), dict(epsilon=float("nan"))):
+        kw = dict(epsilon=1.0, clip=1.0) | bad
+        with pytest.raises(GSDError):
+            private_top_k_subspace(G, 3, generator=0, **kw)
+    with pytest.raises(GSDError):
+        private_top_k_subspace(G, 30, 1.0, 1.0)
+    G[0, 0] = float("nan")
+    with pytest.raises(GSDError, match="NaN"):
+        private_top_k_subspace(G, 3, 1.0, 1.0)
+
+
+def test_large_epsilon_recovers_top_subspace_small_epsilon_is_uniform():
+    from gsd_cli.subspace import projection_metric, top_k_subspace, uniform_baseline
+
+    rng = np.random.default_rng(0)
+    m, p, k = 60, 400, 3
+    G = torch.from_numpy(rng.normal(size=(m, p)) @ np.diag(np.r_[[30.0, 25, 20], np.ones(p - 3)]))
+    G = G / G.norm(dim=1, keepdim=True)
+    V0, _ = top_k_subspace(G, k)
+    d_big = projection_metric(private_top_k_subspace(G, k, 1e7, 1.0, generator=1), V0)
+    d_small = projection_metric(private_top_k_subspace(G, k, 1e-3, 1.0, generator=1), V0)
+    assert d_big < 0.05
+    assert abs(d_small - uniform_baseline(k, p)) < 0.05
