@@ -91,6 +91,18 @@ def rank(
     engine: Engine = typer.Option(Engine.auto, "--engine", help="Per-sample gradients: hooks (Opacus per-layer samplers), vmap (torch.func); auto picks by device."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the ranking as JSON to this file."),
     csv_path: Optional[Path] = typer.Option(None, "--csv", help="Write the ranking as CSV to this file."),
+    dp: bool = typer.Option(
+        False, "--dp",
+        help="DP-GSD: draw the private subspace with a pure epsilon-DP exponential mechanism (rows clipped to --clip; "
+        "replace-one neighbours, delta=0); one private sample serves all candidates, so epsilon is spent once.",
+    ),
+    epsilon: Optional[float] = typer.Option(None, "--epsilon", help="With --dp: the privacy budget (> 0)."),
+    clip: float = typer.Option(1.0, "--clip", help="With --dp: L2 clip norm C of each private per-sample gradient."),
+    mechanism: str = typer.Option(
+        "sequential", "--mechanism",
+        help="With --dp: sequential = k exact vector-Bingham draws exp(v^T B v), B = (epsilon/k)/(2 C^2) G^T G, "
+        "each on the complement of the earlier ones; epsilon-DP by composition.",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     extra: Optional[List[str]] = typer.Argument(None, hidden=True),
 ) -> None:
@@ -105,6 +117,8 @@ def rank(
     publics = list(public or []) + list(extra or [])
     if extra and not public:
         raise GSDError(f"unexpected argument(s) {' '.join(extra)}; name public datasets with --public")
+    if not dp and epsilon is not None:
+        raise GSDError("--epsilon is only used with --dp; add --dp for DP-GSD")
     json_file = check_output_path(json_path, "--json")
     csv_file = check_output_path(csv_path, "--csv")
     bar = Progress(
@@ -125,6 +139,7 @@ def rank(
             private, publics or list(DEFAULT_PUBLIC), k=k, examples=examples, seed=seed, model=model,
             params=params, labels=labels.value, row_norm=row_norm.value, device=device.value,
             chunk_size=chunk_size, engine=engine.value, progress=progress,
+            dp=dp, epsilon=epsilon, clip=clip, mechanism=mechanism,
         )
     finally:
         bar.stop()

@@ -228,3 +228,31 @@ def private_top_k_subspace(
     rng = generator if isinstance(generator, np.random.Generator) else np.random.default_rng(generator)
     Gc = clip_rows(G, clip)
     return sample_sequential(Gc, k, scale / k, rng)
+
+
+def concentration_bound(epsilon: float, m: int, k: int) -> float:
+    """Data-independent upper bound on the top eigenvalue of each sequential step's B:
+    (epsilon/k) / (2 C^2) * ||G||_2^2 <= (epsilon/k) / (2 C^2) * m C^2 = epsilon m / (2k).
+    A vector Bingham on the sphere of R^p is close to uniform while this is small against p/2."""
+    return epsilon * m / (2.0 * k)
+
+
+def uniform_distance_quantiles(k: int, p: int, draws: int = 4000, seed: int = 0, qs=(0.005, 0.5, 0.995)) -> list[float]:
+    """Quantiles of the projection metric between a fixed k-subspace and a uniformly random one in R^p.
+
+    Exact Monte Carlo in O(k^3) per draw, independent of p: with V1 the first k coordinates and
+    V2 = Z (Z^T Z)^(-1/2), Z Gaussian p x k, ||V1^T V2||_F^2 = tr(Z1 (Z1^T Z1 + W)^(-1) Z1^T) where Z1 is
+    Z's top k x k block and W = Z2^T Z2 ~ Wishart_k(p - k, I), drawn by Bartlett's decomposition.
+    Depends on (k, p) only, so it reveals nothing about the data."""
+    rng = np.random.default_rng(seed)
+    Z1 = rng.standard_normal((draws, k, k))
+    L = np.tril(rng.standard_normal((draws, k, k)), -1)
+    dof = p - k - np.arange(k)  # chi-square degrees of freedom on the diagonal
+    idx = np.arange(k)
+    L[:, idx, idx] = np.sqrt(rng.chisquare(dof, size=(draws, k)))
+    W = L @ np.transpose(L, (0, 2, 1))
+    S = np.transpose(Z1, (0, 2, 1)) @ Z1 + W
+    X = np.linalg.solve(S, np.transpose(Z1, (0, 2, 1)))  # S^-1 Z1^T
+    fro2 = np.einsum("nij,nji->n", Z1, X)
+    d = np.sqrt(np.clip(1.0 - fro2 / k, 0.0, 1.0))
+    return [float(v) for v in np.quantile(d, qs)]

@@ -163,7 +163,8 @@ class _HooksEngine:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*Full backward hook is firing.*")
             self.loss(self.gsm(x), y).sum().backward()
-        _scatter(out, [p.grad_sample for p in self.params])
+        # a parameter the loss does not use has no grad_sample: its per-sample gradients are zero
+        _scatter(out, [torch.zeros_like(p).expand(x.shape[0], *p.shape) if p.grad_sample is None else p.grad_sample for p in self.params])
         for p in self.params:
             p.grad = None
             p.grad_sample = None
@@ -226,19 +227,19 @@ def gradient_matrix(
     """
     if row_norm not in ("unit", "none"):
         raise GSDError(f"--row-norm must be 'unit' or 'none' (got {row_norm!r})")
+    if engine not in ENGINES:
+        raise GSDError(f"unknown gradient engine {engine!r}; use one of {', '.join(ENGINES)}")
     dev = resolve_device(device)
     names = list(params) if params is not None else select_parameters(model)
     loss = loss or default_loss
     model = model.to(dev)
-    was_training = model.training
-    model.train()  # per-sample gradients as in training (Opacus' hooks only fire in train mode)
     p = sum(dict(model.named_parameters())[n].numel() for n in names)
-    if engine not in ENGINES:
-        raise GSDError(f"unknown gradient engine {engine!r}; use one of {', '.join(ENGINES)}")
     G = torch.empty(m, p, device=dev)
     row = 0
     eng = None
+    was_training = model.training
     try:
+        model.train()  # per-sample gradients as in training (Opacus' hooks only fire in train mode)
         with _only_trainable(model, names), _full_precision():
             for x, y in batches:
                 x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
@@ -290,7 +291,7 @@ def per_sample_gradients(
     names = select_parameters(model, params)
     dev = resolve_device(device)
     p = sum(dict(model.named_parameters())[n].numel() for n in names)
-    cs = chunk_size or default_chunk_size(dev, p)
+    cs = chunk_size if chunk_size is not None else default_chunk_size(dev, p)
     if cs < 1:
         raise GSDError(f"--chunk-size must be at least 1 (got {cs})")
     chunks = ((x[i : i + cs], y[i : i + cs]) for i in range(0, x.shape[0], cs))

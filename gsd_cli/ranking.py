@@ -76,6 +76,8 @@ class Ranking:
     uniform_baseline: float
     results: list[RankResult] = field(default_factory=list)
     seconds: float = 0.0
+    privacy: dict | None = None
+    warnings: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.results)
@@ -141,15 +143,20 @@ def sample_subspace(
     device: str | torch.device = "auto",
     chunk_size: int | None = None,
     progress: Progress | None = None,
+    dp: dict | None = None,
 ) -> Subspace:
-    """Per-sample gradients of ``sample`` at the model's weights, then their top-k subspace."""
+    """Per-sample gradients of ``sample`` at the model's weights, then their top-k subspace.
+
+    With ``dp = {"epsilon", "clip", "mechanism", "seed"}`` the subspace is drawn by the epsilon-DP
+    mechanism of :func:`gsd_cli.dppca.private_top_k_subspace` instead (``s`` is then empty: the
+    private singular values are never released)."""
     t0 = time.perf_counter()
     dev = resolve_device(device)
     if k > len(sample):
         raise GSDError(f"k={k} is larger than the {len(sample)} examples of {sample.source.name}; use --k <= {len(sample)}")
     y = sample_labels(sample, labels, num_classes, seed)
     p = sum(dict(model.named_parameters())[n].numel() for n in names)
-    cs = chunk_size or default_chunk_size(dev, p)
+    cs = chunk_size if chunk_size is not None else default_chunk_size(dev, p)
     if cs < 1:
         raise GSDError(f"--chunk-size must be at least 1 (got {cs})")
     done = 0
@@ -166,7 +173,14 @@ def sample_subspace(
 
     info: dict = {}
     G = gradient_matrix(model, batches(), len(sample), names, loss, engine, dev, row_norm, on_chunk, info)
-    V, s = top_k_subspace(G, k)
+    if dp is None:
+        V, s = top_k_subspace(G, k)
+    else:
+        from .dppca import private_top_k_subspace
+
+        rng = np.random.default_rng([dp["seed"], zlib.crc32(b"dp-gsd")])
+        V = private_top_k_subspace(G, k, dp["epsilon"], dp["clip"], dp["mechanism"], rng)
+        s = torch.empty(0, dtype=torch.float64)
     del G
     return Subspace(sample.source.name, V, s, len(sample), time.perf_counter() - t0, info["engine"])
 
@@ -234,8 +248,18 @@ def rank(
     engine: str = "auto",
     loss: LossFn | None = None,
     progress: Progress | None = None,
+    dp: bool = False,
+    epsilon: float | None = None,
+    clip: float = 1.0,
+    mechanism: str = "sequential",
 ) -> Ranking:
     """Rank public candidates by their GSD to the private dataset, lowest first.
+
+    ``dp=True`` (DP-GSD): the private top-k subspace is drawn once by an ``epsilon``-DP mechanism
+    (rows clipped to ``clip``; see :mod:`gsd_cli.dppca`) and every candidate is compared with that
+    one sample: the public side and the distances are post-processing, so ``epsilon`` is spent once.
+    The ranking's ``privacy`` field states what was spent, ``warnings`` when the sample is too noisy
+    to say anything (judged from data-independent quantities only).
 
     Every dataset contributes ``min(examples, size)`` examples drawn with ``seed``; the model's
     initial weights w0 also come from ``seed``, and the private subspace is computed once. Returns a
@@ -282,7 +306,17 @@ def rank(
         labels=labels, row_norm=row_norm, seed=seed, loss=loss, engine=engine, device=dev,
         chunk_size=chunk_size, progress=progress,
     )
-    priv = sample_subspace(net, samples[0], **common)
+    dp_cfg = None
+    if dp:
+        from .dppca import MECHANISMS, bingham_scale
+
+        if epsilon is None:
+            raise GSDError("--dp needs --epsilon (the privacy budget of the ranking, > 0)")
+        bingham_scale(epsilon, clip)  # validates epsilon > 0 and clip > 0
+        if mechanism not in MECHANISMS:
+            raise GSDError(f"unknown --mechanism {mechanism!r}; use one of {', '.join(MECHANISMS)}")
+        dp_cfg = dict(epsilon=float(epsilon), clip=float(clip), mechanism=mechanism, seed=seed)
+    priv = sample_subspace(net, samples[0], **common, dp=dp_cfg)
     if engine == "auto":  # measured once on the private sample; the same engine for every candidate
         common["engine"] = priv.engine
     rows = []
@@ -303,7 +337,11 @@ def rank(
     for i, r in enumerate(rows, 1):
         r.rank = i
         r.winner = i == 1
+    privacy, notes = (None, [])
+    if dp_cfg is not None:
+        privacy, notes = _dp_report(dp_cfg, k, priv.examples, num_params, row_norm, rows)
     return Ranking(
+        privacy=privacy, warnings=notes,
         private=priv_source.name, model=model, k=k, examples=examples if examples is not None else -1,
         seed=seed, labels=labels, row_norm=row_norm,
         params=None if params is None else ([params] if isinstance(params, str) else list(params)),
@@ -311,3 +349,39 @@ def rank(
         uniform_baseline=uniform_baseline(k, num_params), results=rows,
         seconds=round(time.perf_counter() - t0, 3),
     )
+
+
+def _dp_report(cfg: dict, k: int, m: int, p: int, row_norm: str, rows: list[RankResult]) -> tuple[dict, list[str]]:
+    """What a DP ranking spent, and whether its distances can say anything. Uses only (epsilon, m,
+    k, p) and the released distances, never the private singular values (paper 004's Theorem 3 bound
+    needs the private eigengap, so it is not reported)."""
+    from .dppca import concentration_bound, uniform_distance_quantiles
+
+    lo, mid, hi = uniform_distance_quantiles(k, p)
+    conc = concentration_bound(cfg["epsilon"], m, k)
+    privacy = {
+        "mechanism": cfg["mechanism"],
+        "epsilon": cfg["epsilon"],
+        "delta": 0.0,
+        "clip": cfg["clip"],
+        "k": k,
+        "examples": m,
+        "exact": True,
+        "guarantee": "pure epsilon-DP (exponential mechanism, k exact draws with epsilon/k each, basic composition)",
+        "neighbouring": "replace one example (implies add/remove)",
+        "row_norm": row_norm,
+        "concentration_bound": conc,
+        "uniform_distance_99": [lo, hi],
+    }
+    notes = []
+    if conc < p / 2:
+        notes.append(
+            f"epsilon*m/(2k) = {conc:.3g} is below p/2 = {p / 2:.3g}: each private direction is drawn close to "
+            f"uniformly, so the DP distances say little; raise --epsilon or -m, lower --k, or select fewer parameters (--params)"
+        )
+    if rows and all(lo <= r.distance <= hi for r in rows):
+        notes.append(
+            f"every DP distance lies in the 99% range of a uniformly random subspace ({lo:.4f}..{hi:.4f}): "
+            f"this ranking is noise"
+        )
+    return privacy, notes

@@ -69,8 +69,9 @@ def write_csv(ranking: Ranking, path: str | Path) -> None:
 
 
 def ranking_table(ranking: Ranking) -> Table:
+    kind = f"DP-GSD (epsilon={ranking.privacy['epsilon']:g})" if ranking.privacy else "GSD"
     t = Table(
-        title=f"GSD to private [bold]{ranking.private}[/] ({ranking.private_examples} examples)",
+        title=f"{kind} to private [bold]{escape(ranking.private)}[/] ({ranking.private_examples} examples)",
         caption=(
             f"model {ranking.model}, p={ranking.num_params:,} parameters, k={ranking.k}, seed {ranking.seed}, "
             f"labels {ranking.labels}, row norm {ranking.row_norm}"
@@ -100,7 +101,25 @@ def how_to_read(ranking: Ranking) -> str:
     )
 
 
+def privacy_line(ranking: Ranking) -> str | None:
+    pv = ranking.privacy
+    if not pv:
+        return None
+    return (
+        f"DP-GSD: {pv['mechanism']} mechanism, epsilon={pv['epsilon']:g}, delta=0, clip={pv['clip']:g}, "
+        f"k={pv['k']}, {pv['examples']} private examples, exact sample: {pv['guarantee']} "
+        f"({pv['neighbouring']}); spent once for all candidates."
+    )
+
+
 def print_ranking(ranking: Ranking, console: Console | None = None) -> None:
     console = console or Console()
     console.print(ranking_table(ranking))
     console.print(how_to_read(ranking))
+    line = privacy_line(ranking)
+    if line:
+        console.print(escape(line))
+        lo, hi = ranking.privacy["uniform_distance_99"]
+        console.print(f"A uniformly random subspace scores {lo:.4f}..{hi:.4f} (99%).")
+    for w in ranking.warnings:
+        console.print(f"[bold yellow]warning:[/] {escape(w)}")

@@ -90,3 +90,21 @@ def test_help_documents_choices():
 def test_no_arguments_prints_help(capsys):
     code, out, _ = run(capsys)
     assert code == 0 and "rank" in out
+
+
+def test_dp_rank_cli(capsys, npz_pair, tmp_path):
+    j = tmp_path / "dp.json"
+    code, out, err = run(
+        capsys, "rank", "--private", f"npz:{npz_pair['priv']}", "--public", f"npz:{npz_pair['near']}",
+        "--model", "fmnist-cnn", "-m", "40", "--k", "2", "--params", "fc2.*", "--dp", "--epsilon", "2", "--clip", "1",
+        "--json", str(j), "-q",
+    )
+    assert code == 0, err
+    assert "DP-GSD" in out and "epsilon=2" in out
+    pv = json.loads(j.read_text())["privacy"]
+    assert pv["mechanism"] == "sequential" and pv["epsilon"] == 2 and pv["delta"] == 0 and pv["clip"] == 1
+    for bad in (["--epsilon", "0"], ["--epsilon", "-1"], ["--clip", "0", "--epsilon", "1"], ["--mechanism", "gibbs", "--epsilon", "1"]):
+        code, _, err = run(capsys, "rank", "--dp", *bad)
+        _one_line_error(code, err)
+    code, _, err = run(capsys, "rank", "--epsilon", "1")
+    _one_line_error(code, err)

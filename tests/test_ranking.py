@@ -66,3 +66,19 @@ def test_rank_user_errors(npz_pair, tmp_path):
     np.savez(tmp_path / "many.npz", x=np.zeros((10, 8, 8), np.uint8) + np.arange(10)[:, None, None], y=np.arange(10))
     with pytest.raises(GSDError, match="labels up to 9"):
         rank(p["priv"], [f"npz:{tmp_path / 'many.npz'}"], model="fmnist-cnn", k=2, examples=10, labels="own")
+
+
+def test_dp_ranking_large_epsilon_matches_and_tiny_epsilon_warns():
+    kw = dict(publics=["mnist-b", "noise", "textures"], examples=150, k=4, model="fmnist-cnn", params="fc*")
+    plain = rank(**kw)
+    dp = rank(**kw, dp=True, epsilon=1e9, clip=1.0)
+    assert [r.public for r in dp] == [r.public for r in plain]
+    for a, b in zip(sorted(dp, key=lambda r: r.public), sorted(plain, key=lambda r: r.public)):
+        assert a.distance == pytest.approx(b.distance, abs=0.02)
+    assert dp.privacy["epsilon"] == 1e9 and dp.privacy["delta"] == 0.0 and dp.privacy["exact"]
+    assert not dp.warnings
+    tiny = rank(**kw, dp=True, epsilon=1e-3)
+    assert tiny.warnings and "uniform" in " ".join(tiny.warnings)
+    assert "uniform_distance_99" in tiny.to_dict()["privacy"]
+    with pytest.raises(GSDError, match="epsilon"):
+        rank(**kw, dp=True)

@@ -12,7 +12,17 @@ from .base import ArraySource, ImageSource
 
 
 def _pil_to_array(img) -> np.ndarray:
-    if img.mode not in ("L", "RGB"):
+    """A PIL image as float32 in [0, 1]: 8-bit grey/colour by /255, 16-bit grey (mode I;16, usual for
+    X-rays) by /65535, 32-bit integer grey by its type's range, float grey clipped to [0, 1]."""
+    if img.mode.startswith("I;16") or img.mode == "I":
+        a = np.asarray(img).astype(np.float64)
+        top = 65535.0 if img.mode.startswith("I;16") or a.max(initial=0) <= 65535 else 2.0**32 - 1
+        return (np.clip(a, 0, None) / top).astype(np.float32)
+    if img.mode == "F":
+        return np.clip(np.asarray(img, dtype=np.float32), 0.0, 1.0)
+    if img.mode in ("LA", "1"):
+        img = img.convert("L")
+    elif img.mode not in ("L", "RGB"):
         img = img.convert("RGB")
     return np.asarray(img, dtype=np.float32) / 255.0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -96,6 +97,34 @@ def test_gsd_user_errors(gsd_batch):
         gradient_subspace_distance(model, (x[:4], y[:4]), (x, y), k=6, device="cpu")  # k > examples
     with pytest.raises(GSDError):
         gradient_subspace_distance(model, [x], (x, y), k=2, device="cpu")
+
+
+# ------------------------------------------------------------------------ labels
+
+
+def test_random_labels_depend_on_seed_and_dataset_name():
+    from gsd_cli.data import ArraySource, draw
+    from gsd_cli.ranking import sample_labels
+
+    def sample(name, n=400, y_max=3):
+        rng = np.random.default_rng(0)
+        src = ArraySource(name, rng.uniform(size=(n, 4, 4)), rng.integers(0, y_max + 1, size=n))
+        return draw(src, None, seed=0)
+
+    a, a2, b = sample("set-a"), sample("set-a"), sample("set-b")
+    la = sample_labels(a, "random", 7, seed=0)
+    assert la.dtype == torch.int64 and la.shape == (400,)
+    assert int(la.min()) == 0 and int(la.max()) == 6  # the model's label space, not the data's (0..3)
+    assert np.bincount(la.numpy(), minlength=7).min() > 30  # ~57 each
+    assert torch.equal(la, sample_labels(a2, "random", 7, seed=0))  # same name and seed: same labels
+    assert not torch.equal(la, sample_labels(b, "random", 7, seed=0))  # another dataset: others
+    assert not torch.equal(la, sample_labels(a, "random", 7, seed=1))  # another seed: others
+    own = sample_labels(a, "own", 7, seed=0)
+    assert torch.equal(own, torch.from_numpy(a.labels()))
+    with pytest.raises(GSDError, match="labels up to 3"):
+        sample_labels(a, "own", 2, seed=0)
+    with pytest.raises(GSDError):
+        sample_labels(a, "mine", 7, seed=0)
 
 
 # ------------------------------------------------------------------------ rank on the embedded default
