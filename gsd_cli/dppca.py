@@ -158,6 +158,10 @@ def sample_sequential(
     def GTmul(a: torch.Tensor) -> torch.Tensor:  # G^T @ a
         return (G.T @ a.to(G.dtype)).to(torch.float64)
 
+    # Two passes over G per vector: G^T [a_u, a_x] to assemble the draw, and G [x_j, g_(j+1)] for the
+    # next step's Gram update and random direction.
+    g = torch.from_numpy(generator.standard_normal(p)).to(dev)
+    Gg = Gmul(g.unsqueeze(1)).squeeze(1)
     for j in range(k):
         q = p - j
         Kj = K - GX @ GX.T  # (G P)(G P)^T with P the projector onto span(X)^perp
@@ -165,23 +169,22 @@ def sample_sequential(
         c, rest = _reduced_kgm(red.mu, q, generator)
         c = torch.from_numpy(c).to(dev)
         # uniform direction u in span(X)^perp ∩ span(W)^perp, W = (G P)^T U / sigma
-        g = torch.from_numpy(generator.standard_normal(p)).to(dev)
-        g = g - X @ (X.T @ g)
-        Gg = Gmul(g.unsqueeze(1)).squeeze(1) - GX @ (X.T @ g)  # (G P) g
-        a_u = red.U @ ((red.U.T @ Gg) / red.sigma**2)  # W W^T g = (G P)^T a_u
-        a_x = red.U @ (c / red.sigma)  # W c = (G P)^T a_x
-        GPt_u = GTmul(a_u.unsqueeze(1)).squeeze(1)
-        GPt_x = GTmul(a_x.unsqueeze(1)).squeeze(1)
-        GPt_u = GPt_u - X @ (GX.T @ a_u)
-        GPt_x = GPt_x - X @ (GX.T @ a_x)
-        u = g - GPt_u
+        Xg = X.T @ g
+        g_perp = g - X @ Xg
+        GPg = Gg - GX @ Xg  # (G P) g
+        A = torch.stack([red.U @ ((red.U.T @ GPg) / red.sigma**2), red.U @ (c / red.sigma)], dim=1)
+        GPtA = GTmul(A) - X @ (GX.T @ A)  # (G P)^T [a_u, a_x] = [W W^T g, W c]
+        u = g_perp - GPtA[:, 0]
         un = u.norm()
-        x = GPt_x + (rest * u / un if un > 0 else 0.0)
-        # one Gram-Schmidt pass against rounding, then normalise
-        x = x - X @ (X.T @ x)
+        x = GPtA[:, 1] + (rest * u / un if un > 0 else 0.0)
+        x = x - X @ (X.T @ x)  # one Gram-Schmidt pass against rounding, then normalise
         x = x / x.norm()
         X = torch.cat([X, x.unsqueeze(1)], dim=1)
-        GX = torch.cat([GX, Gmul(x.unsqueeze(1))], dim=1)
+        if j + 1 < k:
+            g = torch.from_numpy(generator.standard_normal(p)).to(dev)
+            R = Gmul(torch.stack([x, g], dim=1))
+            GX = torch.cat([GX, R[:, :1]], dim=1)
+            Gg = R[:, 1]
     return X
 
 
