@@ -103,6 +103,12 @@ def rank(
         help="With --dp: sequential = k exact vector-Bingham draws exp(v^T B v), B = (epsilon/k)/(2 C^2) G^T G, "
         "each on the complement of the earlier ones; epsilon-DP by composition.",
     ),
+    dp_sketch: Optional[int] = typer.Option(
+        None, "--dp-sketch",
+        help="Project every per-sample gradient (private and public alike) by one data-independent Gaussian matrix to "
+        "this many dimensions before the subspaces (and before clipping): the DP sample is informative once "
+        "epsilon*m/(2k) is not small against D/2.",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     extra: Optional[List[str]] = typer.Argument(None, hidden=True),
 ) -> None:
@@ -139,7 +145,7 @@ def rank(
             private, publics or list(DEFAULT_PUBLIC), k=k, examples=examples, seed=seed, model=model,
             params=params, labels=labels.value, row_norm=row_norm.value, device=device.value,
             chunk_size=chunk_size, engine=engine.value, progress=progress,
-            dp=dp, epsilon=epsilon, clip=clip, mechanism=mechanism,
+            dp=dp, epsilon=epsilon, clip=clip, mechanism=mechanism, dp_sketch=dp_sketch,
         )
     finally:
         bar.stop()

@@ -78,6 +78,7 @@ class Ranking:
     seconds: float = 0.0
     privacy: dict | None = None
     warnings: list[str] = field(default_factory=list)
+    sketch: int | None = None
 
     def __len__(self) -> int:
         return len(self.results)
@@ -144,6 +145,7 @@ def sample_subspace(
     chunk_size: int | None = None,
     progress: Progress | None = None,
     dp: dict | None = None,
+    sketch_dim: int | None = None,
 ) -> Subspace:
     """Per-sample gradients of ``sample`` at the model's weights, then their top-k subspace.
 
@@ -173,6 +175,10 @@ def sample_subspace(
 
     info: dict = {}
     G = gradient_matrix(model, batches(), len(sample), names, loss, engine, dev, row_norm, on_chunk, info)
+    if sketch_dim:
+        from .dppca import sketch
+
+        G = sketch(G, sketch_dim, seed)
     if dp is None:
         V, s = top_k_subspace(G, k)
     else:
@@ -252,6 +258,7 @@ def rank(
     epsilon: float | None = None,
     clip: float = 1.0,
     mechanism: str = "sequential",
+    dp_sketch: int | None = None,
 ) -> Ranking:
     """Rank public candidates by their GSD to the private dataset, lowest first.
 
@@ -259,7 +266,9 @@ def rank(
     (rows clipped to ``clip``; see :mod:`gsd_cli.dppca`) and every candidate is compared with that
     one sample: the public side and the distances are post-processing, so ``epsilon`` is spent once.
     The ranking's ``privacy`` field states what was spent, ``warnings`` when the sample is too noisy
-    to say anything (judged from data-independent quantities only).
+    to say anything (judged from data-independent quantities only). ``dp_sketch=D`` first projects
+    every gradient matrix, private and public alike, by one data-independent Gaussian matrix to D
+    dimensions (clipping after it), so that a small budget can still say something.
 
     Every dataset contributes ``min(examples, size)`` examples drawn with ``seed``; the model's
     initial weights w0 also come from ``seed``, and the private subspace is computed once. Returns a
@@ -301,8 +310,11 @@ def rank(
     num_params = sum(dict(net.named_parameters())[n].numel() for n in names)
     if k > num_params:
         raise GSDError(f"k={k} is larger than the {num_params} selected parameters; use a smaller --k")
+    if dp_sketch is not None and not 1 <= k <= dp_sketch:
+        raise GSDError(f"--dp-sketch {dp_sketch} must be at least k={k}")
+    dims = dp_sketch or num_params
     common = dict(
-        k=k, input_size=spec.input_size, channels=spec.channels, num_classes=num_classes, names=names,
+        sketch_dim=dp_sketch, k=k, input_size=spec.input_size, channels=spec.channels, num_classes=num_classes, names=names,
         labels=labels, row_norm=row_norm, seed=seed, loss=loss, engine=engine, device=dev,
         chunk_size=chunk_size, progress=progress,
     )
@@ -339,14 +351,15 @@ def rank(
         r.winner = i == 1
     privacy, notes = (None, [])
     if dp_cfg is not None:
-        privacy, notes = _dp_report(dp_cfg, k, priv.examples, num_params, row_norm, rows)
+        privacy, notes = _dp_report(dp_cfg, k, priv.examples, dims, row_norm, rows)
+        privacy["sketch"] = dp_sketch
     return Ranking(
         privacy=privacy, warnings=notes,
         private=priv_source.name, model=model, k=k, examples=examples if examples is not None else -1,
         seed=seed, labels=labels, row_norm=row_norm,
         params=None if params is None else ([params] if isinstance(params, str) else list(params)),
         num_params=num_params, device=str(dev), engine=priv.engine, private_examples=priv.examples,
-        uniform_baseline=uniform_baseline(k, num_params), results=rows,
+        uniform_baseline=uniform_baseline(k, dims), results=rows, sketch=dp_sketch,
         seconds=round(time.perf_counter() - t0, 3),
     )
 

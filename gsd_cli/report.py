@@ -73,7 +73,9 @@ def ranking_table(ranking: Ranking) -> Table:
     t = Table(
         title=f"{kind} to private [bold]{escape(ranking.private)}[/] ({ranking.private_examples} examples)",
         caption=(
-            f"model {ranking.model}, p={ranking.num_params:,} parameters, k={ranking.k}, seed {ranking.seed}, "
+            f"model {ranking.model}, p={ranking.num_params:,} parameters"
+            + (f" sketched to {ranking.sketch}" if ranking.sketch else "")
+            + f", k={ranking.k}, seed {ranking.seed}, "
             f"labels {ranking.labels}, row norm {ranking.row_norm}"
         ),
     )

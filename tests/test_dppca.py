@@ -142,3 +142,32 @@ def test_large_epsilon_recovers_top_subspace_small_epsilon_is_uniform():
     d_small = projection_metric(private_top_k_subspace(G, k, 1e-3, 1.0, generator=1), V0)
     assert d_big < 0.05
     assert abs(d_small - uniform_baseline(k, p)) < 0.05
+
+
+def test_sketch_is_data_independent_seeded_and_preserves_geometry():
+    from gsd_cli.dppca import sketch
+
+    rng = np.random.default_rng(0)
+    G = torch.from_numpy(rng.normal(size=(30, 40000))).float()
+    a, b = sketch(G, 256, seed=3), sketch(G, 256, seed=3)
+    assert torch.equal(a, b) and a.shape == (30, 256)
+    assert not torch.equal(a, sketch(G, 256, seed=4))
+    # the same S for any matrix: sketch is linear, (G1 + G2) S = G1 S + G2 S
+    H = torch.from_numpy(rng.normal(size=(30, 40000))).float()
+    assert torch.allclose(sketch(G + H, 256, 3), a + sketch(H, 256, 3), atol=1e-3)
+    # Johnson-Lindenstrauss: norms kept to within a few 1/sqrt(D)
+    ratio = a.norm(dim=1) / G.norm(dim=1)
+    assert (ratio - 1).abs().max() < 5 / math.sqrt(256)
+    with pytest.raises(GSDError):
+        sketch(G, 0, seed=0)
+
+
+def test_rank_with_sketch(npz_pair):
+    from gsd_cli import rank
+
+    p = {k: f"npz:{v}" for k, v in npz_pair.items()}
+    r = rank(p["priv"], [p["priv"], p["far"]], model="fmnist-cnn", examples=40, k=3, dp_sketch=24, engine="vmap")
+    assert r.sketch == 24 and r.uniform_baseline == pytest.approx(math.sqrt(1 - 3 / 24))
+    assert r.winner.public == p["priv"] and r.winner.distance < 1e-6
+    with pytest.raises(GSDError, match="at least k"):
+        rank(p["priv"], [p["far"]], model="fmnist-cnn", examples=40, k=8, dp_sketch=4)
