@@ -158,10 +158,10 @@ def sample_sequential(
     def GTmul(a: torch.Tensor) -> torch.Tensor:  # G^T @ a
         return (G.T @ a.to(G.dtype)).to(torch.float64)
 
-    # Two passes over G per vector: G^T [a_u, a_x] to assemble the draw, and G [x_j, g_(j+1)] for the
-    # next step's Gram update and random direction.
-    g = torch.from_numpy(generator.standard_normal(p)).to(dev)
-    Gg = Gmul(g.unsqueeze(1)).squeeze(1)
+    # One pass over G per vector (G^T [a_u, a_x], to assemble the draw) plus one for all k random
+    # directions up front; G x_j is then known from m x m products: G (G P)^T a = K_j a.
+    gs = torch.from_numpy(generator.standard_normal((p, k))).to(dev)
+    Ggs = Gmul(gs)
     for j in range(k):
         q = p - j
         Kj = K - GX @ GX.T  # (G P)(G P)^T with P the projector onto span(X)^perp
@@ -169,22 +169,23 @@ def sample_sequential(
         c, rest = _reduced_kgm(red.mu, q, generator)
         c = torch.from_numpy(c).to(dev)
         # uniform direction u in span(X)^perp ∩ span(W)^perp, W = (G P)^T U / sigma
+        g = gs[:, j]
         Xg = X.T @ g
         g_perp = g - X @ Xg
-        GPg = Gg - GX @ Xg  # (G P) g
+        GPg = Ggs[:, j] - GX @ Xg  # (G P) g = G g_perp
         A = torch.stack([red.U @ ((red.U.T @ GPg) / red.sigma**2), red.U @ (c / red.sigma)], dim=1)
         GPtA = GTmul(A) - X @ (GX.T @ A)  # (G P)^T [a_u, a_x] = [W W^T g, W c]
+        KA = Kj @ A  # G (G P)^T [a_u, a_x]
         u = g_perp - GPtA[:, 0]
         un = u.norm()
-        x = GPtA[:, 1] + (rest * u / un if un > 0 else 0.0)
-        x = x - X @ (X.T @ x)  # one Gram-Schmidt pass against rounding, then normalise
-        x = x / x.norm()
-        X = torch.cat([X, x.unsqueeze(1)], dim=1)
-        if j + 1 < k:
-            g = torch.from_numpy(generator.standard_normal(p)).to(dev)
-            R = Gmul(torch.stack([x, g], dim=1))
-            GX = torch.cat([GX, R[:, :1]], dim=1)
-            Gg = R[:, 1]
+        w = rest / un if un > 0 else 0.0
+        x = GPtA[:, 1] + w * u
+        Gx = KA[:, 1] + w * (GPg - KA[:, 0])
+        Xx = X.T @ x  # one Gram-Schmidt pass against rounding, then normalise
+        x, Gx = x - X @ Xx, Gx - GX @ Xx
+        nrm = x.norm()
+        X = torch.cat([X, (x / nrm).unsqueeze(1)], dim=1)
+        GX = torch.cat([GX, (Gx / nrm).unsqueeze(1)], dim=1)
     return X
 
 
