@@ -101,8 +101,10 @@ def rank(
     mechanism: str = typer.Option(
         "sequential", "--mechanism",
         help="With --dp: sequential = k exact vector-Bingham draws exp(v^T B v), B = (epsilon/k)/(2 C^2) G^T G, "
-        "each on the complement of the earlier ones; epsilon-DP by composition.",
+        "each on the complement of the earlier ones: pure epsilon-DP by composition. matrix = the paper's "
+        "exp(tr(V^T B V)), B = epsilon/(2 C^2) G^T G, by a Gibbs sampler (a Markov chain): NO guarantee is proven.",
     ),
+    gibbs_sweeps: int = typer.Option(10, "--gibbs-sweeps", help="With --mechanism matrix: Gibbs sweeps over the k columns."),
     dp_sketch: Optional[int] = typer.Option(
         None, "--dp-sketch",
         help="Project every per-sample gradient (private and public alike) by one data-independent Gaussian matrix to "
@@ -146,6 +148,7 @@ def rank(
             params=params, labels=labels.value, row_norm=row_norm.value, device=device.value,
             chunk_size=chunk_size, engine=engine.value, progress=progress,
             dp=dp, epsilon=epsilon, clip=clip, mechanism=mechanism, dp_sketch=dp_sketch,
+            gibbs_sweeps=gibbs_sweeps,
         )
     finally:
         bar.stop()

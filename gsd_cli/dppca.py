@@ -38,7 +38,7 @@ import torch
 from .errors import GSDError
 from .subspace import gram
 
-MECHANISMS = ("sequential",)
+MECHANISMS = ("sequential", "matrix")
 
 
 def clip_rows(G: torch.Tensor, clip: float) -> torch.Tensor:
@@ -134,59 +134,96 @@ def _reduce(K: torch.Tensor, scale: float, q: int, tol_rel: float = 1e-12) -> _R
     return _Reduced(mu=(scale * evals).cpu().numpy().astype(np.float64), U=U, sigma=sigma, q=q)
 
 
+def _checked_gram(G: torch.Tensor, k: int, K: torch.Tensor | None) -> torch.Tensor:
+    m, p = G.shape
+    if not 1 <= k <= min(m, p):
+        raise GSDError(f"k must lie in 1..min(m, p) = {min(m, p)} (got {k})")
+    if not torch.isfinite(G).all():
+        raise GSDError("the private gradients contain NaN or inf; check the model and inputs")
+    return gram(G) if K is None else K.to(torch.float64)
+
+
+def _gmul(G: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # G @ v for float64 v (p x c)
+    return (G @ v.to(G.dtype)).to(torch.float64)
+
+
+def _restricted_draw(G, K, X, GX, scale, g, Gg, generator):
+    """One exact draw x from exp(x^T (scale G^T G) x) on the unit sphere of span(X)^perp (X p x r
+    orthonormal, GX = G X), and G x. ``g`` is a standard normal p-vector (``Gg`` = G g) that supplies
+    the uniform direction of the part outside B's range. One pass over G (G^T times two vectors); G x
+    comes from m x m products, G (G P)^T a = K_j a."""
+    p = G.shape[1]
+    q = p - X.shape[1]
+    Kj = K - GX @ GX.T  # (G P)(G P)^T with P the projector onto span(X)^perp
+    red = _reduce(Kj, scale, q)
+    c, rest = _reduced_kgm(red.mu, q, generator)
+    c = torch.from_numpy(c).to(G.device)
+    # uniform direction u in span(X)^perp ∩ span(W)^perp, W = (G P)^T U / sigma
+    Xg = X.T @ g
+    g_perp = g - X @ Xg
+    GPg = Gg - GX @ Xg  # (G P) g = G g_perp
+    A = torch.stack([red.U @ ((red.U.T @ GPg) / red.sigma**2), red.U @ (c / red.sigma)], dim=1)
+    GPtA = (G.T @ A.to(G.dtype)).to(torch.float64) - X @ (GX.T @ A)  # (G P)^T A = [W W^T g, W c]
+    KA = Kj @ A  # G (G P)^T A
+    u = g_perp - GPtA[:, 0]
+    un = u.norm()
+    w = rest / un if un > 0 else 0.0
+    x = GPtA[:, 1] + w * u
+    Gx = KA[:, 1] + w * (GPg - KA[:, 0])
+    Xx = X.T @ x  # one Gram-Schmidt pass against rounding, then normalise
+    x, Gx = x - X @ Xx, Gx - GX @ Xx
+    nrm = x.norm()
+    return x / nrm, Gx / nrm
+
+
 def sample_sequential(
     G: torch.Tensor, k: int, scale: float, generator: np.random.Generator, K: torch.Tensor | None = None
 ) -> torch.Tensor:
     """k orthonormal vectors, the j-th exactly from the vector Bingham exp(v^T (scale G^T G) v) on the
     unit sphere of the orthogonal complement of the earlier ones. Returns V (p x k, float64).
 
-    Uses only products with G and G^T and m x m matrices (``K`` = G G^T in float64 may be passed in).
+    Uses only products with G and G^T and m x m matrices (``K`` = G G^T in float64 may be passed in):
+    one pass over G per vector, plus one for all k random directions up front.
     """
     m, p = G.shape
-    if not 1 <= k <= min(m, p):
-        raise GSDError(f"k must lie in 1..min(m, p) = {min(m, p)} (got {k})")
-    if not torch.isfinite(G).all():
-        raise GSDError("the private gradients contain NaN or inf; check the model and inputs")
-    dev = G.device
-    K = gram(G) if K is None else K.to(torch.float64)
-    X = torch.zeros(p, 0, dtype=torch.float64, device=dev)
-    GX = torch.zeros(m, 0, dtype=torch.float64, device=dev)  # G X
-
-    def Gmul(v: torch.Tensor) -> torch.Tensor:  # G @ v for float64 v (p x c)
-        return (G @ v.to(G.dtype)).to(torch.float64)
-
-    def GTmul(a: torch.Tensor) -> torch.Tensor:  # G^T @ a
-        return (G.T @ a.to(G.dtype)).to(torch.float64)
-
-    # One pass over G per vector (G^T [a_u, a_x], to assemble the draw) plus one for all k random
-    # directions up front; G x_j is then known from m x m products: G (G P)^T a = K_j a.
-    gs = torch.from_numpy(generator.standard_normal((p, k))).to(dev)
-    Ggs = Gmul(gs)
+    K = _checked_gram(G, k, K)
+    gs = torch.from_numpy(generator.standard_normal((p, k))).to(G.device)
+    Ggs = _gmul(G, gs)
+    X = torch.zeros(p, 0, dtype=torch.float64, device=G.device)
+    GX = torch.zeros(m, 0, dtype=torch.float64, device=G.device)
     for j in range(k):
-        q = p - j
-        Kj = K - GX @ GX.T  # (G P)(G P)^T with P the projector onto span(X)^perp
-        red = _reduce(Kj, scale, q)
-        c, rest = _reduced_kgm(red.mu, q, generator)
-        c = torch.from_numpy(c).to(dev)
-        # uniform direction u in span(X)^perp ∩ span(W)^perp, W = (G P)^T U / sigma
-        g = gs[:, j]
-        Xg = X.T @ g
-        g_perp = g - X @ Xg
-        GPg = Ggs[:, j] - GX @ Xg  # (G P) g = G g_perp
-        A = torch.stack([red.U @ ((red.U.T @ GPg) / red.sigma**2), red.U @ (c / red.sigma)], dim=1)
-        GPtA = GTmul(A) - X @ (GX.T @ A)  # (G P)^T [a_u, a_x] = [W W^T g, W c]
-        KA = Kj @ A  # G (G P)^T [a_u, a_x]
-        u = g_perp - GPtA[:, 0]
-        un = u.norm()
-        w = rest / un if un > 0 else 0.0
-        x = GPtA[:, 1] + w * u
-        Gx = KA[:, 1] + w * (GPg - KA[:, 0])
-        Xx = X.T @ x  # one Gram-Schmidt pass against rounding, then normalise
-        x, Gx = x - X @ Xx, Gx - GX @ Xx
-        nrm = x.norm()
-        X = torch.cat([X, (x / nrm).unsqueeze(1)], dim=1)
-        GX = torch.cat([GX, (Gx / nrm).unsqueeze(1)], dim=1)
+        x, Gx = _restricted_draw(G, K, X, GX, scale, gs[:, j], Ggs[:, j], generator)
+        X = torch.cat([X, x.unsqueeze(1)], dim=1)
+        GX = torch.cat([GX, Gx.unsqueeze(1)], dim=1)
     return X
+
+
+def sample_matrix_gibbs(
+    G: torch.Tensor, k: int, scale: float, generator: np.random.Generator, sweeps: int = 10,
+    K: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Hoff's (2009) Gibbs sampler for the matrix Bingham exp(tr(V^T (scale G^T G) V)) on the Stiefel
+    manifold: each sweep redraws every column, exactly, from its conditional (the vector Bingham on
+    the sphere orthogonal to the other columns). Started from :func:`sample_sequential`'s draw.
+
+    A Markov chain: after finitely many sweeps its output is *not* an exact matrix-Bingham sample, and
+    no bound on its distance to the stationary law is known, so the exponential mechanism's epsilon-DP
+    (which holds for the exact law) is not proven for this output.
+    """
+    if sweeps < 1:
+        raise GSDError(f"--gibbs-sweeps must be at least 1 (got {sweeps})")
+    m, p = G.shape
+    K = _checked_gram(G, k, K)
+    V = sample_sequential(G, k, scale, generator, K)
+    GV = _gmul(G, V)
+    for _ in range(sweeps):
+        gs = torch.from_numpy(generator.standard_normal((p, k))).to(G.device)
+        Ggs = _gmul(G, gs)
+        for j in range(k):
+            others = [i for i in range(k) if i != j]
+            x, Gx = _restricted_draw(G, K, V[:, others], GV[:, others], scale, gs[:, j], Ggs[:, j], generator)
+            V[:, j], GV[:, j] = x, Gx
+    return V
 
 
 def bingham_dense(B: torch.Tensor, n: int, generator: np.random.Generator) -> torch.Tensor:
@@ -218,11 +255,16 @@ def private_top_k_subspace(
     clip: float,
     mechanism: str = "sequential",
     generator: np.random.Generator | int | None = None,
+    sweeps: int = 10,
 ) -> torch.Tensor:
-    """An epsilon-DP estimate of the top-k right singular subspace of G (rows = per-example gradients).
+    """A DP estimate of the top-k right singular subspace of G (rows = per-example gradients).
 
     Rows are clipped to norm ``clip``, then ``mechanism`` samples V (p x k, orthonormal, float64):
-    ``sequential`` = k exact vector-Bingham draws with epsilon/k each (pure epsilon-DP, replace-one).
+
+    * ``sequential``: k exact vector-Bingham draws with epsilon/k each: pure epsilon-DP (replace-one).
+    * ``matrix``: paper 004's matrix Bingham exp(tr(V^T B V)), B = epsilon / (2 C^2) G^T G, by
+      ``sweeps`` sweeps of Hoff's Gibbs sampler. Not an exact sample: no DP guarantee is proven for
+      it (see :func:`mechanism_guarantee`).
     """
     if mechanism not in MECHANISMS:
         raise GSDError(f"unknown DP mechanism {mechanism!r}; use one of {', '.join(MECHANISMS)}")
@@ -231,7 +273,28 @@ def private_top_k_subspace(
         raise GSDError("the private gradients contain NaN or inf; check the model and inputs")
     rng = generator if isinstance(generator, np.random.Generator) else np.random.default_rng(generator)
     Gc = clip_rows(G, clip)
+    if mechanism == "matrix":
+        return sample_matrix_gibbs(Gc, k, scale, rng, sweeps)
     return sample_sequential(Gc, k, scale / k, rng)
+
+
+def mechanism_guarantee(mechanism: str, sweeps: int = 10) -> dict:
+    """What each mechanism delivers, as the report prints it. Never more than the code delivers."""
+    if mechanism == "sequential":
+        return {
+            "exact": True,
+            "delta": 0.0,
+            "guarantee": "pure epsilon-DP (exponential mechanism, k exact draws with epsilon/k each, basic composition)",
+        }
+    return {
+        "exact": False,
+        "delta": None,
+        "guarantee": (
+            f"NONE PROVEN: {sweeps} sweeps of a Gibbs sampler (a Markov chain) approximate the matrix Bingham, whose exact "
+            "law would be epsilon-DP; with total-variation error eta it would be (epsilon, eta (1 + e^epsilon))-DP, "
+            "but eta has no known bound. Use --mechanism sequential for a proven guarantee."
+        ),
+    }
 
 
 def concentration_bound(epsilon: float, m: int, k: int) -> float:

@@ -185,7 +185,7 @@ def sample_subspace(
         from .dppca import private_top_k_subspace
 
         rng = np.random.default_rng([dp["seed"], zlib.crc32(b"dp-gsd")])
-        V = private_top_k_subspace(G, k, dp["epsilon"], dp["clip"], dp["mechanism"], rng)
+        V = private_top_k_subspace(G, k, dp["epsilon"], dp["clip"], dp["mechanism"], rng, dp.get("sweeps", 10))
         s = torch.empty(0, dtype=torch.float64)
     del G
     return Subspace(sample.source.name, V, s, len(sample), time.perf_counter() - t0, info["engine"])
@@ -259,6 +259,7 @@ def rank(
     clip: float = 1.0,
     mechanism: str = "sequential",
     dp_sketch: int | None = None,
+    gibbs_sweeps: int = 10,
 ) -> Ranking:
     """Rank public candidates by their GSD to the private dataset, lowest first.
 
@@ -327,7 +328,7 @@ def rank(
         bingham_scale(epsilon, clip)  # validates epsilon > 0 and clip > 0
         if mechanism not in MECHANISMS:
             raise GSDError(f"unknown --mechanism {mechanism!r}; use one of {', '.join(MECHANISMS)}")
-        dp_cfg = dict(epsilon=float(epsilon), clip=float(clip), mechanism=mechanism, seed=seed)
+        dp_cfg = dict(epsilon=float(epsilon), clip=float(clip), mechanism=mechanism, seed=seed, sweeps=gibbs_sweeps)
     priv = sample_subspace(net, samples[0], **common, dp=dp_cfg)
     if engine == "auto":  # measured once on the private sample; the same engine for every candidate
         common["engine"] = priv.engine
@@ -368,25 +369,26 @@ def _dp_report(cfg: dict, k: int, m: int, p: int, row_norm: str, rows: list[Rank
     """What a DP ranking spent, and whether its distances can say anything. Uses only (epsilon, m,
     k, p) and the released distances, never the private singular values (paper 004's Theorem 3 bound
     needs the private eigengap, so it is not reported)."""
-    from .dppca import concentration_bound, uniform_distance_quantiles
+    from .dppca import concentration_bound, mechanism_guarantee, uniform_distance_quantiles
 
     lo, mid, hi = uniform_distance_quantiles(k, p)
-    conc = concentration_bound(cfg["epsilon"], m, k)
+    # sequential: each of k steps has epsilon/k; matrix: one exponent with the whole epsilon
+    conc = concentration_bound(cfg["epsilon"], m, k if cfg["mechanism"] == "sequential" else 1)
     privacy = {
         "mechanism": cfg["mechanism"],
         "epsilon": cfg["epsilon"],
-        "delta": 0.0,
         "clip": cfg["clip"],
         "k": k,
         "examples": m,
-        "exact": True,
-        "guarantee": "pure epsilon-DP (exponential mechanism, k exact draws with epsilon/k each, basic composition)",
+        **mechanism_guarantee(cfg["mechanism"], cfg.get("sweeps", 10)),
         "neighbouring": "replace one example (implies add/remove)",
         "row_norm": row_norm,
         "concentration_bound": conc,
         "uniform_distance_99": [lo, hi],
     }
     notes = []
+    if not privacy["exact"]:
+        notes.append("the matrix mechanism's Gibbs sampler is a Markov chain: no differential-privacy guarantee is proven for this output")
     if conc < p / 2:
         notes.append(
             f"epsilon*m/(2k) = {conc:.3g} is below p/2 = {p / 2:.3g}: each private direction is drawn close to "

@@ -107,9 +107,11 @@ def privacy_line(ranking: Ranking) -> str | None:
     pv = ranking.privacy
     if not pv:
         return None
+    delta = "0" if pv["delta"] == 0 else "unknown"
+    sample = "exact sample" if pv["exact"] else "NOT an exact sample"
     return (
-        f"DP-GSD: {pv['mechanism']} mechanism, epsilon={pv['epsilon']:g}, delta=0, clip={pv['clip']:g}, "
-        f"k={pv['k']}, {pv['examples']} private examples, exact sample: {pv['guarantee']} "
+        f"DP-GSD: {pv['mechanism']} mechanism, epsilon={pv['epsilon']:g}, delta={delta}, clip={pv['clip']:g}, "
+        f"k={pv['k']}, {pv['examples']} private examples, {sample}: {pv['guarantee']} "
         f"({pv['neighbouring']}); spent once for all candidates."
     )
 

@@ -103,7 +103,7 @@ def test_dp_rank_cli(capsys, npz_pair, tmp_path):
     assert "DP-GSD" in out and "epsilon=2" in out
     pv = json.loads(j.read_text())["privacy"]
     assert pv["mechanism"] == "sequential" and pv["epsilon"] == 2 and pv["delta"] == 0 and pv["clip"] == 1
-    for bad in (["--epsilon", "0"], ["--epsilon", "-1"], ["--clip", "0", "--epsilon", "1"], ["--mechanism", "gibbs", "--epsilon", "1"]):
+    for bad in (["--epsilon", "0"], ["--epsilon", "-1"], ["--clip", "0", "--epsilon", "1"], ["--mechanism", "gibbs", "--epsilon", "1"], ["--mechanism", "matrix", "--gibbs-sweeps", "0", "--epsilon", "1", "-m", "20", "--k", "2", "--params", "fc.*"]):
         code, _, err = run(capsys, "rank", "--dp", *bad)
         _one_line_error(code, err)
     code, _, err = run(capsys, "rank", "--epsilon", "1")
