@@ -197,3 +197,30 @@ def test_matrix_mechanism_reports_no_guarantee():
     g = mechanism_guarantee("matrix", 10)
     assert g["exact"] is False and g["delta"] is None and g["guarantee"].startswith("NONE PROVEN")
     assert mechanism_guarantee("sequential")["exact"] is True
+
+
+def test_sequential_budget_split_and_composition(monkeypatch):
+    # each of the k steps uses B_j = (epsilon/k) / (2 C^2) G^T G restricted: check the first step's exponent
+    import gsd_cli.dppca as dppca
+    from dp_accounting import dp_event
+    from dp_accounting.pld import pld_privacy_accountant
+
+    rng = np.random.default_rng(0)
+    G = torch.from_numpy(rng.normal(size=(6, 10)))
+    G = G / G.norm(dim=1, keepdim=True) * 0.5  # inside the clip: untouched
+    eps, C, k = 3.0, 0.5, 3
+    seen = []
+    real = dppca._reduced_kgm
+    monkeypatch.setattr(dppca, "_reduced_kgm", lambda mu, q, g, **kw: (seen.append((mu.copy(), q)), real(mu, q, g, **kw))[1])
+    private_top_k_subspace(G, k, eps, C, generator=0)
+    assert len(seen) == k and [q for _, q in seen] == [10, 9, 8]
+    expected = np.sort(np.linalg.eigvalsh((eps / k) / (2 * C * C) * (G.T @ G).numpy()))[-6:]
+    assert np.allclose(np.sort(seen[0][0]), expected, rtol=1e-9)
+    # k pure (epsilon/k)-DP steps compose to at most epsilon: an independent accountant (PLD) agrees,
+    # modelling each step as a Laplace mechanism with the same pure guarantee (worst case of pure DP)
+    acc = pld_privacy_accountant.PLDAccountant()
+    acc.compose(dp_event.SelfComposedDpEvent(dp_event.LaplaceDpEvent(noise_multiplier=k / eps), k))
+    assert 0.8 * eps < acc.get_epsilon(1e-12) <= eps * (1 + 1e-3)
+    acc2 = pld_privacy_accountant.PLDAccountant()  # and the whole budget in one step would not fit
+    acc2.compose(dp_event.SelfComposedDpEvent(dp_event.LaplaceDpEvent(noise_multiplier=1 / eps), k))
+    assert acc2.get_epsilon(1e-12) > 2 * eps
