@@ -12,6 +12,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from .dppca import bingham_dense, private_top_k_subspace, sample_matrix_gibbs, sample_sequential
 from .errors import DatasetError, GSDError, ModelError
 from .gradients import default_loss, per_sample_gradients, select_parameters
 from .ranking import RankResult, Ranking, gradient_subspace_distance, rank
@@ -21,4 +22,5 @@ __all__ = [
     "__version__", "GSDError", "DatasetError", "ModelError", "per_sample_gradients", "select_parameters",
     "default_loss", "top_k_subspace", "projection_metric", "principal_angles", "uniform_baseline",
     "gradient_subspace_distance", "rank", "Ranking", "RankResult",
+    "private_top_k_subspace", "sample_sequential", "sample_matrix_gibbs", "bingham_dense",
 ]

@@ -69,12 +69,11 @@ def _solve_b(lam_top: np.ndarray, n_rest: int, lam_rest: float, q: int) -> float
     def f(b: float) -> float:
         return float(np.sum(1.0 / (b + 2.0 * lam_top))) + n_rest / (b + 2.0 * lam_rest) - 1.0
 
-    lo, hi = 0.0, float(q)
+    lo, hi = 1e-300, float(q)  # f(lo) > 0 (the smallest lambda is 0), f(q) <= 0
     if f(hi) >= 0:  # only when A = 0 (uniform): b = q, Omega = I
         return hi
-    lo = min(1.0, hi) * 1e-300
     for _ in range(200):  # bisection in log space: f is decreasing in b
-        mid = math.sqrt(max(lo, 1e-300) * hi) if lo > 0 else hi / 2
+        mid = math.sqrt(lo * hi)
         if f(mid) > 0:
             lo = mid
         else:

@@ -69,7 +69,10 @@ def write_csv(ranking: Ranking, path: str | Path) -> None:
 
 
 def ranking_table(ranking: Ranking) -> Table:
-    kind = f"DP-GSD (epsilon={ranking.privacy['epsilon']:g})" if ranking.privacy else "GSD"
+    pv = ranking.privacy
+    kind = "GSD"
+    if pv:
+        kind = f"DP-GSD (epsilon={pv['epsilon']:g}" + (")" if pv["exact"] else ", no proven guarantee)")
     t = Table(
         title=f"{kind} to private [bold]{escape(ranking.private)}[/] ({ranking.private_examples} examples)",
         caption=(
