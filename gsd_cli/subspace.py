@@ -62,7 +62,8 @@ def top_k_subspace(G: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
         evals, U = evals.flip(0)[:k], U.flip(1)[:, :k]
         s = evals.clamp_min(0).sqrt()
         _check_rank(s, k, m, p)
-        V = torch.cat([G[:, j : j + _BLOCK].to(torch.float64).T @ U for j in range(0, p, _BLOCK)]) / s
+        # G^T U by column blocks, each as (U^T B)^T: row-major friendly (G^T U directly is ~7x slower)
+        V = torch.cat([(U.T @ G[:, j : j + _BLOCK].to(torch.float64)).T for j in range(0, p, _BLOCK)]) / s
         # re-orthonormalise (same span): removes the rounding left by the division by s
         V, _ = torch.linalg.qr(V)
     else:
