@@ -96,6 +96,18 @@ def gsd_path(model, xs, ys, cs, dev, k, engine):
     return projection_metric(*bases)
 
 
+def _opacus_matrix(gsm, model, x, y, cs, dev):
+    """The m x p per-sample gradient matrix from an Opacus GradSampleModule, rows stacked."""
+    rows = []
+    for xb, yb in chunks(x, y, cs):
+        gsm.zero_grad(set_to_none=True)
+        F.cross_entropy(gsm(xb.to(dev)), yb.to(dev), reduction="sum").backward()
+        rows.append(torch.cat([p.grad_sample.flatten(1) for p in model.parameters()], 1))
+        for p in model.parameters():
+            p.grad_sample = None
+    return torch.cat(rows)
+
+
 def authors_path(model, xs, ys, cs, dev, k):
     """Opacus GradSampleModule, G stacked, full SVD (their code: torch.linalg.svd / np.linalg.svd)."""
     from opacus import GradSampleModule
@@ -104,15 +116,7 @@ def authors_path(model, xs, ys, cs, dev, k):
     bases = []
     try:
         for x, y in zip(xs, ys):
-            rows = []
-            for xb, yb in chunks(x, y, cs):
-                gsm.zero_grad(set_to_none=True)
-                F.cross_entropy(gsm(xb.to(dev)), yb.to(dev), reduction="sum").backward()
-                rows.append(torch.cat([p.grad_sample.flatten(1) for p in model.parameters()], 1))
-                for p in model.parameters():
-                    p.grad_sample = None
-            G = torch.cat(rows)
-            del rows
+            G = _opacus_matrix(gsm, model, x, y, cs, dev)
             G = G / G.norm(dim=1, keepdim=True)
             _, _, Vh = torch.linalg.svd(G, full_matrices=False)
             bases.append(Vh[:k].T.contiguous())
@@ -133,16 +137,8 @@ def opacus_only(model, x, y, cs, dev):
     from opacus import GradSampleModule
 
     gsm = GradSampleModule(model, loss_reduction="sum")
-    rows = []
     try:
-        for xb, yb in chunks(x, y, cs):
-            gsm.zero_grad(set_to_none=True)
-            F.cross_entropy(gsm(xb.to(dev)), yb.to(dev), reduction="sum").backward()
-            rows.append(torch.cat([p.grad_sample.flatten(1) for p in model.parameters()], 1))
-            for p in model.parameters():
-                p.grad_sample = None
-        G = torch.cat(rows)
-        del rows, G
+        _opacus_matrix(gsm, model, x, y, cs, dev)
     finally:
         gsm._close()
 
