@@ -86,12 +86,11 @@ def _solve_b(lam_top: np.ndarray, n_rest: int, lam_rest: float, q: int) -> float
 @dataclass
 class _Reduced:
     """The Bingham parameter on the current sphere: eigenvalues mu (r,) of B there, the eigen-
-    coordinates U, sigma of G_j G_j^T (B's eigenvectors are G_j^T U / sigma), and the sphere dimension q."""
+    coordinates U, sigma of G_j G_j^T (B's eigenvectors are G_j^T U / sigma)."""
 
     mu: np.ndarray
     U: torch.Tensor
     sigma: torch.Tensor
-    q: int
 
 
 def _reduced_kgm(mu: np.ndarray, q: int, rng: np.random.Generator, batch: int = 256, max_tries: int = 10_000_000):
@@ -124,13 +123,13 @@ def _reduced_kgm(mu: np.ndarray, q: int, rng: np.random.Generator, batch: int = 
     raise RuntimeError("Bingham rejection sampler did not accept; please report this as a bug")
 
 
-def _reduce(K: torch.Tensor, scale: float, q: int, tol_rel: float = 1e-12) -> _Reduced:
+def _reduce(K: torch.Tensor, scale: float, tol_rel: float = 1e-12) -> _Reduced:
+    """Eigen-decomposition of K_j; eigenvalues at rounding level are zero (they join the rest)."""
     evals, U = torch.linalg.eigh(K)
     top = float(evals[-1]) if len(evals) else 0.0
-    keep = evals > max(top * tol_rel, 0.0) if top > 0 else torch.zeros_like(evals, dtype=torch.bool)
+    keep = evals > max(top, 0.0) * tol_rel
     evals, U = evals[keep], U[:, keep]
-    sigma = evals.sqrt()
-    return _Reduced(mu=(scale * evals).cpu().numpy().astype(np.float64), U=U, sigma=sigma, q=q)
+    return _Reduced(mu=(scale * evals).cpu().numpy().astype(np.float64), U=U, sigma=evals.sqrt())
 
 
 def _checked_gram(G: torch.Tensor, k: int, K: torch.Tensor | None) -> torch.Tensor:
@@ -154,7 +153,7 @@ def _restricted_draw(G, K, X, GX, scale, g, Gg, generator):
     p = G.shape[1]
     q = p - X.shape[1]
     Kj = K - GX @ GX.T  # (G P)(G P)^T with P the projector onto span(X)^perp
-    red = _reduce(Kj, scale, q)
+    red = _reduce(Kj, scale)
     c, rest = _reduced_kgm(red.mu, q, generator)
     c = torch.from_numpy(c).to(G.device)
     # uniform direction u in span(X)^perp ∩ span(W)^perp, W = (G P)^T U / sigma
@@ -269,8 +268,6 @@ def private_top_k_subspace(
     if mechanism not in MECHANISMS:
         raise GSDError(f"unknown DP mechanism {mechanism!r}; use one of {', '.join(MECHANISMS)}")
     scale = bingham_scale(epsilon, clip)
-    if not torch.isfinite(G).all():
-        raise GSDError("the private gradients contain NaN or inf; check the model and inputs")
     rng = generator if isinstance(generator, np.random.Generator) else np.random.default_rng(generator)
     Gc = clip_rows(G, clip)
     if mechanism == "matrix":

@@ -371,7 +371,7 @@ def _dp_report(cfg: dict, k: int, m: int, p: int, row_norm: str, rows: list[Rank
     needs the private eigengap, so it is not reported)."""
     from .dppca import concentration_bound, mechanism_guarantee, uniform_distance_quantiles
 
-    lo, mid, hi = uniform_distance_quantiles(k, p)
+    lo, _, hi = uniform_distance_quantiles(k, p)
     # sequential: each of k steps has epsilon/k; matrix: one exponent with the whole epsilon
     conc = concentration_bound(cfg["epsilon"], m, k if cfg["mechanism"] == "sequential" else 1)
     privacy = {
