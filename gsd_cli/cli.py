@@ -46,6 +46,11 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
+class DpRepeats(str, Enum):
+    shared = "shared"
+    fresh = "fresh"
+
+
 class Engine(str, Enum):
     auto = "auto"
     vmap = "vmap"
@@ -111,6 +116,21 @@ def rank(
         "this many dimensions before the subspaces (and before clipping): the DP sample is informative once "
         "epsilon*m/(2k) is not small against D/2.",
     ),
+    repeats: int = typer.Option(
+        1, "--repeats", "-R",
+        help="Independent repeats (examples, random labels and w0 drawn anew from --seed in each; repeat 1 is the "
+        "plain ranking). R > 1 ranks by the mean distance and shows sd, a 95%% Student-t interval for the mean, the "
+        "fraction of repeats each candidate won, and '= ★' for candidates tied with the winner: not significantly "
+        "farther by a one-sided paired t-test on the per-repeat differences (the repeats share the private draw), "
+        "Holm-adjusted over the candidates, alpha 0.05. R=1: no interval, no tie test.",
+    ),
+    dp_repeats: Optional[DpRepeats] = typer.Option(
+        None, "--dp-repeats",
+        help="With --dp and --repeats: shared (default) = one private DP sample for all repeats, only the public side "
+        "varies, total epsilon = --epsilon; fresh = a new private DP sample per repeat, total epsilon = R x --epsilon "
+        "(basic composition).",
+    ),
+    plot_path: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of each candidate's distances with their intervals."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     extra: Optional[List[str]] = typer.Argument(None, hidden=True),
 ) -> None:
@@ -127,6 +147,11 @@ def rank(
         raise GSDError(f"unexpected argument(s) {' '.join(extra)}; name public datasets with --public")
     if not dp and epsilon is not None:
         raise GSDError("--epsilon is only used with --dp; add --dp for DP-GSD")
+    if dp_repeats is not None and not dp:
+        raise GSDError("--dp-repeats is only used with --dp; add --dp for DP-GSD")
+    from .repeats_report import check_plot_path, print_repeats, write_plot, write_repeats_csv
+
+    plot_file = check_plot_path(plot_path)
     json_file = check_output_path(json_path, "--json")
     csv_file = check_output_path(csv_path, "--csv")
     bar = Progress(
@@ -148,17 +173,23 @@ def rank(
             params=params, labels=labels.value, row_norm=row_norm.value, device=device.value,
             chunk_size=chunk_size, engine=engine.value, progress=progress,
             dp=dp, epsilon=epsilon, clip=clip, mechanism=mechanism, dp_sketch=dp_sketch,
-            gibbs_sweeps=gibbs_sweeps,
+            gibbs_sweeps=gibbs_sweeps, repeats=repeats, dp_repeats=(dp_repeats or DpRepeats.shared).value,
         )
     finally:
         bar.stop()
-    print_ranking(result, out)
+    many = getattr(result, "repeats", 1) > 1
+    print_repeats(result, out) if many else print_ranking(result, out)
+    if not many:
+        out.print("[dim]One draw: no interval and no tie test; --repeats 5 shows which candidates are tied.[/]")
     if json_file:
         write_json(result, json_file)
         err.print(f"wrote {json_file}")
     if csv_file:
-        write_csv(result, csv_file)
+        (write_repeats_csv if many else write_csv)(result, csv_file)
         err.print(f"wrote {csv_file}")
+    if plot_file:
+        write_plot(result, plot_file)
+        err.print(f"wrote {plot_file}")
 
 
 def _error(message: str) -> None:

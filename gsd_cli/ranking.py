@@ -146,17 +146,19 @@ def sample_subspace(
     progress: Progress | None = None,
     dp: dict | None = None,
     sketch_dim: int | None = None,
+    label_seed: int | None = None,
 ) -> Subspace:
     """Per-sample gradients of ``sample`` at the model's weights, then their top-k subspace.
 
     With ``dp = {"epsilon", "clip", "mechanism", "seed"}`` the subspace is drawn by the epsilon-DP
     mechanism of :func:`gsd_cli.dppca.private_top_k_subspace` instead (``s`` is then empty: the
-    private singular values are never released)."""
+    private singular values are never released). ``label_seed`` (default ``seed``) seeds the random
+    labels alone; ``seed`` also seeds the sketch."""
     t0 = time.perf_counter()
     dev = resolve_device(device)
     if k > len(sample):
         raise GSDError(f"k={k} is larger than the {len(sample)} examples of {sample.source.name}; use --k <= {len(sample)}")
-    y = sample_labels(sample, labels, num_classes, seed)
+    y = sample_labels(sample, labels, num_classes, seed if label_seed is None else label_seed)
     p = sum(dict(model.named_parameters())[n].numel() for n in names)
     cs = chunk_size if chunk_size is not None else default_chunk_size(dev, p)
     if cs < 1:
@@ -260,6 +262,10 @@ def rank(
     mechanism: str = "sequential",
     dp_sketch: int | None = None,
     gibbs_sweeps: int = 10,
+    repeats: int = 1,
+    dp_repeats: str = "shared",
+    public_seed: int | None = None,
+    cache: dict | None = None,
 ) -> Ranking:
     """Rank public candidates by their GSD to the private dataset, lowest first.
 
@@ -274,7 +280,19 @@ def rank(
     Every dataset contributes ``min(examples, size)`` examples drawn with ``seed``; the model's
     initial weights w0 also come from ``seed``, and the private subspace is computed once. Returns a
     :class:`Ranking` (a sequence of :class:`RankResult`, best first; ``.to_dict()`` is the JSON).
+
+    ``repeats=R`` > 1: R independent repeats with means, intervals, win fractions and ties, by
+    :func:`gsd_cli.repeats.rank_repeats` (returns a :class:`gsd_cli.repeats.RepeatRanking`; under DP,
+    ``dp_repeats`` = ``shared`` or ``fresh`` says what the repeats spend). ``public_seed`` (default
+    ``seed``) seeds the public examples and labels alone; ``cache``: a dict in which subspaces are
+    kept and reused when the same settings recur (in memory).
     """
+    if repeats != 1:
+        kw = dict(locals())  # the parameters as given
+        del kw["public_seed"]
+        from .repeats import rank_repeats
+
+        return rank_repeats(**kw)
     from probes import get_model_spec
 
     t0 = time.perf_counter()
@@ -297,7 +315,8 @@ def rank(
     dup = {n for n in names_seen[1:] if names_seen[1:].count(n) > 1}
     if dup:
         raise GSDError(f"public candidate(s) {', '.join(sorted(dup))} given twice; name each once")
-    samples = [gdata.draw(s, examples, seed) for s in [priv_source, *pub_sources]]
+    pseed = seed if public_seed is None else public_seed
+    samples = [gdata.draw(s, examples, seed if i == 0 else pseed) for i, s in enumerate([priv_source, *pub_sources])]
     for smp in samples:
         if k > len(smp):
             raise GSDError(
@@ -329,12 +348,14 @@ def rank(
         if mechanism not in MECHANISMS:
             raise GSDError(f"unknown --mechanism {mechanism!r}; use one of {', '.join(MECHANISMS)}")
         dp_cfg = dict(epsilon=float(epsilon), clip=float(clip), mechanism=mechanism, seed=seed, sweeps=gibbs_sweeps)
-    priv = sample_subspace(net, samples[0], **common, dp=dp_cfg)
+    key = (model, tuple(names), num_classes, k, labels, row_norm, dp_sketch, loss, str(dev), examples, seed)
+    priv = _cached(cache, key + (priv_source, seed, tuple(sorted((dp_cfg or {}).items()))),
+                   lambda: sample_subspace(net, samples[0], **common, dp=dp_cfg))
     if engine == "auto":  # measured once on the private sample; the same engine for every candidate
         common["engine"] = priv.engine
     rows = []
     for smp in samples[1:]:
-        pub = sample_subspace(net, smp, **common)
+        pub = _cached(cache, key + (smp.source, pseed), lambda: sample_subspace(net, smp, **common, label_seed=pseed))
         angles = principal_angles(priv.V, pub.V)
         rows.append(
             RankResult(
@@ -363,6 +384,18 @@ def rank(
         uniform_baseline=uniform_baseline(k, dims), results=rows, sketch=dp_sketch,
         seconds=round(time.perf_counter() - t0, 3),
     )
+
+
+def _cached(cache: dict | None, key: tuple, compute: Callable[[], Subspace]) -> Subspace:
+    """``compute()``, or the subspace kept in ``cache`` under ``key``. Sources are keyed by identity
+    and kept alive beside the entry, so an id is never reused while it is cached."""
+    if cache is None:
+        return compute()
+    sources = [x for x in key if isinstance(x, gdata.ImageSource)]
+    key = tuple((id(x), x.name) if isinstance(x, gdata.ImageSource) else x for x in key)
+    if key not in cache:
+        cache[key] = (sources, compute())
+    return cache[key][1]
 
 
 def _dp_report(cfg: dict, k: int, m: int, p: int, row_norm: str, rows: list[RankResult]) -> tuple[dict, list[str]]:

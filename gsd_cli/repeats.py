@@ -1,0 +1,289 @@
+"""Rankings with error bars: R independent repeats, intervals, win fractions and ties.
+
+One batch of m examples gives one distance per candidate, and candidates whose distances are close
+swap places from one draw to the next. :func:`rank_repeats` runs the ranking R times, each repeat
+with its own draw of the examples, the random labels and the initial weights w0, and summarises each
+candidate over the repeats:
+
+* **mean** distance (candidates are ranked by it), its **sd** (sample standard deviation, ddof=1)
+  and a **95% t-interval for the mean**: mean +- t_{0.975, R-1} * sd / sqrt(R) (Student's t over the
+  R repeats, :func:`t_interval`);
+* the **win fraction**: the fraction of repeats in which the candidate had the smallest distance;
+* **ties with the winner**. Within a repeat every candidate is compared with the same private
+  subspace, so candidate c and the winner w (lowest mean) are compared by a *paired* test on the
+  per-repeat differences d_c(r) - d_w(r): one-sided paired t-test, H0 "c is not farther than w",
+  against "c is farther" (:func:`paired_tie_test`). The R-1 p-values of the non-winners are
+  Holm-adjusted (family-wise error 5%: the probability that any candidate which is really as close
+  as the winner is declared farther is at most 5%), and a candidate whose adjusted p-value is not
+  below 0.05 is marked **tied** with the winner. With R=1 no test is possible and nothing is marked.
+
+Seeds: repeat 0 uses ``seed`` itself, so R=1 is exactly the plain :func:`gsd_cli.ranking.rank`;
+repeat r > 0 uses :func:`repeat_seed` ``(seed, r)``, for its examples, its random labels and its w0.
+
+Under DP (``dp=True``) the user chooses what repeats cost (``dp_repeats``):
+
+* ``shared``: the private subspace is drawn **once** by the epsilon-DP mechanism (at repeat 0's
+  examples, labels and w0) and every repeat compares with it; the repeats vary the public side only
+  (public examples and random labels; w0 stays, because a distance between subspaces taken at two
+  different w0 means nothing). Total budget: epsilon (post-processing). The intervals then describe
+  the public side's sampling, given the one private draw.
+* ``fresh``: every repeat draws new private examples, labels, w0 and a new DP sample, so R
+  epsilon-DP releases about the same data: total epsilon R * epsilon by basic composition of pure DP
+  (delta = 0; :func:`total_epsilon` checks it with dp-accounting).
+
+Cost: the private side of a repeat shares the resolved sources, the model's parameter selection and
+the engine that ``auto`` chose in repeat 0; every subspace goes through one in-memory cache
+(``cache``, a dict you may pass again to a later call), keyed by everything it depends on, so a
+subspace computed before with the same settings (a repeat of an earlier call, the shared DP private
+sample, a public side that an earlier non-DP call computed) is reused, not recomputed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from . import data as gdata
+from .errors import GSDError
+from .ranking import Ranking, RankResult
+
+DP_REPEATS = ("shared", "fresh")
+#: Significance level of the tie test (one-sided, Holm-adjusted over the non-winners).
+TIE_ALPHA = 0.05
+#: Confidence level of the intervals.
+LEVEL = 0.95
+TIE_TEST = (
+    "one-sided paired t-test on the per-repeat differences to the winner (same private draw within a repeat), "
+    "Holm-adjusted over the candidates, alpha=0.05; tied = not significantly farther than the winner"
+)
+
+
+def repeat_seed(seed: int, r: int) -> int:
+    """The seed of repeat ``r``: ``seed`` itself for r = 0 (so one repeat is the plain ranking),
+    otherwise a 32-bit integer derived from ``(seed, r)`` by numpy's SeedSequence (distinct streams)."""
+    if r < 0:
+        raise GSDError(f"repeat index must be >= 0 (got {r})")
+    if r == 0:
+        return int(seed)
+    ss = np.random.SeedSequence([int(seed) % 2**64, int(r), 0x67736452])  # "gsdR"
+    return int(ss.generate_state(1, np.uint32)[0])
+
+
+def t_interval(values: Sequence[float], level: float = LEVEL) -> tuple[float, float, float, float]:
+    """``(mean, sd, low, high)``: Student's t interval for the mean of ``values`` at ``level``.
+
+    sd is the sample standard deviation (ddof=1); the interval is mean +- t_{(1+level)/2, n-1} sd/sqrt(n).
+    With one value sd and the interval are NaN (nothing to estimate a spread from)."""
+    from scipy import stats
+
+    x = np.asarray(values, dtype=np.float64)
+    n = len(x)
+    if n == 0:
+        raise GSDError("t_interval needs at least one value")
+    mean = float(x.mean())
+    if n == 1:
+        return mean, math.nan, math.nan, math.nan
+    sd = float(x.std(ddof=1))
+    half = float(stats.t.ppf((1 + level) / 2, n - 1)) * sd / math.sqrt(n)
+    return mean, sd, mean - half, mean + half
+
+
+def paired_tie_test(candidate: Sequence[float], winner: Sequence[float]) -> float:
+    """One-sided p-value of the paired t-test of H0 "mean(candidate - winner) <= 0" against
+    "candidate is farther than the winner", over repeats (same index = same private draw).
+
+    All differences equal (sd 0): p = 0 when they are positive, 1 otherwise. NaN with one repeat."""
+    from scipy import stats
+
+    c, w = np.asarray(candidate, np.float64), np.asarray(winner, np.float64)
+    if c.shape != w.shape:
+        raise GSDError("paired_tie_test needs the same number of repeats for both candidates")
+    if len(c) < 2:
+        return math.nan
+    diff = c - w
+    if np.all(diff == diff[0]):
+        return 0.0 if diff[0] > 0 else 1.0
+    return float(stats.ttest_rel(c, w, alternative="greater").pvalue)
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (same order as given; NaN stays NaN)."""
+    p = np.asarray(pvalues, np.float64)
+    out = np.full(len(p), np.nan)
+    ok = np.flatnonzero(~np.isnan(p))
+    order = ok[np.argsort(p[ok], kind="stable")]
+    n, running = len(order), 0.0
+    for i, j in enumerate(order):
+        running = max(running, min(1.0, (n - i) * p[j]))
+        out[j] = running
+    return out.tolist()
+
+
+def total_epsilon(epsilon: float, repeats: int, dp_repeats: str) -> float:
+    """Total epsilon (delta = 0) of a repeated DP ranking: epsilon for ``shared`` (one release, the
+    repeats are post-processing) or R * epsilon for ``fresh`` (R pure epsilon-DP releases, basic
+    composition; dp-accounting's PLD accountant composes pure-DP releases to the same value, see
+    the tests)."""
+    if dp_repeats not in DP_REPEATS:
+        raise GSDError(f"--dp-repeats must be one of {', '.join(DP_REPEATS)} (got {dp_repeats!r})")
+    return float(epsilon) * (1 if dp_repeats == "shared" else int(repeats))
+
+
+@dataclass
+class RepeatResult(RankResult):
+    """One candidate over R repeats: ``distance`` is the mean (the ranking key); ``distances`` holds
+    each repeat's distance, in repeat order. ``tied``: not significantly farther than the winner."""
+
+    mean: float = 0.0
+    sd: float = math.nan
+    ci_low: float = math.nan
+    ci_high: float = math.nan
+    win_fraction: float = 0.0
+    tied: bool = False
+    p_value: float | None = None
+    distances: list[float] = field(default_factory=list)
+
+
+@dataclass
+class RepeatRanking(Ranking):
+    """A ranking over R repeats: ``results`` are :class:`RepeatResult` sorted by mean distance;
+    ``runs`` holds each repeat's plain :class:`Ranking`; ``repeat_seeds`` the seed of each."""
+
+    repeats: int = 1
+    repeat_seeds: list[int] = field(default_factory=list)
+    level: float = LEVEL
+    tie_test: str = TIE_TEST
+    dp_repeats: str | None = None
+    runs: list[Ranking] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """Settings, ``results`` (summary, with each repeat's ``distances``) and ``runs`` (each
+        repeat's seed and distances per candidate)."""
+        d = {k: v for k, v in asdict(self).items() if k not in ("results", "runs")}
+        d["results"] = [r.to_dict() for r in self.results]
+        d["runs"] = [
+            {"repeat": i, "seed": s, "winner": run.winner.public, "distances": {x.public: x.distance for x in run}}
+            for i, (s, run) in enumerate(zip(self.repeat_seeds, self.runs))
+        ]
+        return d
+
+
+def rank_repeats(
+    private: str | gdata.ImageSource = gdata.DEFAULT_PRIVATE,
+    publics: Sequence[str | gdata.ImageSource] = gdata.DEFAULT_PUBLIC,
+    *,
+    repeats: int = 5,
+    seed: int = 0,
+    dp: bool = False,
+    epsilon: float | None = None,
+    dp_repeats: str = "shared",
+    engine: str = "auto",
+    progress=None,
+    cache: dict | None = None,
+    **kwargs,
+) -> RepeatRanking:
+    """Rank public candidates by GSD over ``repeats`` independent repeats, with error bars.
+
+    Repeat r runs :func:`gsd_cli.ranking.rank` with seed :func:`repeat_seed` ``(seed, r)`` (repeat 0:
+    ``seed`` itself, so its ranking is exactly the plain one), which draws that repeat's examples,
+    random labels and initial weights w0. Every other keyword argument (``k``, ``examples``,
+    ``model``, ``params``, ``labels``, ``row_norm``, ``device``, ``clip``, ``mechanism``,
+    ``dp_sketch``, ...) is passed to ``rank`` unchanged.
+
+    Returns a :class:`RepeatRanking`: per candidate the mean distance (the ranking key), sd, 95%
+    t-interval for the mean (:func:`t_interval`), win fraction, each repeat's distance, and ``tied``
+    (one-sided paired t-test of the per-repeat differences to the winner, Holm-adjusted over the
+    candidates, alpha 0.05; never set with one repeat, where no test is possible). ``runs`` holds the
+    R plain rankings.
+
+    With ``dp=True``, ``dp_repeats="shared"`` draws the private DP subspace once (repeat 0's
+    examples, labels and w0) and varies the public examples and labels only: total epsilon =
+    ``epsilon``. ``"fresh"`` repeats the whole ranking, DP draw included: total epsilon =
+    ``repeats * epsilon`` (basic composition of pure DP). ``privacy`` states both and the total.
+
+    ``cache`` (a dict, default a new one): subspaces computed with the same settings are reused, in
+    this call and in later calls given the same dict.
+    """
+    from .ranking import rank
+
+    t0 = time.perf_counter()
+    if isinstance(repeats, bool) or not isinstance(repeats, (int, np.integer)) or repeats < 1:
+        raise GSDError(f"--repeats must be a whole number >= 1 (got {repeats!r})")
+    if dp_repeats not in DP_REPEATS:
+        raise GSDError(f"--dp-repeats must be one of {', '.join(DP_REPEATS)} (got {dp_repeats!r})")
+    if not publics:
+        raise GSDError("give at least one public candidate (--public NAME ...)")
+    if int(seed) < 0:
+        raise GSDError(f"--seed must be >= 0 (got {seed})")
+    # resolved once: every repeat reads the same source objects (and the cache keys on them)
+    priv_source = gdata.resolve(private)
+    pub_sources = [gdata.resolve(p) for p in publics]
+    cache = {} if cache is None else cache
+    shared = dp and dp_repeats == "shared"
+    seeds = [repeat_seed(seed, r) for r in range(int(repeats))]
+    runs: list[Ranking] = []
+    for r, s in enumerate(seeds):
+        prog = None
+        if progress is not None:
+            tag = f"[{r + 1}/{repeats}] " if repeats > 1 else ""
+            prog = lambda name, done, total, tag=tag: progress(tag + name, done, total)  # noqa: E731
+        seeds_r = dict(seed=seed, public_seed=s) if shared else dict(seed=s)
+        run = rank(priv_source, pub_sources, **seeds_r, dp=dp, epsilon=epsilon, engine=engine, progress=prog, cache=cache, **kwargs)
+        if engine == "auto":  # timed once, in repeat 0; every later repeat uses the same engine
+            engine = run.engine
+        runs.append(run)
+    return summarise(runs, seeds, dp_repeats if dp else None, seconds=time.perf_counter() - t0)
+
+
+def summarise(runs: Sequence[Ranking], seeds: Sequence[int], dp_repeats: str | None = None, *, seconds: float = 0.0) -> RepeatRanking:
+    """Summarise plain rankings of the same candidates (one per repeat) into a :class:`RepeatRanking`."""
+    if not runs:
+        raise GSDError("nothing to summarise: no repeats")
+    first = runs[0]
+    names = sorted(x.public for x in first)
+    R = len(runs)
+    D = np.array([[{x.public: x.distance for x in run}[n] for n in names] for run in runs])  # R x C
+    wins = np.bincount(D.argmin(axis=1), minlength=len(names)) / R
+    stats = [t_interval(D[:, j]) for j in range(len(names))]
+    order = sorted(range(len(names)), key=lambda j: (stats[j][0], names[j]))
+    w = order[0]
+    raw = [paired_tie_test(D[:, j], D[:, w]) for j in order[1:]]
+    adj = [math.nan] + holm(raw)
+    by_name = {n: [{x.public: x for x in run}[n] for run in runs] for n in names}
+    rows = []
+    for rank_i, j in enumerate(order, 1):
+        n = names[j]
+        mean, sd, lo, hi = stats[j]
+        per = by_name[n]
+        angles = np.mean([x.principal_angles_deg for x in per], axis=0) if len({len(x.principal_angles_deg) for x in per}) == 1 else per[0].principal_angles_deg
+        p = adj[rank_i - 1]
+        rows.append(RepeatResult(
+            public=n, distance=mean, rank=rank_i, examples=per[0].examples,
+            principal_angles_deg=[round(float(a), 4) for a in angles], seconds=round(sum(x.seconds for x in per), 3),
+            winner=rank_i == 1, mean=mean, sd=sd, ci_low=lo, ci_high=hi, win_fraction=float(wins[j]),
+            tied=rank_i > 1 and not math.isnan(p) and p >= TIE_ALPHA,
+            p_value=None if math.isnan(p) else p, distances=[float(v) for v in D[:, j]],
+        ))
+    privacy = None
+    if first.privacy is not None:
+        eps = first.privacy["epsilon"]
+        mode = dp_repeats or "fresh"
+        privacy = dict(first.privacy)
+        privacy.update(
+            repeats=R, dp_repeats=mode, releases=1 if mode == "shared" else R,
+            epsilon_per_release=eps, total_epsilon=total_epsilon(eps, R, mode),
+            composition="one release, the repeats are post-processing" if mode == "shared"
+            else f"{R} releases, basic composition of pure DP: total epsilon = {R} x {eps:g}",
+        )
+    warnings = list(dict.fromkeys(w for run in runs for w in run.warnings))
+    base = {f: getattr(first, f) for f in (
+        "private", "model", "k", "examples", "labels", "row_norm", "params", "num_params", "device", "engine",
+        "private_examples", "uniform_baseline", "sketch")}
+    return RepeatRanking(
+        **base, seed=seeds[0], results=rows, seconds=round(seconds, 3), privacy=privacy, warnings=warnings,
+        repeats=R, repeat_seeds=[int(s) for s in seeds], dp_repeats=dp_repeats, runs=list(runs),
+    )
