@@ -15,6 +15,8 @@ Cost (``--timing-model``, ``--timing-m``): wall time of ``rank_repeats(repeats=R
     python benchmarks/bench_repeats.py --models probe --m 250 500 1000 --k 8 16 32 --repeats 4
     python benchmarks/bench_repeats.py --models --timing-model fmnist-cnn --timing-m 2000
 
+    python benchmarks/bench_repeats.py --table benchmarks/results/cpu_repeats_*.json    # README tables
+
 Results: JSON (``--json``), with ``os.getloadavg()`` before and after (the machine may be shared).
 """
 
@@ -103,6 +105,24 @@ def timing(model: str, m: int, k: int, seed: int, device: str, engine: str, rs: 
     return out
 
 
+def table(paths: list[str]) -> None:
+    """Markdown tables of saved results (what the README shows)."""
+    print("| model | m | R | k | tau, single draws (mean / min) | tau, means of R/2 | mnist-b wins | sd of each candidate's distance | s per repeat | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for path in paths:
+        doc = json.load(open(path))
+        load = f"{doc['loadavg_before'][0]:.1f}-{doc.get('loadavg_after', doc['loadavg_before'])[0]:.1f}"
+        for st in doc["stability"]:
+            for k, c in st["by_k"].items():
+                sds = [v["sd"] for v in c["candidates"].values()]
+                half = "-" if c["tau_half_means"] is None else f"{c['tau_half_means']:.2f}"
+                print(f"| {st['model']} | {st['m']} | {st['repeats']} | {k} | {c['tau_single_pairs_mean']:.2f} / "
+                      f"{c['tau_single_pairs_min']:.2f} | {half} | {c['mnist_b_win_fraction']:.2f} | "
+                      f"{min(sds):.3f}-{max(sds):.3f} | {np.mean(st['seconds_per_repeat']):.0f} | {load} |")
+        for t in doc["timing"]:
+            print(f"timing {t['model']} m={t['m']} k={t['k']}: " + ", ".join(f"R={r}: {v:.1f} s" for r, v in t["seconds"].items()) + f" (load {load})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="*", default=["fmnist-cnn", "probe"])
@@ -117,7 +137,10 @@ def main() -> None:
     ap.add_argument("--timing-k", type=int, default=16)
     ap.add_argument("--timing-repeats", type=int, nargs="+", default=[1, 5])
     ap.add_argument("--json", default=None)
+    ap.add_argument("--table", nargs="+", default=None, help="print markdown tables of saved JSON results and exit")
     a = ap.parse_args()
+    if a.table:
+        return table(a.table)
     res = {
         "loadavg_before": os.getloadavg(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),

@@ -119,7 +119,7 @@ def rank(
     repeats: int = typer.Option(
         1, "--repeats", "-R",
         help="Independent repeats (examples, random labels and w0 drawn anew from --seed in each; repeat 1 is the "
-        "plain ranking). R > 1 ranks by the mean distance and shows sd, a 95%% Student-t interval for the mean, the "
+        "plain ranking). R > 1 ranks by the mean distance and shows sd, a 95% Student-t interval for the mean, the "
         "fraction of repeats each candidate won, and '= ★' for candidates tied with the winner: not significantly "
         "farther by a one-sided paired t-test on the per-repeat differences (the repeats share the private draw), "
         "Holm-adjusted over the candidates, alpha 0.05. R=1: no interval, no tie test.",

@@ -133,6 +133,11 @@ def total_epsilon(epsilon: float, repeats: int, dp_repeats: str) -> float:
     return float(epsilon) * (1 if dp_repeats == "shared" else int(repeats))
 
 
+def _finite(v):
+    """NaN (sd and interval of one repeat) as None, so the JSON stays strict."""
+    return None if isinstance(v, float) and math.isnan(v) else v
+
+
 @dataclass
 class RepeatResult(RankResult):
     """One candidate over R repeats: ``distance`` is the mean (the ranking key); ``distances`` holds
@@ -164,7 +169,7 @@ class RepeatRanking(Ranking):
         """Settings, ``results`` (summary, with each repeat's ``distances``) and ``runs`` (each
         repeat's seed and distances per candidate)."""
         d = {k: v for k, v in asdict(self).items() if k not in ("results", "runs")}
-        d["results"] = [r.to_dict() for r in self.results]
+        d["results"] = [{k: _finite(v) for k, v in r.to_dict().items()} for r in self.results]
         d["runs"] = [
             {"repeat": i, "seed": s, "winner": run.winner.public, "distances": {x.public: x.distance for x in run}}
             for i, (s, run) in enumerate(zip(self.repeat_seeds, self.runs))
@@ -205,8 +210,9 @@ def rank_repeats(
     ``epsilon``. ``"fresh"`` repeats the whole ranking, DP draw included: total epsilon =
     ``repeats * epsilon`` (basic composition of pure DP). ``privacy`` states both and the total.
 
-    ``cache`` (a dict, default a new one): subspaces computed with the same settings are reused, in
-    this call and in later calls given the same dict.
+    ``cache`` (a dict): subspaces computed with the same settings are reused, in this call and in
+    later calls given the same dict (which then keeps every subspace: p x k floats each). Without
+    one, only the shared private DP sample is kept between repeats.
     """
     from .ranking import rank
 
@@ -222,7 +228,8 @@ def rank_repeats(
     # resolved once: every repeat reads the same source objects (and the cache keys on them)
     priv_source = gdata.resolve(private)
     pub_sources = [gdata.resolve(p) for p in publics]
-    cache = {} if cache is None else cache
+    own = cache is None
+    cache = {} if own else cache
     shared = dp and dp_repeats == "shared"
     seeds = [repeat_seed(seed, r) for r in range(int(repeats))]
     runs: list[Ranking] = []
@@ -236,6 +243,11 @@ def rank_repeats(
         if engine == "auto":  # timed once, in repeat 0; every later repeat uses the same engine
             engine = run.engine
         runs.append(run)
+        if own:  # memory stays flat: within one call only the shared private DP sample (first entry) recurs
+            keep = next(iter(cache.items())) if shared and cache else None
+            cache.clear()
+            if keep is not None:
+                cache[keep[0]] = keep[1]
     return summarise(runs, seeds, dp_repeats if dp else None, seconds=time.perf_counter() - t0)
 
 
