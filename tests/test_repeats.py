@@ -175,6 +175,12 @@ def test_cli_repeats_json_csv_plot(capsys, npz_pair, tmp_path):
     code = main(args + ["--plot", str(tmp_path / "one.png")])  # R=1 plots too, and says no tie test is possible
     out, err = capsys.readouterr()
     assert code == 0 and "no tie test" in out and (tmp_path / "one.png").exists()
+    code = main(args + ["--repeats", "2", "--dp", "--epsilon", "2", "--dp-repeats", "fresh", "--json", str(j), "--csv", str(c)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "total epsilon=4" in out and "2 x 2 = 4" in " ".join(out.split())
+    assert json.loads(j.read_text())["privacy"]["total_epsilon"] == 4.0
+    assert {r["total_epsilon"] for r in csv.DictReader(c.open())} == {"4"}
 
 
 def test_cli_repeats_and_plot_errors(capsys, tmp_path):
