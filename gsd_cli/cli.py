@@ -178,8 +178,10 @@ def rank(
     finally:
         bar.stop()
     many = getattr(result, "repeats", 1) > 1
-    print_repeats(result, out) if many else print_ranking(result, out)
-    if not many:
+    if many:
+        print_repeats(result, out)
+    else:
+        print_ranking(result, out)
         out.print("[dim]One draw: no interval and no tie test; --repeats 5 shows which candidates are tied.[/]")
     if json_file:
         write_json(result, json_file)
