@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from . import data as gdata
+from .cache import public_subspace
 from .errors import GSDError, ModelError
 from .gradients import LossFn, default_chunk_size, gradient_matrix, resolve_device, select_parameters
 from .subspace import principal_angles, projection_metric, top_k_subspace, uniform_baseline
@@ -260,6 +261,7 @@ def rank(
     mechanism: str = "sequential",
     dp_sketch: int | None = None,
     gibbs_sweeps: int = 10,
+    cache=None,
 ) -> Ranking:
     """Rank public candidates by their GSD to the private dataset, lowest first.
 
@@ -274,6 +276,8 @@ def rank(
     Every dataset contributes ``min(examples, size)`` examples drawn with ``seed``; the model's
     initial weights w0 also come from ``seed``, and the private subspace is computed once. Returns a
     :class:`Ranking` (a sequence of :class:`RankResult`, best first; ``.to_dict()`` is the JSON).
+
+    ``cache`` (a :class:`gsd_cli.cache.SubspaceCache`) stores and reuses the *public* subspaces.
     """
     from probes import get_model_spec
 
@@ -334,7 +338,7 @@ def rank(
         common["engine"] = priv.engine
     rows = []
     for smp in samples[1:]:
-        pub = sample_subspace(net, smp, **common)
+        pub = public_subspace(cache, net, smp, common, lambda: sample_subspace(net, smp, **common))
         angles = principal_angles(priv.V, pub.V)
         rows.append(
             RankResult(
