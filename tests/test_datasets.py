@@ -271,3 +271,23 @@ def test_datasets_list_and_show_cli(chest_root, capsys):
     assert main(["datasets", "show", "kagskin", "--data-root", str(chest_root)]) == 2
     err = capsys.readouterr().err
     assert "kagskin" in err and "benign,malignant" in err and "kaggle.com" in err
+
+
+def test_hf_save_to_disk(tmp_path, count_opens):
+    datasets = pytest.importorskip("datasets")
+    rng = np.random.default_rng(0)
+    imgs = [Image.fromarray((rng.uniform(size=(9, 9, 3)) * 255).astype(np.uint8)) for _ in range(10)]
+    feats = datasets.Features({"img": datasets.Image(), "fine": datasets.ClassLabel(names=["a", "b", "c"])})
+    ds = datasets.Dataset.from_dict({"img": imgs, "fine": [i % 3 for i in range(10)]}, features=feats)
+    small = datasets.Dataset.from_dict({"img": imgs[:4], "fine": [0, 1, 2, 0]}, features=feats)
+    datasets.DatasetDict({"train": ds, "test": small}).save_to_disk(str(tmp_path / "dd"))
+    ds.save_to_disk(str(tmp_path / "one"))
+    src = resolve(f"hf:{tmp_path / 'dd'}:test")
+    assert len(src) == 4 and src.classes == ["a", "b", "c"] and src.labels(range(4)).tolist() == [0, 1, 2, 0]
+    assert src.images([1])[0].shape == (9, 9, 3)
+    one = resolve(f"hf:{tmp_path / 'one'}")
+    assert len(one) == 10
+    tr, te = resolve(f"hf:{tmp_path / 'one'}:train"), resolve(f"hf:{tmp_path / 'one'}:test")
+    assert len(tr) + len(te) == 10 and not set(tr.indices) & set(te.indices)
+    with pytest.raises(DatasetError, match="has splits"):
+        resolve(f"hf:{tmp_path / 'dd'}")

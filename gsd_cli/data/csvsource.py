@@ -143,5 +143,9 @@ def hf_source(path: str | Path, name: str | None = None, split: str | None = Non
             split = next(iter(ds))
         if split not in ds:
             raise DatasetError(f"{name}: has splits {', '.join(ds)}; name one as hf:{path}:SPLIT")
-        ds = ds[split]
+        return HFSource(ds[split], name, image_column, label_column)
+    if split is not None:  # one Dataset, no published splits: the fixed 80/20 partition
+        from .splits import fixed_split
+
+        return fixed_split(HFSource(ds, f"hf:{path}", image_column, label_column), split, name)
     return HFSource(ds, name, image_column, label_column)
