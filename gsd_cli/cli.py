@@ -67,7 +67,7 @@ def main_callback(
 
 @app.command()
 def rank(
-    private: str = typer.Option(DEFAULT_PRIVATE, "--private", help="Private dataset: an embedded name, folder:PATH or npz:PATH."),
+    private: str = typer.Option(DEFAULT_PRIVATE, "--private", help="Private dataset: an embedded or built-in name (gsd datasets list), folder:PATH, csv:PATH, npz:PATH or hf:PATH; add :train or :test for a split."),
     public: Optional[List[str]] = typer.Option(
         None, "--public", help=f"Public candidates (repeat the option or list names after it). Default: {' '.join(DEFAULT_PUBLIC)}."
     ),

@@ -102,8 +102,8 @@ def resolve(spec: str | ImageSource, *, root: str | Path | None = None, download
         if split is None:
             return _KINDS[kind](path, spec)
         return fixed_split(_KINDS[kind](path, f"{kind}:{path}"), split, spec)
-    known = [*_NAMED, *builtin_names(), *TORCHVISION_ALIASES, *PUBLISHED_ALIASES]
-    close = difflib.get_close_matches(base, known, n=1)
+    others = [*builtin_names(), *TORCHVISION_ALIASES, *PUBLISHED_ALIASES]
+    close = difflib.get_close_matches(base, list(_NAMED), n=1) or difflib.get_close_matches(base, others, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise DatasetError(
         f"unknown dataset {spec!r}{hint}; use one of {', '.join(dataset_names())}, a built-in "
