@@ -8,7 +8,7 @@ from gsd_cli import GSDError
 from gsd_cli.catalog import load_catalog, run_catalog
 from gsd_cli.cli import main
 
-FAST = ["-k", "2", "-m", "20", "-q", "--engine", "vmap"]
+FAST = ["-k", "2", "-m", "60", "--labels", "own", "-q", "--engine", "vmap"]  # all examples, own labels: no dependence on the tmp path
 
 
 def _catalog(tmp_path, npz_pair, extra=""):
