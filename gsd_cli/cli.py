@@ -72,7 +72,7 @@ def main_callback(
 
 @app.command()
 def rank(
-    private: str = typer.Option(DEFAULT_PRIVATE, "--private", help="Private dataset: an embedded name, folder:PATH or npz:PATH."),
+    private: str = typer.Option(DEFAULT_PRIVATE, "--private", help="Private dataset: an embedded or built-in name (gsd datasets list), folder:PATH, csv:PATH, npz:PATH or hf:PATH; add :train or :test for a split."),
     public: Optional[List[str]] = typer.Option(
         None, "--public", help=f"Public candidates (repeat the option or list names after it). Default: {' '.join(DEFAULT_PUBLIC)}."
     ),
@@ -132,15 +132,36 @@ def rank(
     ),
     plot_path: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of each candidate's distances with their intervals."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    data_root: Optional[Path] = typer.Option(
+        None, "--data-root", help="Folder of the built-in datasets (cifar10, chestxray, ...). Default: $GSD_DATA_ROOT, "
+        "else $XDG_DATA_HOME/gsd (~/.local/share/gsd).",
+    ),
+    download: bool = typer.Option(False, "--download", help="Let torchvision download its datasets into the data root."),
+    catalog: Optional[Path] = typer.Option(
+        None, "--catalog", help="Run the jobs of this TOML catalogue (all, or those whose private dataset is --private)."
+    ),
+    markdown_path: Optional[Path] = typer.Option(None, "--markdown", help="Write the ranking(s) as a Markdown table to this file."),
+    fail_above: Optional[float] = typer.Option(None, "--fail-above", help="Exit 1 when the best distance is above this."),
+    expect_best: Optional[str] = typer.Option(None, "--expect-best", help="Exit 1 when another candidate ranks first."),
+    no_cache: bool = typer.Option(
+        False, "--no-cache", help="Recompute every public subspace (default: reuse them from the cache, $GSD_CACHE_DIR "
+        "else ~/.cache/gsd/subspaces; see gsd cache)."
+    ),
     extra: Optional[List[str]] = typer.Argument(None, hidden=True),
+    ctx: typer.Context = typer.Option(None, hidden=True),
 ) -> None:
     """Rank public datasets by their Gradient Subspace Distance to the private one (lowest first).
 
     With no options, ranks the embedded public candidates for the embedded private task (MNIST-5k half A),
-    all from data that ships inside installed packages.
+    all from data that ships inside installed packages. Exit codes: 0 ok, 1 a check (--fail-above,
+    --expect-best) failed, 2 bad usage or input.
     """
+    from .cache import SubspaceCache
+    from .catalog import OPTIONS, run_catalog
+    from .checks import EXIT_CHECK_FAILED, check_ranking
+    from .data import resolve
     from .ranking import rank as rank_fn
-    from .report import check_output_path, print_ranking, write_csv, write_json
+    from .report import check_output_path, jobs_to_json, print_ranking, to_csv, to_markdown, write_csv, write_json, write_text
 
     publics = list(public or []) + list(extra or [])
     if extra and not public:
@@ -149,11 +170,17 @@ def rank(
         raise GSDError("--epsilon is only used with --dp; add --dp for DP-GSD")
     if dp_repeats is not None and not dp:
         raise GSDError("--dp-repeats is only used with --dp; add --dp for DP-GSD")
+    if catalog is not None and publics:
+        raise GSDError("--catalog takes its candidates from the catalogue; drop --public (or drop --catalog)")
+    if catalog is not None and repeats != 1:
+        raise GSDError("--repeats is not available with --catalog yet; run the job's private set with --private and --public")
     from .repeats_report import check_plot_path, print_repeats, write_plot, write_repeats_csv
 
     plot_file = check_plot_path(plot_path)
     json_file = check_output_path(json_path, "--json")
     csv_file = check_output_path(csv_path, "--csv")
+    md_file = check_output_path(markdown_path, "--markdown")
+    cache = None if no_cache else SubspaceCache()
     bar = Progress(
         TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=err, transient=True, disable=quiet,
@@ -167,31 +194,123 @@ def rank(
             tasks[name] = bar.add_task(name, total=total)
         bar.update(tasks[name], completed=done)
 
+    options = dict(
+        k=k, examples=examples, seed=seed, model=model, params=params, labels=labels.value, row_norm=row_norm.value,
+        device=device.value, chunk_size=chunk_size, engine=engine.value, dp=dp, epsilon=epsilon, clip=clip,
+        mechanism=mechanism, dp_sketch=dp_sketch, gibbs_sweeps=gibbs_sweeps,
+    )
     try:
-        result = rank_fn(
-            private, publics or list(DEFAULT_PUBLIC), k=k, examples=examples, seed=seed, model=model,
-            params=params, labels=labels.value, row_norm=row_norm.value, device=device.value,
-            chunk_size=chunk_size, engine=engine.value, progress=progress,
-            dp=dp, epsilon=epsilon, clip=clip, mechanism=mechanism, dp_sketch=dp_sketch,
-            gibbs_sweeps=gibbs_sweeps, repeats=repeats, dp_repeats=(dp_repeats or DpRepeats.shared).value,
-        )
+        if catalog is None:
+            sources = [resolve(n, root=data_root, download=download) for n in [private, *(publics or DEFAULT_PUBLIC)]]
+            results = [(private, rank_fn(sources[0], sources[1:], progress=progress, cache=cache, repeats=repeats,
+                                         dp_repeats=(dp_repeats or DpRepeats.shared).value, **options))]
+            checks = [{}]
+        else:
+            given = {o: options[o] for o in OPTIONS if ctx.get_parameter_source(o).name == "COMMANDLINE"}
+            picked = private if ctx.get_parameter_source("private").name == "COMMANDLINE" else None
+            ran = run_catalog(catalog, picked, download=download, overrides=given, progress=progress, cache=cache)
+            results = [(job.name, rk) for job, rk in ran]
+            checks = [job.checks for job, _ in ran]
     finally:
         bar.stop()
-    many = getattr(result, "repeats", 1) > 1
-    if many:
-        print_repeats(result, out)
-    else:
-        print_ranking(result, out)
+    failures = []
+    many = getattr(results[0][1], "repeats", 1) > 1
+    for (_, result), job_checks in zip(results, checks):
+        if many:
+            print_repeats(result, out)
+        else:
+            print_ranking(result, out)
+        failures += check_ranking(
+            result,
+            fail_above if fail_above is not None else job_checks.get("fail_above"),
+            expect_best if expect_best is not None else job_checks.get("expect_best"),
+        )
+    if catalog is None and not many:
         out.print("[dim]One draw: no interval and no tie test; --repeats 5 shows which candidates are tied.[/]")
+    if cache is not None and cache.hits and not quiet:
+        err.print(f"cache: reused {cache.hits} public subspace(s) from {cache.directory}")
+    rankings = [rk for _, rk in results]
     if json_file:
-        write_json(result, json_file)
+        write_json(rankings[0], json_file) if catalog is None else write_text(json_file, jobs_to_json(results, failures))
         err.print(f"wrote {json_file}")
     if csv_file:
-        (write_repeats_csv if many else write_csv)(result, csv_file)
+        if catalog is None:
+            (write_repeats_csv if many else write_csv)(rankings[0], csv_file)
+        else:
+            write_text(csv_file, "".join(to_csv(rk) if i == 0 else to_csv(rk).split("\n", 1)[1] for i, rk in enumerate(rankings)))
         err.print(f"wrote {csv_file}")
     if plot_file:
-        write_plot(result, plot_file)
+        write_plot(rankings[0], plot_file)
         err.print(f"wrote {plot_file}")
+    if md_file:
+        has_checks = fail_above is not None or expect_best is not None or any(checks)
+        write_text(md_file, to_markdown(rankings, failures if has_checks else None))
+        err.print(f"wrote {md_file}")
+    for f in failures:
+        err.print(f"[bold red]check failed:[/] {escape(f)}", highlight=False, soft_wrap=True)
+    if failures:
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+datasets_app = typer.Typer(help="Datasets: the built-in names and what is on disk.", no_args_is_help=True)
+cache_app = typer.Typer(help="The cache of public gradient subspaces.", no_args_is_help=True)
+app.add_typer(datasets_app, name="datasets")
+app.add_typer(cache_app, name="cache")
+
+_ROOT_HELP = "Folder of the built-in datasets. Default: $GSD_DATA_ROOT, else $XDG_DATA_HOME/gsd (~/.local/share/gsd)."
+
+
+@datasets_app.command("list")
+def datasets_list(data_root: Optional[Path] = typer.Option(None, "--data-root", help=_ROOT_HELP)) -> None:
+    """Every built-in dataset, where it is looked for, and whether it is there."""
+    from rich.table import Table
+
+    from .data import data_root as root_of, list_datasets
+
+    t = Table(title=f"datasets (data root {escape(str(root_of(data_root)))})")
+    for c in ("name", "kind", "present", "where", "layout"):
+        t.add_column(c, overflow="fold")
+    for r in list_datasets(data_root):
+        name = r["name"] + (f" ({', '.join(r['aliases'])})" if r["aliases"] else "")
+        t.add_row(escape(name), r["kind"], "yes" if r["present"] else "no", escape(r["where"]), escape(r["layout"]))
+    out.print(t)
+    out.print("Generic sources: folder:PATH, csv:PATH, npz:PATH, hf:PATH; any NAME:train / NAME:test.")
+
+
+@datasets_app.command("show")
+def datasets_show(
+    name: str = typer.Argument(..., help="A dataset name (e.g. chestxray:test, cifar10, csv:labels.csv)."),
+    data_root: Optional[Path] = typer.Option(None, "--data-root", help=_ROOT_HELP),
+    download: bool = typer.Option(False, "--download", help="Let torchvision download it first."),
+) -> None:
+    """Layout found, number of examples, classes, multi-label or not, image size."""
+    from .data import describe_dataset
+
+    d = describe_dataset(name, data_root, download)
+    for key, value in d.items():
+        if key == "class_names" and isinstance(value, list) and len(value) > 20:
+            value = ", ".join(map(str, value[:20])) + f", ... ({len(value)})"
+        elif isinstance(value, list):
+            value = ", ".join(map(str, value))
+        out.print(f"[bold]{key}[/]: {escape(str(value))}")
+
+
+@cache_app.command("info")
+def cache_info() -> None:
+    """Where the cache is and what it holds."""
+    from .cache import SubspaceCache
+
+    i = SubspaceCache().info()
+    out.print(f"{i['directory']}: {i['entries']} entries, {i['bytes'] / 2**20:.1f} MiB")
+
+
+@cache_app.command("clear")
+def cache_clear() -> None:
+    """Delete every cached public subspace."""
+    from .cache import SubspaceCache
+
+    c = SubspaceCache()
+    out.print(f"deleted {c.clear()} entries from {c.directory}")
 
 
 def _error(message: str) -> None:
@@ -202,7 +321,9 @@ def _error(message: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry: user errors print one line and exit 2, never a traceback."""
     try:
-        app(args=argv, standalone_mode=False)
+        rc = app(args=argv, standalone_mode=False)  # click returns a typer.Exit's code here
+        if isinstance(rc, int) and rc:
+            return rc
     except GSDError as e:
         _error(str(e))
         return 2

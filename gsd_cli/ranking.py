@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from . import data as gdata
+from .cache import public_subspace
 from .errors import GSDError, ModelError
 from .gradients import LossFn, default_chunk_size, gradient_matrix, resolve_device, select_parameters
 from .subspace import principal_angles, projection_metric, top_k_subspace, uniform_baseline
@@ -265,7 +266,8 @@ def rank(
     repeats: int = 1,
     dp_repeats: str = "shared",
     public_seed: int | None = None,
-    cache: dict | None = None,
+    memo: dict | None = None,
+    cache=None,
 ) -> Ranking:
     """Rank public candidates by their GSD to the private dataset, lowest first.
 
@@ -284,8 +286,9 @@ def rank(
     ``repeats=R`` > 1: R independent repeats with means, intervals, win fractions and ties, by
     :func:`gsd_cli.repeats.rank_repeats` (returns a :class:`gsd_cli.repeats.RepeatRanking`; under DP,
     ``dp_repeats`` = ``shared`` or ``fresh`` says what the repeats spend). ``public_seed`` (default
-    ``seed``) seeds the public examples and labels alone; ``cache``: a dict in which subspaces are
-    kept and reused when the same settings recur (in memory).
+    ``seed``) seeds the public examples and labels alone; ``memo``: a dict in which subspaces are
+    kept and reused when the same settings recur (in memory). ``cache`` (a
+    :class:`gsd_cli.cache.SubspaceCache`) stores and reuses the *public* subspaces on disk.
     """
     if repeats != 1:
         kw = dict(locals())  # the parameters as given
@@ -349,13 +352,14 @@ def rank(
             raise GSDError(f"unknown --mechanism {mechanism!r}; use one of {', '.join(MECHANISMS)}")
         dp_cfg = dict(epsilon=float(epsilon), clip=float(clip), mechanism=mechanism, seed=seed, sweeps=gibbs_sweeps)
     key = (model, tuple(names), num_classes, k, labels, row_norm, dp_sketch, loss, str(dev), examples, seed)
-    priv = _cached(cache, key + (priv_source, seed, tuple(sorted((dp_cfg or {}).items()))),
+    priv = _cached(memo, key + (priv_source, seed, tuple(sorted((dp_cfg or {}).items()))),
                    lambda: sample_subspace(net, samples[0], **common, dp=dp_cfg))
     if engine == "auto":  # measured once on the private sample; the same engine for every candidate
         common["engine"] = priv.engine
     rows = []
     for smp in samples[1:]:
-        pub = _cached(cache, key + (smp.source, pseed), lambda: sample_subspace(net, smp, **common, label_seed=pseed))
+        pub = _cached(memo, key + (smp.source, pseed), lambda: public_subspace(
+            cache, net, smp, {**common, "seed": pseed}, lambda: sample_subspace(net, smp, **common, label_seed=pseed)))
         angles = principal_angles(priv.V, pub.V)
         rows.append(
             RankResult(

@@ -33,7 +33,7 @@ Under DP (``dp=True``) the user chooses what repeats cost (``dp_repeats``):
 
 Cost: the private side of a repeat shares the resolved sources, the model's parameter selection and
 the engine that ``auto`` chose in repeat 0; every subspace goes through one in-memory cache
-(``cache``, a dict you may pass again to a later call), keyed by everything it depends on, so a
+(``memo``, a dict you may pass again to a later call), keyed by everything it depends on, so a
 subspace computed before with the same settings (a repeat of an earlier call, the shared DP private
 sample, a public side that an earlier non-DP call computed) is reused, not recomputed.
 """
@@ -188,7 +188,7 @@ def rank_repeats(
     dp_repeats: str = "shared",
     engine: str = "auto",
     progress=None,
-    cache: dict | None = None,
+    memo: dict | None = None,
     **kwargs,
 ) -> RepeatRanking:
     """Rank public candidates by GSD over ``repeats`` independent repeats, with error bars.
@@ -210,7 +210,7 @@ def rank_repeats(
     ``epsilon``. ``"fresh"`` repeats the whole ranking, DP draw included: total epsilon =
     ``repeats * epsilon`` (basic composition of pure DP). ``privacy`` states both and the total.
 
-    ``cache`` (a dict): subspaces computed with the same settings are reused, in this call and in
+    ``memo`` (a dict): subspaces computed with the same settings are reused, in this call and in
     later calls given the same dict (which then keeps every subspace: p x k floats each). Without
     one, only the shared private DP sample is kept between repeats.
     """
@@ -228,8 +228,8 @@ def rank_repeats(
     # resolved once: every repeat reads the same source objects (and the cache keys on them)
     priv_source = gdata.resolve(private)
     pub_sources = [gdata.resolve(p) for p in publics]
-    own = cache is None
-    cache = {} if own else cache
+    own = memo is None
+    memo = {} if own else memo
     shared = dp and dp_repeats == "shared"
     seeds = [repeat_seed(seed, r) for r in range(int(repeats))]
     runs: list[Ranking] = []
@@ -239,15 +239,15 @@ def rank_repeats(
             tag = f"[{r + 1}/{repeats}] " if repeats > 1 else ""
             prog = lambda name, done, total, tag=tag: progress(tag + name, done, total)  # noqa: E731
         seeds_r = dict(seed=seed, public_seed=s) if shared else dict(seed=s)
-        run = rank(priv_source, pub_sources, **seeds_r, dp=dp, epsilon=epsilon, engine=engine, progress=prog, cache=cache, **kwargs)
+        run = rank(priv_source, pub_sources, **seeds_r, dp=dp, epsilon=epsilon, engine=engine, progress=prog, memo=memo, **kwargs)
         if engine == "auto":  # timed once, in repeat 0; every later repeat uses the same engine
             engine = run.engine
         runs.append(run)
         if own:  # memory stays flat: within one call only the shared private DP sample (first entry) recurs
-            keep = next(iter(cache.items())) if shared and cache else None
-            cache.clear()
+            keep = next(iter(memo.items())) if shared and memo else None
+            memo.clear()
             if keep is not None:
-                cache[keep[0]] = keep[1]
+                memo[keep[0]] = keep[1]
     return summarise(runs, seeds, dp_repeats if dp else None, seconds=time.perf_counter() - t0)
 
 

@@ -130,3 +130,39 @@ def print_ranking(ranking: Ranking, console: Console | None = None) -> None:
         console.print(f"A uniformly random subspace scores {lo:.4f}..{hi:.4f} (99%).")
     for w in ranking.warnings:
         console.print(f"[bold yellow]warning:[/] {escape(w)}")
+
+
+def to_markdown(rankings: list[Ranking], failures: list[str] | None = None) -> str:
+    """A GitHub-flavoured Markdown table per ranking (to paste in a pull request), then failed checks."""
+
+    def cell(text) -> str:
+        return str(text).replace("|", "\\|")
+
+    parts = []
+    for rk in rankings:
+        kind = "DP-GSD" if rk.privacy else "GSD"
+        parts.append(
+            f"### {kind} to `{cell(rk.private)}` ({rk.private_examples} examples)\n\n"
+            f"model {cell(rk.model)}, p={rk.num_params:,}, k={rk.k}, seed {rk.seed}, labels {rk.labels}, "
+            f"row norm {rk.row_norm}; a random subspace scores about {rk.uniform_baseline:.4f}\n\n"
+            "| rank | public | distance | examples |\n|---:|---|---:|---:|\n"
+            + "".join(
+                f"| {r.rank}{' ★' if r.winner else ''} | `{cell(r.public)}` | {r.distance:.4f} | {r.examples} |\n" for r in rk
+            )
+        )
+    if failures:
+        parts.append("**Checks failed:**\n\n" + "".join(f"- {cell(f)}\n" for f in failures))
+    elif failures is not None:
+        parts.append("All checks passed.\n")
+    return "\n".join(parts)
+
+
+def jobs_to_json(rankings: list[tuple[str, Ranking]], failures: list[str] | None = None) -> str:
+    """Several rankings (a catalogue): ``{"jobs": [{"job": NAME, **ranking}], "failures": [...]}``."""
+    doc = {"jobs": [{"job": name, **rk.to_dict()} for name, rk in rankings], "failures": list(failures or [])}
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically."""
+    _atomic_write(Path(path), text)

@@ -33,3 +33,9 @@ def image_folder(tmp_path):
             arr = (rng.uniform(size=(20 + c, 18, 3)) * 255).astype(np.uint8)
             Image.fromarray(arr).save(root / cls / f"{i}.png")
     return root
+
+
+@pytest.fixture(autouse=True)
+def _private_cache_dir(tmp_path_factory, monkeypatch):
+    """`gsd rank` caches public subspaces; tests never touch the user's cache."""
+    monkeypatch.setenv("GSD_CACHE_DIR", str(tmp_path_factory.mktemp("gsd-cache")))

@@ -112,10 +112,10 @@ def test_cache_reuses_subspaces_of_earlier_repeats(monkeypatch):
     calls = []
     real = gsd_cli.ranking.sample_subspace
     monkeypatch.setattr(gsd_cli.ranking, "sample_subspace", lambda *a, **k: calls.append(1) or real(*a, **k))
-    cache = {}
-    two = rank_repeats(priv, pubs, repeats=2, seed=1, cache=cache, **KW)
+    memo = {}
+    two = rank_repeats(priv, pubs, repeats=2, seed=1, memo=memo, **KW)
     assert len(calls) == 2 * 2
-    three = rank_repeats(priv, pubs, repeats=3, seed=1, cache=cache, **KW)
+    three = rank_repeats(priv, pubs, repeats=3, seed=1, memo=memo, **KW)
     assert len(calls) == 3 * 2  # only the third repeat is computed
     assert [x.distances[:2] for x in three if x.public] == [
         {y.public: y for y in two}[x.public].distances for x in three

@@ -17,12 +17,15 @@ import torch
 from ..errors import DatasetError
 from .base import ArraySource, ImageSource
 from .embedded import DEFAULT_PRIVATE, DEFAULT_PUBLIC
-from .registry import dataset_names, register_dataset, register_kind, resolve, source_kinds
+from .listing import describe_dataset, list_datasets
+from .registry import builtin_names, dataset_names, register_dataset, register_kind, resolve, source_kinds
+from .roots import data_root, default_data_root
 from .transform import to_model_input
 
 __all__ = [
     "ImageSource", "ArraySource", "Sample", "resolve", "draw", "register_dataset", "register_kind",
     "dataset_names", "source_kinds", "to_model_input", "DEFAULT_PRIVATE", "DEFAULT_PUBLIC",
+    "builtin_names", "list_datasets", "describe_dataset", "data_root", "default_data_root",
 ]
 
 

@@ -120,3 +120,53 @@ def npz_source(path: str | Path, name: str | None = None) -> ImageSource:
         if not np.issubdtype(y.dtype, np.integer) or (len(y) and y.min() < 0):
             raise DatasetError(f"{name}: y must hold non-negative integer class labels (got dtype {y.dtype})")
     return ArraySource(name, x, y, description=f"arrays from {path}")
+
+
+class FileListSource(ImageSource):
+    """Images given as a list of files with their labels; only the files that are drawn are opened.
+
+    ``labels`` is int ``(N,)`` (single-label) or 0/1 ``(N, C)`` (multi-label); ``classes`` names them.
+    """
+
+    def __init__(self, name: str, files: Sequence[str | Path], labels: np.ndarray, classes: Sequence[str],
+                 description: str = "", layout: str = "", root: str | Path | None = None):
+        labels = np.asarray(labels)
+        if len(files) != len(labels):
+            raise DatasetError(f"{name}: {len(files)} images but {len(labels)} labels")
+        self.name = name
+        self.files = [str(f) for f in files]
+        self._labels = labels
+        self.multilabel = labels.ndim == 2
+        self.classes = list(classes)
+        self.num_classes = len(self.classes)
+        self.description = description
+        self.layout = layout
+        self.root = str(root) if root is not None else None
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def labels(self, indices: Sequence[int]) -> np.ndarray:
+        y = self._labels[np.asarray(indices, dtype=np.int64)]
+        return y.astype(np.float32 if self.multilabel else np.int64)
+
+    def images(self, indices: Sequence[int]) -> list[np.ndarray]:
+        return [open_image(self.files[int(i)], self.name) for i in indices]
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d.update(class_names=self.classes, layout=self.layout, root=self.root)
+        if self.files:
+            d["image_size"] = list(open_image(self.files[0], self.name).shape)
+        return d
+
+
+def open_image(file: str | Path, name: str) -> np.ndarray:
+    """One image file as float32 in [0, 1] (see :func:`_pil_to_array`); unreadable -> DatasetError."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(file) as img:
+            return _pil_to_array(img)
+    except (UnidentifiedImageError, OSError) as e:
+        raise DatasetError(f"{name}: cannot read image {file} ({type(e).__name__}); remove or replace it") from None

@@ -1,24 +1,38 @@
 """Dataset names -> sources.
 
-A name is an embedded dataset (``mnist-a``, ``digits``, ...) or ``KIND:ARGUMENT`` for a generic source
-(``folder:PATH``, ``npz:PATH``). New kinds plug in with :func:`register_kind`, new named datasets with
-:func:`register_dataset`.
+A name is one of
+
+* an embedded dataset (``mnist-a``, ``digits``, ...), always available;
+* a built-in dataset under the data root (:mod:`.torchvision_sets`: ``cifar10``, ``svhn``, ...;
+  :mod:`.published`: ``chestxray``, ``kagchest``, ``ham10000``, ``kagskin``, ``mnist_m``);
+* ``KIND:ARGUMENT`` for a generic source (``folder:PATH``, ``csv:PATH``, ``npz:PATH``, ``hf:PATH``);
+
+optionally followed by ``:train``, ``:test`` (or ``:val`` where published): see :mod:`.splits`. A
+plain name means all its examples. New kinds plug in with :func:`register_kind`, new named datasets
+with :func:`register_dataset`.
 """
 
 from __future__ import annotations
 
 import difflib
+from pathlib import Path
 from typing import Callable
 
 from ..errors import DatasetError
 from .base import ImageSource
+from .csvsource import csv_source, hf_source
 from .embedded import EMBEDDED
 from .files import FolderSource, npz_source
+from .published import PUBLISHED, PUBLISHED_ALIASES
+from .roots import data_root
+from .splits import SPLITS, fixed_split
+from .torchvision_sets import TORCHVISION, TORCHVISION_ALIASES, torchvision_source
 
 _NAMED: dict[str, Callable[[], ImageSource]] = dict(EMBEDDED)
 _KINDS: dict[str, Callable[[str, str], ImageSource]] = {
     "folder": lambda arg, name: FolderSource(arg, name=name),
     "npz": lambda arg, name: npz_source(arg, name=name),
+    "csv": lambda arg, name: csv_source(arg, name=name),
 }
 
 
@@ -33,29 +47,65 @@ def register_kind(kind: str, factory: Callable[[str, str], ImageSource]) -> None
 
 
 def dataset_names() -> list[str]:
+    """Names that resolve with no files: the embedded datasets (and registered ones)."""
     return sorted(_NAMED)
 
 
+def builtin_names() -> list[str]:
+    """Names of the datasets looked for under the data root (torchvision's and the published ones)."""
+    return sorted([*TORCHVISION, *PUBLISHED])
+
+
+def canonical(name: str) -> str:
+    """A built-in name with its alias resolved (``fmnist`` -> ``fashionmnist``); others unchanged."""
+    return TORCHVISION_ALIASES.get(name, PUBLISHED_ALIASES.get(name, name))
+
+
 def source_kinds() -> list[str]:
-    return sorted(_KINDS)
+    return sorted([*_KINDS, "hf"])
 
 
-def resolve(spec: str | ImageSource) -> ImageSource:
-    """Turn a dataset name into an :class:`ImageSource` (sources pass through)."""
+def _split_suffix(spec: str) -> tuple[str, str | None]:
+    head, sep, tail = spec.rpartition(":")
+    return (head, tail) if sep and head and tail in SPLITS else (spec, None)
+
+
+def resolve(spec: str | ImageSource, *, root: str | Path | None = None, download: bool = False) -> ImageSource:
+    """Turn a dataset name into an :class:`ImageSource` (sources pass through).
+
+    ``root`` is the data root of the built-in datasets (default :func:`gsd_cli.data.roots.default_data_root`);
+    ``download=True`` lets torchvision fetch its datasets there.
+    """
     if isinstance(spec, ImageSource):
         return spec
     if not isinstance(spec, str) or not spec:
         raise DatasetError(f"a dataset is named by a string, got {spec!r}")
     if spec in _NAMED:
         return _NAMED[spec]()
+    base, split = _split_suffix(spec)
+    key = canonical(base)
+    if key in TORCHVISION:
+        return torchvision_source(key, split, data_root(root), download, name=spec if key == base else None)
+    if key in PUBLISHED:
+        return PUBLISHED[key](split, data_root(root), name=spec if key == base else None)
+    if base in _NAMED and split is not None:
+        return fixed_split(_NAMED[base](), split, spec)
     kind, sep, arg = spec.partition(":")
-    if sep and kind in _KINDS:
+    if sep and (kind in _KINDS or kind == "hf"):
         if not arg:
             raise DatasetError(f"{spec!r}: give a path after '{kind}:'")
-        return _KINDS[kind](arg, spec)
-    close = difflib.get_close_matches(spec, list(_NAMED), n=1)
+        path, split = _split_suffix(arg)
+        if split is not None and Path(arg).expanduser().exists():
+            path, split = arg, None  # a file really named like 'x:train'
+        if kind == "hf":
+            return hf_source(path, name=spec, split=split)
+        if split is None:
+            return _KINDS[kind](path, spec)
+        return fixed_split(_KINDS[kind](path, f"{kind}:{path}"), split, spec)
+    others = [*builtin_names(), *TORCHVISION_ALIASES, *PUBLISHED_ALIASES]
+    close = difflib.get_close_matches(base, list(_NAMED), n=1) or difflib.get_close_matches(base, others, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise DatasetError(
-        f"unknown dataset {spec!r}{hint}; use one of {', '.join(dataset_names())} "
-        f"or {', '.join(k + ':PATH' for k in source_kinds())}"
+        f"unknown dataset {spec!r}{hint}; use one of {', '.join(dataset_names())}, a built-in "
+        f"({', '.join(builtin_names())}; see gsd datasets list) or {', '.join(k + ':PATH' for k in source_kinds())}"
     )

@@ -1,0 +1,151 @@
+"""``csv:PATH``: a table with an image path column and a label column, or several 0/1 label columns.
+
+Columns are found by name (case-insensitive) unless given (a catalogue's ``image_column`` and
+``label_column`` / ``label_columns``): the image column is the first of :data:`IMAGE_COLUMNS`, the
+label column the first of :data:`LABEL_COLUMNS`; with no such column, every other column whose
+values are all 0 or 1 is a label of a multi-label set. A label column of integers is used as is; one
+of strings maps the sorted distinct strings to 0, 1, ...; strings with ``|`` in them (``A|B``) make a
+multi-label set. Relative image paths resolve against the CSV's folder. Only drawn files are opened.
+
+``hf:PATH``: a Hugging Face dataset saved with ``save_to_disk`` (needs the ``hf`` extra:
+``pip install 'gsd-cli[hf]'``). Its first ``Image`` feature is the image, its first ``ClassLabel``
+feature (else a column ``label``) the label; rows are decoded one index at a time.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import DatasetError
+from .base import ImageSource
+from .files import FileListSource, _pil_to_array
+
+IMAGE_COLUMNS = ("path", "image", "image_path", "filepath", "file", "filename", "file_name", "img", "image index", "image_id")
+LABEL_COLUMNS = ("label", "labels", "class", "target", "y", "dx", "category", "finding labels")
+
+
+def _pick(columns: Sequence[str], wanted: Sequence[str]) -> str | None:
+    low = {c.lower().strip(): c for c in columns}
+    return next((low[w] for w in wanted if w in low), None)
+
+
+def csv_source(path: str | Path, name: str | None = None, image_column: str | None = None,
+               label_column: str | None = None, label_columns: Sequence[str] | None = None) -> ImageSource:
+    """The CSV at ``path`` as an :class:`ImageSource` (see the module doc for how columns are found)."""
+    path = Path(path).expanduser()
+    name = name or f"csv:{path}"
+    expect = "a CSV with an image path column (path, image, file...) and a label column (label, class...) or 0/1 label columns"
+    if not path.is_file():
+        raise DatasetError(f"{name}: no such file {path}; give {expect}")
+    try:
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            cols = list(reader.fieldnames or [])
+            rows = list(reader)
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise DatasetError(f"{name}: cannot read {path} ({type(e).__name__}); give {expect}") from None
+    img_col = image_column or _pick(cols, IMAGE_COLUMNS)
+    if img_col not in cols:
+        raise DatasetError(f"{name}: no image column {image_column or ''} among {cols}; give {expect} (or name it: image_column)")
+    if not rows:
+        raise DatasetError(f"{name}: {path} has no rows")
+    files = [p if Path(p).is_absolute() else str(path.parent / p) for p in (r[img_col].strip() for r in rows)]
+    if label_columns:
+        label_columns = list(label_columns)
+    elif not label_column:
+        label_column = _pick([c for c in cols if c != img_col], LABEL_COLUMNS)
+        if label_column is None:
+            label_columns = [c for c in cols if c != img_col and all(r[c].strip() in ("0", "1", "0.0", "1.0") for r in rows)]
+            if not label_columns:
+                raise DatasetError(f"{name}: no label column among {cols}; give {expect} (or name it: label_column)")
+    if label_columns:
+        missing = [c for c in label_columns if c not in cols]
+        if missing:
+            raise DatasetError(f"{name}: no column(s) {missing} among {cols}")
+        try:
+            y = np.asarray([[float(r[c]) for c in label_columns] for r in rows], dtype=np.float32)
+        except ValueError:
+            raise DatasetError(f"{name}: label columns {label_columns} must hold 0 or 1") from None
+        if not np.isin(y, (0.0, 1.0)).all():
+            raise DatasetError(f"{name}: label columns {label_columns} must hold 0 or 1")
+        classes = list(label_columns)
+    else:
+        if label_column not in cols:
+            raise DatasetError(f"{name}: no label column {label_column!r} among {cols}")
+        raw = [r[label_column].strip() for r in rows]
+        if all(v.lstrip("-").isdigit() for v in raw):
+            y = np.asarray([int(v) for v in raw], dtype=np.int64)
+            if y.min() < 0:
+                raise DatasetError(f"{name}: labels in {label_column!r} must be >= 0")
+            classes = [str(c) for c in range(int(y.max()) + 1)]
+        elif any("|" in v for v in raw):
+            classes = sorted({t.strip() for v in raw for t in v.split("|") if t.strip()})
+            y = np.zeros((len(raw), len(classes)), dtype=np.float32)
+            for i, v in enumerate(raw):
+                for t in v.split("|"):
+                    if t.strip():
+                        y[i, classes.index(t.strip())] = 1.0
+        else:
+            classes = sorted(set(raw))
+            y = np.asarray([classes.index(v) for v in raw], dtype=np.int64)
+    return FileListSource(name, files, y, classes, f"CSV {path} (images: {img_col!r})", "csv", path.parent)
+
+
+class HFSource(ImageSource):
+    """A ``datasets.Dataset`` (one split) decoded one row at a time."""
+
+    def __init__(self, ds, name: str, image_column: str | None = None, label_column: str | None = None):
+        feats = ds.features
+        img = image_column or next((c for c, f in feats.items() if type(f).__name__ == "Image"), None)
+        lab = label_column or next((c for c, f in feats.items() if type(f).__name__ == "ClassLabel"), None) or (
+            "label" if "label" in feats else None)
+        if img not in feats or lab not in feats:
+            raise DatasetError(f"{name}: needs an Image feature and a ClassLabel (or 'label') column; it has {list(feats)}")
+        self._ds, self._img, self.name = ds, img, name
+        self._y = np.asarray(ds[lab], dtype=np.int64)
+        names = getattr(feats[lab], "names", None)
+        self.classes = list(names) if names else [str(c) for c in range(int(self._y.max(initial=-1)) + 1)]
+        self.num_classes = len(self.classes)
+        self.description = f"Hugging Face dataset (image {img!r}, label {lab!r})"
+
+    def __len__(self) -> int:
+        return len(self._y)
+
+    def labels(self, indices: Sequence[int]) -> np.ndarray:
+        return self._y[np.asarray(indices, dtype=np.int64)]
+
+    def images(self, indices: Sequence[int]) -> list[np.ndarray]:
+        return [_pil_to_array(self._ds[int(i)][self._img]) for i in indices]
+
+
+def hf_source(path: str | Path, name: str | None = None, split: str | None = None,
+              image_column: str | None = None, label_column: str | None = None) -> ImageSource:
+    """``hf:PATH``: ``datasets.load_from_disk(PATH)``; a DatasetDict needs a split (``hf:PATH:train``)
+    unless it has only one."""
+    try:
+        import datasets
+    except ImportError:
+        raise DatasetError("hf:PATH needs the 'datasets' package; pip install 'gsd-cli[hf]'") from None
+    path = Path(path).expanduser()
+    name = name or f"hf:{path}"
+    if not path.exists():
+        raise DatasetError(f"{name}: no such folder {path}; give a folder written by Dataset.save_to_disk")
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as e:
+        raise DatasetError(f"{name}: cannot load {path} ({type(e).__name__}); give a folder written by save_to_disk") from None
+    if isinstance(ds, datasets.DatasetDict):
+        if split is None and len(ds) == 1:
+            split = next(iter(ds))
+        if split not in ds:
+            raise DatasetError(f"{name}: has splits {', '.join(ds)}; name one as hf:{path}:SPLIT")
+        return HFSource(ds[split], name, image_column, label_column)
+    if split is not None:  # one Dataset, no published splits: the fixed 80/20 partition
+        from .splits import fixed_split
+
+        return fixed_split(HFSource(ds, f"hf:{path}", image_column, label_column), split, name)
+    return HFSource(ds, name, image_column, label_column)

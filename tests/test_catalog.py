@@ -1,0 +1,123 @@
+"""Catalogues and the CI flags of gsd rank (exit codes 0 / 1 / 2)."""
+
+import json
+
+import pytest
+
+from gsd_cli import GSDError
+from gsd_cli.catalog import load_catalog, run_catalog
+from gsd_cli.cli import main
+
+FAST = ["-k", "2", "-m", "60", "--labels", "own", "-q", "--engine", "vmap"]  # all examples, own labels: no dependence on the tmp path
+
+
+def _catalog(tmp_path, npz_pair, extra=""):
+    text = f"""
+[datasets.priv]
+source = "npz"
+path = "{npz_pair['priv']}"
+notes = "the private task"
+
+[datasets.near]
+source = "npz"
+path = "{npz_pair['near']}"
+
+[datasets.far-train]
+source = "npz"
+path = "{npz_pair['far']}"
+split = "train"
+
+[[jobs]]
+name = "main"
+private = "priv"
+candidates = ["near", "far-train"]
+[jobs.options]
+k = 2
+examples = 20
+engine = "vmap"
+expect_best = "near"
+
+[[jobs]]
+private = "near"
+candidates = ["far-train", "digits:test"]
+[jobs.options]
+k = 2
+examples = 16
+engine = "vmap"
+{extra}
+"""
+    path = tmp_path / "gsd.toml"
+    path.write_text(text)
+    return path
+
+
+def test_catalogue_round_trip(tmp_path, npz_pair):
+    cat = load_catalog(_catalog(tmp_path, npz_pair))
+    assert list(cat.datasets) == ["priv", "near", "far-train"] and cat.datasets["priv"].notes == "the private task"
+    assert [j.name for j in cat.jobs] == ["main", "near"] and cat.jobs[0].checks == {"expect_best": "near"}
+    assert len(cat.resolve("far-train")) == 48  # 80% of 60, stratified
+    ran = run_catalog(cat, "priv")
+    assert len(ran) == 1
+    job, rk = ran[0]
+    assert rk.private == "priv" and rk.k == 2 and rk.winner.public == "near"
+    assert {r.public for r in rk} == {"near", "far-train"}
+
+
+def test_catalogue_errors(tmp_path, npz_pair):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[jobs]]\nprivate = 'x'\ncandidates = ['y']\n[jobs.options]\nkay = 3\n")
+    with pytest.raises(GSDError, match="unknown option.*kay"):
+        load_catalog(bad)
+    bad.write_text("[datasets.x]\nsource = 'npz'\n[[jobs]]\nprivate = 'x'\ncandidates = ['digits']\n")
+    with pytest.raises(GSDError, match="needs path"):
+        run_catalog(bad)
+    bad.write_text("not = [toml")
+    assert main(["rank", "--catalog", str(bad), "--public", "digits"]) == 2
+    assert main(["rank", "--catalog", str(bad)]) == 2
+    with pytest.raises(GSDError, match="no job with private 'nope'"):
+        run_catalog(_catalog(tmp_path, npz_pair), "nope")
+
+
+def test_cli_catalogue_all_jobs_json_csv_markdown(tmp_path, npz_pair):
+    cat = _catalog(tmp_path, npz_pair)
+    out = tmp_path / "out"
+    out.mkdir()
+    rc = main(["rank", "--catalog", str(cat), "-q", "--json", str(out / "r.json"), "--csv", str(out / "r.csv"),
+               "--markdown", str(out / "r.md")])
+    assert rc == 0
+    doc = json.loads((out / "r.json").read_text())
+    assert [j["job"] for j in doc["jobs"]] == ["main", "near"] and doc["failures"] == []
+    assert doc["jobs"][1]["private_examples"] == 16
+    csv_lines = (out / "r.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("rank,public") and len(csv_lines) == 1 + 2 + 2
+    md = (out / "r.md").read_text()
+    assert "| rank | public | distance | examples |" in md and "`far-train`" in md and "All checks passed." in md
+    # --private picks one job; options given on the command line win over the job's
+    rc = main(["rank", "--catalog", str(cat), "--private", "near", "-m", "12", "-q", "--json", str(out / "one.json")])
+    doc = json.loads((out / "one.json").read_text())
+    assert rc == 0 and [j["job"] for j in doc["jobs"]] == ["near"] and doc["jobs"][0]["private_examples"] == 12
+
+
+def test_catalogue_check_failure_exit_1(tmp_path, npz_pair):
+    cat = _catalog(tmp_path, npz_pair).read_text().replace('expect_best = "near"', 'expect_best = "far-train"')
+    (tmp_path / "c.toml").write_text(cat)
+    md = tmp_path / "c.md"
+    assert main(["rank", "--catalog", str(tmp_path / "c.toml"), "--private", "priv", "--markdown", str(md)]) == 1
+    assert "Checks failed" in md.read_text() and "expected far-train to rank first" in md.read_text()
+
+
+def test_ci_flags_and_exit_codes(npz_pair, tmp_path, capsys):
+    priv, near, far = (f"npz:{npz_pair[n]}" for n in ("priv", "near", "far"))
+    base = ["rank", "--private", priv, "--public", near, far, *FAST]
+    assert main(base + ["--expect-best", near]) == 0
+    assert main(base + ["--expect-best", far]) == 1
+    assert "expected" in capsys.readouterr().err
+    assert main(base + ["--fail-above", "1.0"]) == 0
+    assert main(base + ["--fail-above", "0.0"]) == 1
+    assert "above 0" in capsys.readouterr().err
+    md = tmp_path / "x.md"
+    assert main(base + ["--markdown", str(md)]) == 0
+    assert md.read_text().count("\n| ") == 3 and "★" in md.read_text()
+    assert main(base + ["--markdown", str(tmp_path / "no" / "x.md")]) == 2  # bad input: exit 2
+    assert main(["rank", "--private", "nosuchset"]) == 2
+    assert main(["rank", "--catalog", str(tmp_path / "none.toml")]) == 2
