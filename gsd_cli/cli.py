@@ -111,6 +111,12 @@ def rank(
         "this many dimensions before the subspaces (and before clipping): the DP sample is informative once "
         "epsilon*m/(2k) is not small against D/2.",
     ),
+    gram: str = typer.Option(
+        "auto", "--gram",
+        help="materialize: stack the m x p per-sample gradients; ghost: only m x m Gram matrices from layer inputs "
+        "and output gradients (exact, memory independent of m x p); auto: materialize when m x p fits --memory-budget.",
+    ),
+    memory_budget: str = typer.Option("4G", "--memory-budget", help="Memory the gradient work may use, e.g. 4G or 512M (chooses --gram auto and the ghost path's chunks)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     extra: Optional[List[str]] = typer.Argument(None, hidden=True),
 ) -> None:
@@ -148,7 +154,7 @@ def rank(
             params=params, labels=labels.value, row_norm=row_norm.value, device=device.value,
             chunk_size=chunk_size, engine=engine.value, progress=progress,
             dp=dp, epsilon=epsilon, clip=clip, mechanism=mechanism, dp_sketch=dp_sketch,
-            gibbs_sweeps=gibbs_sweeps,
+            gibbs_sweeps=gibbs_sweeps, gram=gram, memory_budget=memory_budget,
         )
     finally:
         bar.stop()

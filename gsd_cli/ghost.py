@@ -658,3 +658,65 @@ def orthonormalise_(V: torch.Tensor, block: int = 1 << 20) -> torch.Tensor:
         for i in range(0, V.shape[0], block):
             V[i : i + block] = (V[i : i + block].to(torch.float64) @ Rinv).to(V.dtype)
     return V
+
+
+def choose_gram(gram: str, m: int, p: int, memory_budget: int | str | None, sketch_dim: int | None = None) -> str:
+    """``materialize`` or ``ghost`` for ``gram`` in :data:`GRAMS`: ``auto`` materialises when the m x p
+    float32 matrix fits ``memory_budget`` (default :data:`DEFAULT_BUDGET`), else ghost. ``--dp-sketch``
+    projects the m x p matrix, so it materialises."""
+    if gram not in GRAMS:
+        raise GSDError(f"--gram must be one of {', '.join(GRAMS)} (got {gram!r})")
+    budget = DEFAULT_BUDGET if memory_budget is None else parse_bytes(memory_budget)
+    if sketch_dim:
+        if gram == "ghost":
+            raise GSDError("--dp-sketch projects the m x p gradient matrix; use --gram materialize or auto with it")
+        return "materialize"
+    if gram == "auto":
+        return "materialize" if 4 * m * p <= budget else "ghost"
+    return gram
+
+
+def ghost_subspace(
+    model: nn.Module,
+    batches: Batches,
+    m: int,
+    names: Sequence[str],
+    k: int,
+    *,
+    loss: LossFn | None = None,
+    device: torch.device | str = "cpu",
+    row_norm: str = "none",
+    memory_budget: int | str | None = None,
+    chunk_size: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    dp: dict | None = None,
+    info: dict | None = None,
+):
+    """Top-k subspace ``(V, s)`` of the per-sample gradients of ``m`` examples by the Gram path.
+
+    V is p x k: float64 when p*k*8 bytes is at most a quarter of the budget, else float32 (resnet50:
+    1.5 GB instead of 3 GB), orthonormal either way. With ``dp`` (as :func:`gsd_cli.ranking.sample_subspace`)
+    the subspace is drawn by :func:`gsd_cli.dppca.private_top_k_subspace` on the operator and ``s`` is empty."""
+    import zlib
+
+    import numpy as np
+
+    budget = DEFAULT_BUDGET if memory_budget is None else parse_bytes(memory_budget)
+    model = model.to(device)
+    op = GhostOperator(model, batches, m, names, loss, device, budget, chunk_size, progress)
+    p = op.shape[1]
+    v_dtype = torch.float64 if 8 * p * k <= budget // 4 else torch.float32
+    if dp is None:
+        V, s = top_k_from_operator(op, k, row_norm, v_dtype)
+    else:
+        from .dppca import private_top_k_subspace
+
+        if row_norm == "unit":
+            n = op.gram().diagonal().sqrt()
+            op = op.scaled(torch.where(n > 0, 1.0 / n, torch.ones_like(n)))
+        rng = np.random.default_rng([dp["seed"], zlib.crc32(b"dp-gsd")])
+        V = private_top_k_subspace(op, k, dp["epsilon"], dp["clip"], dp["mechanism"], rng, dp.get("sweeps", 10))
+        s = torch.empty(0, dtype=torch.float64)
+    if info is not None:
+        info.update(op.info)
+    return V, s
