@@ -474,6 +474,8 @@ class GhostOperator:
                 self._pass(units, cs, keep)
                 if len(groups) == 1:  # everything fits: the products reuse these factors, no more passes
                     self._store = store
+                nbytes = sum(t.numel() * t.element_size() for f in store for t in _tensors(f))
+                self.info["stored_bytes_max"] = max(self.info.get("stored_bytes_max", 0), nbytes)
                 for f in store:
                     kinds["ghost"] += len(f.pairs) + len(f.embeds)
                     kinds["materialised"] += len(f.mat)
@@ -611,6 +613,10 @@ def _fill(store: Factors, f: Factors, row: int) -> None:
         SB[row : row + B.shape[0]] = B
     for (St, _), (t, _) in zip(store.mat, f.mat):
         St[row : row + t.shape[0]] = t
+
+
+def _tensors(f: Factors) -> list[torch.Tensor]:
+    return [A for A, *_ in f.pairs] + [B for _, B, *_ in f.pairs] + [i for i, _, _ in f.embeds] + [B for _, B, _ in f.embeds] + [t for t, _ in f.mat]
 
 
 def _rows(f: Factors, r0: int, r1: int) -> Factors:
