@@ -211,3 +211,17 @@ def test_rank_ghost_equals_materialise():
     b = rank("mnist-a", ["mnist-b"], gram="ghost", memory_budget="64M", **kw)
     assert b.engine == "ghost"
     assert b.results[0].distance == pytest.approx(a.results[0].distance, rel=1e-5)
+
+
+def test_cli_gram_ghost_and_bad_budget(capsys, tmp_path):
+    from gsd_cli.cli import main
+
+    j = tmp_path / "r.json"
+    code = main(["rank", "--public", "mnist-b", "--model", "fmnist-cnn", "--params", "fc*", "-m", "30", "--k", "3",
+                 "--gram", "ghost", "--memory-budget", "256M", "--json", str(j), "-q"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert '"engine": "ghost"' in j.read_text()
+    code = main(["rank", "--public", "mnist-b", "-m", "30", "--memory-budget", "lots", "-q"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().startswith("error:") and "memory-budget" in err
