@@ -146,7 +146,7 @@ def rank(
             bar.start()  # started on the first chunk, so input errors print no empty progress line
         if name not in tasks:
             tasks[name] = bar.add_task(name, total=total)
-        bar.update(tasks[name], completed=done)
+        bar.update(tasks[name], completed=done, total=total)  # the Gram path's total grows with its passes
 
     try:
         result = rank_fn(
