@@ -74,7 +74,7 @@ def rank(
     k: int = typer.Option(16, "--k", "-k", help="Dimension of the gradient subspaces (paper 004 uses 16)."),
     examples: int = typer.Option(2000, "--examples", "-m", help="Examples drawn per dataset (all of a smaller set)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the examples, the random labels and the initial weights w0."),
-    model: str = typer.Option("probe", "--model", help="Model: probe (paper 004 Table 7b), fmnist-cnn (Table 7a), resnet20."),
+    model: str = typer.Option("probe", "--model", help="Model: probe (paper 004 Table 7b), fmnist-cnn (Table 7a), resnet20, resnet50 (GroupNorm, 32x32)."),
     params: Optional[List[str]] = typer.Option(
         None, "--params", help="Glob patterns over parameter names that get gradients, e.g. 'fc.*' (default: all trainable)."
     ),
