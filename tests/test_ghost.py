@@ -225,3 +225,13 @@ def test_cli_gram_ghost_and_bad_budget(capsys, tmp_path):
     code = main(["rank", "--public", "mnist-b", "-m", "30", "--memory-budget", "lots", "-q"])
     err = capsys.readouterr().err
     assert code == 2 and err.strip().startswith("error:") and "memory-budget" in err
+
+
+def test_dp_rank_on_the_gram_path_equals_materialised():
+    from gsd_cli.ranking import rank
+
+    kw = dict(k=3, examples=40, model="fmnist-cnn", params="fc*", dp=True, epsilon=50.0)
+    a = rank("mnist-a", ["mnist-b"], gram="materialize", **kw)
+    b = rank("mnist-a", ["mnist-b"], gram="ghost", **kw)
+    assert b.results[0].distance == pytest.approx(a.results[0].distance, rel=1e-6)
+    assert b.privacy == a.privacy
