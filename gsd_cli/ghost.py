@@ -29,7 +29,7 @@ import math
 import re
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 import torch.nn as nn

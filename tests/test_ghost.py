@@ -10,7 +10,7 @@ import torch.nn as nn
 from gsd_cli.dppca import DenseOperator, private_top_k_subspace
 from gsd_cli.errors import GSDError
 from gsd_cli.ghost import GhostOperator, choose_gram, parse_bytes, top_k_from_operator
-from gsd_cli.gradients import per_sample_gradients, select_parameters
+from gsd_cli.gradients import per_sample_gradients
 from gsd_cli.subspace import gram, projection_metric, top_k_subspace
 
 K = 4
