@@ -79,7 +79,7 @@ def rank(
     k: int = typer.Option(16, "--k", "-k", help="Dimension of the gradient subspaces (paper 004 uses 16)."),
     examples: int = typer.Option(2000, "--examples", "-m", help="Examples drawn per dataset (all of a smaller set)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the examples, the random labels and the initial weights w0."),
-    model: str = typer.Option("probe", "--model", help="Model: probe (paper 004 Table 7b), fmnist-cnn (Table 7a), resnet20."),
+    model: str = typer.Option("probe", "--model", help="Model: probe (paper 004 Table 7b), fmnist-cnn (Table 7a), resnet20, resnet50 (GroupNorm, 32x32)."),
     params: Optional[List[str]] = typer.Option(
         None, "--params", help="Glob patterns over parameter names that get gradients, e.g. 'fc.*' (default: all trainable)."
     ),
@@ -131,6 +131,12 @@ def rank(
         "(basic composition).",
     ),
     plot_path: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of each candidate's distances with their intervals."),
+    gram: str = typer.Option(
+        "auto", "--gram",
+        help="materialize: stack the m x p per-sample gradients; ghost: only m x m Gram matrices from layer inputs "
+        "and output gradients (exact, memory independent of m x p); auto: materialize when m x p fits --memory-budget.",
+    ),
+    memory_budget: str = typer.Option("4G", "--memory-budget", help="Memory the gradient work may use, e.g. 4G or 512M (chooses --gram auto and the ghost path's chunks)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     data_root: Optional[Path] = typer.Option(
         None, "--data-root", help="Folder of the built-in datasets (cifar10, chestxray, ...). Default: $GSD_DATA_ROOT, "
@@ -192,12 +198,12 @@ def rank(
             bar.start()  # started on the first chunk, so input errors print no empty progress line
         if name not in tasks:
             tasks[name] = bar.add_task(name, total=total)
-        bar.update(tasks[name], completed=done)
+        bar.update(tasks[name], completed=done, total=total)  # the Gram path's total grows with its passes
 
     options = dict(
         k=k, examples=examples, seed=seed, model=model, params=params, labels=labels.value, row_norm=row_norm.value,
         device=device.value, chunk_size=chunk_size, engine=engine.value, dp=dp, epsilon=epsilon, clip=clip,
-        mechanism=mechanism, dp_sketch=dp_sketch, gibbs_sweeps=gibbs_sweeps,
+        mechanism=mechanism, dp_sketch=dp_sketch, gibbs_sweeps=gibbs_sweeps, gram=gram, memory_budget=memory_budget,
     )
     try:
         if catalog is None:

@@ -41,6 +41,38 @@ from .subspace import gram
 MECHANISMS = ("sequential", "matrix")
 
 
+class DenseOperator:
+    """A dense G (m x p) behind the operator interface the samplers use: ``shape``, ``device``,
+    ``gram()`` (G G^T, float64), ``matvec(X)`` = G X and ``rmatvec(Y)`` = G^T Y (float64), ``scaled(f)``
+    (rows times f). :class:`gsd_cli.ghost.GhostOperator` provides the same without G."""
+
+    def __init__(self, G: torch.Tensor):
+        self.G = G
+        self.shape = tuple(G.shape)
+        self.device = G.device
+        self._K = None
+
+    def gram(self) -> torch.Tensor:
+        if self._K is None:
+            self._K = gram(self.G)
+        return self._K
+
+    def matvec(self, X: torch.Tensor) -> torch.Tensor:
+        return (self.G @ X.to(self.G.dtype)).to(torch.float64)
+
+    def rmatvec(self, Y: torch.Tensor, out_dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        # written (Y^T G)^T: with G row-major this is ~7x faster than G^T Y
+        return (Y.T.to(self.G.dtype) @ self.G).T.to(out_dtype)
+
+    def scaled(self, f: torch.Tensor) -> "DenseOperator":
+        return DenseOperator(self.G * f.to(self.G.dtype)[:, None])
+
+
+def as_operator(G) -> "DenseOperator":
+    """A tensor becomes a :class:`DenseOperator`; an operator is returned as it is."""
+    return DenseOperator(G) if isinstance(G, torch.Tensor) else G
+
+
 def clip_rows(G: torch.Tensor, clip: float) -> torch.Tensor:
     """Scale each row of G with norm above ``clip`` down to norm ``clip``; rows inside are untouched."""
     _check_positive(clip, "--clip")
@@ -132,17 +164,18 @@ def _reduce(K: torch.Tensor, scale: float, tol_rel: float = 1e-12) -> _Reduced:
     return _Reduced(mu=(scale * evals).cpu().numpy().astype(np.float64), U=U, sigma=evals.sqrt())
 
 
-def _checked_gram(G: torch.Tensor, k: int, K: torch.Tensor | None) -> torch.Tensor:
+def _checked_gram(G, k: int, K: torch.Tensor | None) -> torch.Tensor:
     m, p = G.shape
     if not 1 <= k <= min(m, p):
         raise GSDError(f"k must lie in 1..min(m, p) = {min(m, p)} (got {k})")
-    if not torch.isfinite(G).all():
+    K = G.gram() if K is None else K.to(torch.float64)
+    if not torch.isfinite(K).all():  # a NaN or inf gradient entry makes its row and column of K non-finite
         raise GSDError("the private gradients contain NaN or inf; check the model and inputs")
-    return gram(G) if K is None else K.to(torch.float64)
+    return K
 
 
-def _gmul(G: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # G @ v for float64 v (p x c)
-    return (G @ v.to(G.dtype)).to(torch.float64)
+def _gmul(G, v: torch.Tensor) -> torch.Tensor:  # G @ v for float64 v (p x c)
+    return G.matvec(v)
 
 
 def _restricted_draw(G, K, X, GX, scale, g, Gg, generator):
@@ -161,8 +194,8 @@ def _restricted_draw(G, K, X, GX, scale, g, Gg, generator):
     g_perp = g - X @ Xg
     GPg = Gg - GX @ Xg  # (G P) g = G g_perp
     A = torch.stack([red.U @ ((red.U.T @ GPg) / red.sigma**2), red.U @ (c / red.sigma)], dim=1)
-    # (G P)^T A = [W W^T g, W c]; written (A^T G)^T: with G row-major this is ~7x faster than G^T A
-    GPtA = (A.T.to(G.dtype) @ G).T.to(torch.float64) - X @ (GX.T @ A)
+    # (G P)^T A = [W W^T g, W c]
+    GPtA = G.rmatvec(A) - X @ (GX.T @ A)
     KA = Kj @ A  # G (G P)^T A
     u = g_perp - GPtA[:, 0]
     un = u.norm()
@@ -184,6 +217,7 @@ def sample_sequential(
     Uses only products with G and G^T and m x m matrices (``K`` = G G^T in float64 may be passed in):
     one pass over G per vector, plus one for all k random directions up front.
     """
+    G = as_operator(G)
     m, p = G.shape
     K = _checked_gram(G, k, K)
     gs = torch.from_numpy(generator.standard_normal((p, k))).to(G.device)
@@ -211,6 +245,7 @@ def sample_matrix_gibbs(
     """
     if sweeps < 1:
         raise GSDError(f"--gibbs-sweeps must be at least 1 (got {sweeps})")
+    G = as_operator(G)
     m, p = G.shape
     K = _checked_gram(G, k, K)
     V = sample_sequential(G, k, scale, generator, K)
@@ -258,6 +293,9 @@ def private_top_k_subspace(
 ) -> torch.Tensor:
     """A DP estimate of the top-k right singular subspace of G (rows = per-example gradients).
 
+    ``G`` is a tensor (m x p) or an operator with ``shape``, ``gram()``, ``matvec``, ``rmatvec`` and
+    ``scaled`` (:class:`DenseOperator`, :class:`gsd_cli.ghost.GhostOperator`).
+
     Rows are clipped to norm ``clip``, then ``mechanism`` samples V (p x k, orthonormal, float64):
 
     * ``sequential``: k exact vector-Bingham draws with epsilon/k each: pure epsilon-DP (replace-one).
@@ -269,7 +307,12 @@ def private_top_k_subspace(
         raise GSDError(f"unknown DP mechanism {mechanism!r}; use one of {', '.join(MECHANISMS)}")
     scale = bingham_scale(epsilon, clip)
     rng = generator if isinstance(generator, np.random.Generator) else np.random.default_rng(generator)
-    Gc = clip_rows(G, clip)
+    if isinstance(G, torch.Tensor):
+        Gc = clip_rows(G, clip)
+    else:  # an operator: the row norms come from the Gram diagonal
+        _check_positive(clip, "--clip")
+        norms = G.gram().diagonal().clamp_min(0).sqrt()
+        Gc = G.scaled(torch.where(norms > clip, clip / norms, torch.ones_like(norms)))
     if mechanism == "matrix":
         return sample_matrix_gibbs(Gc, k, scale, rng, sweeps)
     return sample_sequential(Gc, k, scale / k, rng)

@@ -148,6 +148,8 @@ def sample_subspace(
     dp: dict | None = None,
     sketch_dim: int | None = None,
     label_seed: int | None = None,
+    gram: str = "materialize",
+    memory_budget: int | str | None = None,
 ) -> Subspace:
     """Per-sample gradients of ``sample`` at the model's weights, then their top-k subspace.
 
@@ -177,6 +179,15 @@ def sample_subspace(
             progress(sample.source.name, done, len(sample))
 
     info: dict = {}
+    if gram != "materialize":
+        from .ghost import choose_gram, ghost_subspace
+
+        if choose_gram(gram, len(sample), p, memory_budget, sketch_dim) == "ghost":
+            bs = lambda c: ((x, y[s : s + x.shape[0]]) for s, x in sample.batches(input_size, channels, c, dev))  # noqa: E731
+            prog = None if progress is None else (lambda d, t: progress(sample.source.name, d, t))
+            V, s = ghost_subspace(model, bs, len(sample), names, k, loss=loss, device=dev, row_norm=row_norm,
+                                  memory_budget=memory_budget, chunk_size=chunk_size, progress=prog, dp=dp)
+            return Subspace(sample.source.name, V, s, len(sample), time.perf_counter() - t0, "ghost")
     G = gradient_matrix(model, batches(), len(sample), names, loss, engine, dev, row_norm, on_chunk, info)
     if sketch_dim:
         from .dppca import sketch
@@ -268,6 +279,8 @@ def rank(
     public_seed: int | None = None,
     memo: dict | None = None,
     cache=None,
+    gram: str = "auto",
+    memory_budget: int | str | None = None,
 ) -> Ranking:
     """Rank public candidates by their GSD to the private dataset, lowest first.
 
@@ -275,7 +288,10 @@ def rank(
     (rows clipped to ``clip``; see :mod:`gsd_cli.dppca`) and every candidate is compared with that
     one sample: the public side and the distances are post-processing, so ``epsilon`` is spent once.
     The ranking's ``privacy`` field states what was spent, ``warnings`` when the sample is too noisy
-    to say anything (judged from data-independent quantities only). ``dp_sketch=D`` first projects
+    to say anything (judged from data-independent quantities only). ``gram``: ``materialize`` stacks
+    the m x p per-sample gradient matrix; ``ghost`` forms only m x m Gram matrices from layer inputs and
+    output gradients (:mod:`gsd_cli.ghost`), streamed within ``memory_budget`` bytes (e.g. ``"4G"``);
+    ``auto`` materialises when m x p float32 fits the budget. ``dp_sketch=D`` first projects
     every gradient matrix, private and public alike, by one data-independent Gaussian matrix to D
     dimensions (clipping after it), so that a small budget can still say something.
 
@@ -339,7 +355,7 @@ def rank(
     common = dict(
         sketch_dim=dp_sketch, k=k, input_size=spec.input_size, channels=spec.channels, num_classes=num_classes, names=names,
         labels=labels, row_norm=row_norm, seed=seed, loss=loss, engine=engine, device=dev,
-        chunk_size=chunk_size, progress=progress,
+        chunk_size=chunk_size, progress=progress, gram=gram, memory_budget=memory_budget,
     )
     dp_cfg = None
     if dp:
@@ -351,10 +367,10 @@ def rank(
         if mechanism not in MECHANISMS:
             raise GSDError(f"unknown --mechanism {mechanism!r}; use one of {', '.join(MECHANISMS)}")
         dp_cfg = dict(epsilon=float(epsilon), clip=float(clip), mechanism=mechanism, seed=seed, sweeps=gibbs_sweeps)
-    key = (model, tuple(names), num_classes, k, labels, row_norm, dp_sketch, loss, str(dev), examples, seed)
+    key = (model, tuple(names), num_classes, k, labels, row_norm, dp_sketch, loss, str(dev), examples, seed, gram)
     priv = _cached(memo, key + (priv_source, seed, tuple(sorted((dp_cfg or {}).items()))),
                    lambda: sample_subspace(net, samples[0], **common, dp=dp_cfg))
-    if engine == "auto":  # measured once on the private sample; the same engine for every candidate
+    if engine == "auto" and priv.engine != "ghost":  # measured once on the private sample; the same engine for every candidate
         common["engine"] = priv.engine
     rows = []
     for smp in samples[1:]:

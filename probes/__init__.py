@@ -21,6 +21,7 @@ import torch.nn as nn
 
 from .cnn import fmnist_cnn, probe
 from .resnet import resnet20
+from .resnet50 import resnet50_gn
 
 __all__ = ["ModelSpec", "register", "get_model_spec", "list_models", "probe", "fmnist_cnn", "resnet20"]
 
@@ -69,3 +70,4 @@ def list_models() -> list[ModelSpec]:
 register(ModelSpec("probe", probe, 224, 3, "probe network of paper 004 Table 7b (~30k parameters)"))
 register(ModelSpec("fmnist-cnn", fmnist_cnn, 28, 1, "Fashion-MNIST CNN of paper 004 Table 7a (~26k parameters)"))
 register(ModelSpec("resnet20", resnet20, 32, 3, "ResNet20 with GroupNorm, as GEP (~268k parameters)"))
+register(ModelSpec("resnet50", resnet50_gn, 32, 3, "torchvision ResNet-50, GroupNorm(32) for BatchNorm, random weights, 32x32 inputs (~23.5M parameters)"))
