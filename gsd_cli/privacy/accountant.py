@@ -127,9 +127,17 @@ def calibrate_noise(
     def event(sigma: float) -> ev.DpEvent:
         return training_event(make_step(sigma), sampling_rate, steps)
 
+    if accountant == "pld":
+        # PLD is tighter than RDP (its sigma is smaller) but needs a bracket away from tiny sigmas,
+        # whose privacy-loss distributions do not fit in memory: search below the RDP answer.
+        upper = calibrate_noise(make_step, target_epsilon, delta, sampling_rate, steps, "rdp")
+        bracket = dpa.ExplicitBracketInterval(upper / 4, upper)
+        tol = 1e-5 * upper
+    else:
+        _accountant(accountant)  # validates the name
+        bracket, tol = dpa.LowerEndpointAndGuess(1e-3, 1.0), 1e-7
     sigma = dpa.calibrate_dp_mechanism(
-        lambda: _accountant(accountant), event, float(target_epsilon), float(delta),
-        dpa.LowerEndpointAndGuess(1e-3, 1.0), tol=1e-7,
+        lambda: _accountant(accountant), event, float(target_epsilon), float(delta), bracket, tol=tol,
     )
     sigma = float(sigma)
     while epsilon_of(event(sigma), delta, accountant) > target_epsilon:

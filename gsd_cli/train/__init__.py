@@ -5,11 +5,12 @@
 """
 
 from .gep import Anchor, GEPProject, GEPReconstruct, power_basis, share_quota, split_groups
+from .select import auto_select
 from .loop import METHODS, TrainConfig, build_method, train
 from .transforms import Chain, Clip, GaussianNoise, Release, StepContext, Transform, chain, chain_step_event, clip, gaussian_noise
 
 __all__ = [
-    "METHODS", "TrainConfig", "train", "build_method", "Anchor", "GEPProject", "GEPReconstruct", "power_basis",
+    "METHODS", "TrainConfig", "train", "auto_select", "build_method", "Anchor", "GEPProject", "GEPReconstruct", "power_basis",
     "share_quota", "split_groups", "Chain", "Clip", "GaussianNoise", "Release", "StepContext", "Transform", "chain",
     "chain_step_event", "clip", "gaussian_noise",
 ]

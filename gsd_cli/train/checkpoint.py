@@ -38,7 +38,7 @@ def atomic_write(path: Path, data: bytes | str) -> None:
         raise
 
 
-def prepare_run_dir(path: Path, resume: bool) -> Path:
+def prepare_run_dir(path: Path, resume: bool, create: bool = True) -> Path:
     """A new run needs a folder that does not exist or is empty (its parent must exist); a resumed
     run needs a folder with a checkpoint. Nothing a user has is overwritten."""
     path = Path(path).expanduser()
@@ -53,7 +53,8 @@ def prepare_run_dir(path: Path, resume: bool) -> Path:
             raise GSDError(f"--out {path} exists and is not empty; give a new folder, or --resume {path} to continue that run")
     elif not path.parent.exists():
         raise GSDError(f"--out {path}: folder {path.parent} does not exist; create it first")
-    path.mkdir(exist_ok=True)
+    if create:
+        path.mkdir(exist_ok=True)
     return path
 
 

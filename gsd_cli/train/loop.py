@@ -192,6 +192,15 @@ def _seed_words(value: int) -> list[int]:
     return [(value >> (32 * i)) & 0xFFFFFFFF for i in range(4)]
 
 
+def private_randomness(n: int, q: float, noise_seed: int, step: int) -> tuple[np.ndarray, torch.Generator]:
+    """Step ``step``'s Poisson subsample (every one of ``n`` examples independently with probability
+    ``q``) and its noise generator, both from the secret ``noise_seed``: a resumed run replays them."""
+    rng = np.random.default_rng([*_seed_words(noise_seed), step])
+    idx = np.flatnonzero(rng.random(n) < q)
+    gen = torch.Generator().manual_seed(int(rng.integers(2**63)))
+    return idx, gen
+
+
 def _flat_to_grads(model: torch.nn.Module, names: Sequence[str], v: torch.Tensor) -> None:
     params = dict(model.named_parameters())
     col = 0
@@ -322,9 +331,7 @@ def train(
         sizes_seen = []
         for s in range(steps_per_epoch):
             step = epoch * steps_per_epoch + s
-            rng = np.random.default_rng([*_seed_words(noise_seed), step])
-            idx = np.flatnonzero(rng.random(n_train) < q)
-            gen = torch.Generator().manual_seed(int(rng.integers(2**63)))
+            idx, gen = private_randomness(n_train, q, noise_seed, step)
             ctx = StepContext(step=step, model=model, names=names, generator=gen, device=dev, info=info)
             method.chain.begin_step(ctx)
             sums = None
@@ -368,9 +375,13 @@ def train(
         })
         if progress:
             progress("epoch", epoch + 1, cfg.epochs)
+    if cfg.method != "gep" and cfg.public:
+        notes_unused = [f"--public {cfg.public} is not used by --method {cfg.method}"]
+    else:
+        notes_unused = []
 
     ledger = Ledger()
-    notes = []
+    notes = list(notes_unused)
     if selection is not None:
         sel_priv = selection.get("privacy")
         if sel_priv and sel_priv.get("exact") and sel_priv.get("epsilon") is not None:
