@@ -127,9 +127,9 @@ def test_each_method_declares_the_event_it_is_accounted_with():
 def test_power_basis_and_quota():
     G = torch.randn(40, 6) @ torch.randn(6, 50)  # rank 6
     B = power_basis(G, 6, 1, torch.Generator().manual_seed(0))
-    assert torch.allclose(B @ B.T, torch.eye(6, dtype=B.dtype), atol=1e-10)
-    resid = G.double() - G.double() @ B.T @ B
-    assert resid.norm() / G.norm() < 1e-6  # Lemma 3.1: the rank-k span is recovered exactly
+    assert torch.allclose(B @ B.T, torch.eye(6, dtype=B.dtype), atol=1e-6)
+    resid = G - G @ B.T @ B
+    assert resid.norm() / G.norm() < 1e-5  # Lemma 3.1: the rank-k span is recovered exactly
     assert share_quota(100, [100, 10_000], 2000) == [9, 90]
     assert share_quota(100, [4, 10_000], 2000)[0] == 1
     groups = split_groups(["a.w", "b.w", "c.w"], [2, 3, 4], [["b.*"]])

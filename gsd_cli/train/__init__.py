@@ -6,11 +6,11 @@
 
 from .gep import Anchor, GEPProject, GEPReconstruct, power_basis, share_quota, split_groups
 from .select import auto_select
-from .loop import METHODS, TrainConfig, build_method, train
+from .loop import METHODS, TrainConfig, build_method, private_step, train
 from .transforms import Chain, Clip, GaussianNoise, Release, StepContext, Transform, chain, chain_step_event, clip, gaussian_noise
 
 __all__ = [
-    "METHODS", "TrainConfig", "train", "auto_select", "build_method", "Anchor", "GEPProject", "GEPReconstruct", "power_basis",
+    "METHODS", "TrainConfig", "train", "auto_select", "private_step", "build_method", "Anchor", "GEPProject", "GEPReconstruct", "power_basis",
     "share_quota", "split_groups", "Chain", "Clip", "GaussianNoise", "Release", "StepContext", "Transform", "chain",
     "chain_step_event", "clip", "gaussian_noise",
 ]

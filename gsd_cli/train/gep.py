@@ -66,16 +66,23 @@ def share_quota(k: int, group_sizes: Sequence[int], m: int) -> list[int]:
 
 def power_basis(G: torch.Tensor, k: int, iters: int, generator: torch.Generator) -> torch.Tensor:
     """Algorithm 1 stage 1 on one group: orthonormal rows B (k x p) spanning approximately the top-k
-    right singular subspace of G (m x p). Computed in float64."""
-    m, p = G.shape
-    Gd = G.double()
-    B = torch.randn(k, p, generator=generator, dtype=torch.float64).to(G.device)
+    right singular subspace of G (m x p). The products run in G's precision (the basis is an
+    approximation by design); the orthonormalisation (QR of the p x k matrix) in float64, so that
+    B B^T = I to rounding and B-GEP's reconstruction is a projection."""
+    B = torch.randn(k, G.shape[1], generator=generator, dtype=torch.float64).to(G.device, G.dtype)
     for _ in range(max(1, iters)):
-        A = Gd @ B.T  # m x k
-        B = A.T @ Gd  # k x p
-        Q, _ = torch.linalg.qr(B.T)  # orthonormal columns = orthonormal rows of B
-        B = Q.T
+        A = G @ B.T  # m x k
+        B = A.T @ G  # k x p
+        Q, _ = torch.linalg.qr(B.T.double())  # orthonormal columns = orthonormal rows of B
+        B = Q.T.to(G.dtype).contiguous()
     return B
+
+
+def _as_index(cols: list[int]):
+    """A slice when the columns are contiguous (views, no copies), else an index tensor."""
+    if cols and cols[-1] - cols[0] + 1 == len(cols):
+        return slice(cols[0], cols[-1] + 1)
+    return torch.as_tensor(cols, dtype=torch.long)
 
 
 class Anchor:
@@ -94,7 +101,8 @@ class Anchor:
     ):
         self.x = public_x
         self.num_classes = num_classes
-        self.groups = [torch.as_tensor(g, dtype=torch.long) for g in groups]
+        self.groups = [_as_index(list(g)) for g in groups]
+        self.p = sum(len(g) for g in groups)
         self.ks = share_quota(k, [len(g) for g in groups], public_x.shape[0])
         self.power_iters = power_iters
         self.seed = seed
@@ -122,24 +130,27 @@ class Anchor:
         gen = torch.Generator().manual_seed(int(np.random.default_rng([self.seed, ctx.step, 11]).integers(2**62)))
         self.bases = []
         for idx, kg in zip(self.groups, self.ks):
-            Gg = G[:, idx.to(G.device)]
-            self.bases.append(power_basis(Gg, kg, self.power_iters, gen).to(G.dtype))
+            self.bases.append(power_basis(G[:, self._on(idx, G)], kg, self.power_iters, gen))
         del G
         self.step = ctx.step
 
+    @staticmethod
+    def _on(idx, t: torch.Tensor):
+        return idx if isinstance(idx, slice) else idx.to(t.device)
+
     def embed(self, G: torch.Tensor) -> torch.Tensor:
         """W = [G_g B_g^T]_g, n x k."""
-        return torch.cat([G[:, idx.to(G.device)] @ B.T for idx, B in zip(self.groups, self.bases)], dim=1)
+        return torch.cat([G[:, self._on(idx, G)] @ B.T.to(G.dtype) for idx, B in zip(self.groups, self.bases)], dim=1)
 
     def back(self, W: torch.Tensor) -> torch.Tensor:
         """W B: map embeddings (n x k, or k) back to parameter space."""
         squeeze = W.dim() == 1
         W2 = W.unsqueeze(0) if squeeze else W
-        out = torch.zeros(W2.shape[0], sum(len(g) for g in self.groups), dtype=W2.dtype, device=W2.device)
+        out = torch.empty(W2.shape[0], self.p, dtype=W2.dtype, device=W2.device)
         col = 0
         for idx, B in zip(self.groups, self.bases):
             kg = B.shape[0]
-            out[:, idx.to(W2.device)] = W2[:, col : col + kg] @ B
+            out[:, self._on(idx, out)] = W2[:, col : col + kg] @ B.to(W2.dtype)
             col += kg
         return out[0] if squeeze else out
 

@@ -201,6 +201,23 @@ def private_randomness(n: int, q: float, noise_seed: int, step: int) -> tuple[np
     return idx, gen
 
 
+def private_step(chain: Chain, model: torch.nn.Module, names: Sequence[str], batches, num_params: int, ctx: StepContext) -> dict:
+    """One private release: ``chain`` over the per-sample gradients of the ``(x, y)`` chunks of one
+    Poisson subsample (virtual steps), summed, then noised. Returns the parts of the release
+    (``"grad"``: the noisy sum, p). An empty subsample still releases noise."""
+    chain.begin_step(ctx)
+    sums = None
+    for x, y in batches:
+        G = gradient_matrix(model, [(x, y)], x.shape[0], names, None, "vmap", ctx.device, "none")
+        parts = chain.per_example({"grad": G}, ctx)
+        chunk_sums = {k: v.sum(0) for k, v in parts.items()}
+        sums = chunk_sums if sums is None else {k: sums[k] + chunk_sums[k] for k in sums}
+    if sums is None:
+        parts = chain.per_example({"grad": torch.zeros(0, num_params, device=ctx.device)}, ctx)
+        sums = {k: v.sum(0) for k, v in parts.items()}
+    return chain.aggregated(sums, ctx)
+
+
 def _flat_to_grads(model: torch.nn.Module, names: Sequence[str], v: torch.Tensor) -> None:
     params = dict(model.named_parameters())
     col = 0
@@ -333,20 +350,14 @@ def train(
             step = epoch * steps_per_epoch + s
             idx, gen = private_randomness(n_train, q, noise_seed, step)
             ctx = StepContext(step=step, model=model, names=names, generator=gen, device=dev, info=info)
-            method.chain.begin_step(ctx)
-            sums = None
-            for start in range(0, max(len(idx), 1), chunk):
-                part = idx[start : start + chunk]
-                if len(part):
+
+            def batches(idx=idx):
+                for start in range(0, len(idx), chunk):
+                    part = idx[start : start + chunk]
                     x = gdata.to_model_input(train_src.images(part), spec.input_size, spec.channels, dev)
-                    y = torch.as_tensor(train_src.labels(part)).to(dev)
-                    G = gradient_matrix(model, [(x, y)], len(part), names, None, "vmap", dev, "none")
-                else:  # an empty Poisson sample still releases noise
-                    G = torch.zeros(0, num_params, device=dev)
-                parts = method.chain.per_example({"grad": G}, ctx)
-                chunk_sums = {k: v.sum(0) for k, v in parts.items()}
-                sums = chunk_sums if sums is None else {k: sums[k] + chunk_sums[k] for k in sums}
-            noisy = method.chain.aggregated(sums, ctx)
+                    yield x, torch.as_tensor(train_src.labels(part)).to(dev)
+
+            noisy = private_step(method.chain, model, names, batches(), num_params, ctx)
             _flat_to_grads(model, names, noisy["grad"] / cfg.batch_size)
             opt.step()
             opt.zero_grad(set_to_none=True)
