@@ -92,8 +92,8 @@ class TrainConfig:
     public_examples: int = 2000
     power_iters: int = 1
     groups: str = "auto"
-    clip_embedding: float = 5.0
-    clip_residual: float = 2.0
+    clip_embedding: float = 2.0
+    clip_residual: float = 0.4
     residual: bool = True
     accountant: str = "rdp"
     physical_batch: int | None = None
