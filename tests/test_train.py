@@ -271,3 +271,52 @@ def test_auto_select_with_dp_ranking_adds_both_budgets(capsys, tiny, tmp_path, n
     assert "training with" in out
     code = main(["train", "--private", tiny["private"], "--public", tiny["public"], f"npz:{npz_pair['far']}", "-q"])
     _one_line_error(code, capsys.readouterr().err)  # several publics without --auto-select
+
+
+def test_resnet20_default_groups_are_the_papers_five():
+    from probes import get_model_spec
+    from gsd_cli.gradients import select_parameters
+    from gsd_cli.train.loop import parse_groups
+
+    model = get_model_spec("resnet20").build(10, 0)
+    names = select_parameters(model)
+    sizes = [dict(model.named_parameters())[n].numel() for n in names]
+    groups = split_groups(names, sizes, parse_groups("auto", "resnet20"))
+    assert len(groups) == 5 and sum(map(len, groups)) == sum(sizes)
+    assert len(split_groups(names, sizes, parse_groups("none", "resnet20"))) == 1
+    assert len(split_groups(names, sizes, parse_groups("layer1.*;fc.*", "resnet20"))) == 3  # + the rest
+    with pytest.raises(GSDError):
+        parse_groups("fc.*;;", "resnet20")
+
+
+def test_evaluate_accuracy_and_macro_auc_single_and_multilabel():
+    from gsd_cli.data import ArraySource
+    from gsd_cli.train.evaluate import evaluate
+
+    class Oracle(torch.nn.Module):
+        """Logits read off the first pixels of the (normalised) input: perfect or reversed scores."""
+
+        def __init__(self, c, sign):
+            super().__init__()
+            self.c, self.sign = c, sign
+
+        def forward(self, x):
+            return self.sign * 10 * x.flatten(1)[:, : self.c]
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 40)
+    x = np.zeros((40, 4, 4), dtype=np.float32)
+    x[np.arange(40), 0, y] = 1.0  # pixel (0, y) lit
+    src = ArraySource("toy", x, y, num_classes=3)
+    good = evaluate(Oracle(3, 1), src, 4, 1, "cpu")
+    assert good["accuracy"] == 1.0 and good["macro_auc"] == 1.0
+    bad = evaluate(Oracle(3, -1), src, 4, 1, "cpu")
+    assert bad["macro_auc"] == 0.0
+    Y = rng.integers(0, 2, (40, 3)).astype(np.float32)
+    Y[0] = 1
+    Y[1] = 0
+    xm = np.zeros((40, 4, 4), dtype=np.float32)
+    xm[:, 0, :3] = Y
+    ml = ArraySource("toy-ml", xm, Y)
+    r = evaluate(Oracle(3, 1), ml, 4, 1, "cpu")
+    assert ml.multilabel and r["macro_auc"] == 1.0 and r["accuracy"] == 1.0
