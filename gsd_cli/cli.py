@@ -319,6 +319,172 @@ def cache_clear() -> None:
     out.print(f"deleted {c.clear()} entries from {c.directory}")
 
 
+class Method(str, Enum):
+    gep = "gep"
+    dpsgd = "dpsgd"
+
+
+class Accountant(str, Enum):
+    rdp = "rdp"
+    pld = "pld"
+
+
+class Schedule(str, Enum):
+    step = "step"
+    constant = "constant"
+
+
+@app.command()
+def train(
+    ctx: typer.Context,
+    private: str = typer.Option(DEFAULT_PRIVATE, "--private", help="Private dataset: trains on NAME:train, evaluates on NAME:test (a fixed stratified 80/20 split where the set has none)."),
+    public: Optional[List[str]] = typer.Option(None, "--public", help="Public dataset for GEP; with --auto-select, the candidates (list names after it)."),
+    auto_select: bool = typer.Option(False, "--auto-select", help="Rank the --public candidates with gsd rank first (probe network, random labels) and train with the closest."),
+    method: Method = typer.Option(Method.gep, "--method", help="gep: Gradient Embedding Perturbation (paper 000) on the public anchor subspace; dpsgd: DP-SGD without public data."),
+    epsilon: float = typer.Option(2.0, "--epsilon", help="Target epsilon of the training; sigma is calibrated so the final epsilon is never above it."),
+    delta: float = typer.Option(1e-5, "--delta", help="Target delta, in (0, 1); use less than 1/N."),
+    private_test: Optional[str] = typer.Option(None, "--private-test", help="Test set for evaluation (default: the private dataset's test part)."),
+    model: str = typer.Option("fmnist-cnn", "--model", help="Model to train: fmnist-cnn (28x28x1), resnet20 (GroupNorm, 32x32x3), probe."),
+    params: Optional[List[str]] = typer.Option(None, "--params", help="Glob patterns of the parameters to train (default: all)."),
+    epochs: int = typer.Option(20, "--epochs", help="Epochs; one epoch is round(N / batch size) steps."),
+    batch_size: int = typer.Option(250, "--batch-size", help="Expected batch size: each step samples every private example with probability batch_size/N (Poisson)."),
+    lr: float = typer.Option(0.1, "--lr", help="SGD learning rate."),
+    momentum: float = typer.Option(0.9, "--momentum", help="SGD momentum."),
+    weight_decay: float = typer.Option(1e-4, "--weight-decay", help="SGD weight decay."),
+    lr_schedule: Schedule = typer.Option(Schedule.step, "--lr-schedule", help="step: lr / 10 from the middle of training (paper 000); constant."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the initial weights, the public anchors and their random labels (the private sampling and noise use a secret seed)."),
+    clip: float = typer.Option(1.0, "--clip", help="dpsgd: L2 clip norm C of each per-sample gradient; noise std sigma*C."),
+    k: int = typer.Option(100, "--k", help="gep: anchor subspace dimension (shared by the groups by sqrt of their size)."),
+    public_examples: int = typer.Option(2000, "--public-examples", help="gep: public anchor examples (randomly labelled each step, as paper 000)."),
+    power_iters: int = typer.Option(1, "--power-iters", help="gep: power iterations per step (the paper uses 1)."),
+    groups: str = typer.Option("auto", "--groups", help="gep: parameter groups, ';' between groups, ',' between glob patterns; auto = the paper's 5 groups for resnet20, one group otherwise; none = one group."),
+    clip_embedding: float = typer.Option(2.0, "--clip-embedding", help="gep: clip norm S1 of the embedding; noise std sigma*S1."),
+    clip_residual: float = typer.Option(0.4, "--clip-residual", help="gep: clip norm S2 of the residual; noise std sigma*S2 (paper 000 keeps S2 = S1/5)."),
+    residual: bool = typer.Option(True, "--residual/--no-residual", help="gep: release the residual (GEP) or drop it (B-GEP, biased)."),
+    accountant: Accountant = typer.Option(Accountant.rdp, "--accountant", help="dp-accounting's RDP or PLD accountant (add/remove-one neighbours, Poisson sampling)."),
+    physical_batch: Optional[int] = typer.Option(None, "--physical-batch", help="Examples per per-sample-gradient chunk (memory bound; default 64 CPU / 256 GPU)."),
+    deterministic_noise: bool = typer.Option(False, "--deterministic-noise", help="Derive the private sampling and noise from --seed (reproducible experiments; the guarantee then needs the seed kept secret)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="New run folder (default gsd-train-<time>); its parent must exist."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the interrupted run in this folder, with its own settings (same result as an uninterrupted run)."),
+    rank_model: str = typer.Option("probe", "--rank-model", help="--auto-select: model of the ranking."),
+    rank_k: int = typer.Option(16, "--rank-k", help="--auto-select: subspace dimension of the ranking."),
+    rank_examples: int = typer.Option(2000, "--rank-examples", help="--auto-select: examples per dataset in the ranking."),
+    select_epsilon: Optional[float] = typer.Option(None, "--select-epsilon", help="--auto-select with DP-GSD at this epsilon (added to the budget); without it the selection is not private."),
+    device: Device = typer.Option(Device.auto, "--device", help="auto uses CUDA when there is a GPU."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
+    extra: Optional[List[str]] = typer.Argument(None, hidden=True),
+) -> None:
+    """Train privately (DP-SGD or GEP) with the chosen public data; writes checkpoints, metrics.jsonl,
+    summary.json and curves.png to the run folder.
+
+    Privacy: every step is a Poisson-subsampled Gaussian mechanism under add/remove-one neighbours,
+    accounted with dp-accounting; GEP's embedding and residual releases of one subsample are accounted
+    as one Gaussian with multiplier (z1^-2 + z2^-2)^-1/2.
+    """
+    import time as _time
+
+    from rich.progress import TimeRemainingColumn
+
+    from .train import TrainConfig, auto_select as auto_select_fn, train as train_fn
+    from .train.checkpoint import load_meta
+
+    publics = list(public or []) + list(extra or [])
+    if extra and not public:
+        raise GSDError(f"unexpected argument(s) {' '.join(extra)}; name public datasets with --public")
+    fields = dict(
+        private=private, method=method.value, epsilon=epsilon, delta=delta, private_test=private_test, model=model,
+        params=list(params) if params else None, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum,
+        weight_decay=weight_decay, lr_schedule=lr_schedule.value, seed=seed, clip=clip, k=k,
+        public_examples=public_examples, power_iters=power_iters, groups=groups, clip_embedding=clip_embedding,
+        clip_residual=clip_residual, residual=residual, accountant=accountant.value, physical_batch=physical_batch,
+        deterministic_noise=deterministic_noise,
+    )
+    selection = None
+    if resume is not None:
+        if out_dir is not None:
+            raise GSDError("give either --out (a new run) or --resume (an interrupted one), not both")
+        saved = load_meta(resume).get("settings", {}) if (resume / "checkpoint.json").is_file() else {}
+        explicit = {n for n in fields if ctx.get_parameter_source(n) is not None and ctx.get_parameter_source(n).name in ("COMMANDLINE", "ENVIRONMENT")}
+        if publics:
+            explicit.add("public")
+        cfg_dict = dict(saved)
+        for n in explicit:
+            cfg_dict[n] = fields[n] if n != "public" else publics[0]
+        cfg = TrainConfig(**{k_: v for k_, v in cfg_dict.items() if k_ in TrainConfig.__dataclass_fields__})
+        run = resume
+    else:
+        if auto_select:
+            if len(publics) < 1:
+                raise GSDError("--auto-select needs candidates: --public A B C")
+        elif len(publics) > 1:
+            raise GSDError("several --public sets: add --auto-select to rank them and train with the closest")
+        cfg = TrainConfig(**fields, public=publics[0] if publics else None)
+        run = out_dir or Path(f"gsd-train-{_time.strftime('%Y%m%d-%H%M%S')}")
+        from .train.checkpoint import prepare_run_dir
+        from .train.loop import validate
+
+        if auto_select:
+            cfg.public = publics[0]
+        validate(cfg)
+        prepare_run_dir(run, resume=False, create=False)  # fail before the ranking, not after it
+        if auto_select:
+            from .report import print_ranking
+
+            rank_opts = dict(k=rank_k, examples=rank_examples, seed=seed, model=rank_model, device=device.value)
+            if select_epsilon is not None:
+                rank_opts.update(dp=True, epsilon=select_epsilon)
+            ranking = _with_rank_progress(quiet, lambda pr: auto_select_fn(private, publics, private_test=private_test, progress=pr, **rank_opts))
+            print_ranking(ranking, out)
+            best = ranking.results[0]
+            cfg.public, cfg.public_distance = best.public, best.distance
+            selection = ranking.to_dict()
+            out.print(f"training with [bold]{escape(best.public)}[/] (GSD {best.distance:.4f})")
+
+    bar = Progress(
+        TextColumn("{task.description:<8}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+        console=err, transient=True, disable=quiet,
+    )
+    tasks: dict[str, int] = {}
+
+    def progress(kind: str, done: int, total: int) -> None:
+        if not tasks:
+            bar.start()
+        if kind not in tasks:
+            tasks[kind] = bar.add_task(kind + "s", total=total)
+        bar.update(tasks[kind], completed=done, total=total)
+        if kind == "epoch" and "step" in tasks:
+            bar.reset(tasks["step"])
+
+    try:
+        summary = train_fn(cfg, run, resume=resume is not None, device=device.value, progress=progress, selection=selection)
+    finally:
+        bar.stop()
+    from .train.report import print_summary
+
+    print_summary(summary, out)
+    err.print(f"wrote {run}/summary.json, metrics.jsonl, curves.png, checkpoint.safetensors")
+
+
+def _with_rank_progress(quiet: bool, fn):
+    bar = Progress(
+        TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=err, transient=True, disable=quiet,
+    )
+    tasks: dict[str, int] = {}
+
+    def progress(name: str, done: int, total: int) -> None:
+        if not tasks:
+            bar.start()
+        if name not in tasks:
+            tasks[name] = bar.add_task(name, total=total)
+        bar.update(tasks[name], completed=done)
+
+    try:
+        return fn(progress)
+    finally:
+        bar.stop()
+
+
 def _error(message: str) -> None:
     """One line on stderr: ``error: <message>``."""
     err.print("[bold red]error:[/] " + escape(" ".join(message.split())), highlight=False, soft_wrap=True)

@@ -1,0 +1,103 @@
+"""Does GSD predict GEP's accuracy? Paper 004's Table 2 on the embedded default.
+
+Private: mnist-a (its fixed train part trains, its test part evaluates). For each embedded public
+candidate and each seed: the GSD of the candidate to the private training part, measured with the
+model that is trained (fmnist-cnn, as paper 004 Table 2 does: "the same model for private training
+and GSD computation"; k=16, m=2000, random labels), then GEP trained with that candidate at one
+budget; DP-SGD without public data as the baseline ("-" in the paper). Reports accuracy mean +- sd per
+candidate and the rank correlations (Spearman, Kendall) between mean GSD and mean accuracy.
+
+    python benchmarks/bench_train_gep.py                                   # eps=2, 3 seeds
+    python benchmarks/bench_train_gep.py --seeds 0 1 --epochs 10 --json benchmarks/results/train_gep.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+
+import torch
+
+from gsd_cli.data import DEFAULT_PUBLIC
+from gsd_cli.ranking import rank
+from gsd_cli.train import TrainConfig, train
+from gsd_cli.train.splits import private_parts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--private", default="mnist-a")
+    ap.add_argument("--public", nargs="+", default=list(DEFAULT_PUBLIC))
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--epsilon", type=float, default=2.0)
+    ap.add_argument("--delta", type=float, default=1e-5)
+    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--batch-size", type=int, default=250)
+    ap.add_argument("--k", type=int, default=50)
+    ap.add_argument("--public-examples", type=int, default=1000)
+    ap.add_argument("--clip", type=float, default=1.0)
+    ap.add_argument("--clip-embedding", type=float, default=2.0)
+    ap.add_argument("--clip-residual", type=float, default=0.4)
+    ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--model", default="fmnist-cnn")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    t0 = time.time()
+    train_part, _ = private_parts(args.private)
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in args.seeds:
+            ranking = rank(train_part, args.public, k=16, examples=2000, seed=seed, model=args.model, device="cpu")
+            dist = {r.public: r.distance for r in ranking.results}
+            print(f"seed {seed}: GSD " + ", ".join(f"{c} {d:.3f}" for c, d in sorted(dist.items(), key=lambda kv: kv[1])), flush=True)
+            for cand in [None, *args.public]:
+                cfg = TrainConfig(
+                    private=args.private, public=cand, method="gep" if cand else "dpsgd", epsilon=args.epsilon,
+                    delta=args.delta, model=args.model, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                    seed=seed, clip=args.clip, k=args.k, public_examples=args.public_examples,
+                    clip_embedding=args.clip_embedding, clip_residual=args.clip_residual, deterministic_noise=True,
+                    public_distance=dist.get(cand),
+                )
+                s = train(cfg, os.path.join(tmp, f"{seed}-{cand}"), device="cpu")
+                runs.append({"seed": seed, "public": cand or "-", "gsd": dist.get(cand), "accuracy": s["test"]["accuracy"],
+                             "epsilon": s["epsilon"], "sigma": s["sigma"], "seconds": s["seconds"]})
+                print(f"  {cand or '- (DP-SGD)':16s} acc {s['test']['accuracy']:.4f}  eps {s['epsilon']:.4f}  {s['seconds']:.0f} s", flush=True)
+    table = []
+    for cand in ["-", *args.public]:
+        rs = [r for r in runs if r["public"] == cand]
+        accs = [r["accuracy"] for r in rs]
+        gs = [r["gsd"] for r in rs if r["gsd"] is not None]
+        table.append({
+            "public": cand, "gsd_mean": statistics.mean(gs) if gs else None,
+            "gsd_sd": statistics.stdev(gs) if len(gs) > 1 else None,
+            "acc_mean": statistics.mean(accs), "acc_sd": statistics.stdev(accs) if len(accs) > 1 else None,
+        })
+    table.sort(key=lambda r: (r["gsd_mean"] is None, r["gsd_mean"] or 0))
+    from scipy.stats import kendalltau, spearmanr
+
+    cands = [r for r in table if r["gsd_mean"] is not None]
+    rho = spearmanr([r["gsd_mean"] for r in cands], [r["acc_mean"] for r in cands])
+    tau = kendalltau([r["gsd_mean"] for r in cands], [r["acc_mean"] for r in cands])
+    print("\n| public | GSD (mean +- sd) | accuracy (mean +- sd) |\n|---|---|---|")
+    for r in table:
+        g = "-" if r["gsd_mean"] is None else f"{r['gsd_mean']:.3f} +- {r['gsd_sd'] or 0:.3f}"
+        print(f"| {r['public']} | {g} | {100 * r['acc_mean']:.2f}% +- {100 * (r['acc_sd'] or 0):.2f} |")
+    print(f"\nSpearman(GSD, accuracy) = {rho.statistic:.3f} (p={rho.pvalue:.3f}); Kendall tau = {tau.statistic:.3f} (p={tau.pvalue:.3f})")
+    doc = {
+        "settings": vars(args), "runs": runs, "table": table,
+        "spearman": {"rho": rho.statistic, "p": rho.pvalue}, "kendall": {"tau": tau.statistic, "p": tau.pvalue},
+        "torch": torch.__version__, "platform": platform.platform(), "loadavg": os.getloadavg(),
+        "seconds": round(time.time() - t0, 1),
+    }
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

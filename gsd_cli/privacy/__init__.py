@@ -1,0 +1,25 @@
+"""Privacy accounting: mechanisms as declarative dp-accounting events, accountants, a budget ledger.
+
+Kept apart from the trainers (as Opacus keeps accountants apart from its optimizers): a trainer
+declares what it releases per step (:func:`gep_step_event`, :func:`dpsgd_step_event`), this package
+says what that costs (:func:`epsilon_of`) and which noise multiplier meets a target
+(:func:`calibrate_noise`).
+"""
+
+from .accountant import (
+    ACCOUNTANTS,
+    check_delta,
+    check_epsilon,
+    Ledger,
+    calibrate_noise,
+    dpsgd_step_event,
+    effective_noise_multiplier,
+    epsilon_of,
+    gep_step_event,
+    training_event,
+)
+
+__all__ = [
+    "ACCOUNTANTS", "Ledger", "check_delta", "check_epsilon", "calibrate_noise", "dpsgd_step_event", "effective_noise_multiplier", "epsilon_of",
+    "gep_step_event", "training_event",
+]

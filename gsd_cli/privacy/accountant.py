@@ -1,0 +1,173 @@
+"""What a private trainer spends: dp-accounting events, epsilon, noise calibration, a ledger.
+
+Neighbouring relation: **add or remove one example**, the relation under which Poisson subsampling
+amplifies (dp-accounting's ``PoissonSampledDpEvent`` requires it). DP-GSD's guarantee is stated for
+replace-one, which implies add/remove, so the two compose under one relation.
+
+Every trainer step releases, for one Poisson subsample of the private set (rate q), one or more sums
+of clipped vectors, each with Gaussian noise. A part with L2 sensitivity S and noise standard
+deviation sigma_i has noise multiplier z_i = sigma_i / S.
+
+GEP (paper 000, Theorem 3.1 and its proof in Appendix D) releases two parts of the *same*
+subsample: the embedding (sensitivity S1, noise sigma1 = z1 S1) and the residual (S2, sigma2 = z2 S2).
+Scaling each part by its noise (w / sigma1, r / sigma2) gives one vector with unit-variance noise whose
+sensitivity is sqrt(z1^-2 + z2^-2): the pair *is* one Gaussian mechanism with effective multiplier
+
+    z_eff = (z1^-2 + z2^-2)^(-1/2)          (= sigma / sqrt(2) when z1 = z2 = sigma, the paper's choice),
+
+and with subsampling it is one Poisson-subsampled Gaussian with z_eff per step, which is how it is
+accounted here (the paper's proof composes the two halves *before* subsampling, lambda/sigma^2 per
+call; the authors' code instead doubles the RDP of a subsampled Gaussian, which under-counts: see
+DESIGN.md, "GEP"). The residual-free variant (B-GEP) releases the embedding alone: z_eff = z1.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import dp_accounting as dpa
+from dp_accounting import dp_event as ev
+
+from ..errors import GSDError
+
+# dp-accounting logs through absl when an RDP order fails to converge and is (correctly) skipped
+logging.getLogger("absl").setLevel(logging.ERROR)
+
+ACCOUNTANTS = ("rdp", "pld")
+
+# RDP orders: Opacus's defaults (1.1 .. 10.9 by 0.1, 12 .. 63) extended to large orders, which small
+# sampling rates with few steps need; a denser grid only lowers (tightens) the epsilon.
+RDP_ORDERS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)) + [80, 96, 128, 192, 256, 512, 1024])
+
+
+def dpsgd_step_event(z: float) -> ev.DpEvent:
+    """One DP-SGD release: the clipped sum (sensitivity C) plus N(0, (z C)^2 I)."""
+    return ev.GaussianDpEvent(float(z))
+
+
+def gep_step_event(z_embedding: float, z_residual: float | None) -> ev.DpEvent:
+    """One GEP release (paper 000, Algorithm 1 lines 6-7): embedding with multiplier ``z_embedding``
+    and residual with ``z_residual`` on the same subsample; ``None`` = residual not released (B-GEP)."""
+    if z_residual is None:
+        return ev.GaussianDpEvent(float(z_embedding))
+    return ev.ComposedDpEvent([ev.GaussianDpEvent(float(z_embedding)), ev.GaussianDpEvent(float(z_residual))])
+
+
+def effective_noise_multiplier(step: ev.DpEvent) -> float:
+    """The multiplier of the single Gaussian equivalent to Gaussian releases of the same data:
+    (sum_i z_i^-2)^(-1/2) (see the module docstring)."""
+    if isinstance(step, ev.GaussianDpEvent):
+        return float(step.noise_multiplier)
+    if isinstance(step, ev.ComposedDpEvent):
+        zs = [effective_noise_multiplier(e) for e in step.events]
+        if any(z == 0 for z in zs):
+            return 0.0
+        return sum(z**-2 for z in zs) ** -0.5
+    if isinstance(step, ev.SelfComposedDpEvent):
+        return effective_noise_multiplier(step.event) * step.count**-0.5
+    raise GSDError(f"not a Gaussian release: {step}")
+
+
+def training_event(step: ev.DpEvent, sampling_rate: float, steps: int) -> ev.DpEvent:
+    """``steps`` Poisson-subsampled (rate q) applications of the per-step release ``step``.
+
+    The per-step release is replaced by its equivalent single Gaussian *inside* the subsampling
+    (all parts see the same subsample), never subsampled part by part."""
+    if not 0 < sampling_rate <= 1:
+        raise GSDError(f"the sampling rate must be in (0, 1] (got {sampling_rate}); lower --batch-size or use more data")
+    z = effective_noise_multiplier(step)
+    return ev.SelfComposedDpEvent(ev.PoissonSampledDpEvent(float(sampling_rate), ev.GaussianDpEvent(z)), int(steps))
+
+
+def _accountant(kind: str):
+    if kind == "rdp":
+        return dpa.rdp.RdpAccountant(orders=list(RDP_ORDERS))
+    if kind == "pld":
+        return dpa.pld.PLDAccountant()
+    raise GSDError(f"unknown --accountant {kind!r}; use one of {', '.join(ACCOUNTANTS)}")
+
+
+def epsilon_of(event: ev.DpEvent, delta: float, accountant: str = "rdp") -> float:
+    """Epsilon of ``event`` at ``delta`` by dp-accounting's RDP or PLD accountant."""
+    check_delta(delta)
+    acc = _accountant(accountant)
+    acc.compose(event)
+    return float(acc.get_epsilon(delta))
+
+
+def check_epsilon(epsilon: float, what: str = "--epsilon") -> None:
+    if epsilon is None or not math.isfinite(epsilon) or epsilon <= 0:
+        raise GSDError(f"{what} must be a positive number (got {epsilon})")
+
+
+def check_delta(delta: float) -> None:
+    if delta is None or not math.isfinite(delta) or not 0 < delta < 1:
+        raise GSDError(f"--delta must be in (0, 1), typically below 1/n (got {delta})")
+
+
+def calibrate_noise(
+    make_step,
+    target_epsilon: float,
+    delta: float,
+    sampling_rate: float,
+    steps: int,
+    accountant: str = "rdp",
+) -> float:
+    """The smallest noise multiplier sigma for which ``steps`` Poisson-subsampled releases
+    ``make_step(sigma)`` are (target_epsilon, delta)-DP, by dp-accounting's
+    ``calibrate_dp_mechanism`` (Brent's method). The returned sigma is checked: its epsilon is never
+    above the target (it is raised by 0.01% steps if rounding put it a hair above)."""
+    check_epsilon(target_epsilon)
+    check_delta(delta)
+    if steps < 1:
+        raise GSDError(f"training needs at least one step (got {steps}); raise --epochs")
+
+    def event(sigma: float) -> ev.DpEvent:
+        return training_event(make_step(sigma), sampling_rate, steps)
+
+    if accountant == "pld":
+        # PLD is tighter than RDP (its sigma is smaller) but needs a bracket away from tiny sigmas,
+        # whose privacy-loss distributions do not fit in memory: search below the RDP answer.
+        upper = calibrate_noise(make_step, target_epsilon, delta, sampling_rate, steps, "rdp")
+        bracket = dpa.ExplicitBracketInterval(upper / 4, upper)
+        tol = 1e-5 * upper
+    else:
+        _accountant(accountant)  # validates the name
+        bracket, tol = dpa.LowerEndpointAndGuess(1e-3, 1.0), 1e-7
+    sigma = dpa.calibrate_dp_mechanism(
+        lambda: _accountant(accountant), event, float(target_epsilon), float(delta), bracket, tol=tol,
+    )
+    sigma = float(sigma)
+    while epsilon_of(event(sigma), delta, accountant) > target_epsilon:
+        sigma *= 1.0001
+    return sigma
+
+
+@dataclass
+class Ledger:
+    """Every private release of a pipeline, and their total by basic composition
+    (epsilons add, deltas add; valid for any mix of pure and approximate DP guarantees under one
+    neighbouring relation)."""
+
+    entries: list[dict] = field(default_factory=list)
+
+    def add(self, name: str, epsilon: float, delta: float, detail: str = "") -> None:
+        self.entries.append({"name": name, "epsilon": float(epsilon), "delta": float(delta), "detail": detail})
+
+    @property
+    def epsilon(self) -> float:
+        return sum(e["epsilon"] for e in self.entries)
+
+    @property
+    def delta(self) -> float:
+        return sum(e["delta"] for e in self.entries)
+
+    def to_dict(self) -> dict:
+        return {
+            "entries": list(self.entries),
+            "total_epsilon": self.epsilon,
+            "total_delta": self.delta,
+            "composition": "basic (epsilons and deltas add)",
+        }

@@ -1,0 +1,16 @@
+"""Private trainers built from per-sample gradient transforms (DP-SGD, GEP).
+
+>>> from gsd_cli.train import TrainConfig, train
+>>> summary = train(TrainConfig(method="gep", public="mnist-b", epsilon=2.0), "runs/gep")  # doctest: +SKIP
+"""
+
+from .gep import Anchor, GEPProject, GEPReconstruct, power_basis, share_quota, split_groups
+from .select import auto_select
+from .loop import METHODS, TrainConfig, build_method, private_step, train
+from .transforms import Chain, Clip, GaussianNoise, Release, StepContext, Transform, chain, chain_step_event, clip, gaussian_noise
+
+__all__ = [
+    "METHODS", "TrainConfig", "train", "auto_select", "private_step", "build_method", "Anchor", "GEPProject", "GEPReconstruct", "power_basis",
+    "share_quota", "split_groups", "Chain", "Clip", "GaussianNoise", "Release", "StepContext", "Transform", "chain",
+    "chain_step_event", "clip", "gaussian_noise",
+]

@@ -1,0 +1,39 @@
+"""A PNG of a run's learning curves: test accuracy (and macro AUC), test loss, epsilon spent."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def plot_curves(rows: list[dict], path: Path, title: str = "") -> None:
+    """Three panels against the epoch; written atomically."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .checkpoint import atomic_write
+
+    ep = [r["epoch"] for r in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+    axes[0].plot(ep, [r["test_accuracy"] for r in rows], marker="o", label="accuracy")
+    if any(r.get("test_macro_auc") is not None for r in rows):
+        axes[0].plot(ep, [r.get("test_macro_auc") for r in rows], marker="s", label="macro AUC")
+    axes[0].set_title("test")
+    axes[0].legend()
+    axes[1].plot(ep, [r["test_loss"] for r in rows], marker="o", color="tab:red")
+    axes[1].set_title("test loss")
+    axes[2].plot(ep, [r["epsilon_spent"] for r in rows], marker="o", color="tab:green")
+    axes[2].set_title("epsilon spent")
+    for ax in axes:
+        ax.set_xlabel("epoch")
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    atomic_write(Path(path), buf.getvalue())

@@ -1,0 +1,194 @@
+"""Gradient Embedding Perturbation (paper 000): the anchor subspace and the two GEP transforms.
+
+Each step (Algorithm 2, line 4) computes per-sample gradients of m public *anchor* examples at the
+current weights, randomly labelled (paper 000 Sec. 5: "labeled randomly at each update"; the labels
+are redrawn each step from the seed), and from them, per parameter group, an orthonormal basis B_g
+(k_g x p_g) by the power method of Algorithm 1:
+
+    B ~ N(0, 1)^{k x p};  repeat t times:  A = G_a B^T,  B = A^T G_a,  orthonormalise the rows of B.
+
+The quota k is shared by the groups in proportion to sqrt(group size) (paper 000 Sec. 3.2,
+"Parameter grouping"; rounded down as the authors' code does, at least 1, at most min(m, p_g)).
+
+The private per-sample gradients G (n x p) are then split (Algorithm 1, lines 4-5) into the embedding
+W = G B^T (the groups' embeddings concatenated, n x sum k_g) and the residual R = G - W B, computed
+from the *unclipped* W; both are clipped and noised by the generic transforms, and the noisy sums are
+mapped back, v = w~ B + r~ (line 8; the residual is dropped for B-GEP).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import fnmatch
+
+import numpy as np
+import torch
+
+from ..errors import GSDError
+from .transforms import Parts, StepContext, Transform
+
+
+def split_groups(names: Sequence[str], sizes: Sequence[int], groups: Sequence[Sequence[str]] | None) -> list[list[int]]:
+    """Column-index lists, one per group, over the flattened parameter vector (parameters in ``names``
+    order, each flattened). ``groups``: glob patterns per group; a parameter goes to the first group
+    that matches it; parameters no group matches form one more group. ``None``: one group."""
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    if not groups:
+        return [list(range(int(offsets[-1])))]
+    member: list[list[int]] = [[] for _ in groups]
+    rest: list[int] = []
+    for i, n in enumerate(names):
+        cols = list(range(int(offsets[i]), int(offsets[i + 1])))
+        for g, pats in enumerate(groups):
+            if any(fnmatch.fnmatch(n, p) for p in pats):
+                member[g].extend(cols)
+                break
+        else:
+            rest.extend(cols)
+    for g, pats in enumerate(groups):
+        if not member[g]:
+            raise GSDError(f"GEP group {','.join(pats)!r} matches no trained parameter; names look like {', '.join(names[:4])}")
+    if rest:
+        member.append(rest)
+    return member
+
+
+def share_quota(k: int, group_sizes: Sequence[int], m: int) -> list[int]:
+    """k_g = floor(k sqrt(p_g) / sum_j sqrt(p_j)), clamped to [1, min(m, p_g)] (paper 000 Sec. 3.2)."""
+    if k < 1:
+        raise GSDError(f"--k (GEP basis size) must be at least 1 (got {k})")
+    roots = [math.sqrt(p) for p in group_sizes]
+    total = sum(roots)
+    return [max(1, min(int(k * r / total), m, p)) for r, p in zip(roots, group_sizes)]
+
+
+def power_basis(G: torch.Tensor, k: int, iters: int, generator: torch.Generator) -> torch.Tensor:
+    """Algorithm 1 stage 1 on one group: orthonormal rows B (k x p) spanning approximately the top-k
+    right singular subspace of G (m x p). The products run in G's precision (the basis is an
+    approximation by design); the orthonormalisation (QR of the p x k matrix) in float64, so that
+    B B^T = I to rounding and B-GEP's reconstruction is a projection."""
+    B = torch.randn(k, G.shape[1], generator=generator, dtype=torch.float64).to(G.device, G.dtype)
+    for _ in range(max(1, iters)):
+        A = G @ B.T  # m x k
+        B = A.T @ G  # k x p
+        Q, _ = torch.linalg.qr(B.T.double())  # orthonormal columns = orthonormal rows of B
+        B = Q.T.to(G.dtype).contiguous()
+    return B
+
+
+def _as_index(cols: list[int]):
+    """A slice when the columns are contiguous (views, no copies), else an index tensor."""
+    if cols and cols[-1] - cols[0] + 1 == len(cols):
+        return slice(cols[0], cols[-1] + 1)
+    return torch.as_tensor(cols, dtype=torch.long)
+
+
+class Anchor:
+    """The per-step anchor basis: public gradients at the current weights -> one basis per group."""
+
+    def __init__(
+        self,
+        public_x: torch.Tensor,
+        num_classes: int,
+        k: int,
+        groups: list[list[int]],
+        power_iters: int,
+        seed: int,
+        gradients: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, Sequence[str]], torch.Tensor],
+        multilabel: bool = False,
+    ):
+        self.x = public_x
+        self.num_classes = num_classes
+        self.groups = [_as_index(list(g)) for g in groups]
+        self.p = sum(len(g) for g in groups)
+        self.ks = share_quota(k, [len(g) for g in groups], public_x.shape[0])
+        self.power_iters = power_iters
+        self.seed = seed
+        self.gradients = gradients
+        self.multilabel = multilabel
+        self.bases: list[torch.Tensor] = []
+        self.step = -1
+
+    @property
+    def k(self) -> int:
+        return sum(self.ks)
+
+    def labels(self, step: int) -> torch.Tensor:
+        """Uniformly random labels in the model's label space, redrawn every step from (seed, step)."""
+        gen = torch.Generator().manual_seed(int(np.random.default_rng([self.seed, step, 7]).integers(2**62)))
+        m = self.x.shape[0]
+        if self.multilabel:
+            return torch.randint(0, 2, (m, self.num_classes), generator=gen).float()
+        return torch.randint(0, self.num_classes, (m,), generator=gen)
+
+    def compute(self, ctx: StepContext) -> None:
+        if self.step == ctx.step:
+            return
+        G = self.gradients(ctx.model, self.x, self.labels(ctx.step), ctx.names)
+        gen = torch.Generator().manual_seed(int(np.random.default_rng([self.seed, ctx.step, 11]).integers(2**62)))
+        self.bases = []
+        for idx, kg in zip(self.groups, self.ks):
+            self.bases.append(power_basis(G[:, self._on(idx, G)], kg, self.power_iters, gen))
+        del G
+        self.step = ctx.step
+
+    @staticmethod
+    def _on(idx, t: torch.Tensor):
+        return idx if isinstance(idx, slice) else idx.to(t.device)
+
+    def embed(self, G: torch.Tensor) -> torch.Tensor:
+        """W = [G_g B_g^T]_g, n x k."""
+        return torch.cat([G[:, self._on(idx, G)] @ B.T.to(G.dtype) for idx, B in zip(self.groups, self.bases)], dim=1)
+
+    def back(self, W: torch.Tensor) -> torch.Tensor:
+        """W B: map embeddings (n x k, or k) back to parameter space."""
+        squeeze = W.dim() == 1
+        W2 = W.unsqueeze(0) if squeeze else W
+        out = torch.empty(W2.shape[0], self.p, dtype=W2.dtype, device=W2.device)
+        col = 0
+        for idx, B in zip(self.groups, self.bases):
+            kg = B.shape[0]
+            out[:, self._on(idx, out)] = W2[:, col : col + kg] @ B.to(W2.dtype)
+            col += kg
+        return out[0] if squeeze else out
+
+
+class GEPProject(Transform):
+    """Algorithm 1, lines 4-5: ``grad`` -> ``embedding`` = G B^T and ``residual`` = G - (G B^T) B
+    (from the unclipped embedding); ``residual=False`` (B-GEP) drops the residual."""
+
+    def __init__(self, anchor: Anchor, residual: bool = True):
+        self.anchor = anchor
+        self.residual = residual
+
+    def begin_step(self, ctx: StepContext) -> None:
+        self.anchor.compute(ctx)
+
+    def per_example(self, parts: Parts, ctx: StepContext) -> Parts:
+        G = parts.pop("grad")
+        W = self.anchor.embed(G)
+        out = {**parts, "embedding": W}
+        if self.residual:
+            R = G - self.anchor.back(W)
+            out["residual"] = R
+            err = ctx.info.setdefault("residual_ratio", [0.0, 0.0])
+            err[0] += float(R.pow(2).sum())
+            err[1] += float(G.pow(2).sum())
+        return out
+
+
+class GEPReconstruct(Transform):
+    """Algorithm 1, line 8: v = w~ B + r~ (just w~ B when the residual is not released)."""
+
+    def __init__(self, anchor: Anchor):
+        self.anchor = anchor
+
+    def aggregated(self, parts: Parts, ctx: StepContext) -> Parts:
+        parts = dict(parts)
+        v = self.anchor.back(parts.pop("embedding"))
+        if "residual" in parts:
+            v = v + parts.pop("residual")
+        parts["grad"] = v
+        return parts

@@ -1,0 +1,439 @@
+"""``gsd train``: private training on the chosen public data, with exact accounting.
+
+One loop serves every method; a method is a :class:`~gsd_cli.train.transforms.Chain` of per-sample
+gradient transforms plus the dp-accounting event of one of its steps (:func:`build_method`).
+
+Each step t (paper 000, Algorithm 2; Abadi et al. 2016):
+
+1. a Poisson subsample of the private training set: every example independently with probability
+   q = batch_size / N (the sampling the accountant assumes; the batch size varies, its mean is
+   ``batch_size``);
+2. per-sample gradients of that subsample at the current weights, in chunks of ``physical_batch``
+   (virtual steps: memory does not grow with the batch);
+3. the method's chain: clip, (project), sum, add noise, (reconstruct);
+4. the noisy sum divided by the *expected* batch size, handed to SGD with momentum and weight decay.
+
+The noise multiplier sigma is the smallest for which T = epochs * round(N / batch_size) steps are
+(epsilon, delta)-DP under add/remove-one neighbours (:func:`gsd_cli.privacy.calibrate_noise`).
+
+The private randomness (which examples each step samples, and the noise) comes from a secret seed
+drawn from the operating system for every new run (``deterministic_noise=True`` derives it from
+``seed`` instead, for experiments: then the guarantee holds only while the seed stays secret). It is
+stored in the run's checkpoint, so a resumed run replays exactly the same samples and noise: the
+released sequence is one draw of the mechanism and no budget is spent twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from .. import data as gdata
+from ..errors import GSDError, ModelError
+from ..gradients import default_chunk_size, gradient_matrix, resolve_device, select_parameters
+from ..privacy import (
+    Ledger,
+    calibrate_noise,
+    check_delta,
+    check_epsilon,
+    dpsgd_step_event,
+    effective_noise_multiplier,
+    epsilon_of,
+    gep_step_event,
+    training_event,
+)
+from . import checkpoint as ckpt
+from .evaluate import evaluate
+from .gep import Anchor, GEPProject, GEPReconstruct, share_quota, split_groups
+from .splits import private_parts
+from .transforms import Chain, StepContext, chain_step_event, clip, gaussian_noise
+
+METHODS = ("dpsgd", "gep")
+SCHEDULES = ("step", "constant")
+
+# Paper 000 splits ResNet20 into the input layer, the three stages and the output layer.
+DEFAULT_GROUPS = {
+    "resnet20": [["conv1.*", "gn1.*"], ["layer1.*"], ["layer2.*"], ["layer3.*"], ["fc.*"]],
+}
+
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass
+class TrainConfig:
+    """Every setting of a run (what ``--resume`` checks). See ``gsd train --help`` for each."""
+
+    private: str = gdata.DEFAULT_PRIVATE
+    public: str | None = None
+    method: str = "gep"
+    epsilon: float = 2.0
+    delta: float = 1e-5
+    private_test: str | None = None
+    model: str = "fmnist-cnn"
+    params: list[str] | None = None
+    epochs: int = 20
+    batch_size: int = 250
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    lr_schedule: str = "step"
+    seed: int = 0
+    clip: float = 1.0
+    k: int = 100
+    public_examples: int = 2000
+    power_iters: int = 1
+    groups: str = "auto"
+    clip_embedding: float = 2.0
+    clip_residual: float = 0.4
+    residual: bool = True
+    accountant: str = "rdp"
+    physical_batch: int | None = None
+    deterministic_noise: bool = False
+    public_distance: float | None = None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def parse_groups(spec: str, model: str) -> list[list[str]] | None:
+    """``auto`` (the paper's split for resnet20, one group otherwise), ``none`` (one group), or
+    groups separated by ``;`` each a comma-separated list of glob patterns."""
+    if spec == "auto":
+        return DEFAULT_GROUPS.get(model)
+    if spec in ("none", ""):
+        return None
+    groups = [[p.strip() for p in g.split(",") if p.strip()] for g in spec.split(";")]
+    if any(not g for g in groups):
+        raise GSDError(f"--groups {spec!r} has an empty group; separate groups by ';' and patterns by ','")
+    return groups
+
+
+def validate(cfg: TrainConfig) -> None:
+    """User errors in the settings, before any data is touched."""
+    if cfg.method not in METHODS:
+        raise GSDError(f"unknown --method {cfg.method!r}; use one of {', '.join(METHODS)}")
+    check_epsilon(cfg.epsilon)
+    check_delta(cfg.delta)
+    if cfg.epochs < 1:
+        raise GSDError(f"--epochs must be at least 1 (got {cfg.epochs})")
+    if cfg.batch_size < 1:
+        raise GSDError(f"--batch-size must be at least 1 (got {cfg.batch_size})")
+    if not cfg.lr > 0:
+        raise GSDError(f"--lr must be positive (got {cfg.lr})")
+    if not 0 <= cfg.momentum < 1:
+        raise GSDError(f"--momentum must be in [0, 1) (got {cfg.momentum})")
+    if cfg.weight_decay < 0:
+        raise GSDError(f"--weight-decay must be >= 0 (got {cfg.weight_decay})")
+    if cfg.lr_schedule not in SCHEDULES:
+        raise GSDError(f"unknown --lr-schedule {cfg.lr_schedule!r}; use one of {', '.join(SCHEDULES)}")
+    for what, v in (("--clip", cfg.clip), ("--clip-embedding", cfg.clip_embedding), ("--clip-residual", cfg.clip_residual)):
+        if not v > 0:
+            raise GSDError(f"{what} must be positive (got {v})")
+    if cfg.physical_batch is not None and cfg.physical_batch < 1:
+        raise GSDError(f"--physical-batch must be at least 1 (got {cfg.physical_batch})")
+    if cfg.method == "gep":
+        if not cfg.public:
+            raise GSDError("--method gep needs public data: --public NAME (or --auto-select with candidates)")
+        if cfg.k < 1 or cfg.public_examples < 1 or cfg.power_iters < 1:
+            raise GSDError("--k, --public-examples and --power-iters must be at least 1")
+
+
+def lr_at(cfg: TrainConfig, epoch: int) -> float:
+    """``step``: divided by 10 at the middle of training (paper 000, Sec. 5); ``constant``."""
+    if cfg.lr_schedule == "step" and epoch >= cfg.epochs // 2 and cfg.epochs > 1:
+        return cfg.lr * 0.1
+    return cfg.lr
+
+
+@dataclass
+class Method:
+    """A trainer: its transform chain and the dp-accounting event of one step as a function of sigma."""
+
+    chain: Chain
+    step_event: Callable[[float], object]
+    description: str
+    details: dict = field(default_factory=dict)
+
+
+def build_method(cfg: TrainConfig, sigma: float, anchor: Anchor | None = None) -> Method:
+    """The transform chain of ``cfg.method`` with noise multiplier ``sigma``."""
+    if cfg.method == "dpsgd":
+        ch = Chain(clip(cfg.clip), gaussian_noise(sigma * cfg.clip, "grad", sensitivity=cfg.clip))
+        return Method(ch, dpsgd_step_event, "DP-SGD: clip each per-sample gradient to C, sum, add N(0, (sigma C)^2 I)")
+    assert anchor is not None
+    s1, s2 = cfg.clip_embedding, cfg.clip_residual
+    parts = [GEPProject(anchor, residual=cfg.residual), clip(s1, "embedding")]
+    if cfg.residual:
+        parts.append(clip(s2, "residual"))
+    parts.append(gaussian_noise(sigma * s1, "embedding", sensitivity=s1))
+    if cfg.residual:
+        parts.append(gaussian_noise(sigma * s2, "residual", sensitivity=s2))
+    parts.append(GEPReconstruct(anchor))
+    if cfg.residual:
+        return Method(Chain(*parts), lambda z: gep_step_event(z, z),
+                      "GEP: embedding (clip S1, noise sigma S1) and residual (clip S2, noise sigma S2) of one subsample")
+    return Method(Chain(*parts), lambda z: gep_step_event(z, None), "B-GEP: embedding only (clip S1, noise sigma S1)")
+
+
+def _same_event(a, b) -> bool:
+    return abs(effective_noise_multiplier(a) - effective_noise_multiplier(b)) <= 1e-12 * max(1.0, effective_noise_multiplier(b))
+
+
+def _seed_words(value: int) -> list[int]:
+    return [(value >> (32 * i)) & 0xFFFFFFFF for i in range(4)]
+
+
+def private_randomness(n: int, q: float, noise_seed: int, step: int) -> tuple[np.ndarray, torch.Generator]:
+    """Step ``step``'s Poisson subsample (every one of ``n`` examples independently with probability
+    ``q``) and its noise generator, both from the secret ``noise_seed``: a resumed run replays them."""
+    rng = np.random.default_rng([*_seed_words(noise_seed), step])
+    idx = np.flatnonzero(rng.random(n) < q)
+    gen = torch.Generator().manual_seed(int(rng.integers(2**63)))
+    return idx, gen
+
+
+def private_step(chain: Chain, model: torch.nn.Module, names: Sequence[str], batches, num_params: int, ctx: StepContext) -> dict:
+    """One private release: ``chain`` over the per-sample gradients of the ``(x, y)`` chunks of one
+    Poisson subsample (virtual steps), summed, then noised. Returns the parts of the release
+    (``"grad"``: the noisy sum, p). An empty subsample still releases noise."""
+    chain.begin_step(ctx)
+    sums = None
+    for x, y in batches:
+        G = gradient_matrix(model, [(x, y)], x.shape[0], names, None, "vmap", ctx.device, "none")
+        parts = chain.per_example({"grad": G}, ctx)
+        chunk_sums = {k: v.sum(0) for k, v in parts.items()}
+        sums = chunk_sums if sums is None else {k: sums[k] + chunk_sums[k] for k in sums}
+    if sums is None:
+        parts = chain.per_example({"grad": torch.zeros(0, num_params, device=ctx.device)}, ctx)
+        sums = {k: v.sum(0) for k, v in parts.items()}
+    return chain.aggregated(sums, ctx)
+
+
+def _flat_to_grads(model: torch.nn.Module, names: Sequence[str], v: torch.Tensor) -> None:
+    params = dict(model.named_parameters())
+    col = 0
+    for n in names:
+        p = params[n]
+        w = p.numel()
+        p.grad = v[col : col + w].view_as(p).to(p.dtype)
+        col += w
+
+
+def train(
+    config: TrainConfig,
+    out: str | Path,
+    *,
+    resume: bool = False,
+    device: str = "auto",
+    progress: Progress | None = None,
+    selection: dict | None = None,
+) -> dict:
+    """Train ``config.model`` on ``config.private`` with ``config.method`` under (epsilon, delta)-DP.
+
+    Writes checkpoints, ``metrics.jsonl``, ``summary.json`` and ``curves.png`` into ``out`` and
+    returns the summary. ``resume=True`` continues the run in ``out`` (the settings must be the
+    checkpoint's). ``selection``: the ranking that chose the public set (``Ranking.to_dict()``), whose
+    privacy cost, if it was DP-GSD, is added to the ledger. ``progress(kind, done, total)`` with kind
+    ``"epoch"`` or ``"step"``.
+    """
+    from probes import get_model_spec
+
+    cfg = config
+    validate(cfg)
+    out = ckpt.prepare_run_dir(Path(out), resume)
+    meta = None
+    if resume:
+        meta = ckpt.load_meta(out)
+        saved = meta.get("settings", {})
+        diff = sorted(k for k, v in cfg.to_dict().items() if saved.get(k) != v)
+        if diff:
+            shown = ", ".join(f"{k}: run has {saved.get(k)!r}, asked {getattr(cfg, k)!r}" for k in diff[:4])
+            raise GSDError(f"--resume {out}: settings differ from the checkpoint's ({shown}); resume with the run's own settings")
+        selection = meta.get("selection", selection)
+    t_start = time.perf_counter()
+    dev = resolve_device(device)
+    try:
+        spec = get_model_spec(cfg.model)
+    except KeyError as e:
+        raise ModelError(str(e.args[0])) from None
+
+    train_src, test_src = private_parts(cfg.private, cfg.private_test)
+    n_train = len(train_src)
+    if n_train < 2:
+        raise GSDError(f"{train_src.name} has {n_train} example(s); private training needs more")
+    if train_src.num_classes < 2 and not train_src.multilabel:
+        raise GSDError(f"{train_src.name} has {train_src.num_classes} class(es); a classifier needs at least 2")
+    q = cfg.batch_size / n_train
+    if q > 1:
+        raise GSDError(f"--batch-size {cfg.batch_size} is larger than the {n_train} private training examples; lower it")
+    steps_per_epoch = max(1, round(n_train / cfg.batch_size))
+    total_steps = cfg.epochs * steps_per_epoch
+
+    model = spec.build(num_classes=train_src.num_classes, seed=cfg.seed).to(dev)
+    names = select_parameters(model, cfg.params)
+    keep = set(names)
+    for n, p in model.named_parameters():
+        p.requires_grad_(n in keep)
+    num_params = sum(dict(model.named_parameters())[n].numel() for n in names)
+    chunk = cfg.physical_batch or default_chunk_size(dev, num_params)
+
+    anchor = None
+    if cfg.method == "gep":
+        pub_sample = gdata.draw(gdata.resolve(cfg.public), cfg.public_examples, cfg.seed)
+        pub_x = pub_sample.tensor(spec.input_size, spec.channels, dev)
+        sizes = [dict(model.named_parameters())[n].numel() for n in names]
+        groups = split_groups(names, sizes, parse_groups(cfg.groups, cfg.model))
+
+        def anchor_grads(model_, x, y, names_):
+            batches = ((x[i : i + chunk], y[i : i + chunk]) for i in range(0, x.shape[0], chunk))
+            return gradient_matrix(model_, batches, x.shape[0], names_, None, "vmap", dev, "none")
+
+        anchor = Anchor(pub_x, train_src.num_classes, cfg.k, groups, cfg.power_iters, cfg.seed, anchor_grads, train_src.multilabel)
+
+    # sigma: the smallest noise multiplier meeting (epsilon, delta) over all T steps
+    probe_method = build_method(cfg, 1.0, anchor)
+    sigma = calibrate_noise(probe_method.step_event, cfg.epsilon, cfg.delta, q, total_steps, cfg.accountant)
+    method = build_method(cfg, sigma, anchor)
+    declared = chain_step_event(method.chain)
+    if not _same_event(declared, method.step_event(sigma)):
+        raise GSDError("internal: the method's noise does not match its accounted event; refusing to train")
+    event = training_event(method.step_event(sigma), q, total_steps)
+    final_eps = epsilon_of(event, cfg.delta, cfg.accountant)
+
+    opt = torch.optim.SGD([dict(model.named_parameters())[n] for n in names], lr=cfg.lr,
+                          momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    if meta is not None:
+        ckpt.load_state(out, model, opt)
+        noise_seed = int(meta["secret"]["noise_seed"])
+        start_epoch = int(meta["epoch"])
+        rows = ckpt.read_metrics(out, start_epoch)
+    else:
+        noise_seed = (
+            int(np.random.default_rng([cfg.seed, 0x5EC2E7]).integers(2**63)) if cfg.deterministic_noise else secrets.randbits(128)
+        )
+        start_epoch = 0
+        rows = []
+
+    privacy_static = {
+        "accountant": cfg.accountant,
+        "neighbouring": "add or remove one example",
+        "sampling": "Poisson",
+        "sampling_rate": q,
+        "expected_batch_size": cfg.batch_size,
+        "steps": total_steps,
+        "noise_multiplier": sigma,
+        "effective_noise_multiplier": effective_noise_multiplier(method.step_event(sigma)),
+        "target_epsilon": cfg.epsilon,
+        "delta": cfg.delta,
+        "epsilon": final_eps,
+        "mechanism": method.description,
+    }
+    settings = cfg.to_dict()
+
+    if progress:
+        progress("epoch", start_epoch, cfg.epochs)
+    for epoch in range(start_epoch, cfg.epochs):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(cfg, epoch)
+        info: dict = {}
+        sizes_seen = []
+        for s in range(steps_per_epoch):
+            step = epoch * steps_per_epoch + s
+            idx, gen = private_randomness(n_train, q, noise_seed, step)
+            ctx = StepContext(step=step, model=model, names=names, generator=gen, device=dev, info=info)
+
+            def batches(idx=idx):
+                for start in range(0, len(idx), chunk):
+                    part = idx[start : start + chunk]
+                    x = gdata.to_model_input(train_src.images(part), spec.input_size, spec.channels, dev)
+                    yield x, torch.as_tensor(train_src.labels(part)).to(dev)
+
+            noisy = private_step(method.chain, model, names, batches(), num_params, ctx)
+            _flat_to_grads(model, names, noisy["grad"] / cfg.batch_size)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            sizes_seen.append(len(idx))
+            if progress:
+                progress("step", s + 1, steps_per_epoch)
+        done = (epoch + 1) * steps_per_epoch
+        spent = epsilon_of(training_event(method.step_event(sigma), q, done), cfg.delta, cfg.accountant)
+        test = evaluate(model, test_src, spec.input_size, spec.channels, dev)
+        row = {
+            "epoch": epoch + 1, "step": done, "lr": lr_at(cfg, epoch), "epsilon_spent": spent,
+            "test_loss": test["loss"], "test_accuracy": test["accuracy"], "test_macro_auc": test["macro_auc"],
+            "mean_batch": float(np.mean(sizes_seen)),
+        }
+        for key, (a, b) in ((k, v) for k, v in info.items() if k.startswith("clipped_")):
+            row[f"fraction_{key}"] = a / b if b else 0.0
+        if "residual_ratio" in info and info["residual_ratio"][1] > 0:
+            row["residual_energy"] = info["residual_ratio"][0] / info["residual_ratio"][1]
+        rows.append(row)
+        ckpt.write_metrics(out, rows)
+        ckpt.save(out, model, opt, {
+            "settings": settings, "epoch": epoch + 1, "step": done,
+            "privacy": {**privacy_static, "steps_done": done, "epsilon_spent": spent},
+            "secret": {"noise_seed": str(noise_seed), "note": "seed of the private randomness: keep this file private"},
+            "selection": selection,
+        })
+        if progress:
+            progress("epoch", epoch + 1, cfg.epochs)
+    if cfg.method != "gep" and cfg.public:
+        notes_unused = [f"--public {cfg.public} is not used by --method {cfg.method}"]
+    else:
+        notes_unused = []
+
+    ledger = Ledger()
+    notes = list(notes_unused)
+    if selection is not None:
+        sel_priv = selection.get("privacy")
+        if sel_priv and sel_priv.get("exact") and sel_priv.get("epsilon") is not None:
+            ledger.add("public-data selection (DP-GSD)", sel_priv["epsilon"], 0.0, sel_priv.get("mechanism", ""))
+        else:
+            notes.append("the public data was chosen by a non-private ranking of the private data: the end-to-end result is NOT differentially private")
+    ledger.add(f"training ({cfg.method})", final_eps, cfg.delta, method.description)
+    last = rows[-1]
+    summary = {
+        "method": cfg.method,
+        "private": train_src.name,
+        "private_train_examples": n_train,
+        "private_test": test_src.name,
+        "private_test_examples": len(test_src),
+        "public": cfg.public if cfg.method == "gep" else None,
+        "public_distance": cfg.public_distance,
+        "public_examples": anchor.x.shape[0] if anchor else 0,
+        "model": cfg.model,
+        "num_params": num_params,
+        "gep": (
+            {"k": anchor.k, "k_per_group": anchor.ks, "groups": len(anchor.ks), "power_iters": cfg.power_iters,
+             "clip_embedding": cfg.clip_embedding, "clip_residual": cfg.clip_residual, "residual": cfg.residual}
+            if anchor else None
+        ),
+        "clip": cfg.clip if cfg.method == "dpsgd" else None,
+        "sigma": sigma,
+        "steps": total_steps,
+        "epochs": cfg.epochs,
+        "sampling_rate": q,
+        "epsilon": final_eps,
+        "delta": cfg.delta,
+        "privacy": privacy_static,
+        "budget": ledger.to_dict(),
+        "notes": notes,
+        "test": {"accuracy": last["test_accuracy"], "macro_auc": last["test_macro_auc"], "loss": last["test_loss"]},
+        "settings": settings,
+        "selection": selection,
+        "seconds": round(time.perf_counter() - t_start, 2),
+    }
+    ckpt.atomic_write(out / ckpt.SUMMARY, json.dumps(summary, indent=2) + "\n")
+    from .curves import plot_curves
+
+    plot_curves(rows, out / "curves.png", title=f"{cfg.method} on {train_src.name}" + (f" with {cfg.public}" if anchor else ""))
+    return summary

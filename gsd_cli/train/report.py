@@ -1,0 +1,47 @@
+"""The end-of-run report of ``gsd train``."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def print_summary(summary: dict, console: Console) -> None:
+    """A two-column table of what was trained, what it reached and what it spent."""
+    t = Table(title=f"gsd train: {summary['method']} on {escape(summary['private'])}", show_header=False)
+    t.add_column("", style="bold")
+    t.add_column("")
+    pub = summary.get("public")
+    if pub:
+        d = summary.get("public_distance")
+        t.add_row("public data", escape(pub) + (f" (GSD {d:.4f})" if d is not None else ""))
+    else:
+        t.add_row("public data", "none")
+    if summary.get("gep"):
+        g = summary["gep"]
+        t.add_row("anchor subspace", f"k={g['k']} in {g['groups']} group(s) {g['k_per_group']}, {summary['public_examples']} anchors, "
+                  f"S1={g['clip_embedding']}, S2={g['clip_residual']}" + ("" if g["residual"] else ", residual dropped (B-GEP)"))
+    else:
+        t.add_row("clip", _fmt(summary.get("clip")))
+    t.add_row("noise multiplier sigma", f"{summary['sigma']:.4f} (effective {summary['privacy']['effective_noise_multiplier']:.4f})")
+    t.add_row("steps, sampling rate", f"{summary['steps']} steps, q={summary['sampling_rate']:.4g} (Poisson)")
+    t.add_row("privacy (training)", f"epsilon={summary['epsilon']:.4f} (target {summary['privacy']['target_epsilon']}), delta={summary['delta']:g}, "
+              f"{summary['privacy']['accountant'].upper()} accountant")
+    b = summary["budget"]
+    if len(b["entries"]) > 1:
+        t.add_row("privacy (total)", f"epsilon={b['total_epsilon']:.4f}, delta={b['total_delta']:g} ({b['composition']})")
+    test = summary["test"]
+    t.add_row(f"test ({summary['private_test_examples']} examples)",
+              f"accuracy {test['accuracy']:.4f}" + (f", macro AUC {test['macro_auc']:.4f}" if test.get("macro_auc") is not None else ""))
+    console.print(t)
+    for n in summary.get("notes", []):
+        console.print(f"[yellow]warning:[/] {escape(n)}")
