@@ -339,7 +339,8 @@ def train(
     ctx: typer.Context,
     private: str = typer.Option(DEFAULT_PRIVATE, "--private", help="Private dataset: trains on NAME:train, evaluates on NAME:test (a fixed stratified 80/20 split where the set has none)."),
     public: Optional[List[str]] = typer.Option(None, "--public", help="Public dataset for GEP; with --auto-select, the candidates (list names after it)."),
-    auto_select: bool = typer.Option(False, "--auto-select", help="Rank the --public candidates with gsd rank first (probe network, random labels) and train with the closest."),
+    auto_select: bool = typer.Option(False, "--auto-select", help="Rank the --public candidates (or the --catalog job's) with gsd rank first (probe network, random labels) and train with the closest."),
+    catalog_path: Optional[Path] = typer.Option(None, "--catalog", help="TOML catalogue: its datasets resolve by name; with --auto-select the candidates are those of the job whose private set is --private."),
     method: Method = typer.Option(Method.gep, "--method", help="gep: Gradient Embedding Perturbation (paper 000) on the public anchor subspace; dpsgd: DP-SGD without public data."),
     epsilon: float = typer.Option(2.0, "--epsilon", help="Target epsilon of the training; sigma is calibrated so the final epsilon is never above it."),
     delta: float = typer.Option(1e-5, "--delta", help="Target delta, in (0, 1); use less than 1/N."),
@@ -398,13 +399,15 @@ def train(
         public_examples=public_examples, power_iters=power_iters, groups=groups, clip_embedding=clip_embedding,
         clip_residual=clip_residual, residual=residual, accountant=accountant.value, physical_batch=physical_batch,
         deterministic_noise=deterministic_noise,
+        catalog=str(catalog_path.expanduser().resolve()) if catalog_path is not None else None,
     )
     selection = None
     if resume is not None:
         if out_dir is not None:
             raise GSDError("give either --out (a new run) or --resume (an interrupted one), not both")
         saved = load_meta(resume).get("settings", {}) if (resume / "checkpoint.json").is_file() else {}
-        explicit = {n for n in fields if ctx.get_parameter_source(n) is not None and ctx.get_parameter_source(n).name in ("COMMANDLINE", "ENVIRONMENT")}
+        sources = {n: ctx.get_parameter_source("catalog_path" if n == "catalog" else n) for n in fields}
+        explicit = {n for n, src in sources.items() if src is not None and src.name in ("COMMANDLINE", "ENVIRONMENT")}
         if publics:
             explicit.add("public")
         cfg_dict = dict(saved)
@@ -413,9 +416,16 @@ def train(
         cfg = TrainConfig(**{k_: v for k_, v in cfg_dict.items() if k_ in TrainConfig.__dataclass_fields__})
         run = resume
     else:
+        cat = None
+        if catalog_path is not None:
+            from .catalog import load_catalog, select_jobs
+
+            cat = load_catalog(catalog_path)
+            if auto_select and not publics:
+                publics = list(select_jobs(cat, private)[0].candidates)
         if auto_select:
             if len(publics) < 1:
-                raise GSDError("--auto-select needs candidates: --public A B C")
+                raise GSDError("--auto-select needs candidates: --public A B C (or --catalog FILE with a job for --private)")
         elif len(publics) > 1:
             raise GSDError("several --public sets: add --auto-select to rank them and train with the closest")
         cfg = TrainConfig(**fields, public=publics[0] if publics else None)
@@ -433,7 +443,7 @@ def train(
             rank_opts = dict(k=rank_k, examples=rank_examples, seed=seed, model=rank_model, device=device.value)
             if select_epsilon is not None:
                 rank_opts.update(dp=True, epsilon=select_epsilon)
-            ranking = _with_rank_progress(quiet, lambda pr: auto_select_fn(private, publics, private_test=private_test, progress=pr, **rank_opts))
+            ranking = _with_rank_progress(quiet, lambda pr: auto_select_fn(private, publics, private_test=private_test, catalog=cat, progress=pr, **rank_opts))
             print_ranking(ranking, out)
             best = ranking.results[0]
             cfg.public, cfg.public_distance = best.public, best.distance

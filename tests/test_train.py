@@ -320,3 +320,30 @@ def test_evaluate_accuracy_and_macro_auc_single_and_multilabel():
     ml = ArraySource("toy-ml", xm, Y)
     r = evaluate(Oracle(3, 1), ml, 4, 1, "cpu")
     assert ml.multilabel and r["macro_auc"] == 1.0 and r["accuracy"] == 1.0
+
+
+def test_auto_select_from_a_catalogue(capsys, tiny, tmp_path):
+    cat = tmp_path / "gsd.toml"
+    cat.write_text(f"""
+[datasets.xray]
+source = "npz"
+path = "{tiny['private'][4:]}"
+
+[datasets.web]
+source = "npz"
+path = "{tiny['public'][4:]}"
+
+[[jobs]]
+private = "xray"
+candidates = ["web", "digits"]
+""")
+    run = tmp_path / "cat"
+    code = main(["train", "--catalog", str(cat), "--private", "xray", "--auto-select", "--rank-model", "fmnist-cnn",
+                 "--rank-k", "2", "--rank-examples", "30", "--epochs", "1", "--batch-size", "30", "--k", "4",
+                 "--public-examples", "30", "--out", str(run), "-q"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    s = json.loads((run / "summary.json").read_text())
+    assert s["private"] == "xray:train" and s["public"] in ("web", "digits")
+    assert {r["public"] for r in s["selection"]["results"]} == {"web", "digits"}
+    assert any("NOT differentially private" in n for n in s["notes"])

@@ -99,6 +99,7 @@ class TrainConfig:
     physical_batch: int | None = None
     deterministic_noise: bool = False
     public_distance: float | None = None
+    catalog: str | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -266,7 +267,12 @@ def train(
     except KeyError as e:
         raise ModelError(str(e.args[0])) from None
 
-    train_src, test_src = private_parts(cfg.private, cfg.private_test)
+    cat = None
+    if cfg.catalog:
+        from ..catalog import load_catalog
+
+        cat = load_catalog(cfg.catalog)
+    train_src, test_src = private_parts(cfg.private, cfg.private_test, cat)
     n_train = len(train_src)
     if n_train < 2:
         raise GSDError(f"{train_src.name} has {n_train} example(s); private training needs more")
@@ -288,7 +294,7 @@ def train(
 
     anchor = None
     if cfg.method == "gep":
-        pub_sample = gdata.draw(gdata.resolve(cfg.public), cfg.public_examples, cfg.seed)
+        pub_sample = gdata.draw(cat.resolve(cfg.public) if cat else gdata.resolve(cfg.public), cfg.public_examples, cfg.seed)
         pub_x = pub_sample.tensor(spec.input_size, spec.channels, dev)
         sizes = [dict(model.named_parameters())[n].numel() for n in names]
         groups = split_groups(names, sizes, parse_groups(cfg.groups, cfg.model))

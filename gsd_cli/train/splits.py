@@ -7,63 +7,27 @@ names a split (``chestxray:train``) needs the test part named explicitly (``--pr
 
 from __future__ import annotations
 
-from typing import Sequence
-
-import numpy as np
-
 from ..data import ImageSource, resolve
-from ..errors import DatasetError
+from ..data.splits import fixed_split
+from ..errors import DatasetError, GSDError
 
 
-class SubsetSource(ImageSource):
-    """The examples ``indices`` of ``source``, as a source of its own."""
-
-    def __init__(self, source: ImageSource, indices: Sequence[int], name: str):
-        self.source = source
-        self.indices = np.asarray(indices, dtype=np.int64)
-        self.name = name
-        self.num_classes = source.num_classes
-        self.multilabel = source.multilabel
-        self.description = f"{len(self.indices)} examples of {source.name}"
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def labels(self, indices):
-        return self.source.labels(self.indices[np.asarray(indices, dtype=np.int64)])
-
-    def images(self, indices):
-        return self.source.images(self.indices[np.asarray(indices, dtype=np.int64)])
-
-
-def holdout(source: ImageSource, test_fraction: float = 0.2) -> tuple[ImageSource, ImageSource]:
-    """A fixed stratified split (seeded by the dataset's name only, so every run and every tool sees
-    the same parts): ``(train, test)``."""
-    import zlib
-
-    n = len(source)
-    rng = np.random.default_rng([zlib.crc32(source.name.encode()), 20])
-    y = source.labels(np.arange(n))
-    keys = y.argmax(1) if source.multilabel and y.ndim == 2 else y
-    test = []
-    for c in np.unique(keys):
-        idx = np.flatnonzero(keys == c)
-        rng.shuffle(idx)
-        test.extend(idx[: int(round(len(idx) * test_fraction))].tolist())
-    test_set = set(test)
-    train = [i for i in range(n) if i not in test_set]
-    return SubsetSource(source, train, f"{source.name}:train"), SubsetSource(source, sorted(test), f"{source.name}:test")
-
-
-def private_parts(name: str | ImageSource, test: str | ImageSource | None = None) -> tuple[ImageSource, ImageSource]:
-    """``(train, test)`` sources for the private dataset ``name`` (see the module docstring)."""
+def private_parts(name: str | ImageSource, test: str | ImageSource | None = None, catalog=None) -> tuple[ImageSource, ImageSource]:
+    """``(train, test)`` sources for the private dataset ``name`` (see the module docstring).
+    ``catalog`` (a :class:`gsd_cli.catalog.Catalog`) resolves the names it defines."""
+    res = catalog.resolve if catalog is not None else resolve
     if test is not None:
-        return resolve(name), resolve(test)
+        return res(name), res(test)
     if isinstance(name, ImageSource):
-        return holdout(name)
+        return fixed_split(name, "train"), fixed_split(name, "test")
+    if catalog is not None and name in catalog.datasets:
+        entry = catalog.datasets[name]
+        if entry.split:
+            raise GSDError(f"catalogue dataset {name!r} is already the split {entry.split!r}; name its test set with --private-test")
+        src = catalog.resolve(name)
+        return fixed_split(src, "train", f"{name}:train"), fixed_split(src, "test", f"{name}:test")
+    resolve(name)  # a missing or malformed dataset says so in its own words
     try:
         return resolve(f"{name}:train"), resolve(f"{name}:test")
-    except DatasetError:
-        pass
-    src = resolve(name)
-    return holdout(src)
+    except DatasetError as e:
+        raise GSDError(f"{name} has no train/test parts ({e}); name the test set with --private-test") from None
