@@ -29,6 +29,43 @@ from gsd_cli.train import TrainConfig, train
 from gsd_cli.train.splits import private_parts
 
 
+def summarize(runs: list[dict], publics: list[str]) -> tuple[list[dict], dict]:
+    """Accuracy mean +- sd per candidate, and whether GSD's order predicts it: Spearman and Kendall
+    between the mean GSD (over seeds) and the mean accuracy, and, for comparison, between each single
+    seed's GSD and the mean accuracy (issue 9: do means over repeats predict better than one draw?)."""
+    from scipy.stats import kendalltau, spearmanr
+
+    table = []
+    for cand in ["-", *publics]:
+        rs = [r for r in runs if r["public"] == cand]
+        accs = [r["accuracy"] for r in rs]
+        gs = [r["gsd"] for r in rs if r["gsd"] is not None]
+        table.append({
+            "public": cand, "gsd_mean": statistics.mean(gs) if gs else None,
+            "gsd_sd": statistics.stdev(gs) if len(gs) > 1 else None,
+            "acc_mean": statistics.mean(accs), "acc_sd": statistics.stdev(accs) if len(accs) > 1 else None,
+        })
+    table.sort(key=lambda r: (r["gsd_mean"] is None, r["gsd_mean"] or 0))
+    cands = [r for r in table if r["gsd_mean"] is not None]
+    acc = {r["public"]: r["acc_mean"] for r in cands}
+    rho = spearmanr([r["gsd_mean"] for r in cands], [r["acc_mean"] for r in cands])
+    tau = kendalltau([r["gsd_mean"] for r in cands], [r["acc_mean"] for r in cands])
+    single = []
+    for seed in sorted({r["seed"] for r in runs}):
+        rs = [r for r in runs if r["seed"] == seed and r["gsd"] is not None]
+        single.append(spearmanr([r["gsd"] for r in rs], [acc[r["public"]] for r in rs]).statistic)
+    print("\n| public | GSD (mean +- sd) | accuracy (mean +- sd) |\n|---|---|---|")
+    for r in table:
+        g = "-" if r["gsd_mean"] is None else f"{r['gsd_mean']:.3f} +- {r['gsd_sd'] or 0:.3f}"
+        print(f"| {r['public']} | {g} | {100 * r['acc_mean']:.2f}% +- {100 * (r['acc_sd'] or 0):.2f} |")
+    print(f"\nSpearman(mean GSD, accuracy) = {rho.statistic:.3f} (p={rho.pvalue:.3f}); Kendall tau = {tau.statistic:.3f} (p={tau.pvalue:.3f})")
+    print("Spearman(single-seed GSD, accuracy) per seed: " + ", ".join(f"{x:.3f}" for x in single))
+    return table, {
+        "spearman": {"rho": rho.statistic, "p": rho.pvalue}, "kendall": {"tau": tau.statistic, "p": tau.pvalue},
+        "spearman_single_seed": single,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--private", default="mnist-a")
@@ -46,7 +83,13 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--model", default="fmnist-cnn")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--summarize", default=None, help="Only summarise the runs of an earlier --json file.")
     args = ap.parse_args()
+    if args.summarize:
+        with open(args.summarize) as f:
+            doc = json.load(f)
+        summarize(doc["runs"], doc["settings"]["public"])
+        return
     t0 = time.time()
     train_part, _ = private_parts(args.private)
     runs = []
@@ -67,30 +110,10 @@ def main() -> None:
                 runs.append({"seed": seed, "public": cand or "-", "gsd": dist.get(cand), "accuracy": s["test"]["accuracy"],
                              "epsilon": s["epsilon"], "sigma": s["sigma"], "seconds": s["seconds"]})
                 print(f"  {cand or '- (DP-SGD)':16s} acc {s['test']['accuracy']:.4f}  eps {s['epsilon']:.4f}  {s['seconds']:.0f} s", flush=True)
-    table = []
-    for cand in ["-", *args.public]:
-        rs = [r for r in runs if r["public"] == cand]
-        accs = [r["accuracy"] for r in rs]
-        gs = [r["gsd"] for r in rs if r["gsd"] is not None]
-        table.append({
-            "public": cand, "gsd_mean": statistics.mean(gs) if gs else None,
-            "gsd_sd": statistics.stdev(gs) if len(gs) > 1 else None,
-            "acc_mean": statistics.mean(accs), "acc_sd": statistics.stdev(accs) if len(accs) > 1 else None,
-        })
-    table.sort(key=lambda r: (r["gsd_mean"] is None, r["gsd_mean"] or 0))
-    from scipy.stats import kendalltau, spearmanr
-
-    cands = [r for r in table if r["gsd_mean"] is not None]
-    rho = spearmanr([r["gsd_mean"] for r in cands], [r["acc_mean"] for r in cands])
-    tau = kendalltau([r["gsd_mean"] for r in cands], [r["acc_mean"] for r in cands])
-    print("\n| public | GSD (mean +- sd) | accuracy (mean +- sd) |\n|---|---|---|")
-    for r in table:
-        g = "-" if r["gsd_mean"] is None else f"{r['gsd_mean']:.3f} +- {r['gsd_sd'] or 0:.3f}"
-        print(f"| {r['public']} | {g} | {100 * r['acc_mean']:.2f}% +- {100 * (r['acc_sd'] or 0):.2f} |")
-    print(f"\nSpearman(GSD, accuracy) = {rho.statistic:.3f} (p={rho.pvalue:.3f}); Kendall tau = {tau.statistic:.3f} (p={tau.pvalue:.3f})")
+    table, corr = summarize(runs, args.public)
     doc = {
         "settings": vars(args), "runs": runs, "table": table,
-        "spearman": {"rho": rho.statistic, "p": rho.pvalue}, "kendall": {"tau": tau.statistic, "p": tau.pvalue},
+        **corr,
         "torch": torch.__version__, "platform": platform.platform(), "loadavg": os.getloadavg(),
         "seconds": round(time.time() - t0, 1),
     }
