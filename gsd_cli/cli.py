@@ -30,31 +30,41 @@ err = Console(stderr=True)
 _ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 
-class Labels(str, Enum):
-    random = "random"
-    own = "own"
+def _choices(name: str, *values: str) -> type[Enum]:
+    """A str Enum whose members are ``values`` (Typer shows them as the option's choices)."""
+    return Enum(name, [(v, v) for v in values], type=str)
 
 
-class RowNorm(str, Enum):
-    unit = "unit"
-    none = "none"
+Labels = _choices("Labels", "random", "own")
+RowNorm = _choices("RowNorm", "unit", "none")
+Device = _choices("Device", "auto", "cpu", "cuda")
+DpRepeats = _choices("DpRepeats", "shared", "fresh")
+Engine = _choices("Engine", "auto", "vmap", "hooks")
+Method = _choices("Method", "gep", "dpsgd")
+Accountant = _choices("Accountant", "rdp", "pld")
+Schedule = _choices("Schedule", "step", "constant")
 
 
-class Device(str, Enum):
-    auto = "auto"
-    cpu = "cpu"
-    cuda = "cuda"
+def _progress(quiet: bool, width: int = 24, eta: bool = False):
+    """A rich progress bar on stderr and its callback ``progress(name, done, total)``: one task per
+    name, started on the first call (so input errors print no empty progress line); the total may grow
+    (the Gram path adds passes); a finished ``epoch`` restarts the ``step`` task."""
+    from rich.progress import TimeRemainingColumn
 
+    cols = [TextColumn(f"{{task.description:<{width}}}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    bar = Progress(*cols, *([TimeRemainingColumn()] if eta else []), console=err, transient=True, disable=quiet)
+    tasks: dict[str, int] = {}
 
-class DpRepeats(str, Enum):
-    shared = "shared"
-    fresh = "fresh"
+    def progress(name: str, done: int, total: int) -> None:
+        if not tasks:
+            bar.start()
+        if name not in tasks:
+            tasks[name] = bar.add_task(name, total=total)
+        bar.update(tasks[name], completed=done, total=total)
+        if name == "epoch" and "step" in tasks:
+            bar.reset(tasks["step"])
 
-
-class Engine(str, Enum):
-    auto = "auto"
-    vmap = "vmap"
-    hooks = "hooks"
+    return bar, progress
 
 
 def _version(value: bool) -> None:
@@ -187,18 +197,7 @@ def rank(
     csv_file = check_output_path(csv_path, "--csv")
     md_file = check_output_path(markdown_path, "--markdown")
     cache = None if no_cache else SubspaceCache()
-    bar = Progress(
-        TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=err, transient=True, disable=quiet,
-    )
-    tasks: dict[str, int] = {}
-
-    def progress(name: str, done: int, total: int) -> None:
-        if not tasks:
-            bar.start()  # started on the first chunk, so input errors print no empty progress line
-        if name not in tasks:
-            tasks[name] = bar.add_task(name, total=total)
-        bar.update(tasks[name], completed=done, total=total)  # the Gram path's total grows with its passes
+    bar, progress = _progress(quiet)
 
     options = dict(
         k=k, examples=examples, seed=seed, model=model, params=params, labels=labels.value, row_norm=row_norm.value,
@@ -319,21 +318,6 @@ def cache_clear() -> None:
     out.print(f"deleted {c.clear()} entries from {c.directory}")
 
 
-class Method(str, Enum):
-    gep = "gep"
-    dpsgd = "dpsgd"
-
-
-class Accountant(str, Enum):
-    rdp = "rdp"
-    pld = "pld"
-
-
-class Schedule(str, Enum):
-    step = "step"
-    constant = "constant"
-
-
 @app.command()
 def train(
     ctx: typer.Context,
@@ -383,8 +367,6 @@ def train(
     as one Gaussian with multiplier (z1^-2 + z2^-2)^-1/2.
     """
     import time as _time
-
-    from rich.progress import TimeRemainingColumn
 
     from .train import TrainConfig, auto_select as auto_select_fn, train as train_fn
     from .train.checkpoint import load_meta
@@ -450,20 +432,7 @@ def train(
             selection = ranking.to_dict()
             out.print(f"training with [bold]{escape(best.public)}[/] (GSD {best.distance:.4f})")
 
-    bar = Progress(
-        TextColumn("{task.description:<8}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
-        console=err, transient=True, disable=quiet,
-    )
-    tasks: dict[str, int] = {}
-
-    def progress(kind: str, done: int, total: int) -> None:
-        if not tasks:
-            bar.start()
-        if kind not in tasks:
-            tasks[kind] = bar.add_task(kind + "s", total=total)
-        bar.update(tasks[kind], completed=done, total=total)
-        if kind == "epoch" and "step" in tasks:
-            bar.reset(tasks["step"])
+    bar, progress = _progress(quiet, width=8, eta=True)
 
     try:
         summary = train_fn(cfg, run, resume=resume is not None, device=device.value, progress=progress, selection=selection)
@@ -476,19 +445,7 @@ def train(
 
 
 def _with_rank_progress(quiet: bool, fn):
-    bar = Progress(
-        TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=err, transient=True, disable=quiet,
-    )
-    tasks: dict[str, int] = {}
-
-    def progress(name: str, done: int, total: int) -> None:
-        if not tasks:
-            bar.start()
-        if name not in tasks:
-            tasks[name] = bar.add_task(name, total=total)
-        bar.update(tasks[name], completed=done)
-
+    bar, progress = _progress(quiet)
     try:
         return fn(progress)
     finally:
