@@ -20,7 +20,6 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import torch
 
 SCHEMA = 1

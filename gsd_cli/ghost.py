@@ -139,7 +139,7 @@ class _Unit:
             B = torch.cat([g.reshape(g.shape[0], -1, g.shape[-1]) for _, g in calls], 1)
             if self.module.padding_idx is not None:
                 B = B * (idx != self.module.padding_idx).unsqueeze(-1).to(B.dtype)
-            full, name = self.params[0][0], self.params[0][1]
+            full = self.params[0][0]
             T, V = idx.shape[1], self.module.num_embeddings
             if T * T < V:
                 f.embeds.append((idx, B, full))

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -53,7 +52,7 @@ from ..privacy import (
 )
 from . import checkpoint as ckpt
 from .evaluate import evaluate
-from .gep import Anchor, GEPProject, GEPReconstruct, share_quota, split_groups
+from .gep import Anchor, GEPProject, GEPReconstruct, split_groups
 from .splits import private_parts
 from .transforms import Chain, StepContext, chain_step_event, clip, gaussian_noise
 
