@@ -22,7 +22,8 @@
     candidates = ["kagchest", "cifar100", "derm"]
     [jobs.options]                 # any of rank()'s options (see OPTIONS), and the CI checks
     k = 16
-    examples = 2000
+    examples = 500
+    repeats = 5                    # mean +- sd, intervals and ties (see gsd rank --repeats)
     expect_best = "kagchest"
     fail_above = 0.9
 
@@ -39,8 +40,24 @@ from .errors import GSDError
 
 #: Options a job may set (keyword arguments of :func:`gsd_cli.ranking.rank`).
 OPTIONS = ("k", "examples", "seed", "model", "params", "labels", "row_norm", "device", "chunk_size", "engine",
-           "dp", "epsilon", "clip", "mechanism", "dp_sketch", "gibbs_sweeps")
+           "dp", "epsilon", "clip", "mechanism", "dp_sketch", "gibbs_sweeps", "gram", "memory_budget",
+           "repeats", "dp_repeats")
 CHECKS = ("fail_above", "expect_best")
+#: the type each numeric or boolean option (and check) must have in a catalogue
+OPTION_TYPES = {"k": "an integer", "examples": "an integer", "seed": "an integer", "chunk_size": "an integer",
+                "dp_sketch": "an integer", "gibbs_sweeps": "an integer", "repeats": "an integer", "dp": "true or false",
+                "epsilon": "a number", "clip": "a number", "fail_above": "a number", "expect_best": "a string",
+                "dp_repeats": "a string", "gram": "a string"}
+
+
+def _is(value, kind: str) -> bool:
+    if kind == "an integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "a number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "true or false":
+        return isinstance(value, bool)
+    return isinstance(value, str)
 DATASET_KEYS = ("source", "root", "path", "split", "image_column", "label_column", "label_columns", "notes")
 
 
@@ -147,6 +164,9 @@ def load_catalog(path: str | Path) -> Catalog:
         badopt = set(opts) - set(OPTIONS) - set(CHECKS)
         if badopt:
             raise GSDError(f"catalogue {path}: job {i} has unknown option(s) {', '.join(sorted(badopt))}; use {', '.join(OPTIONS + CHECKS)}")
+        for key, kind in OPTION_TYPES.items():
+            if key in opts and opts[key] is not None and not _is(opts[key], kind):
+                raise GSDError(f"catalogue {path}: job {i} option {key} = {opts[key]!r} should be {kind}")
         checks = {c: opts.pop(c) for c in CHECKS if c in opts}
         jobs.append(Job(name=j.get("name") or j["private"], private=j["private"], candidates=list(j["candidates"]),
                         options=opts, checks=checks))

@@ -177,7 +177,7 @@ def rank(
     from .checks import EXIT_CHECK_FAILED, check_ranking
     from .data import resolve
     from .ranking import rank as rank_fn
-    from .report import check_output_path, jobs_to_json, print_ranking, to_csv, to_markdown, write_csv, write_json, write_text
+    from .report import check_output_path, jobs_to_csv, jobs_to_json, print_ranking, to_csv, to_markdown, write_csv, write_json, write_text
 
     publics = list(public or []) + list(extra or [])
     if extra and not public:
@@ -188,8 +188,6 @@ def rank(
         raise GSDError("--dp-repeats is only used with --dp; add --dp for DP-GSD")
     if catalog is not None and publics:
         raise GSDError("--catalog takes its candidates from the catalogue; drop --public (or drop --catalog)")
-    if catalog is not None and repeats != 1:
-        raise GSDError("--repeats is not available with --catalog yet; run the job's private set with --private and --public")
     from .repeats_report import check_plot_path, print_repeats, write_plot, write_repeats_csv
 
     plot_file = check_plot_path(plot_path)
@@ -203,12 +201,12 @@ def rank(
         k=k, examples=examples, seed=seed, model=model, params=params, labels=labels.value, row_norm=row_norm.value,
         device=device.value, chunk_size=chunk_size, engine=engine.value, dp=dp, epsilon=epsilon, clip=clip,
         mechanism=mechanism, dp_sketch=dp_sketch, gibbs_sweeps=gibbs_sweeps, gram=gram, memory_budget=memory_budget,
+        repeats=repeats, dp_repeats=(dp_repeats or DpRepeats.shared).value,
     )
     try:
         if catalog is None:
             sources = [resolve(n, root=data_root, download=download) for n in [private, *(publics or DEFAULT_PUBLIC)]]
-            results = [(private, rank_fn(sources[0], sources[1:], progress=progress, cache=cache, repeats=repeats,
-                                         dp_repeats=(dp_repeats or DpRepeats.shared).value, **options))]
+            results = [(private, rank_fn(sources[0], sources[1:], progress=progress, cache=cache, **options))]
             checks = [{}]
         else:
             given = {o: options[o] for o in OPTIONS if ctx.get_parameter_source(o).name == "COMMANDLINE"}
@@ -221,7 +219,7 @@ def rank(
     failures = []
     many = getattr(results[0][1], "repeats", 1) > 1
     for (_, result), job_checks in zip(results, checks):
-        if many:
+        if getattr(result, "repeats", 1) > 1:
             print_repeats(result, out)
         else:
             print_ranking(result, out)
@@ -242,10 +240,10 @@ def rank(
         if catalog is None:
             (write_repeats_csv if many else write_csv)(rankings[0], csv_file)
         else:
-            write_text(csv_file, "".join(to_csv(rk) if i == 0 else to_csv(rk).split("\n", 1)[1] for i, rk in enumerate(rankings)))
+            write_text(csv_file, jobs_to_csv(results))
         err.print(f"wrote {csv_file}")
     if plot_file:
-        write_plot(rankings[0], plot_file)
+        write_plot(rankings[0] if catalog is None else [(name, rk) for name, rk in results], plot_file)
         err.print(f"wrote {plot_file}")
     if md_file:
         has_checks = fail_above is not None or expect_best is not None or any(checks)

@@ -12,6 +12,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
+from typing import Sequence
 
 from rich.console import Console
 from rich.markup import escape
@@ -138,20 +139,38 @@ def check_plot_path(path: str | Path | None) -> Path | None:
     return path
 
 
-def write_plot(ranking: Ranking, path: str | Path) -> None:
+def write_plot(ranking: Ranking | Sequence[tuple[str, Ranking]], path: str | Path) -> None:
     """PNG of each candidate's distances (one dot per repeat), mean and interval, best at the top.
 
-    Works for a plain :class:`Ranking` too (one dot each). Written atomically (temporary file, rename)."""
+    Works for a plain :class:`Ranking` too (one dot each), and for several rankings (a catalogue's
+    ``[(job, ranking), ...]``: one panel per job, stacked). Written atomically (temporary file, rename)."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
     path = Path(path)
+    panels = [(None, ranking)] if isinstance(ranking, Ranking) else list(ranking)
+    heights = [1.2 + 0.45 * len(rk.results) for _, rk in panels]
+    fig = Figure(figsize=(7.5, sum(heights)))
+    axes = fig.subplots(len(panels), 1, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
+    for ax, (job, rk) in zip(axes, panels):
+        _plot_ranking(ax, rk, job)
+    fig.tight_layout()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format="png", dpi=120)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _plot_ranking(ax, ranking: Ranking, job: str | None = None) -> None:
+    """Draw one ranking on ``ax`` (see :func:`write_plot`)."""
     rows = list(ranking)
     n = len(rows)
-    fig = Figure(figsize=(7.5, 1.2 + 0.45 * n))
-    ax = fig.add_subplot(1, 1, 1)
     for i, r in enumerate(rows):
         y = n - 1 - i
         dists = getattr(r, "distances", None) or [r.distance]
@@ -174,14 +193,7 @@ def write_plot(ranking: Ranking, path: str | Path) -> None:
         + (f": mean and {round(100 * ranking.level)}% t-interval" if reps > 1 else ""),
         fontsize=10,
     )
+    if job is not None and job != ranking.private:
+        ax.set_title(f"{job}: " + ax.get_title(), fontsize=10)
     ax.set_xlim(0, 1.02)
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", dpi=120)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

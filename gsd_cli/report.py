@@ -138,14 +138,32 @@ def to_markdown(rankings: list[Ranking], failures: list[str] | None = None) -> s
     def cell(text) -> str:
         return str(text).replace("|", "\\|")
 
+    def num(x: float) -> str:
+        return "-" if x != x else f"{x:.4f}"
+
     parts = []
     for rk in rankings:
         kind = "DP-GSD" if rk.privacy else "GSD"
-        parts.append(
+        reps = getattr(rk, "repeats", 1)
+        head = (
             f"### {kind} to `{cell(rk.private)}` ({rk.private_examples} examples)\n\n"
             f"model {cell(rk.model)}, p={rk.num_params:,}, k={rk.k}, seed {rk.seed}, labels {rk.labels}, "
-            f"row norm {rk.row_norm}; a random subspace scores about {rk.uniform_baseline:.4f}\n\n"
-            "| rank | public | distance | examples |\n|---:|---|---:|---:|\n"
+            f"row norm {rk.row_norm}; a random subspace scores about {rk.uniform_baseline:.4f}"
+        )
+        if reps > 1:
+            level = round(100 * rk.level)
+            parts.append(
+                head + f"; {reps} repeats, ranked by the mean; `= ★`: tied with the winner ({rk.tie_test})\n\n"
+                f"| rank | public | mean ± sd | {level}% CI | wins | examples |\n|---:|---|---:|---:|---:|---:|\n"
+                + "".join(
+                    f"| {r.rank}{' ★' if r.winner else (' = ★' if r.tied else '')} | `{cell(r.public)}` | "
+                    f"{r.mean:.4f} ± {num(r.sd)} | {num(r.ci_low)}..{num(r.ci_high)} | {r.win_fraction:.0%} | {r.examples} |\n"
+                    for r in rk
+                )
+            )
+            continue
+        parts.append(
+            head + "\n\n| rank | public | distance | examples |\n|---:|---|---:|---:|\n"
             + "".join(
                 f"| {r.rank}{' ★' if r.winner else ''} | `{cell(r.public)}` | {r.distance:.4f} | {r.examples} |\n" for r in rk
             )
@@ -155,6 +173,26 @@ def to_markdown(rankings: list[Ranking], failures: list[str] | None = None) -> s
     elif failures is not None:
         parts.append("All checks passed.\n")
     return "\n".join(parts)
+
+
+def jobs_to_csv(rankings: list[tuple[str, Ranking]]) -> str:
+    """Several rankings (a catalogue) in one CSV: a ``job`` column, then each ranking's own columns
+    (:func:`to_csv`, or the repeats' columns for a ranking over repeats); a column that one job lacks
+    is empty in its rows."""
+    from .repeats_report import repeats_csv
+
+    cols: list[str] = ["job"]
+    rows: list[dict] = []
+    for name, rk in rankings:
+        text = repeats_csv(rk) if getattr(rk, "repeats", 1) > 1 else to_csv(rk)
+        reader = csv.DictReader(io.StringIO(text))
+        cols += [c for c in reader.fieldnames or [] if c not in cols]
+        rows += [{"job": name, **row} for row in reader]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, restval="")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
 
 
 def jobs_to_json(rankings: list[tuple[str, Ranking]], failures: list[str] | None = None) -> str:

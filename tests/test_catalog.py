@@ -89,7 +89,8 @@ def test_cli_catalogue_all_jobs_json_csv_markdown(tmp_path, npz_pair):
     assert [j["job"] for j in doc["jobs"]] == ["main", "near"] and doc["failures"] == []
     assert doc["jobs"][1]["private_examples"] == 16
     csv_lines = (out / "r.csv").read_text().splitlines()
-    assert csv_lines[0].startswith("rank,public") and len(csv_lines) == 1 + 2 + 2
+    assert csv_lines[0].startswith("job,rank,public") and len(csv_lines) == 1 + 2 + 2
+    assert [line.split(",")[0] for line in csv_lines[1:]] == ["main", "main", "near", "near"]
     md = (out / "r.md").read_text()
     assert "| rank | public | distance | examples |" in md and "`far-train`" in md and "All checks passed." in md
     # --private picks one job; options given on the command line win over the job's
@@ -121,3 +122,40 @@ def test_ci_flags_and_exit_codes(npz_pair, tmp_path, capsys):
     assert main(base + ["--markdown", str(tmp_path / "no" / "x.md")]) == 2  # bad input: exit 2
     assert main(["rank", "--private", "nosuchset"]) == 2
     assert main(["rank", "--catalog", str(tmp_path / "none.toml")]) == 2
+
+
+def test_catalogue_with_repeats(tmp_path, npz_pair):
+    """A job's ``repeats`` option (or --repeats on the command line) gives means, intervals and ties per job;
+    JSON, CSV (a job column; each job's repeat columns), Markdown and the plot (one panel per job) follow."""
+    from PIL import Image
+
+    cat = _catalog(tmp_path, npz_pair, extra="repeats = 3")
+    ran = run_catalog(cat)
+    assert [getattr(rk, "repeats", 1) for _, rk in ran] == [1, 3]
+    assert len(ran[1][1].winner.distances) == 3
+    out = tmp_path / "out"
+    out.mkdir()
+    rc = main(["rank", "--catalog", str(cat), "-q", "--json", str(out / "r.json"), "--csv", str(out / "r.csv"),
+               "--markdown", str(out / "r.md"), "--plot", str(out / "r.png")])
+    assert rc == 0
+    doc = json.loads((out / "r.json").read_text())
+    assert "repeats" not in doc["jobs"][0] and doc["jobs"][1]["repeats"] == 3 and len(doc["jobs"][1]["runs"]) == 3
+    header, *rows = (out / "r.csv").read_text().splitlines()
+    cols = header.split(",")
+    assert cols[:3] == ["job", "rank", "public"] and "distance" in cols and "distance_repeat_2" in cols
+    by_job = [dict(zip(cols, r.split(","))) for r in rows]
+    assert by_job[0]["distance_repeat_0"] == "" and by_job[2]["distance"] == "" and by_job[2]["repeats"] == "3"
+    md = (out / "r.md").read_text()
+    assert "| rank | public | distance | examples |" in md and "| rank | public | mean ± sd | 95% CI | wins | examples |" in md
+    w, h = Image.open(out / "r.png").size
+    assert h > 1.8 * (1.2 + 0.45 * 2) * 120  # two stacked panels of two candidates (one would be 252 px high)
+    # --repeats on the command line wins over the job options, for every job
+    rc = main(["rank", "--catalog", str(cat), "-q", "-R", "2", "--json", str(out / "two.json")])
+    assert rc == 0 and [j["repeats"] for j in json.loads((out / "two.json").read_text())["jobs"]] == [2, 2]
+
+
+def test_catalogue_option_types(tmp_path, npz_pair):
+    bad = _catalog(tmp_path, npz_pair, extra='repeats = "five"')
+    with pytest.raises(GSDError, match="repeats = 'five' should be an integer"):
+        load_catalog(bad)
+    assert main(["rank", "--catalog", str(bad)]) == 2
