@@ -9,6 +9,7 @@ candidate and the rank correlations (Spearman, Kendall) between mean GSD and mea
 
     python benchmarks/bench_train_gep.py                                   # eps=2, 3 seeds
     python benchmarks/bench_train_gep.py --seeds 0 1 --epochs 10 --json benchmarks/results/train_gep.json
+    python benchmarks/bench_train_gep.py --summarize a.json b.json          # runs of several files together
 """
 
 from __future__ import annotations
@@ -83,12 +84,21 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--model", default="fmnist-cnn")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--summarize", default=None, help="Only summarise the runs of an earlier --json file.")
+    ap.add_argument("--summarize", nargs="+", default=None, metavar="JSON",
+                    help="Only summarise the runs of earlier --json files (several: their runs together, e.g. more seeds).")
     args = ap.parse_args()
     if args.summarize:
-        with open(args.summarize) as f:
-            doc = json.load(f)
-        summarize(doc["runs"], doc["settings"]["public"])
+        runs, first = [], None
+        for path in args.summarize:
+            with open(path) as f:
+                doc = json.load(f)
+            same = {k: v for k, v in doc["settings"].items() if k not in ("seeds", "json", "summarize")}
+            if first is not None and same != first:
+                diff = sorted(k for k in same if same[k] != first.get(k))
+                raise SystemExit(f"{path}: settings differ from the first file's ({', '.join(diff)}); summarise them apart")
+            first = same
+            runs += doc["runs"]
+        summarize(runs, first["public"])
         return
     t0 = time.time()
     train_part, _ = private_parts(args.private)
