@@ -9,12 +9,15 @@ Tasks (both embedded, no download):
 * ``digits``: private scikit-learn digits (8x8, resized to 28x28; fixed stratified 80/20 split),
   public mnist-b.
 
-Every run: fmnist-cnn, Poisson batches of 250 expected (digits: 100, it has 1437 training examples), SGD lr 0.1 momentum 0.9, lr / 10 from the
-middle, clip 1 (GEP: S1 2, S2 0.4, k 50, 1000 anchors), RGP rank 4 with 20 warm-up steps, TopAgg
-K 0.7, RS final rate 0.5, delta 1e-5, seeds 0..n-1 (deterministic noise). Each (task, epsilon) is one
+Every run: fmnist-cnn, Poisson batches of 250 expected (digits: 100, it has 1437 training
+examples), SGD lr 0.1 (``--lr``) momentum 0.9, lr / 10 from the middle, clip 1 (GEP: S1 2, S2 0.4,
+k 50, 1000 anchors), RGP rank 4 with 20 warm-up steps, TopAgg K 0.7, RS final rate 0.5,
+delta 1e-5, seeds 0..n-1 (deterministic noise). Each (task, epsilon) is one
 :func:`gsd_cli.compare.compare` call.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_methods.py --json benchmarks/results/methods_cpu.json
+    OMP_NUM_THREADS=1 python benchmarks/bench_methods.py --epsilons 2 --methods dpsgd,rgp,topagg --lr 0.4 \
+        --json benchmarks/results/methods_cpu_lr04.json                                 # the larger lr of paper 001's code
     python benchmarks/bench_methods.py --tasks mnist --epsilons 2 --seeds 1 --epochs 3   # a quick look
 """
 
@@ -47,10 +50,11 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--sparsify", type=float, default=0.5)
+    ap.add_argument("--lr", type=float, default=0.1, help="SGD learning rate of every run (paper 001's code uses 0.4)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     t0 = time.time()
-    base = TrainConfig(epochs=args.epochs, batch_size=250, lr=0.1, clip=1.0, k=50, public_examples=1000, rgp_rank=4,
+    base = TrainConfig(epochs=args.epochs, batch_size=250, lr=args.lr, clip=1.0, k=50, public_examples=1000, rgp_rank=4,
                        rgp_warmup=20, topk_fraction=0.7, deterministic_noise=True)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
