@@ -1,6 +1,6 @@
 """Memory of RGP's per-sample gradients against DP-SGD's on the same model (paper 001, Table 1).
 
-For each model and method, a fresh Python process builds the model and one chunk of n random
+For each model (``fmnist-cnn``, ``resnet20``, and a wide MLP ``mlp-1024``) and method, a fresh Python process builds the model and one chunk of n random
 examples, then computes that chunk's per-sample gradients exactly as ``gsd train`` does (DP-SGD: the
 full per-sample gradients by ``torch.func`` vmap, n x p; RGP: the carrier gradients of the
 reparametrized forward, n x width) and clips them. Reported: the peak resident memory (``ru_maxrss``)
@@ -33,10 +33,17 @@ def child(model_name: str, method: str, rank: int, n: int) -> dict:
     from probes import get_model_spec
 
     torch.manual_seed(0)
-    spec = get_model_spec(model_name)
-    model = spec.build(num_classes=10, seed=0)
+    if model_name.startswith("mlp-"):  # a wide MLP on 28x28 inputs: where Table 1's d^2 against r d shows
+        w = int(model_name.split("-")[1])
+        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, w), torch.nn.ReLU(), torch.nn.Linear(w, w),
+                                    torch.nn.ReLU(), torch.nn.Linear(w, 10))
+        channels, size = 1, 28
+    else:
+        spec = get_model_spec(model_name)
+        model = spec.build(num_classes=10, seed=0)
+        channels, size = spec.channels, spec.input_size
     names = [k for k, _ in model.named_parameters()]
-    x = torch.randn(n, spec.channels, spec.input_size, spec.input_size)
+    x = torch.randn(n, channels, size, size)
     y = torch.randint(0, 10, (n,))
     p = sum(q.numel() for q in model.parameters())
     rgp = RGP(model, names, rank=rank, seed=0) if method == "rgp" else None
@@ -63,7 +70,8 @@ def child(model_name: str, method: str, rank: int, n: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", default=["fmnist-cnn", "resnet20"])
+    ap.add_argument("--models", nargs="+", default=["fmnist-cnn", "resnet20", "mlp-1024"],
+                    help="probes model names, or mlp-WIDTH (784 -> WIDTH -> WIDTH -> 10)")
     ap.add_argument("--ranks", nargs="+", type=int, default=[1, 4, 16])
     ap.add_argument("--n", type=int, default=128, help="examples per chunk")
     ap.add_argument("--repeats", type=int, default=3)
