@@ -357,3 +357,25 @@ def test_compare_runs_tabulates_and_never_overwrites(tiny, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "unknown method 'nope'" in err and "needs public data" in err and "Traceback" not in err
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_rgp_resume_bit_for_bit(tiny, tmp_path):
+    """RGP's W_0 and carriers depend only on the settings and the weights: an interrupted run resumed
+    equals an uninterrupted one (RS's masks depend on the seed and the epoch only)."""
+    from safetensors.torch import load_file
+
+    cfg = _cfg(tiny, public=None, epochs=2, batch_size=48, method="rgp", rgp_rank=2, rgp_warmup=2)
+
+    class Stop(Exception):
+        pass
+
+    def stop(kind, done, total):
+        if kind == "epoch" and done == 1:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(cfg, tmp_path / "a", progress=stop)
+    train(cfg, tmp_path / "a", resume=True)
+    train(cfg, tmp_path / "b")
+    a, b = load_file(tmp_path / "a" / "checkpoint.safetensors"), load_file(tmp_path / "b" / "checkpoint.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
