@@ -3,7 +3,8 @@
 Each per-sample gradient is clipped to norm C, then compressed by NormTopK(g, K) (Algorithm 4,
 lines 2-8): keep the coordinates of largest magnitude, in decreasing order, as long as the sum of
 their squares stays at or below K * ||g||^2 (0 < K <= 1; "add up to right below" the target), and
-zero the rest. So ||NormTopK(g)|| <= sqrt(K) ||g|| <= sqrt(K) C.
+zero the rest. So ||NormTopK(g)|| <= sqrt(K) ||g|| <= sqrt(K) C. As written, a gradient whose
+largest coordinate alone holds more than a K fraction of its energy keeps nothing (it contributes 0).
 
 Sensitivity and noise (A.1): under add/remove-one neighbours the clipped-and-compressed sum changes
 by one compressed vector, whose norm is at most sqrt(K) C: the L2 sensitivity is sqrt(K) C (and no
