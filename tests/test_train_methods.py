@@ -379,3 +379,27 @@ def test_rgp_resume_bit_for_bit(tiny, tmp_path):
     train(cfg, tmp_path / "b")
     a, b = load_file(tmp_path / "a" / "checkpoint.safetensors"), load_file(tmp_path / "b" / "checkpoint.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_of_a_run_saved_before_the_new_settings_existed(tiny, tmp_path):
+    """A checkpoint without rgp_rank, rgp_warmup, topk_fraction and sparsify (older runs) resumes
+    with their defaults; a non-default value is still refused."""
+    cfg = _cfg(tiny, method="dpsgd", public=None, epochs=2, batch_size=48)
+
+    class Stop(Exception):
+        pass
+
+    def stop(kind, done, total):
+        if kind == "epoch" and done == 1:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(cfg, tmp_path / "old", progress=stop)
+    meta_path = tmp_path / "old" / "checkpoint.json"
+    meta = json.loads(meta_path.read_text())
+    for k in ("rgp_rank", "rgp_warmup", "topk_fraction", "sparsify"):
+        del meta["settings"][k]
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(GSDError, match="sparsify"):
+        train(TrainConfig(**{**cfg.to_dict(), "sparsify": 0.5}), tmp_path / "old", resume=True)
+    assert train(cfg, tmp_path / "old", resume=True)["epochs"] == 2

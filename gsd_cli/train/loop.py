@@ -288,7 +288,8 @@ def train(
     if resume:
         meta = ckpt.load_meta(out)
         saved = meta.get("settings", {})
-        diff = sorted(k for k, v in cfg.to_dict().items() if saved.get(k) != v)
+        defaults = TrainConfig().to_dict()  # a setting added after the run started has its default there
+        diff = sorted(k for k, v in cfg.to_dict().items() if saved.get(k, defaults.get(k)) != v)
         if diff:
             shown = ", ".join(f"{k}: run has {saved.get(k)!r}, asked {getattr(cfg, k)!r}" for k in diff[:4])
             raise GSDError(f"--resume {out}: settings differ from the checkpoint's ({shown}); resume with the run's own settings")
