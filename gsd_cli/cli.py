@@ -40,7 +40,7 @@ RowNorm = _choices("RowNorm", "unit", "none")
 Device = _choices("Device", "auto", "cpu", "cuda")
 DpRepeats = _choices("DpRepeats", "shared", "fresh")
 Engine = _choices("Engine", "auto", "vmap", "hooks")
-Method = _choices("Method", "gep", "dpsgd")
+Method = _choices("Method", "gep", "dpsgd", "rgp", "topagg")
 Accountant = _choices("Accountant", "rdp", "pld")
 Schedule = _choices("Schedule", "step", "constant")
 
@@ -323,7 +323,7 @@ def train(
     public: Optional[List[str]] = typer.Option(None, "--public", help="Public dataset for GEP; with --auto-select, the candidates (list names after it)."),
     auto_select: bool = typer.Option(False, "--auto-select", help="Rank the --public candidates (or the --catalog job's) with gsd rank first (probe network, random labels) and train with the closest."),
     catalog_path: Optional[Path] = typer.Option(None, "--catalog", help="TOML catalogue: its datasets resolve by name; with --auto-select the candidates are those of the job whose private set is --private."),
-    method: Method = typer.Option(Method.gep, "--method", help="gep: Gradient Embedding Perturbation (paper 000) on the public anchor subspace; dpsgd: DP-SGD without public data."),
+    method: Method = typer.Option(Method.gep, "--method", help="gep: Gradient Embedding Perturbation (paper 000) on the public anchor subspace; dpsgd: DP-SGD without public data; rgp: low-rank reparametrized gradient perturbation (paper 001), no public data; topagg: DP-SGD with NormTopK compression (paper 002)."),
     epsilon: float = typer.Option(2.0, "--epsilon", help="Target epsilon of the training; sigma is calibrated so the final epsilon is never above it."),
     delta: float = typer.Option(1e-5, "--delta", help="Target delta, in (0, 1); use less than 1/N."),
     private_test: Optional[str] = typer.Option(None, "--private-test", help="Test set for evaluation (default: the private dataset's test part)."),
@@ -344,6 +344,10 @@ def train(
     clip_embedding: float = typer.Option(2.0, "--clip-embedding", help="gep: clip norm S1 of the embedding; noise std sigma*S1."),
     clip_residual: float = typer.Option(0.4, "--clip-residual", help="gep: clip norm S2 of the residual; noise std sigma*S2 (paper 000 keeps S2 = S1/5)."),
     residual: bool = typer.Option(True, "--residual/--no-residual", help="gep: release the residual (GEP) or drop it (B-GEP, biased)."),
+    rgp_rank: int = typer.Option(4, "--rgp-rank", help="rgp: rank r of the gradient carriers of each Linear/Conv2d weight (--power-iters: power iterations K)."),
+    rgp_warmup: int = typer.Option(20, "--rgp-warmup", help="rgp: warm-up steps whose carriers decompose the weight itself; afterwards the historical update W_t - W_0."),
+    topk_fraction: float = typer.Option(0.7, "--topk-fraction", help="topagg: K in (0, 1]; NormTopK keeps the largest coordinates while their squared sum is <= K ||g||^2; noise std sqrt(K)*sigma*C."),
+    sparsify: float = typer.Option(0.0, "--sparsify", help="dpsgd, gep: random sparsification (paper 003) to final rate R in [0, 1): a data-independent mask per epoch, rate ramped 0 -> R, before clipping; same epsilon."),
     accountant: Accountant = typer.Option(Accountant.rdp, "--accountant", help="dp-accounting's RDP or PLD accountant (add/remove-one neighbours, Poisson sampling)."),
     physical_batch: Optional[int] = typer.Option(None, "--physical-batch", help="Examples per per-sample-gradient chunk (memory bound; default 64 CPU / 256 GPU)."),
     deterministic_noise: bool = typer.Option(False, "--deterministic-noise", help="Derive the private sampling and noise from --seed (reproducible experiments; the guarantee then needs the seed kept secret)."),
@@ -357,12 +361,15 @@ def train(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
     extra: Optional[List[str]] = typer.Argument(None, hidden=True),
 ) -> None:
-    """Train privately (DP-SGD or GEP) with the chosen public data; writes checkpoints, metrics.jsonl,
-    summary.json and curves.png to the run folder.
+    """Train privately (DP-SGD, GEP, RGP or TopAgg, optionally with random sparsification) with the
+    chosen public data; writes checkpoints, metrics.jsonl, summary.json and curves.png to the run folder.
 
     Privacy: every step is a Poisson-subsampled Gaussian mechanism under add/remove-one neighbours,
-    accounted with dp-accounting; GEP's embedding and residual releases of one subsample are accounted
-    as one Gaussian with multiplier (z1^-2 + z2^-2)^-1/2.
+    accounted with dp-accounting. dpsgd: clip C, noise sigma*C. gep: embedding and residual of one
+    subsample, accounted as one Gaussian with multiplier (z1^-2 + z2^-2)^-1/2. rgp: the carrier
+    gradients (and the other parameters' gradients) clipped to C as one vector, noise sigma*C: multiplier
+    sigma. topagg: clip C then NormTopK, sensitivity sqrt(K)*C, noise sqrt(K)*sigma*C: multiplier sigma.
+    --sparsify: the mask is independent of the data, so the same mechanism and epsilon.
     """
     import time as _time
 
@@ -378,7 +385,8 @@ def train(
         weight_decay=weight_decay, lr_schedule=lr_schedule.value, seed=seed, clip=clip, k=k,
         public_examples=public_examples, power_iters=power_iters, groups=groups, clip_embedding=clip_embedding,
         clip_residual=clip_residual, residual=residual, accountant=accountant.value, physical_batch=physical_batch,
-        deterministic_noise=deterministic_noise,
+        deterministic_noise=deterministic_noise, rgp_rank=rgp_rank, rgp_warmup=rgp_warmup, topk_fraction=topk_fraction,
+        sparsify=sparsify,
         catalog=str(catalog_path.expanduser().resolve()) if catalog_path is not None else None,
     )
     selection = None
@@ -440,6 +448,62 @@ def train(
 
     print_summary(summary, out)
     err.print(f"wrote {run}/summary.json, metrics.jsonl, curves.png, checkpoint.safetensors")
+
+
+@app.command()
+def compare(
+    private: str = typer.Option(DEFAULT_PRIVATE, "--private", help="Private dataset (its train part trains, its test part evaluates)."),
+    public: Optional[str] = typer.Option(None, "--public", help="Public dataset for gep and gep+rs."),
+    methods: str = typer.Option("dpsgd,gep,rgp,topagg,gep+rs", "--methods", help="Comma-separated: dpsgd, gep, rgp, topagg, dpsgd+rs, gep+rs (+rs: random sparsification to --sparsify)."),
+    epsilon: float = typer.Option(2.0, "--epsilon", help="Target epsilon of every run (sigma calibrated per method)."),
+    delta: float = typer.Option(1e-5, "--delta", help="Target delta."),
+    seeds: int = typer.Option(3, "--seeds", help="Runs per method, with seeds --seed, --seed+1, ..."),
+    seed: int = typer.Option(0, "--seed", help="First seed."),
+    sparsify: float = typer.Option(0.5, "--sparsify", help="Final random-sparsification rate of the +rs methods."),
+    model: str = typer.Option("fmnist-cnn", "--model", help="Model to train."),
+    epochs: int = typer.Option(10, "--epochs", help="Epochs of every run."),
+    batch_size: int = typer.Option(250, "--batch-size", help="Expected (Poisson) batch size."),
+    lr: float = typer.Option(0.1, "--lr", help="SGD learning rate."),
+    momentum: float = typer.Option(0.9, "--momentum", help="SGD momentum."),
+    clip: float = typer.Option(1.0, "--clip", help="dpsgd, rgp, topagg: clip norm C."),
+    k: int = typer.Option(50, "--k", help="gep: anchor subspace dimension."),
+    public_examples: int = typer.Option(1000, "--public-examples", help="gep: public anchor examples."),
+    rgp_rank: int = typer.Option(4, "--rgp-rank", help="rgp: carrier rank r."),
+    rgp_warmup: int = typer.Option(20, "--rgp-warmup", help="rgp: warm-up steps."),
+    topk_fraction: float = typer.Option(0.7, "--topk-fraction", help="topagg: K."),
+    deterministic_noise: bool = typer.Option(False, "--deterministic-noise", help="Private sampling and noise from the seed (reproducible experiments)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="New folder for the runs and comparison.json/.csv/.png (default gsd-compare-<time>); never overwritten."),
+    device: Device = typer.Option(Device.auto, "--device", help="auto uses CUDA when there is a GPU."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
+) -> None:
+    """Train several private methods side by side on one task under one (epsilon, delta) and one
+    accountant; print one table (test accuracy mean +- sd over seeds) and save JSON, CSV and a plot.
+
+    Every method is a Poisson-subsampled Gaussian mechanism per step with the sensitivities of
+    ``gsd train --help``; each run's sigma is calibrated so its epsilon is at most --epsilon.
+    """
+    import time as _time
+
+    from .compare import compare as compare_fn, comparison_table
+    from .train import TrainConfig
+
+    base = TrainConfig(delta=delta, model=model, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, clip=clip, k=k,
+                       public_examples=public_examples, rgp_rank=rgp_rank, rgp_warmup=rgp_warmup, topk_fraction=topk_fraction,
+                       deterministic_noise=deterministic_noise, seed=seed)
+    run = out_dir or Path(f"gsd-compare-{_time.strftime('%Y%m%d-%H%M%S')}")
+    bar, progress = _progress(quiet, width=8, eta=True)
+
+    def on_run(r: dict) -> None:
+        if not quiet:
+            err.print(f"{r['method']} seed {r['seed']}: accuracy {r['accuracy']:.4f}, epsilon {r['epsilon']:.3f} ({r['seconds']:.0f} s)")
+
+    try:
+        result = compare_fn(private, public, methods, epsilon, seeds, run, sparsify=sparsify, base=base, device=device.value,
+                            progress=progress, on_run=on_run)
+    finally:
+        bar.stop()
+    out.print(comparison_table(result))
+    err.print(f"wrote {run}/comparison.json, comparison.csv, comparison.png and one folder per run")
 
 
 def _with_rank_progress(quiet: bool, fn):

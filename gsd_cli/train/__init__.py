@@ -1,4 +1,5 @@
-"""Private trainers built from per-sample gradient transforms (DP-SGD, GEP).
+"""Private trainers built from per-sample gradient transforms (DP-SGD, GEP, RGP, TopAgg, random
+sparsification).
 
 >>> from gsd_cli.train import TrainConfig, train
 >>> summary = train(TrainConfig(method="gep", public="mnist-b", epsilon=2.0), "runs/gep")  # doctest: +SKIP
@@ -7,10 +8,14 @@
 from .gep import Anchor, GEPProject, GEPReconstruct, power_basis, share_quota, split_groups
 from .select import auto_select
 from .loop import METHODS, TrainConfig, build_method, private_step, train
+from .rgp import RGP, power_carriers
+from .sparsify import RandomSparsify, random_mask, sparsity_rate
+from .topagg import NormTopK, norm_top_k
 from .transforms import Chain, Clip, GaussianNoise, Release, StepContext, Transform, chain, chain_step_event, clip, gaussian_noise
 
 __all__ = [
     "METHODS", "TrainConfig", "train", "auto_select", "private_step", "build_method", "Anchor", "GEPProject", "GEPReconstruct", "power_basis",
     "share_quota", "split_groups", "Chain", "Clip", "GaussianNoise", "Release", "StepContext", "Transform", "chain",
-    "chain_step_event", "clip", "gaussian_noise",
+    "chain_step_event", "clip", "gaussian_noise", "RGP", "power_carriers", "RandomSparsify", "random_mask", "sparsity_rate",
+    "NormTopK", "norm_top_k",
 ]

@@ -178,6 +178,9 @@ class GEPProject(Transform):
             err[1] += float(G.pow(2).sum())
         return out
 
+    def norm_bounds(self, bounds: dict[str, float]) -> dict[str, float]:
+        return {k: v for k, v in bounds.items() if k != "grad"}  # embedding and residual start unbounded
+
 
 class GEPReconstruct(Transform):
     """Algorithm 1, line 8: v = w~ B + r~ (just w~ B when the residual is not released)."""

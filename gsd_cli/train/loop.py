@@ -56,7 +56,8 @@ from .gep import Anchor, GEPProject, GEPReconstruct, split_groups
 from .splits import private_parts
 from .transforms import Chain, StepContext, chain_step_event, clip, gaussian_noise
 
-METHODS = ("dpsgd", "gep")
+METHODS = ("dpsgd", "gep", "rgp", "topagg")
+SPARSIFIABLE = ("dpsgd", "gep")  # --sparsify (random sparsification, paper 003)
 SCHEDULES = ("step", "constant")
 
 # Paper 000 splits ResNet20 into the input layer, the three stages and the output layer.
@@ -99,6 +100,10 @@ class TrainConfig:
     deterministic_noise: bool = False
     public_distance: float | None = None
     catalog: str | None = None
+    rgp_rank: int = 4
+    rgp_warmup: int = 20
+    topk_fraction: float = 0.7
+    sparsify: float = 0.0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -140,6 +145,16 @@ def validate(cfg: TrainConfig) -> None:
             raise GSDError(f"{what} must be positive (got {v})")
     if cfg.physical_batch is not None and cfg.physical_batch < 1:
         raise GSDError(f"--physical-batch must be at least 1 (got {cfg.physical_batch})")
+    if cfg.sparsify and cfg.method not in SPARSIFIABLE:
+        raise GSDError(f"--sparsify works with --method {' or '.join(SPARSIFIABLE)} (got --method {cfg.method})")
+    if not 0 <= cfg.sparsify < 1:
+        raise GSDError(f"--sparsify must be in [0, 1) (got {cfg.sparsify}); it is the final fraction of coordinates dropped")
+    if not 0 < cfg.topk_fraction <= 1:
+        raise GSDError(f"--topk-fraction must be in (0, 1] (got {cfg.topk_fraction})")
+    if cfg.rgp_rank < 1 or cfg.rgp_warmup < 0:
+        raise GSDError(f"--rgp-rank must be at least 1 and --rgp-warmup at least 0 (got {cfg.rgp_rank}, {cfg.rgp_warmup})")
+    if cfg.method == "rgp" and cfg.power_iters < 1:
+        raise GSDError("--power-iters must be at least 1")
     if cfg.method == "gep":
         if not cfg.public:
             raise GSDError("--method gep needs public data: --public NAME (or --auto-select with candidates)")
@@ -162,10 +177,23 @@ class Method:
     step_event: Callable[[float], object]
     description: str
     details: dict = field(default_factory=dict)
+    # per-sample gradients of one chunk, (model, names, x, y, ctx) -> parts; None: the full per-sample
+    # gradients {"grad": G} (RGP computes the gradients of its carriers instead); ``.width`` is the
+    # row width of its parts (for an empty subsample)
+    per_sample: Callable | None = None
 
 
-def build_method(cfg: TrainConfig, sigma: float, anchor: Anchor | None = None) -> Method:
-    """The transform chain of ``cfg.method`` with noise multiplier ``sigma``."""
+def build_method(cfg: TrainConfig, sigma: float, anchor: Anchor | None = None, *, model=None, names=None, rgp=None) -> Method:
+    """The transform chain of ``cfg.method`` with noise multiplier ``sigma`` (``model`` and ``names``
+    for RGP, or an :class:`~gsd_cli.train.rgp.RGP` state ``rgp`` to share)."""
+    if cfg.method in ("rgp", "topagg"):
+        from .others import build_other
+
+        return build_other(cfg, sigma, model=model, names=names, rgp=rgp)
+    if cfg.sparsify:
+        from .others import sparsified
+
+        return sparsified(cfg, build_method(dataclasses.replace(cfg, sparsify=0.0), sigma, anchor), anchor)
     if cfg.method == "dpsgd":
         ch = Chain(clip(cfg.clip), gaussian_noise(sigma * cfg.clip, "grad", sensitivity=cfg.clip))
         return Method(ch, dpsgd_step_event, "DP-SGD: clip each per-sample gradient to C, sum, add N(0, (sigma C)^2 I)")
@@ -201,19 +229,25 @@ def private_randomness(n: int, q: float, noise_seed: int, step: int) -> tuple[np
     return idx, gen
 
 
-def private_step(chain: Chain, model: torch.nn.Module, names: Sequence[str], batches, num_params: int, ctx: StepContext) -> dict:
+def private_step(chain: Chain, model: torch.nn.Module, names: Sequence[str], batches, num_params: int, ctx: StepContext,
+                 per_sample: Callable | None = None) -> dict:
     """One private release: ``chain`` over the per-sample gradients of the ``(x, y)`` chunks of one
     Poisson subsample (virtual steps), summed, then noised. Returns the parts of the release
-    (``"grad"``: the noisy sum, p). An empty subsample still releases noise."""
+    (``"grad"``: the noisy sum, p). An empty subsample still releases noise. ``per_sample``: the
+    method's own per-sample gradients (:attr:`Method.per_sample`), full gradients by default."""
     chain.begin_step(ctx)
     sums = None
     for x, y in batches:
-        G = gradient_matrix(model, [(x, y)], x.shape[0], names, None, "vmap", ctx.device, "none")
-        parts = chain.per_example({"grad": G}, ctx)
+        if per_sample is not None:
+            parts = chain.per_example(per_sample(model, names, x, y, ctx), ctx)
+        else:
+            G = gradient_matrix(model, [(x, y)], x.shape[0], names, None, "vmap", ctx.device, "none")
+            parts = chain.per_example({"grad": G}, ctx)
         chunk_sums = {k: v.sum(0) for k, v in parts.items()}
         sums = chunk_sums if sums is None else {k: sums[k] + chunk_sums[k] for k in sums}
     if sums is None:
-        parts = chain.per_example({"grad": torch.zeros(0, num_params, device=ctx.device)}, ctx)
+        width = getattr(per_sample, "width", num_params) if per_sample is not None else num_params
+        parts = chain.per_example({"grad": torch.zeros(0, width, device=ctx.device)}, ctx)
         sums = {k: v.sum(0) for k, v in parts.items()}
     return chain.aggregated(sums, ctx)
 
@@ -254,7 +288,8 @@ def train(
     if resume:
         meta = ckpt.load_meta(out)
         saved = meta.get("settings", {})
-        diff = sorted(k for k, v in cfg.to_dict().items() if saved.get(k) != v)
+        defaults = TrainConfig().to_dict()  # a setting added after the run started has its default there
+        diff = sorted(k for k, v in cfg.to_dict().items() if saved.get(k, defaults.get(k)) != v)
         if diff:
             shown = ", ".join(f"{k}: run has {saved.get(k)!r}, asked {getattr(cfg, k)!r}" for k in diff[:4])
             raise GSDError(f"--resume {out}: settings differ from the checkpoint's ({shown}); resume with the run's own settings")
@@ -305,9 +340,9 @@ def train(
         anchor = Anchor(pub_x, train_src.num_classes, cfg.k, groups, cfg.power_iters, cfg.seed, anchor_grads, train_src.multilabel)
 
     # sigma: the smallest noise multiplier meeting (epsilon, delta) over all T steps
-    probe_method = build_method(cfg, 1.0, anchor)
+    probe_method = build_method(cfg, 1.0, anchor, model=model, names=names)
     sigma = calibrate_noise(probe_method.step_event, cfg.epsilon, cfg.delta, q, total_steps, cfg.accountant)
-    method = build_method(cfg, sigma, anchor)
+    method = build_method(cfg, sigma, anchor, model=model, names=names, rgp=probe_method.details.get("rgp_state"))
     declared = chain_step_event(method.chain)
     if not _same_event(declared, method.step_event(sigma)):
         raise GSDError("internal: the method's noise does not match its accounted event; refusing to train")
@@ -354,7 +389,7 @@ def train(
         for s in range(steps_per_epoch):
             step = epoch * steps_per_epoch + s
             idx, gen = private_randomness(n_train, q, noise_seed, step)
-            ctx = StepContext(step=step, model=model, names=names, generator=gen, device=dev, info=info)
+            ctx = StepContext(step=step, model=model, names=names, generator=gen, device=dev, info=info, epoch=epoch, epochs=cfg.epochs)
 
             def batches(idx=idx):
                 for start in range(0, len(idx), chunk):
@@ -362,7 +397,7 @@ def train(
                     x = gdata.to_model_input(train_src.images(part), spec.input_size, spec.channels, dev)
                     yield x, torch.as_tensor(train_src.labels(part)).to(dev)
 
-            noisy = private_step(method.chain, model, names, batches(), num_params, ctx)
+            noisy = private_step(method.chain, model, names, batches(), num_params, ctx, method.per_sample)
             _flat_to_grads(model, names, noisy["grad"] / cfg.batch_size)
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -381,6 +416,9 @@ def train(
             row[f"fraction_{key}"] = a / b if b else 0.0
         if "residual_ratio" in info and info["residual_ratio"][1] > 0:
             row["residual_energy"] = info["residual_ratio"][0] / info["residual_ratio"][1]
+        if info.get("topk_kept") and info["topk_kept"][1] > 0:
+            row["topk_fraction_kept"] = info["topk_kept"][0] / info["topk_kept"][1]
+        row.update(info.get("epoch_metrics", {}))
         rows.append(row)
         ckpt.write_metrics(out, rows)
         ckpt.save(out, model, opt, {
@@ -422,7 +460,10 @@ def train(
              "clip_embedding": cfg.clip_embedding, "clip_residual": cfg.clip_residual, "residual": cfg.residual}
             if anchor else None
         ),
-        "clip": cfg.clip if cfg.method == "dpsgd" else None,
+        "clip": cfg.clip if cfg.method != "gep" else None,
+        **{k: v for k, v in method.details.items() if k != "rgp_state"},
+        **({"sparsity_reached": rows[-1].get("sparsity", 0.0),
+            "mean_sparsity": float(np.mean([r.get("sparsity", 0.0) for r in rows]))} if cfg.sparsify else {}),
         "sigma": sigma,
         "steps": total_steps,
         "epochs": cfg.epochs,

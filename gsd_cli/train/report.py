@@ -32,6 +32,16 @@ def print_summary(summary: dict, console: Console) -> None:
                   f"S1={g['clip_embedding']}, S2={g['clip_residual']}" + ("" if g["residual"] else ", residual dropped (B-GEP)"))
     else:
         t.add_row("clip", _fmt(summary.get("clip")))
+    if summary.get("rgp"):
+        r = summary["rgp"]
+        t.add_row("RGP carriers", f"rank {r['rank']} on {len(r['layers'])} layer(s), {r['per_example_floats']} of "
+                  f"{r['full_per_example_floats']} floats per example, K={r['power_iters']}, warm-up {r['warmup_steps']} steps")
+    if summary.get("topagg"):
+        r = summary["topagg"]
+        t.add_row("TopAgg", f"NormTopK K={r['topk_fraction']:g}: sensitivity sqrt(K) C = {r['sensitivity']:.4g}, noise std {r['noise_std']:.4g}")
+    if summary.get("sparsify"):
+        t.add_row("random sparsification", f"final rate {summary['sparsify']['final_rate']:g}, reached {summary.get('sparsity_reached', 0):.3f} "
+                  f"(mean over epochs {summary.get('mean_sparsity', 0):.3f})")
     t.add_row("noise multiplier sigma", f"{summary['sigma']:.4f} (effective {summary['privacy']['effective_noise_multiplier']:.4f})")
     t.add_row("steps, sampling rate", f"{summary['steps']} steps, q={summary['sampling_rate']:.4g} (Poisson)")
     t.add_row("privacy (training)", f"epsilon={summary['epsilon']:.4f} (target {summary['privacy']['target_epsilon']}), delta={summary['delta']:g}, "

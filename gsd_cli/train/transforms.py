@@ -47,6 +47,8 @@ class StepContext:
     generator: torch.Generator | None = None
     device: torch.device = torch.device("cpu")
     info: dict = field(default_factory=dict)
+    epoch: int = 0
+    epochs: int = 1
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,12 @@ class Transform:
     def releases(self) -> list[Release]:
         return []
 
+    def norm_bounds(self, bounds: dict[str, float]) -> dict[str, float]:
+        """The per-example L2 norm bound of each part after this transform, given those before it
+        (what the sensitivity check reads). The default keeps them: a transform that can enlarge a
+        bounded part after its clip must override this."""
+        return bounds
+
 
 class Chain(Transform):
     """Transforms applied in order (per example), then in order again (on the sums)."""
@@ -101,8 +109,15 @@ class Chain(Transform):
     def releases(self) -> list[Release]:
         return [r for t in self.transforms for r in t.releases()]
 
+    def norm_bounds(self, bounds: dict[str, float]) -> dict[str, float]:
+        for t in self.transforms:
+            bounds = t.norm_bounds(dict(bounds))
+        return bounds
+
     def clip_norms(self) -> dict[str, float]:
-        return {t.part: t.max_norm for t in self.transforms if isinstance(t, Clip)}
+        """Each part's per-example norm bound at the end of the per-example pass: its clip norm, as
+        changed by later transforms (TopAgg's NormTopK multiplies it by sqrt(K))."""
+        return self.norm_bounds({})
 
 
 def chain(*transforms: Transform) -> Chain:
@@ -126,6 +141,9 @@ class Clip(Transform):
         info[0] += int((norms > self.max_norm).sum())
         info[1] += g.shape[0]
         return {**parts, self.part: g * scale}
+
+    def norm_bounds(self, bounds: dict[str, float]) -> dict[str, float]:
+        return {**bounds, self.part: self.max_norm}
 
 
 def clip(max_norm: float, part: str = "grad") -> Clip:
@@ -161,8 +179,9 @@ def gaussian_noise(std: float, part: str = "grad", sensitivity: float | None = N
 def chain_step_event(ch: Chain):
     """The dp-accounting event of one step of ``ch``: its noisy releases composed (same subsample).
 
-    Every released part must be clipped before its noise (the sensitivity is its clip norm), and every
-    part that reaches the output must have been released with noise."""
+    Every released part must be clipped before its noise (the sensitivity is its per-example norm
+    bound: the clip norm, times sqrt(K) after NormTopK), and every part that reaches the output must
+    have been released with noise."""
     from dp_accounting import dp_event as ev
 
     clips = ch.clip_norms()

@@ -1,0 +1,115 @@
+"""The other trainers of the source papers as transform chains: RGP (paper 001), TopAgg (paper 002),
+and random sparsification (paper 003) on top of DP-SGD or GEP.
+
+Each is one Poisson-subsampled Gaussian mechanism per step under add/remove-one neighbours, accounted
+by the same accountant as DP-SGD and GEP (:mod:`gsd_cli.privacy`):
+
+========== ======================================================= ================ ==================
+method     released per step                                       L2 sensitivity   noise std
+========== ======================================================= ================ ==================
+rgp        sum of clipped carrier gradients (all layers' dL, dR     C                sigma C
+           and the other parameters' gradients, one vector)
+topagg     sum of NormTopK(clip_C(g_i), K)                          sqrt(K) C        sqrt(K) sigma C
+dpsgd+RS   sum of clip_C(mask * g_i), masked after the noise        C                sigma C
+gep+RS     GEP's embedding and residual of mask * g_i               S1, S2           sigma S1, sigma S2
+========== ======================================================= ================ ==================
+
+so every one has noise multiplier sigma on its single release (GEP: two releases of one subsample,
+effective multiplier sigma / sqrt(2)), and :func:`~gsd_cli.train.transforms.chain_step_event` checks
+before training that the noise each chain adds is exactly the accounted one for its norm bound.
+"""
+
+from __future__ import annotations
+
+from ..privacy import dpsgd_step_event
+from .rgp import RGP, RGPCarriers, RGPReconstruct
+from .sparsify import MaskedGradients, RandomSparsify, SparsifyRelease
+from .topagg import NormTopK, topagg_sensitivity
+from .transforms import Chain, clip, gaussian_noise
+
+PRIVACY = {
+    "dpsgd": "each step clips every per-sample gradient to C and adds N(0, (sigma C)^2 I) to the sum of a Poisson subsample: "
+             "a subsampled Gaussian with multiplier sigma",
+    "gep": "embedding (clip S1, noise sigma S1) and residual (clip S2, noise sigma S2) of one Poisson subsample: one subsampled "
+           "Gaussian with multiplier sigma / sqrt(2); the public anchors cost nothing",
+    "rgp": "the per-sample gradients of the low-rank carriers (and of the parameters not reparametrized) are clipped to C as one "
+           "vector and N(0, (sigma C)^2 I) is added to their sum: a subsampled Gaussian with multiplier sigma; the carriers come "
+           "from released weights only",
+    "topagg": "clip to C, then NormTopK (norm <= sqrt(K) C: sensitivity sqrt(K) C), noise N(0, K sigma^2 C^2 I): a subsampled "
+              "Gaussian with multiplier sigma, the same epsilon as DP-SGD with sigma",
+    "sparsify": "the random mask is independent of the data (seeded by --seed and the epoch): same mechanism, same epsilon as "
+                "without it; the noise outside the mask is dropped (post-processing)",
+}
+
+
+def build_other(cfg, sigma: float, *, model=None, names=None, rgp: RGP | None = None):
+    """RGP or TopAgg as a :class:`~gsd_cli.train.loop.Method` with noise multiplier ``sigma``."""
+    from .loop import Method
+
+    C = cfg.clip
+    if cfg.method == "topagg":
+        s = topagg_sensitivity(C, cfg.topk_fraction)
+        ch = Chain(clip(C), NormTopK(cfg.topk_fraction), gaussian_noise(sigma * s, "grad", sensitivity=s))
+        return Method(ch, dpsgd_step_event,
+                      f"TopAgg: clip to C, NormTopK(K={cfg.topk_fraction:g}), sum, add N(0, K sigma^2 C^2 I) (sensitivity sqrt(K) C)",
+                      {"topagg": {"topk_fraction": cfg.topk_fraction, "sensitivity": s, "noise_std": sigma * s}})
+    assert cfg.method == "rgp"
+    if rgp is None:
+        if model is None or names is None:
+            raise ValueError("RGP needs the model and the trained parameter names")
+        rgp = RGP(model, names, cfg.rgp_rank, cfg.power_iters, cfg.rgp_warmup, cfg.seed)
+    ch = Chain(RGPCarriers(rgp), clip(C), gaussian_noise(sigma * C, "grad", sensitivity=C), RGPReconstruct(rgp))
+    per_sample = rgp.per_sample
+    full = sum(rgp.sizes.values())
+    details = {
+        "rgp": {"rank": cfg.rgp_rank, "power_iters": cfg.power_iters, "warmup_steps": cfg.rgp_warmup,
+                "layers": [{"name": l.mname, "shape": list(l.shape), "rank": l.r} for l in rgp.layers],
+                "per_example_floats": rgp.width, "full_per_example_floats": full},
+        "rgp_state": rgp,
+    }
+    m = Method(ch, dpsgd_step_event,
+               f"RGP: rank-{cfg.rgp_rank} carrier gradients ({rgp.width} of {full} coordinates per example) clipped to C, "
+               "N(0, (sigma C)^2 I) on their sum, update reconstructed by Eq. 3", details)
+    m.per_sample = _PerSample(per_sample, rgp)
+    return m
+
+
+class _PerSample:
+    """The loop's per-sample hook with the row width it produces (for an empty subsample)."""
+
+    def __init__(self, fn, rgp: RGP):
+        self.fn = fn
+        self.rgp = rgp
+
+    @property
+    def width(self) -> int:
+        return self.rgp.width
+
+    def __call__(self, model, names, x, y, ctx):
+        return self.fn(model, names, x, y, ctx)
+
+
+def sparsified(cfg, method, anchor=None):
+    """``method`` (DP-SGD or GEP) with random sparsification at final rate ``cfg.sparsify``: the mask
+    before everything (before clipping; GEP: before the projection, and on the anchor gradients) and
+    on the released update."""
+    rs = RandomSparsify(cfg.sparsify, cfg.seed)
+    if anchor is not None:
+        if isinstance(anchor.gradients, MaskedGradients):
+            anchor.gradients.rs = rs
+        else:
+            anchor.gradients = MaskedGradients(anchor.gradients, rs)
+    ch = Chain(rs, *method.chain.transforms, SparsifyRelease(rs))
+    details = {**method.details, "sparsify": {"final_rate": cfg.sparsify, "schedule": "linear 0 -> R over epochs (gradual cooling)",
+                                              "refresh": "once per epoch"}}
+    return type(method)(ch, method.step_event, method.description + f"; random sparsification (final rate {cfg.sparsify:g}, "
+                        "mask independent of the data, before clipping)", details, method.per_sample)
+
+
+def method_privacy(method: str, sparsify: float = 0.0) -> str:
+    """The privacy statement of ``method`` (``--help``, README, ``gsd compare``)."""
+    text = PRIVACY[method]
+    return text + ("; with --sparsify: " + PRIVACY["sparsify"] if sparsify else "")
+
+
+__all__ = ["build_other", "sparsified", "method_privacy", "PRIVACY"]
