@@ -56,7 +56,7 @@ from .gep import Anchor, GEPProject, GEPReconstruct, split_groups
 from .splits import private_parts
 from .transforms import Chain, StepContext, chain_step_event, clip, gaussian_noise
 
-METHODS = ("dpsgd", "gep")
+METHODS = ("dpsgd", "gep", "second-phase")
 SCHEDULES = ("step", "constant")
 
 # Paper 000 splits ResNet20 into the input layer, the three stages and the output layer.
@@ -99,6 +99,12 @@ class TrainConfig:
     deterministic_noise: bool = False
     public_distance: float | None = None
     catalog: str | None = None
+    # second-phase pre-training and PEFT (gsd_cli.peft, gsd_cli.train.second_phase)
+    weights: str | None = None
+    peft: str | None = None
+    public_epochs: int = 5
+    public_lr: float | None = None
+    public_batch_size: int = 64
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -140,6 +146,13 @@ def validate(cfg: TrainConfig) -> None:
             raise GSDError(f"{what} must be positive (got {v})")
     if cfg.physical_batch is not None and cfg.physical_batch < 1:
         raise GSDError(f"--physical-batch must be at least 1 (got {cfg.physical_batch})")
+    if cfg.method == "second-phase":
+        if not cfg.public:
+            raise GSDError("--method second-phase needs public data: --public NAME (or --auto-select with candidates)")
+        if cfg.public_epochs < 1 or cfg.public_batch_size < 1 or cfg.public_examples < 2:
+            raise GSDError("--public-epochs and --public-batch-size must be at least 1, --public-examples at least 2")
+        if cfg.public_lr is not None and not cfg.public_lr > 0:
+            raise GSDError(f"--public-lr must be positive (got {cfg.public_lr})")
     if cfg.method == "gep":
         if not cfg.public:
             raise GSDError("--method gep needs public data: --public NAME (or --auto-select with candidates)")
@@ -166,7 +179,7 @@ class Method:
 
 def build_method(cfg: TrainConfig, sigma: float, anchor: Anchor | None = None) -> Method:
     """The transform chain of ``cfg.method`` with noise multiplier ``sigma``."""
-    if cfg.method == "dpsgd":
+    if cfg.method in ("dpsgd", "second-phase"):  # second-phase: stage 2 is DP-SGD from theta_0
         ch = Chain(clip(cfg.clip), gaussian_noise(sigma * cfg.clip, "grad", sensitivity=cfg.clip))
         return Method(ch, dpsgd_step_event, "DP-SGD: clip each per-sample gradient to C, sum, add N(0, (sigma C)^2 I)")
     assert anchor is not None
@@ -252,13 +265,15 @@ def train(
     out = ckpt.prepare_run_dir(Path(out), resume)
     meta = None
     if resume:
-        meta = ckpt.load_meta(out)
-        saved = meta.get("settings", {})
+        from .second_phase import run_settings
+
+        meta = ckpt.load_meta(out) if (out / ckpt.CKPT_META).is_file() else None  # None: stopped in stage 1
+        saved = meta.get("settings", {}) if meta is not None else run_settings(out)
         diff = sorted(k for k, v in cfg.to_dict().items() if saved.get(k) != v)
         if diff:
             shown = ", ".join(f"{k}: run has {saved.get(k)!r}, asked {getattr(cfg, k)!r}" for k in diff[:4])
             raise GSDError(f"--resume {out}: settings differ from the checkpoint's ({shown}); resume with the run's own settings")
-        selection = meta.get("selection", selection)
+        selection = meta.get("selection", selection) if meta is not None else selection
     t_start = time.perf_counter()
     dev = resolve_device(device)
     try:
@@ -283,11 +298,16 @@ def train(
     steps_per_epoch = max(1, round(n_train / cfg.batch_size))
     total_steps = cfg.epochs * steps_per_epoch
 
-    model = spec.build(num_classes=train_src.num_classes, seed=cfg.seed).to(dev)
-    names = select_parameters(model, cfg.params)
-    keep = set(names)
-    for n, p in model.named_parameters():
-        p.requires_grad_(n in keep)
+    from ..peft import build_model
+
+    spec, model, names, model_info = build_model(cfg.model, train_src.num_classes, cfg.seed, weights=cfg.weights, peft=cfg.peft, params=cfg.params)
+    model = model.to(dev)
+    stage1 = None
+    if cfg.method == "second-phase":
+        from .second_phase import run_second_phase
+
+        stage1 = run_second_phase(model, names, cfg, spec, out, dev, num_classes=train_src.num_classes,
+                                  multilabel=train_src.multilabel, catalog=cat, progress=progress)
     num_params = sum(dict(model.named_parameters())[n].numel() for n in names)
     chunk = cfg.physical_batch or default_chunk_size(dev, num_params)
 
@@ -343,6 +363,12 @@ def train(
         "mechanism": method.description,
     }
     settings = cfg.to_dict()
+    if stage1 is not None and meta is None:  # theta_0 is the run's first checkpoint: --resume never redoes stage 1
+        ckpt.save(out, model, opt, {
+            "settings": settings, "epoch": 0, "step": 0, "privacy": {**privacy_static, "steps_done": 0, "epsilon_spent": 0.0},
+            "secret": {"noise_seed": str(noise_seed), "note": "seed of the private randomness: keep this file private"},
+            "selection": selection,
+        })
 
     if progress:
         progress("epoch", start_epoch, cfg.epochs)
@@ -391,7 +417,7 @@ def train(
         })
         if progress:
             progress("epoch", epoch + 1, cfg.epochs)
-    if cfg.method != "gep" and cfg.public:
+    if cfg.method == "dpsgd" and cfg.public:
         notes_unused = [f"--public {cfg.public} is not used by --method {cfg.method}"]
     else:
         notes_unused = []
@@ -412,7 +438,7 @@ def train(
         "private_train_examples": n_train,
         "private_test": test_src.name,
         "private_test_examples": len(test_src),
-        "public": cfg.public if cfg.method == "gep" else None,
+        "public": cfg.public if cfg.method in ("gep", "second-phase") else None,
         "public_distance": cfg.public_distance,
         "public_examples": anchor.x.shape[0] if anchor else 0,
         "model": cfg.model,
@@ -422,7 +448,7 @@ def train(
              "clip_embedding": cfg.clip_embedding, "clip_residual": cfg.clip_residual, "residual": cfg.residual}
             if anchor else None
         ),
-        "clip": cfg.clip if cfg.method == "dpsgd" else None,
+        "clip": cfg.clip if cfg.method in ("dpsgd", "second-phase") else None,
         "sigma": sigma,
         "steps": total_steps,
         "epochs": cfg.epochs,
@@ -437,6 +463,10 @@ def train(
         "selection": selection,
         "seconds": round(time.perf_counter() - t_start, 2),
     }
+    from .second_phase import stages
+
+    summary["peft"] = model_info.get("peft")
+    summary["stages"] = stages(model_info, stage1, summary)
     ckpt.atomic_write(out / ckpt.SUMMARY, json.dumps(summary, indent=2) + "\n")
     from .curves import plot_curves
 
