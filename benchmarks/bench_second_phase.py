@@ -75,7 +75,7 @@ def main() -> None:
     ap.add_argument("--pretrain-epochs", type=int, default=3)
     ap.add_argument("--public-examples", type=int, default=1000)
     ap.add_argument("--public-epochs", type=int, default=3)
-    ap.add_argument("--public-lr", type=float, default=1e-2)
+    ap.add_argument("--public-lr", type=float, default=3e-3)
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--lr", type=float, default=0.1)

@@ -360,7 +360,7 @@ def train(
     deterministic_noise: bool = typer.Option(False, "--deterministic-noise", help="Derive the private sampling and noise from --seed (reproducible experiments; the guarantee then needs the seed kept secret)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="New run folder (default gsd-train-<time>); its parent must exist."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the interrupted run in this folder, with its own settings (same result as an uninterrupted run)."),
-    rank_model: str = typer.Option("probe", "--rank-model", help="--auto-select: model of the ranking."),
+    rank_model: str = typer.Option("probe", "--rank-model", help="--auto-select: model of the ranking (default: probe; with --weights or --peft, the trained model with its weights and --peft)."),
     rank_k: int = typer.Option(16, "--rank-k", help="--auto-select: subspace dimension of the ranking."),
     rank_examples: int = typer.Option(2000, "--rank-examples", help="--auto-select: examples per dataset in the ranking."),
     select_epsilon: Optional[float] = typer.Option(None, "--select-epsilon", help="--auto-select with DP-GSD at this epsilon (added to the budget); without it the selection is not private."),
@@ -436,6 +436,8 @@ def train(
             from .report import print_ranking
 
             rank_opts = dict(k=rank_k, examples=rank_examples, seed=seed, model=rank_model, device=device.value)
+            if (weights is not None or peft is not None) and ctx.get_parameter_source("rank_model").name == "DEFAULT":
+                rank_opts.update(model=model, weights=weights, peft=peft)  # GSD on exactly the parameters to be trained
             if select_epsilon is not None:
                 rank_opts.update(dp=True, epsilon=select_epsilon)
             ranking = _with_rank_progress(quiet, lambda pr: auto_select_fn(private, publics, private_test=private_test, catalog=cat, progress=pr, **rank_opts))

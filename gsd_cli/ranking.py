@@ -80,6 +80,8 @@ class Ranking:
     privacy: dict | None = None
     warnings: list[str] = field(default_factory=list)
     sketch: int | None = None
+    weights: str | None = None  # --weights (pre-trained backbone), when given
+    peft: str | None = None  # --peft (the trainable set), when given
 
     def __len__(self) -> int:
         return len(self.results)
@@ -407,7 +409,7 @@ def rank(
         seed=seed, labels=labels, row_norm=row_norm,
         params=None if params is None else ([params] if isinstance(params, str) else list(params)),
         num_params=num_params, device=str(dev), engine=priv.engine, private_examples=priv.examples,
-        uniform_baseline=uniform_baseline(k, dims), results=rows, sketch=dp_sketch,
+        uniform_baseline=uniform_baseline(k, dims), results=rows, sketch=dp_sketch, weights=weights, peft=peft,
         seconds=round(time.perf_counter() - t0, 3),
     )
 

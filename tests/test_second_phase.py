@@ -221,17 +221,14 @@ def test_second_phase_changes_only_the_trainable_parameters(tiny, tmp_path, weig
     assert s["stages"][0]["weights"] == "pre-trained" and s["stages"][0]["sha256"]
     assert s["stages"][1]["public"] == tiny["public"] and "no privacy cost" in s["stages"][1]["what"]
     assert s["stages"][2]["epsilon"] == s["epsilon"] and s["public"] == tiny["public"]
-    assert s["budget"]["entries"][-1]["epsilon"] == s["epsilon"]
+    # stage 2 is DP-SGD, calibrated and accounted as in the train issue; stage 1 spends nothing
+    from gsd_cli.privacy import calibrate_noise, dpsgd_step_event, epsilon_of, training_event
 
-
-def test_private_stage_is_accounted_as_dpsgd(tiny, tmp_path):
-    from gsd_cli.privacy import dpsgd_step_event, epsilon_of, training_event
-
-    s = train(_cfg(tiny, epochs=1, public_epochs=1), tmp_path / "sp")
-    d = train(_cfg(tiny, epochs=1, method="dpsgd", public=None), tmp_path / "dp")
-    assert s["sigma"] == d["sigma"] and s["steps"] == d["steps"] and s["epsilon"] == d["epsilon"] <= 4.0
-    assert s["epsilon"] == pytest.approx(epsilon_of(training_event(dpsgd_step_event(s["sigma"]), s["sampling_rate"], s["steps"]), 1e-5, "rdp"))
-    assert len(s["budget"]["entries"]) == 1  # the second phase spends nothing
+    q = s["sampling_rate"]
+    assert s["sigma"] == calibrate_noise(dpsgd_step_event, cfg.epsilon, cfg.delta, q, s["steps"], "rdp")
+    assert s["epsilon"] == pytest.approx(epsilon_of(training_event(dpsgd_step_event(s["sigma"]), q, s["steps"]), cfg.delta, "rdp"))
+    assert s["epsilon"] <= cfg.epsilon and len(s["budget"]["entries"]) == 1
+    assert s["privacy"]["mechanism"].startswith("DP-SGD")
 
 
 def test_resume_across_stages_equals_a_straight_run(tiny, tmp_path):
@@ -316,3 +313,18 @@ def test_cli_models_and_second_phase(capsys, tiny, tmp_path, weights_file):
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "p=132" in out.replace(",", "")
+
+
+def test_auto_select_for_second_phase_ranks_on_the_trained_parameters(capsys, tiny, tmp_path, weights_file):
+    path, _ = weights_file
+    run = tmp_path / "auto"
+    code = main(["train", "--private", tiny["private"], "--auto-select", "--public", tiny["public"], tiny["public12"],
+                 "--method", "second-phase", "--model", "fmnist-cnn", "--weights", str(path), "--peft", "fc2",
+                 "--rank-k", "2", "--rank-examples", "30", "--epochs", "1", "--batch-size", "30", "--public-epochs", "1",
+                 "--public-examples", "30", "--out", str(run), "-q"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    s = json.loads((run / "summary.json").read_text())
+    assert s["selection"]["model"] == "fmnist-cnn" and s["selection"]["num_params"] == 32 * 4 + 4
+    assert s["public"] == s["selection"]["results"][0]["public"]
+    assert any("NOT differentially private" in n for n in s["notes"])
