@@ -417,7 +417,7 @@ def train(
         })
         if progress:
             progress("epoch", epoch + 1, cfg.epochs)
-    if cfg.method == "dpsgd" and cfg.public:
+    if cfg.method not in ("gep", "second-phase") and cfg.public:
         notes_unused = [f"--public {cfg.public} is not used by --method {cfg.method}"]
     else:
         notes_unused = []
