@@ -73,11 +73,12 @@ def test_patterns_modules_presets_and_keywords():
 
 
 def test_paper_table8_presets_name_exactly_its_layers():
-    _, _, names, info = build_model("resnet152", 14, 0, peft="paper")
+    _, net, names, info = build_model("resnet152", 14, 0, peft="paper")
     assert names == ["layer3.32.conv1.weight", "fc.weight", "fc.bias"]
     assert info["peft"]["trainable"] == 256 * 1024 + 2048 * 14 + 14
     # the spelling: a module name and a parameter name
-    assert apply_peft(build_model("resnet152", 14, 0)[1], "fc,layer3.32.conv1.weight")[1] == names
+    assert apply_peft(net, "fc,layer3.32.conv1.weight")[1] == names
+    assert [n for n, p in net.named_parameters() if p.requires_grad] == names
     _, _, names, _ = build_model("densenet121", 14, 0, peft="paper")
     assert names == ["features.denseblock3.denselayer23.conv1.weight", "features.denseblock3.denselayer24.conv1.weight",
                      "classifier.weight", "classifier.bias"]
