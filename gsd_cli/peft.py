@@ -17,12 +17,12 @@ False, never in the optimiser, unchanged by training).
 * ``lora`` or ``lora:r=8,alpha=8,dropout=0,targets=REGEX``: LoRA adapters (Hu et al.) through the
   ``peft`` library (optional: ``pip install 'gsd-cli[lora]'``), plus the head. The adapters' B
   matrices start at zero, so the model computes exactly the same function before training. Default
-  targets: for vit_b_16 the two Linear layers of every encoder block's MLP; for other models every
-  Linear and Conv2d layer except the head. torchvision's ViT attention is ``nn.MultiheadAttention``,
-  whose projections are not ``nn.Linear`` calls; peft wraps it by merging the adapter into the weight
-  tensors in place around each forward, which torch.func's functional per-sample gradients (and so
-  DP-SGD's clipping) cannot see through, so it is not targeted (the paper's LoRA targets attention
-  projections of a ViT whose attention uses Linear layers);
+  targets: for vit_b_16 the attention projections of every encoder block (query/key/value ``in_proj``
+  and ``out_proj``: torchvision's ``nn.MultiheadAttention`` is rebuilt with the same tensors as
+  :class:`probes.backbones.LinearSelfAttention`, whose projections are ``nn.Linear`` layers; peft's
+  own wrapper of ``nn.MultiheadAttention`` merges the adapter into the weights in place around each
+  forward, which torch.func's functional per-sample gradients, and so DP-SGD's clipping, cannot
+  see); for other models every Linear and Conv2d layer except the head;
 * comma-separated names or glob patterns over parameter names; a module name (``fc``) means all its
   parameters (``fc.*``), e.g. ``'fc,layer3.32.conv1.weight'``.
 """

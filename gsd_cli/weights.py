@@ -27,6 +27,9 @@ from .errors import ModelError
 _DENSENET_OLD = re.compile(r"^(.*denselayer\d+\.(?:norm|relu|conv))\.((?:[12])\.(?:weight|bias|running_mean|running_var))$")
 
 
+_FUSED = re.compile(r"\.in_proj_(weight|bias)$")
+
+
 def _listing(keys, limit: int = 6) -> str:
     keys = sorted(keys)
     return ", ".join(keys[:limit]) + (f", ... ({len(keys)} in all)" if len(keys) > limit else "")
@@ -121,6 +124,8 @@ def load_weights(model: nn.Module, source: str | Path, model_name: str | None = 
     state = {(_DENSENET_OLD.sub(r"\1\2", k)): v for k, v in state.items()}
     state = {k[len("module."):] if k.startswith("module.") else k: v for k, v in state.items()}
     own = model.state_dict()
+    # torchvision's fused attention names -> probes.backbones.LinearSelfAttention's Linear layers
+    state = {(_FUSED.sub(r".in_proj.\1", k) if _FUSED.sub(r".in_proj.\1", k) in own and k not in own else k): v for k, v in state.items()}
     head = head_prefix(model)
     is_head = lambda k: k.startswith(head + ".")  # noqa: E731
     dropped = sorted(k for k in state if is_head(k))

@@ -20,7 +20,9 @@ them. The paper's fine-tuning of a few layers of a pre-trained ResNet152 / Dense
 this setting. Without ``--weights`` the running statistics are torchvision's initial ones (mean 0,
 variance 1): a random backbone, useful for listing parameters and for tests, not for accuracy.
 
-All in-place ReLUs are made out-of-place (Opacus' hooks refuse in-place changes of a hooked layer's
+``vit_b_16``'s ``nn.MultiheadAttention`` is rebuilt as :class:`LinearSelfAttention` (the same
+function and tensors, projections as ``nn.Linear``), so that LoRA can adapt the attention and
+per-sample gradients see it. All in-place ReLUs are made out-of-place (Opacus' hooks refuse in-place changes of a hooked layer's
 output). Registered at 224x224 (ImageNet); ``NAME@SIZE`` (e.g. ``resnet18@32``) builds a model for
 another input size (:func:`probes.get_model_spec`); ViT's patch grid follows the size, so its
 224-pixel position embeddings only load at 224.
@@ -106,13 +108,48 @@ def densenet121(num_classes: int = 10, in_channels: int = 3) -> nn.Module:
     return freeze_batchnorm(net)
 
 
+class LinearSelfAttention(nn.Module):
+    """``nn.MultiheadAttention``'s self-attention (batch first, no mask, no dropout) with its
+    projections as ``nn.Linear`` layers: ``in_proj`` (query, key and value stacked, as the fused
+    ``in_proj_weight``) and ``out_proj``. The same function and the same tensors, but LoRA (peft) can
+    wrap the projections and torch.func sees every parameter. torchvision's state-dict names
+    ``in_proj_weight`` / ``in_proj_bias`` load into it (:mod:`gsd_cli.weights` renames them)."""
+
+    def __init__(self, mha: nn.MultiheadAttention):
+        super().__init__()
+        if not (mha._qkv_same_embed_dim and mha.batch_first) or mha.dropout:
+            raise ValueError("LinearSelfAttention replaces batch-first self-attention without dropout only")
+        e = mha.embed_dim
+        self.num_heads = mha.num_heads
+        self.in_proj = nn.Linear(e, 3 * e, bias=mha.in_proj_bias is not None)
+        self.out_proj = nn.Linear(e, e, bias=mha.out_proj.bias is not None)
+        with torch.no_grad():
+            self.in_proj.weight.copy_(mha.in_proj_weight)
+            self.out_proj.weight.copy_(mha.out_proj.weight)
+            if mha.in_proj_bias is not None:
+                self.in_proj.bias.copy_(mha.in_proj_bias)
+            if mha.out_proj.bias is not None:
+                self.out_proj.bias.copy_(mha.out_proj.bias)
+
+    def forward(self, query, key=None, value=None, need_weights: bool = False, **_):
+        b, t, e = query.shape
+        h = self.num_heads
+        q, k, v = self.in_proj(query).view(b, t, 3, h, e // h).permute(2, 0, 3, 1, 4)
+        attn = torch.softmax((q @ k.transpose(-2, -1)) * (e // h) ** -0.5, dim=-1)
+        out = (attn @ v).transpose(1, 2).reshape(b, t, e)
+        return self.out_proj(out), None
+
+
 def vit_b_16(num_classes: int = 10, in_channels: int = 3, input_size: int = 224) -> nn.Module:
-    """torchvision vit_b_16 (weights=None; LayerNorm, no BatchNorm) for ``input_size`` (a multiple of 16)."""
+    """torchvision vit_b_16 (weights=None; LayerNorm, no BatchNorm) for ``input_size`` (a multiple of
+    16), its attention as :class:`LinearSelfAttention` (the same function, Linear projections)."""
     from torchvision.models import vit_b_16 as tv_vit
 
     if input_size % 16:
         raise ValueError(f"vit_b_16 needs an input size that is a multiple of 16 (got {input_size})")
     net = tv_vit(weights=None, num_classes=num_classes, image_size=input_size)
+    for block in net.encoder.layers:
+        block.self_attention = LinearSelfAttention(block.self_attention)
     if in_channels != 3:
         net.conv_proj = nn.Conv2d(in_channels, net.hidden_dim, kernel_size=16, stride=16)
     return net
@@ -124,9 +161,9 @@ DENSENET121_PAPER = (
     "classifier.weight", "classifier.bias",
     "features.denseblock3.denselayer23.conv1.weight", "features.denseblock3.denselayer24.conv1.weight",
 )
-# torchvision's attention is nn.MultiheadAttention (no nn.Linear calls inside); LoRA goes on the
-# encoder blocks' MLP Linear layers instead (see gsd_cli.peft).
-VIT_LORA_TARGETS = r".*encoder_layer_\d+\.mlp\.[03]"
+# LoRA on the attention projections of every encoder block (query, key, value and output), as LoRA
+# (Hu et al.) adapts attention weights.
+VIT_LORA_TARGETS = r".*encoder_layer_\d+\.self_attention\.(in_proj|out_proj)"
 
 #: torchvision weight enums, for ``--weights NAME`` (e.g. IMAGENET1K_V1) where there is internet.
 TORCHVISION_WEIGHTS = {

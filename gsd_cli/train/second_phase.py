@@ -45,7 +45,10 @@ TRANSFORMER_LR, CNN_LR = 3e-3, 5e-5
 
 def default_public_lr(model: nn.Module) -> float:
     """Paper 004 Appendix B: Adam with 3e-3 for transformer-based models, 5e-5 for CNNs."""
-    return TRANSFORMER_LR if any(isinstance(m, nn.MultiheadAttention) for m in model.modules()) else CNN_LR
+    from probes.backbones import LinearSelfAttention
+
+    attention = (nn.MultiheadAttention, LinearSelfAttention)
+    return TRANSFORMER_LR if any(isinstance(m, attention) for m in model.modules()) else CNN_LR
 
 
 def _public_labels(sample: gdata.Sample, num_classes: int, multilabel: bool) -> tuple[torch.Tensor, int | None]:
