@@ -349,7 +349,7 @@ def train(
     seed: int = typer.Option(0, "--seed", help="Seed of the initial weights, the public anchors and their random labels (the private sampling and noise use a secret seed)."),
     clip: float = typer.Option(1.0, "--clip", help="dpsgd: L2 clip norm C of each per-sample gradient; noise std sigma*C."),
     k: int = typer.Option(100, "--k", help="gep: anchor subspace dimension (shared by the groups by sqrt of their size)."),
-    public_examples: int = typer.Option(2000, "--public-examples", help="gep: public anchor examples (randomly labelled each step, as paper 000)."),
+    public_examples: int = typer.Option(2000, "--public-examples", help="gep: public anchor examples (randomly labelled each step, as paper 000); second-phase: public examples of stage 1."),
     power_iters: int = typer.Option(1, "--power-iters", help="gep: power iterations per step (the paper uses 1)."),
     groups: str = typer.Option("auto", "--groups", help="gep: parameter groups, ';' between groups, ',' between glob patterns; auto = the paper's 5 groups for resnet20, one group otherwise; none = one group."),
     clip_embedding: float = typer.Option(2.0, "--clip-embedding", help="gep: clip norm S1 of the embedding; noise std sigma*S1."),
