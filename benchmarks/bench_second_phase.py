@@ -82,6 +82,9 @@ def main() -> None:
     ap.add_argument("--clip", type=float, default=1.0)
     ap.add_argument("--epsilon", type=float, default=2.0)
     ap.add_argument("--rank-examples", type=int, default=1000)
+    ap.add_argument("--labels", choices=("random", "own"), default="random", help="labels of the GSD gradients")
+    ap.add_argument("--reuse-runs", type=Path, default=None,
+                    help="take the trainings (accuracies) from this result file of the same settings; compute only GSD")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     t_all = time.perf_counter()
@@ -89,15 +92,23 @@ def main() -> None:
     weights = tmp / "fmnist-cnn-textures.safetensors"
     stage0 = pretrain(weights, args.pretrain_on, args.pretrain_epochs, 0)
     print("stage 0:", stage0, flush=True)
+    reused = None
+    if args.reuse_runs:
+        reused = json.loads(args.reuse_runs.read_text())
+        same = ("seeds", "publics", "pretrain_on", "pretrain_epochs", "public_examples", "public_epochs", "public_lr",
+                "epochs", "lr", "clip", "epsilon", "momentum")
+        diff = [k for k in same if reused["args"].get(k) != vars(args)[k]]
+        if diff or abs(reused["stage0"]["train_accuracy"] - stage0["train_accuracy"]) > 1e-6:
+            raise SystemExit(f"--reuse-runs {args.reuse_runs}: other settings ({diff or 'stage-0 weights differ'})")
     gsd: dict[str, list[float]] = {p: [] for p in args.publics}
     for seed in args.seeds:
         rk = rank("mnist-a:train", args.publics, model="fmnist-cnn", weights=str(weights), peft=PEFT, k=16,
-                  examples=args.rank_examples, seed=seed, device="cpu")
+                  examples=args.rank_examples, seed=seed, device="cpu", labels=args.labels)
         for r in rk:
             gsd[r.public].append(r.distance)
         print(f"seed {seed} GSD:", {r.public: round(r.distance, 4) for r in rk}, flush=True)
-    runs = []
-    for seed in args.seeds:
+    runs = list(reused["runs"]) if reused else []
+    for seed in ([] if reused else args.seeds):
         for cand in ["-", *args.publics]:
             cfg = TrainConfig(
                 private="mnist-a", public=None if cand == "-" else cand, method="dpsgd" if cand == "-" else "second-phase",
@@ -131,7 +142,7 @@ def main() -> None:
     print(f"Spearman(GSD, accuracy) = {rho:.3f}, Kendall tau = {tau:.3f} (negative: lower GSD, higher accuracy)")
     result = {
         "benchmark": "bench_second_phase", "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "peft": PEFT, "stage0": stage0, "gsd": gsd, "runs": runs, "table": table, "spearman": rho, "kendall": tau,
+        "peft": PEFT, "labels": args.labels, "runs_from": str(args.reuse_runs) if args.reuse_runs else None, "stage0": stage0, "gsd": gsd, "runs": runs, "table": table, "spearman": rho, "kendall": tau,
         "seconds": round(time.perf_counter() - t_all, 1), "loadavg": os.getloadavg(), "cpus": os.cpu_count(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "torch": torch.__version__, "platform": platform.platform(),
     }
