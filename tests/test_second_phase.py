@@ -168,6 +168,15 @@ def test_weights_load_with_a_new_head_and_refuse_bad_files(tmp_path, weights_fil
         load_weights(net, tmp_path / "shape.pt", "fmnist-cnn")
     with pytest.raises(ModelError, match="no such file"):
         load_weights(net, tmp_path / "absent.pt", "fmnist-cnn")
+    # a torchvision model: a name that is neither a file nor one of its published weights (no download)
+    with pytest.raises(ModelError, match="nor a torchvision weight of resnet18.*IMAGENET1K_V1"):
+        load_weights(net, "NOT_A_WEIGHT", "resnet18@32")
+    # NAME@SIZE: the same model for another input size; nonsense sizes refused
+    from probes import get_model_spec
+
+    assert get_model_spec("resnet18@64").input_size == 64 and get_model_spec("resnet18").input_size == 224
+    with pytest.raises(ModelError, match="size after '@'"):
+        build_model("resnet18@x", 10, 0)
 
 
 class _Evil:
