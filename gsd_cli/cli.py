@@ -456,7 +456,8 @@ def train(
     from .train.report import print_summary
 
     print_summary(summary, out)
-    err.print(f"wrote {run}/summary.json, metrics.jsonl, curves.png, checkpoint.safetensors")
+    err.print(f"wrote {run}/summary.json, metrics.jsonl, curves.png, checkpoint.safetensors"
+              + (", stage1.safetensors" if cfg.method == "second-phase" else ""))
 
 
 models_app = typer.Typer(help="Models: the registry, parameter names and counts, PEFT presets.", no_args_is_help=True)
