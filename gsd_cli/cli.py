@@ -40,7 +40,7 @@ RowNorm = _choices("RowNorm", "unit", "none")
 Device = _choices("Device", "auto", "cpu", "cuda")
 DpRepeats = _choices("DpRepeats", "shared", "fresh")
 Engine = _choices("Engine", "auto", "vmap", "hooks")
-Method = _choices("Method", "gep", "dpsgd", "rgp", "topagg")
+Method = _choices("Method", "gep", "dpsgd", "rgp", "topagg", "second-phase")
 Accountant = _choices("Accountant", "rdp", "pld")
 Schedule = _choices("Schedule", "step", "constant")
 
@@ -93,6 +93,8 @@ def rank(
     params: Optional[List[str]] = typer.Option(
         None, "--params", help="Glob patterns over parameter names that get gradients, e.g. 'fc.*' (default: all trainable)."
     ),
+    weights: Optional[str] = typer.Option(None, "--weights", help="Pre-trained weights: a .safetensors file or a PyTorch state dict (loaded with weights_only=True, never an arbitrary pickle), or a torchvision weight name such as IMAGENET1K_V1 (downloads; needs internet). The head is new, sized to the private task."),
+    peft: Optional[str] = typer.Option(None, "--peft", help="Trainable parameters: a model preset (gsd models show NAME, e.g. paper = paper 004 Table 8), head, bitfit, lora[:r=8,alpha=8,targets=REGEX], or names/glob patterns ('fc,layer3.32.conv1.weight'); all else frozen. The same choice in gsd rank and gsd train gives distances on the trained parameters."),
     labels: Labels = typer.Option(
         Labels.random, "--labels", help="random: uniform labels in the model's label space, as the authors do; own: the datasets' labels."
     ),
@@ -203,6 +205,10 @@ def rank(
         mechanism=mechanism, dp_sketch=dp_sketch, gibbs_sweeps=gibbs_sweeps, gram=gram, memory_budget=memory_budget,
         repeats=repeats, dp_repeats=(dp_repeats or DpRepeats.shared).value,
     )
+    if weights is not None or peft is not None:
+        if catalog is not None:
+            raise GSDError("--weights and --peft are not available with --catalog yet; rank with --private and --public")
+        options.update(weights=weights, peft=peft)
     try:
         if catalog is None:
             sources = [resolve(n, root=data_root, download=download) for n in [private, *(publics or DEFAULT_PUBLIC)]]
@@ -323,12 +329,17 @@ def train(
     public: Optional[List[str]] = typer.Option(None, "--public", help="Public dataset for GEP; with --auto-select, the candidates (list names after it)."),
     auto_select: bool = typer.Option(False, "--auto-select", help="Rank the --public candidates (or the --catalog job's) with gsd rank first (probe network, random labels) and train with the closest."),
     catalog_path: Optional[Path] = typer.Option(None, "--catalog", help="TOML catalogue: its datasets resolve by name; with --auto-select the candidates are those of the job whose private set is --private."),
-    method: Method = typer.Option(Method.gep, "--method", help="gep: Gradient Embedding Perturbation (paper 000) on the public anchor subspace; dpsgd: DP-SGD without public data; rgp: low-rank reparametrized gradient perturbation (paper 001), no public data; topagg: DP-SGD with NormTopK compression (paper 002)."),
+    method: Method = typer.Option(Method.gep, "--method", help="gep: Gradient Embedding Perturbation (paper 000) on the public anchor subspace; dpsgd: DP-SGD without public data; rgp: low-rank reparametrized gradient perturbation (paper 001), no public data; topagg: DP-SGD with NormTopK compression (paper 002); second-phase: train the --peft parameters on the public set first (no privacy cost), then DP-SGD on the private set (paper 004 Sec. 5; the paper uses --lr 0.8 --clip 0.1)."),
     epsilon: float = typer.Option(2.0, "--epsilon", help="Target epsilon of the training; sigma is calibrated so the final epsilon is never above it."),
     delta: float = typer.Option(1e-5, "--delta", help="Target delta, in (0, 1); use less than 1/N."),
     private_test: Optional[str] = typer.Option(None, "--private-test", help="Test set for evaluation (default: the private dataset's test part)."),
     model: str = typer.Option("fmnist-cnn", "--model", help="Model to train: fmnist-cnn (28x28x1), resnet20 (GroupNorm, 32x32x3), probe."),
     params: Optional[List[str]] = typer.Option(None, "--params", help="Glob patterns of the parameters to train (default: all)."),
+    weights: Optional[str] = typer.Option(None, "--weights", help="Pre-trained weights: a .safetensors file or a PyTorch state dict (loaded with weights_only=True, never an arbitrary pickle), or a torchvision weight name such as IMAGENET1K_V1 (downloads; needs internet). The head is new, sized to the private task."),
+    peft: Optional[str] = typer.Option(None, "--peft", help="Trainable parameters: a model preset (gsd models show NAME, e.g. paper = paper 004 Table 8), head, bitfit, lora[:r=8,alpha=8,targets=REGEX], or names/glob patterns ('fc,layer3.32.conv1.weight'); all else frozen. The same choice in gsd rank and gsd train gives distances on the trained parameters."),
+    public_epochs: int = typer.Option(5, "--public-epochs", help="second-phase: epochs of stage 1 (supervised training of the --peft parameters on --public-examples public examples, their own labels)."),
+    public_lr: Optional[float] = typer.Option(None, "--public-lr", help="second-phase: Adam learning rate of stage 1 (default: paper 004's 3e-3 for transformers, 5e-5 for CNNs)."),
+    public_batch_size: int = typer.Option(64, "--public-batch-size", help="second-phase: minibatch size of stage 1."),
     epochs: int = typer.Option(20, "--epochs", help="Epochs; one epoch is round(N / batch size) steps."),
     batch_size: int = typer.Option(250, "--batch-size", help="Expected batch size: each step samples every private example with probability batch_size/N (Poisson)."),
     lr: float = typer.Option(0.1, "--lr", help="SGD learning rate."),
@@ -338,7 +349,7 @@ def train(
     seed: int = typer.Option(0, "--seed", help="Seed of the initial weights, the public anchors and their random labels (the private sampling and noise use a secret seed)."),
     clip: float = typer.Option(1.0, "--clip", help="dpsgd: L2 clip norm C of each per-sample gradient; noise std sigma*C."),
     k: int = typer.Option(100, "--k", help="gep: anchor subspace dimension (shared by the groups by sqrt of their size)."),
-    public_examples: int = typer.Option(2000, "--public-examples", help="gep: public anchor examples (randomly labelled each step, as paper 000)."),
+    public_examples: int = typer.Option(2000, "--public-examples", help="gep: public anchor examples (randomly labelled each step, as paper 000); second-phase: public examples of stage 1."),
     power_iters: int = typer.Option(1, "--power-iters", help="gep: power iterations per step (the paper uses 1)."),
     groups: str = typer.Option("auto", "--groups", help="gep: parameter groups, ';' between groups, ',' between glob patterns; auto = the paper's 5 groups for resnet20, one group otherwise; none = one group."),
     clip_embedding: float = typer.Option(2.0, "--clip-embedding", help="gep: clip norm S1 of the embedding; noise std sigma*S1."),
@@ -353,7 +364,7 @@ def train(
     deterministic_noise: bool = typer.Option(False, "--deterministic-noise", help="Derive the private sampling and noise from --seed (reproducible experiments; the guarantee then needs the seed kept secret)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="New run folder (default gsd-train-<time>); its parent must exist."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the interrupted run in this folder, with its own settings (same result as an uninterrupted run)."),
-    rank_model: str = typer.Option("probe", "--rank-model", help="--auto-select: model of the ranking."),
+    rank_model: str = typer.Option("probe", "--rank-model", help="--auto-select: model of the ranking (default: probe; with --weights or --peft, the trained model with its weights and --peft)."),
     rank_k: int = typer.Option(16, "--rank-k", help="--auto-select: subspace dimension of the ranking."),
     rank_examples: int = typer.Option(2000, "--rank-examples", help="--auto-select: examples per dataset in the ranking."),
     select_epsilon: Optional[float] = typer.Option(None, "--select-epsilon", help="--auto-select with DP-GSD at this epsilon (added to the budget); without it the selection is not private."),
@@ -386,14 +397,18 @@ def train(
         public_examples=public_examples, power_iters=power_iters, groups=groups, clip_embedding=clip_embedding,
         clip_residual=clip_residual, residual=residual, accountant=accountant.value, physical_batch=physical_batch,
         deterministic_noise=deterministic_noise, rgp_rank=rgp_rank, rgp_warmup=rgp_warmup, topk_fraction=topk_fraction,
-        sparsify=sparsify,
+        sparsify=sparsify, weights=weights, peft=peft, public_epochs=public_epochs,
+        public_lr=public_lr, public_batch_size=public_batch_size,
         catalog=str(catalog_path.expanduser().resolve()) if catalog_path is not None else None,
     )
     selection = None
     if resume is not None:
         if out_dir is not None:
             raise GSDError("give either --out (a new run) or --resume (an interrupted one), not both")
-        saved = load_meta(resume).get("settings", {}) if (resume / "checkpoint.json").is_file() else {}
+        from .train.second_phase import STAGE1_META, run_settings
+
+        saved = (load_meta(resume).get("settings", {}) if (resume / "checkpoint.json").is_file()
+                 else run_settings(resume) if (resume / STAGE1_META).is_file() else {})
         sources = {n: ctx.get_parameter_source("catalog_path" if n == "catalog" else n) for n in fields}
         explicit = {n for n, src in sources.items() if src is not None and src.name in ("COMMANDLINE", "ENVIRONMENT")}
         if publics:
@@ -429,6 +444,8 @@ def train(
             from .report import print_ranking
 
             rank_opts = dict(k=rank_k, examples=rank_examples, seed=seed, model=rank_model, device=device.value)
+            if (weights is not None or peft is not None) and ctx.get_parameter_source("rank_model").name == "DEFAULT":
+                rank_opts.update(model=model, weights=weights, peft=peft)  # GSD on exactly the parameters to be trained
             if select_epsilon is not None:
                 rank_opts.update(dp=True, epsilon=select_epsilon)
             ranking = _with_rank_progress(quiet, lambda pr: auto_select_fn(private, publics, private_test=private_test, catalog=cat, progress=pr, **rank_opts))
@@ -447,7 +464,61 @@ def train(
     from .train.report import print_summary
 
     print_summary(summary, out)
-    err.print(f"wrote {run}/summary.json, metrics.jsonl, curves.png, checkpoint.safetensors")
+    err.print(f"wrote {run}/summary.json, metrics.jsonl, curves.png, checkpoint.safetensors"
+              + (", stage1.safetensors" if cfg.method == "second-phase" else ""))
+
+
+models_app = typer.Typer(help="Models: the registry, parameter names and counts, PEFT presets.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """Every registered model with its input size and presets."""
+    from rich.table import Table
+
+    from .models_info import list_models_info
+
+    t = Table(title="models (NAME@SIZE builds a model for SIZExSIZE inputs, e.g. resnet18@32)")
+    for c in ("name", "input", "presets", "description"):
+        t.add_column(c, overflow="fold")
+    for r in list_models_info():
+        t.add_row(r["name"], f"{r['input_size']}x{r['input_size']}x{r['channels']}", ", ".join(r["presets"]) or "-", escape(r["description"]))
+    out.print(t)
+    out.print("--peft also takes: head, bitfit, lora[:r=8,alpha=8,targets=REGEX], or parameter names/glob patterns.")
+
+
+@models_app.command("show")
+def models_show(
+    name: str = typer.Argument(..., help="A model name (gsd models list)."),
+    peft: Optional[str] = typer.Option(None, "--peft", help="Mark what this --peft choice trains."),
+    classes: int = typer.Option(10, "--classes", help="Size of the head."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the listing as JSON to this file."),
+) -> None:
+    """Parameter names, shapes and counts, and each preset's parameters (builds the model; no forward pass)."""
+    import json as _json
+
+    from rich.table import Table
+
+    from .models_info import show_model
+    from .report import check_output_path, write_text
+
+    json_file = check_output_path(json_path, "--json")
+    d = show_model(name, classes, peft)
+    t = Table(title=f"{escape(d['name'])}: {d['total']:,} parameters ({d['input_size']}x{d['input_size']}x{d['channels']}, {classes} classes)")
+    for c in ("parameter", "shape", "count", *(["trained"] if peft else [])):
+        t.add_column(c, overflow="fold")
+    for p in d["parameters"]:
+        t.add_row(escape(p["name"]), "x".join(map(str, p["shape"])), f"{p['count']:,}", *(["yes" if p["trainable"] else ""] if peft else []))
+    out.print(t)
+    for pname, pr in d["presets"].items():
+        what = pr.get("note") or f"{pr['count']:,} parameters: {', '.join(pr['parameters'])}"
+        out.print(f"[bold]preset {escape(pname)}[/] ({escape(', '.join(pr['patterns']))}): {escape(what)}")
+    if peft:
+        out.print(f"[bold]--peft {escape(peft)}[/]: trains {d['trainable']:,} of {d['total']:,} parameters")
+    if json_file:
+        write_text(json_file, _json.dumps(d, indent=2) + "\n")
+        err.print(f"wrote {json_file}")
 
 
 @app.command()

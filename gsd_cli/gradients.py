@@ -180,12 +180,20 @@ def _first_engine(engine, model, names, loss, x, y, out, dev):
     """Compute the first chunk into ``out``; for ``auto``, with each engine in turn (Opacus' hooks
     break vmap, so one at a time), timed, keeping the faster. Returns ``(name, engine)`` with the engine open."""
     if engine != "auto":
-        eng = _ENGINE_CLASSES[engine](model, names, loss)
+        try:
+            eng = _ENGINE_CLASSES[engine](model, names, loss)
+        except NotImplementedError as e:  # Opacus has no per-layer sampler (e.g. a layer with buffers)
+            raise GSDError(f"--engine {engine}: {str(e).splitlines()[0]}; use --engine vmap") from None
         eng(x, y, out)
         return engine, eng
     times = {}
     for kind in ("vmap", "hooks"):
-        eng = _ENGINE_CLASSES[kind](model, names, loss)
+        try:
+            eng = _ENGINE_CLASSES[kind](model, names, loss)
+        except NotImplementedError:  # Opacus refuses the layer (e.g. a trained frozen-statistics BatchNorm)
+            eng = _ENGINE_CLASSES["vmap"](model, names, loss)
+            eng(x, y, out)
+            return "vmap", eng
         eng(x[:2], y[:2], out[:2])  # warm-up: one-time costs (tracing, kernel selection) are not timed
         times[kind] = _timed(lambda: eng(x, y, out), dev)
         if kind == "vmap":

@@ -80,6 +80,8 @@ class Ranking:
     privacy: dict | None = None
     warnings: list[str] = field(default_factory=list)
     sketch: int | None = None
+    weights: str | None = None  # --weights (pre-trained backbone), when given
+    peft: str | None = None  # --peft (the trainable set), when given
 
     def __len__(self) -> int:
         return len(self.results)
@@ -281,6 +283,8 @@ def rank(
     cache=None,
     gram: str = "auto",
     memory_budget: int | str | None = None,
+    weights: str | None = None,
+    peft: str | None = None,
 ) -> Ranking:
     """Rank public candidates by their GSD to the private dataset, lowest first.
 
@@ -305,6 +309,9 @@ def rank(
     ``seed``) seeds the public examples and labels alone; ``memo``: a dict in which subspaces are
     kept and reused when the same settings recur (in memory). ``cache`` (a
     :class:`gsd_cli.cache.SubspaceCache`) stores and reuses the *public* subspaces on disk.
+    ``weights`` (pre-trained weights, new head) and ``peft`` (the trainable set) build the model
+    exactly as ``gsd train`` does (:func:`gsd_cli.peft.build_model`), so the distance is computed on
+    the parameters that will be trained.
     """
     if repeats != 1:
         kw = dict(locals())  # the parameters as given
@@ -344,8 +351,9 @@ def rank(
     num_classes = priv_source.num_classes
     if num_classes < 1:
         raise GSDError(f"{priv_source.name} has no classes; it needs labelled examples")
-    net = spec.build(num_classes=num_classes, seed=seed)
-    names = select_parameters(net, params)
+    from .peft import build_model
+
+    _, net, names, _ = build_model(model, num_classes, seed, weights=weights, peft=peft, params=params)
     num_params = sum(dict(net.named_parameters())[n].numel() for n in names)
     if k > num_params:
         raise GSDError(f"k={k} is larger than the {num_params} selected parameters; use a smaller --k")
@@ -367,7 +375,7 @@ def rank(
         if mechanism not in MECHANISMS:
             raise GSDError(f"unknown --mechanism {mechanism!r}; use one of {', '.join(MECHANISMS)}")
         dp_cfg = dict(epsilon=float(epsilon), clip=float(clip), mechanism=mechanism, seed=seed, sweeps=gibbs_sweeps)
-    key = (model, tuple(names), num_classes, k, labels, row_norm, dp_sketch, loss, str(dev), examples, seed, gram)
+    key = (model, weights, peft, tuple(names), num_classes, k, labels, row_norm, dp_sketch, loss, str(dev), examples, seed, gram)
     priv = _cached(memo, key + (priv_source, seed, tuple(sorted((dp_cfg or {}).items()))),
                    lambda: sample_subspace(net, samples[0], **common, dp=dp_cfg))
     if engine == "auto" and priv.engine != "ghost":  # measured once on the private sample; the same engine for every candidate
@@ -401,7 +409,7 @@ def rank(
         seed=seed, labels=labels, row_norm=row_norm,
         params=None if params is None else ([params] if isinstance(params, str) else list(params)),
         num_params=num_params, device=str(dev), engine=priv.engine, private_examples=priv.examples,
-        uniform_baseline=uniform_baseline(k, dims), results=rows, sketch=dp_sketch,
+        uniform_baseline=uniform_baseline(k, dims), results=rows, sketch=dp_sketch, weights=weights, peft=peft,
         seconds=round(time.perf_counter() - t0, 3),
     )
 

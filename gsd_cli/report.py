@@ -77,6 +77,8 @@ def ranking_table(ranking: Ranking) -> Table:
         title=f"{kind} to private [bold]{escape(ranking.private)}[/] ({ranking.private_examples} examples)",
         caption=(
             f"model {ranking.model}, p={ranking.num_params:,} parameters"
+            + (f" (--peft {escape(ranking.peft)})" if getattr(ranking, "peft", None) else "")
+            + (" from pre-trained weights" if getattr(ranking, "weights", None) else "")
             + (f" sketched to {ranking.sketch}" if ranking.sketch else "")
             + f", k={ranking.k}, seed {ranking.seed}, "
             f"labels {ranking.labels}, row norm {ranking.row_norm}"

@@ -22,6 +22,7 @@ import torch.nn as nn
 from .cnn import fmnist_cnn, probe
 from .resnet import resnet20
 from .resnet50 import resnet50_gn
+from . import backbones as _bb
 
 __all__ = ["ModelSpec", "register", "get_model_spec", "list_models", "probe", "fmnist_cnn", "resnet20"]
 
@@ -36,14 +37,18 @@ class ModelSpec:
     channels: int
     description: str = ""
     presets: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    takes_input_size: bool = False  # the constructor also takes ``input_size`` (ViT's patch grid)
 
     def build(self, num_classes: int = 10, seed: int | None = 0) -> nn.Module:
         """Construct the model; its initial weights w0 are a function of ``seed`` alone."""
+        kw = dict(num_classes=num_classes, in_channels=self.channels)
+        if self.takes_input_size:
+            kw["input_size"] = self.input_size
         if seed is None:
-            return self.constructor(num_classes=num_classes, in_channels=self.channels)
+            return self.constructor(**kw)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            return self.constructor(num_classes=num_classes, in_channels=self.channels)
+            return self.constructor(**kw)
 
 
 _REGISTRY: dict[str, ModelSpec] = {}
@@ -56,11 +61,20 @@ def register(spec: ModelSpec) -> ModelSpec:
 
 
 def get_model_spec(name: str) -> ModelSpec:
-    """Look a model up by name; raises ``KeyError`` listing the known names."""
+    """Look a model up by name; raises ``KeyError`` listing the known names. ``NAME@SIZE`` (e.g.
+    ``resnet18@32``) is model NAME built for SIZE x SIZE inputs."""
+    base, _, size = name.partition("@")
     try:
-        return _REGISTRY[name]
+        spec = _REGISTRY[base]
     except KeyError:
-        raise KeyError(f"unknown model {name!r}; known models: {', '.join(sorted(_REGISTRY))}") from None
+        raise KeyError(f"unknown model {base!r}; known models: {', '.join(sorted(_REGISTRY))}") from None
+    if not size:
+        return spec
+    if not size.isdigit() or not 8 <= int(size) <= 1024:
+        raise KeyError(f"model {name!r}: the size after '@' must be a whole number of pixels in 8..1024")
+    from dataclasses import replace
+
+    return replace(spec, name=name, input_size=int(size))
 
 
 def list_models() -> list[ModelSpec]:
@@ -71,3 +85,11 @@ register(ModelSpec("probe", probe, 224, 3, "probe network of paper 004 Table 7b 
 register(ModelSpec("fmnist-cnn", fmnist_cnn, 28, 1, "Fashion-MNIST CNN of paper 004 Table 7a (~26k parameters)"))
 register(ModelSpec("resnet20", resnet20, 32, 3, "ResNet20 with GroupNorm, as GEP (~268k parameters)"))
 register(ModelSpec("resnet50", resnet50_gn, 32, 3, "torchvision ResNet-50, GroupNorm(32) for BatchNorm, random weights, 32x32 inputs (~23.5M parameters)"))
+register(ModelSpec("resnet18", _bb.resnet18, 224, 3, "torchvision ResNet-18, BatchNorm frozen in eval mode (~11.2M parameters)"))
+register(ModelSpec("resnet50-bn", _bb.resnet50_bn, 224, 3, "torchvision ResNet-50, BatchNorm frozen in eval mode (~23.5M parameters)"))
+register(ModelSpec("resnet152", _bb.resnet152, 224, 3, "torchvision ResNet-152, BatchNorm frozen in eval mode (~58.2M parameters)",
+                   presets={"paper": _bb.RESNET152_PAPER}))
+register(ModelSpec("densenet121", _bb.densenet121, 224, 3, "torchvision DenseNet-121, BatchNorm frozen in eval mode (~7.0M parameters)",
+                   presets={"paper": _bb.DENSENET121_PAPER}))
+register(ModelSpec("vit_b_16", _bb.vit_b_16, 224, 3, "torchvision ViT-B/16 (~85.8M parameters); --peft paper: LoRA r=8, alpha=8 as paper 004",
+                   presets={"paper": ("lora:r=8,alpha=8",)}, takes_input_size=True))

@@ -43,7 +43,7 @@ def prepare_run_dir(path: Path, resume: bool, create: bool = True) -> Path:
     run needs a folder with a checkpoint. Nothing a user has is overwritten."""
     path = Path(path).expanduser()
     if resume:
-        if not (path / CKPT_META).is_file():
+        if not (path / CKPT_META).is_file() and not (path / "stage1.json").is_file():  # stage1: second phase
             raise GSDError(f"--resume {path}: no {CKPT_META} there; give the folder of an interrupted gsd train run")
         return path
     if path.exists():

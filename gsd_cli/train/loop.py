@@ -56,7 +56,7 @@ from .gep import Anchor, GEPProject, GEPReconstruct, split_groups
 from .splits import private_parts
 from .transforms import Chain, StepContext, chain_step_event, clip, gaussian_noise
 
-METHODS = ("dpsgd", "gep", "rgp", "topagg")
+METHODS = ("dpsgd", "gep", "rgp", "topagg", "second-phase")
 SPARSIFIABLE = ("dpsgd", "gep")  # --sparsify (random sparsification, paper 003)
 SCHEDULES = ("step", "constant")
 
@@ -104,6 +104,12 @@ class TrainConfig:
     rgp_warmup: int = 20
     topk_fraction: float = 0.7
     sparsify: float = 0.0
+    # second-phase pre-training and PEFT (gsd_cli.peft, gsd_cli.train.second_phase)
+    weights: str | None = None
+    peft: str | None = None
+    public_epochs: int = 5
+    public_lr: float | None = None
+    public_batch_size: int = 64
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -155,6 +161,13 @@ def validate(cfg: TrainConfig) -> None:
         raise GSDError(f"--rgp-rank must be at least 1 and --rgp-warmup at least 0 (got {cfg.rgp_rank}, {cfg.rgp_warmup})")
     if cfg.method == "rgp" and cfg.power_iters < 1:
         raise GSDError("--power-iters must be at least 1")
+    if cfg.method == "second-phase":
+        if not cfg.public:
+            raise GSDError("--method second-phase needs public data: --public NAME (or --auto-select with candidates)")
+        if cfg.public_epochs < 1 or cfg.public_batch_size < 1 or cfg.public_examples < 2:
+            raise GSDError("--public-epochs and --public-batch-size must be at least 1, --public-examples at least 2")
+        if cfg.public_lr is not None and not cfg.public_lr > 0:
+            raise GSDError(f"--public-lr must be positive (got {cfg.public_lr})")
     if cfg.method == "gep":
         if not cfg.public:
             raise GSDError("--method gep needs public data: --public NAME (or --auto-select with candidates)")
@@ -194,7 +207,7 @@ def build_method(cfg: TrainConfig, sigma: float, anchor: Anchor | None = None, *
         from .others import sparsified
 
         return sparsified(cfg, build_method(dataclasses.replace(cfg, sparsify=0.0), sigma, anchor), anchor)
-    if cfg.method == "dpsgd":
+    if cfg.method in ("dpsgd", "second-phase"):  # second-phase: stage 2 is DP-SGD from theta_0
         ch = Chain(clip(cfg.clip), gaussian_noise(sigma * cfg.clip, "grad", sensitivity=cfg.clip))
         return Method(ch, dpsgd_step_event, "DP-SGD: clip each per-sample gradient to C, sum, add N(0, (sigma C)^2 I)")
     assert anchor is not None
@@ -286,14 +299,16 @@ def train(
     out = ckpt.prepare_run_dir(Path(out), resume)
     meta = None
     if resume:
-        meta = ckpt.load_meta(out)
-        saved = meta.get("settings", {})
+        from .second_phase import run_settings
+
+        meta = ckpt.load_meta(out) if (out / ckpt.CKPT_META).is_file() else None  # None: stopped in stage 1
+        saved = meta.get("settings", {}) if meta is not None else run_settings(out)
         defaults = TrainConfig().to_dict()  # a setting added after the run started has its default there
         diff = sorted(k for k, v in cfg.to_dict().items() if saved.get(k, defaults.get(k)) != v)
         if diff:
             shown = ", ".join(f"{k}: run has {saved.get(k)!r}, asked {getattr(cfg, k)!r}" for k in diff[:4])
             raise GSDError(f"--resume {out}: settings differ from the checkpoint's ({shown}); resume with the run's own settings")
-        selection = meta.get("selection", selection)
+        selection = meta.get("selection", selection) if meta is not None else selection
     t_start = time.perf_counter()
     dev = resolve_device(device)
     try:
@@ -318,11 +333,16 @@ def train(
     steps_per_epoch = max(1, round(n_train / cfg.batch_size))
     total_steps = cfg.epochs * steps_per_epoch
 
-    model = spec.build(num_classes=train_src.num_classes, seed=cfg.seed).to(dev)
-    names = select_parameters(model, cfg.params)
-    keep = set(names)
-    for n, p in model.named_parameters():
-        p.requires_grad_(n in keep)
+    from ..peft import build_model
+
+    spec, model, names, model_info = build_model(cfg.model, train_src.num_classes, cfg.seed, weights=cfg.weights, peft=cfg.peft, params=cfg.params)
+    model = model.to(dev)
+    stage1 = None
+    if cfg.method == "second-phase":
+        from .second_phase import run_second_phase
+
+        stage1 = run_second_phase(model, names, cfg, spec, out, dev, num_classes=train_src.num_classes,
+                                  multilabel=train_src.multilabel, catalog=cat, progress=progress)
     num_params = sum(dict(model.named_parameters())[n].numel() for n in names)
     chunk = cfg.physical_batch or default_chunk_size(dev, num_params)
 
@@ -378,6 +398,12 @@ def train(
         "mechanism": method.description,
     }
     settings = cfg.to_dict()
+    if stage1 is not None and meta is None:  # theta_0 is the run's first checkpoint: --resume never redoes stage 1
+        ckpt.save(out, model, opt, {
+            "settings": settings, "epoch": 0, "step": 0, "privacy": {**privacy_static, "steps_done": 0, "epsilon_spent": 0.0},
+            "secret": {"noise_seed": str(noise_seed), "note": "seed of the private randomness: keep this file private"},
+            "selection": selection,
+        })
 
     if progress:
         progress("epoch", start_epoch, cfg.epochs)
@@ -429,7 +455,7 @@ def train(
         })
         if progress:
             progress("epoch", epoch + 1, cfg.epochs)
-    if cfg.method != "gep" and cfg.public:
+    if cfg.method not in ("gep", "second-phase") and cfg.public:
         notes_unused = [f"--public {cfg.public} is not used by --method {cfg.method}"]
     else:
         notes_unused = []
@@ -450,7 +476,7 @@ def train(
         "private_train_examples": n_train,
         "private_test": test_src.name,
         "private_test_examples": len(test_src),
-        "public": cfg.public if cfg.method == "gep" else None,
+        "public": cfg.public if cfg.method in ("gep", "second-phase") else None,
         "public_distance": cfg.public_distance,
         "public_examples": anchor.x.shape[0] if anchor else 0,
         "model": cfg.model,
@@ -478,6 +504,10 @@ def train(
         "selection": selection,
         "seconds": round(time.perf_counter() - t_start, 2),
     }
+    from .second_phase import stages
+
+    summary["peft"] = model_info.get("peft")
+    summary["stages"] = stages(model_info, stage1, summary)
     ckpt.atomic_write(out / ckpt.SUMMARY, json.dumps(summary, indent=2) + "\n")
     from .curves import plot_curves
 

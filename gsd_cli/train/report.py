@@ -26,6 +26,16 @@ def print_summary(summary: dict, console: Console) -> None:
         t.add_row("public data", escape(pub) + (f" (GSD {d:.4f})" if d is not None else ""))
     else:
         t.add_row("public data", "none")
+    stages = summary.get("stages") or []
+    if stages and stages[0].get("weights") == "pre-trained":
+        t.add_row("backbone weights", escape(str(stages[0].get("source"))) + f" (new head {escape(str(stages[0].get('head')))})")
+    if summary.get("peft"):
+        pf = summary["peft"]
+        t.add_row("trainable (--peft)", f"{escape(pf['spec'])}: {pf['trainable']:,} of {pf['total']:,} parameters")
+    if len(stages) > 1 and stages[1].get("public"):
+        s1 = stages[1]
+        t.add_row("second phase", f"{escape(s1['public'])}: {s1['public_examples']} examples, {s1['epochs']} epoch(s) of Adam "
+                  f"lr {s1['lr']:g}, head {escape(s1['head'])} (public data only: no privacy cost)")
     if summary.get("gep"):
         g = summary["gep"]
         t.add_row("anchor subspace", f"k={g['k']} in {g['groups']} group(s) {g['k_per_group']}, {summary['public_examples']} anchors, "

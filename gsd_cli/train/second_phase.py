@@ -1,0 +1,211 @@
+"""Second-phase pre-training (paper 004, Section 5.1, equation 13): f_2pt(W_pt, theta; x_pub) -> theta_0.
+
+Stage 1 of ``gsd train --method second-phase``: the trainable parameters theta (the ``--peft``
+choice; everything else frozen) are trained on ``--public-examples`` examples of the public set with
+the public set's own labels, by Adam (paper 004 Appendix B: lr 5e-5 for CNNs, 3e-3 for transformers),
+for ``--public-epochs`` epochs of shuffled minibatches of ``--public-batch-size``. It sees public data
+only and costs no privacy budget. Stage 2 (equation 14) is DP-SGD on the private set from theta_0,
+accounted exactly as ``--method dpsgd``.
+
+The model's head is sized to the private task. Where the public labels fit it (single-label with
+labels below the private number of classes, or multi-label of the same width) the second phase trains
+that head too; otherwise a separate head sized to the public labels is trained in its place for stage
+1 and the private head keeps its initial weights (the summary says which).
+
+The result is saved in the run folder (``stage1.safetensors``: theta_0 and the Adam state, written
+after every public epoch; ``stage1.json``: settings, epochs done, what stage 1 saw). ``--resume``
+loads it instead of training again (an interrupted stage 1 continues from its last epoch; every
+random draw of stage 1 comes from ``--seed``, so the result is the same either way).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from .. import data as gdata
+from ..errors import GSDError
+from ..gradients import default_loss
+from ..weights import head_prefix
+from . import checkpoint as ckpt
+
+STAGE1_WEIGHTS = "stage1.safetensors"
+STAGE1_META = "stage1.json"
+#: the settings stage 1 depends on (a resumed run must have the same)
+STAGE1_KEYS = ("public", "model", "weights", "peft", "params", "seed", "public_examples", "public_epochs",
+               "public_lr", "public_batch_size", "private")
+
+TRANSFORMER_LR, CNN_LR = 3e-3, 5e-5
+
+
+def default_public_lr(model: nn.Module) -> float:
+    """Paper 004 Appendix B: Adam with 3e-3 for transformer-based models, 5e-5 for CNNs."""
+    from probes.backbones import LinearSelfAttention
+
+    attention = (nn.MultiheadAttention, LinearSelfAttention)
+    return TRANSFORMER_LR if any(isinstance(m, attention) for m in model.modules()) else CNN_LR
+
+
+def _public_labels(sample: gdata.Sample, num_classes: int, multilabel: bool) -> tuple[torch.Tensor, int | None]:
+    """The public labels and, when they do not fit the private head, the width of a separate head."""
+    y = sample.labels()
+    src = sample.source
+    if src.multilabel:
+        y = torch.from_numpy(np.asarray(y, dtype=np.float32))
+        return y, (None if multilabel and y.shape[1] == num_classes else y.shape[1])
+    y = torch.from_numpy(np.asarray(y, dtype=np.int64))
+    if len(y) and int(y.min()) < 0:
+        raise GSDError(f"{src.name} has negative labels; the second phase trains with the public set's own labels")
+    top = int(y.max()) + 1 if len(y) else 1
+    fits = not multilabel and top <= num_classes
+    return y, (None if fits else max(top, src.num_classes, 2))
+
+
+def _swap(model: nn.Module, name: str, new: nn.Module) -> nn.Module:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    old = getattr(parent, child)
+    setattr(parent, child, new)
+    return old
+
+
+def run_second_phase(model: nn.Module, names: list[str], cfg, spec, out: Path, device: torch.device, *,
+                     num_classes: int, multilabel: bool, catalog=None, progress=None) -> dict:
+    """Stage 1 on ``model`` in place (only the parameters ``names`` change). Returns its record."""
+    settings = {k: getattr(cfg, k) for k in STAGE1_KEYS}
+    meta_file, weights_file = out / STAGE1_META, out / STAGE1_WEIGHTS
+    saved = json.loads(meta_file.read_text()) if meta_file.is_file() else None
+    if saved is not None and saved.get("settings") != settings:
+        raise GSDError(f"{meta_file}: the second phase in this folder had other settings; start a new run with --out")
+    t0 = time.perf_counter()
+    source = catalog.resolve(cfg.public) if catalog is not None else gdata.resolve(cfg.public)
+    sample = gdata.draw(source, cfg.public_examples, cfg.seed)
+    y_all, public_head = _public_labels(sample, num_classes, multilabel)
+    lr = cfg.public_lr if cfg.public_lr is not None else default_public_lr(model)
+    head = head_prefix(model)
+    private_head = None
+    train_names = list(names)
+    if public_head is not None:
+        old = model.get_submodule(head)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed + 104729)
+            tmp = nn.Linear(old.in_features, public_head, bias=old.bias is not None).to(device)
+        private_head = _swap(model, head, tmp)
+        train_names = [n for n in names if not (n == head or n.startswith(head + "."))] + [f"{head}.{n}" for n, _ in tmp.named_parameters()]
+    params = dict(model.named_parameters())
+    for n, p in params.items():
+        p.requires_grad_(n in set(train_names))
+    opt = torch.optim.Adam([params[n] for n in train_names], lr=lr)
+    done = 0
+    losses: list[float] = []
+    if saved is not None and weights_file.is_file():
+        _load(weights_file, model, opt, train_names)
+        done, losses = int(saved["epochs_done"]), list(saved.get("losses", []))
+    n = len(sample)
+    bs = max(1, min(cfg.public_batch_size, n))
+    was = model.training
+    model.train()
+    try:
+        if progress:
+            progress("public", done, cfg.public_epochs)
+        for epoch in range(done, cfg.public_epochs):
+            order = np.random.default_rng([cfg.seed, 0x2F4A5E, epoch]).permutation(n)
+            total, count = 0.0, 0
+            for start in range(0, n, bs):
+                part = order[start : start + bs]
+                x = gdata.to_model_input(source.images(sample.indices[part]), spec.input_size, spec.channels, device)
+                y = y_all[part].to(device)
+                loss = default_loss(model(x), y).mean()
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                total += float(loss.detach()) * len(part)
+                count += len(part)
+            losses.append(total / count)
+            _save(weights_file, model, opt, train_names)
+            ckpt.atomic_write(meta_file, json.dumps({"settings": settings, "run_settings": cfg.to_dict(), "epochs_done": epoch + 1, "losses": losses}, indent=2) + "\n")
+            if progress:
+                progress("public", epoch + 1, cfg.public_epochs)
+    finally:
+        model.train(was)
+        if private_head is not None:
+            _swap(model, head, private_head)
+        for n_, p in model.named_parameters():
+            p.requires_grad_(n_ in set(names))
+    record = {
+        "stage": 1,
+        "what": "second-phase pre-training on public data (no privacy cost)",
+        "public": source.name,
+        "public_examples": n,
+        "labels": "the public set's own",
+        "head": f"a separate {public_head}-way head (public labels do not fit the private head)" if public_head else "shared with the private task",
+        "optimizer": "Adam",
+        "lr": lr,
+        "epochs": cfg.public_epochs,
+        "batch_size": bs,
+        "trainable_params": sum(params[n_].numel() for n_ in names),
+        "train_loss": losses,
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
+    ckpt.atomic_write(meta_file, json.dumps({"settings": settings, "run_settings": cfg.to_dict(), "epochs_done": cfg.public_epochs, "losses": losses,
+                                             "record": {k: v for k, v in record.items() if k != "seconds"}}, indent=2) + "\n")
+    return record
+
+
+def _save(path: Path, model: nn.Module, opt: torch.optim.Optimizer, names: list[str]) -> None:
+    from safetensors.torch import save as st_save
+
+    params = dict(model.named_parameters())
+    tensors = {f"param.{n}": params[n].detach().cpu().contiguous() for n in names}
+    for n in names:
+        st = opt.state.get(params[n], {})
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            if key in st:
+                v = st[key]
+                tensors[f"adam.{key}.{n}"] = (v if isinstance(v, torch.Tensor) else torch.tensor(float(v))).detach().cpu().contiguous()
+    ckpt.atomic_write(path, st_save(tensors))
+
+
+def _load(path: Path, model: nn.Module, opt: torch.optim.Optimizer, names: list[str]) -> None:
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(str(path))
+    except Exception as e:  # noqa: BLE001
+        raise GSDError(f"{path}: unreadable ({e}); start a new run with --out") from None
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for n in names:
+            p = params[n]
+            p.copy_(tensors[f"param.{n}"].to(p.device))
+            if f"adam.step.{n}" in tensors:
+                opt.state[p] = {k: tensors[f"adam.{k}.{n}"].to(p.device if k != "step" else "cpu") for k in ("step", "exp_avg", "exp_avg_sq")}
+
+
+def run_settings(path: Path) -> dict:
+    """The settings of a run stopped during stage 1 (before its first checkpoint): from ``stage1.json``."""
+    f = Path(path) / STAGE1_META
+    try:
+        return dict(json.loads(f.read_text()).get("run_settings", {}))
+    except (OSError, ValueError) as e:
+        raise GSDError(f"--resume {path}: no readable checkpoint.json or {STAGE1_META} ({type(e).__name__}); start a new run") from None
+
+
+def stages(model_info: dict, stage1: dict | None, summary: dict) -> list[dict]:
+    """What each stage of paper 004's Figure 2 saw: 0 the backbone's weights, 1 the second phase
+    (public data only), 2 the private fine-tuning and its privacy."""
+    s0 = {"stage": 0, "what": "backbone weights", **model_info.get("stage0", {})}
+    s2 = {
+        "stage": 2, "what": f"private fine-tuning ({summary['method']})", "private": summary["private"],
+        "private_train_examples": summary["private_train_examples"], "optimizer": "SGD",
+        "lr": summary["settings"]["lr"], "clip": summary["settings"]["clip"], "epochs": summary["epochs"],
+        "steps": summary["steps"], "epsilon": summary["epsilon"], "delta": summary["delta"], "sigma": summary["sigma"],
+        "trainable_params": summary["num_params"],
+    }
+    s1 = stage1 if stage1 is not None else {"stage": 1, "what": "none (no second phase)"}
+    return [s0, s1, s2]
