@@ -24,6 +24,7 @@
     k = 16
     examples = 500
     repeats = 5                    # mean +- sd, intervals and ties (see gsd rank --repeats)
+    # model = "resnet152"; weights = "resnet152.safetensors" (relative to this file); peft = "paper"
     expect_best = "kagchest"
     fail_above = 0.9
 
@@ -41,13 +42,13 @@ from .errors import GSDError
 #: Options a job may set (keyword arguments of :func:`gsd_cli.ranking.rank`).
 OPTIONS = ("k", "examples", "seed", "model", "params", "labels", "row_norm", "device", "chunk_size", "engine",
            "dp", "epsilon", "clip", "mechanism", "dp_sketch", "gibbs_sweeps", "gram", "memory_budget",
-           "repeats", "dp_repeats")
+           "repeats", "dp_repeats", "weights", "peft")
 CHECKS = ("fail_above", "expect_best")
 #: the type each numeric or boolean option (and check) must have in a catalogue
 OPTION_TYPES = {"k": "an integer", "examples": "an integer", "seed": "an integer", "chunk_size": "an integer",
                 "dp_sketch": "an integer", "gibbs_sweeps": "an integer", "repeats": "an integer", "dp": "true or false",
                 "epsilon": "a number", "clip": "a number", "fail_above": "a number", "expect_best": "a string",
-                "dp_repeats": "a string", "gram": "a string"}
+                "dp_repeats": "a string", "gram": "a string", "weights": "a string", "peft": "a string"}
 
 
 def _is(value, kind: str) -> bool:
@@ -172,6 +173,10 @@ def load_catalog(path: str | Path) -> Catalog:
                         options=opts, checks=checks))
     root = doc.get("data_root")
     cat = Catalog(path, datasets, jobs)
+    for job in jobs:  # a weights file is named relative to the catalogue (a torchvision weight name stays a name)
+        w = job.options.get("weights")
+        if w and cat._rel(w).is_file():
+            job.options["weights"] = str(cat._rel(w))
     cat.data_root = str(cat._rel(root)) if root else None
     return cat
 

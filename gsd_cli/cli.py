@@ -205,10 +205,7 @@ def rank(
         mechanism=mechanism, dp_sketch=dp_sketch, gibbs_sweeps=gibbs_sweeps, gram=gram, memory_budget=memory_budget,
         repeats=repeats, dp_repeats=(dp_repeats or DpRepeats.shared).value,
     )
-    if weights is not None or peft is not None:
-        if catalog is not None:
-            raise GSDError("--weights and --peft are not available with --catalog yet; rank with --private and --public")
-        options.update(weights=weights, peft=peft)
+    options.update(weights=weights, peft=peft)
     try:
         if catalog is None:
             sources = [resolve(n, root=data_root, download=download) for n in [private, *(publics or DEFAULT_PUBLIC)]]
@@ -524,8 +521,8 @@ def models_show(
 @app.command()
 def compare(
     private: str = typer.Option(DEFAULT_PRIVATE, "--private", help="Private dataset (its train part trains, its test part evaluates)."),
-    public: Optional[str] = typer.Option(None, "--public", help="Public dataset for gep and gep+rs."),
-    methods: str = typer.Option("dpsgd,gep,rgp,topagg,gep+rs", "--methods", help="Comma-separated: dpsgd, gep, rgp, topagg, dpsgd+rs, gep+rs (+rs: random sparsification to --sparsify)."),
+    public: Optional[str] = typer.Option(None, "--public", help="Public dataset for gep, gep+rs and second-phase."),
+    methods: str = typer.Option("dpsgd,gep,rgp,topagg,gep+rs", "--methods", help="Comma-separated: dpsgd, gep, rgp, topagg, dpsgd+rs, gep+rs (+rs: random sparsification to --sparsify), second-phase."),
     epsilon: float = typer.Option(2.0, "--epsilon", help="Target epsilon of every run (sigma calibrated per method)."),
     delta: float = typer.Option(1e-5, "--delta", help="Target delta."),
     seeds: int = typer.Option(3, "--seeds", help="Runs per method, with seeds --seed, --seed+1, ..."),
@@ -538,10 +535,14 @@ def compare(
     momentum: float = typer.Option(0.9, "--momentum", help="SGD momentum."),
     clip: float = typer.Option(1.0, "--clip", help="dpsgd, rgp, topagg: clip norm C."),
     k: int = typer.Option(50, "--k", help="gep: anchor subspace dimension."),
-    public_examples: int = typer.Option(1000, "--public-examples", help="gep: public anchor examples."),
+    public_examples: int = typer.Option(1000, "--public-examples", help="gep: public anchor examples; second-phase: stage-1 examples."),
     rgp_rank: int = typer.Option(4, "--rgp-rank", help="rgp: carrier rank r."),
     rgp_warmup: int = typer.Option(20, "--rgp-warmup", help="rgp: warm-up steps."),
     topk_fraction: float = typer.Option(0.7, "--topk-fraction", help="topagg: K."),
+    weights: Optional[str] = typer.Option(None, "--weights", help="Pre-trained weights of --model for every method (as gsd train --weights)."),
+    peft: Optional[str] = typer.Option(None, "--peft", help="Trainable parameters for every method (as gsd train --peft); all else frozen."),
+    public_epochs: int = typer.Option(5, "--public-epochs", help="second-phase: epochs of stage 1 on the public set."),
+    public_lr: Optional[float] = typer.Option(None, "--public-lr", help="second-phase: Adam learning rate of stage 1 (default 5e-5 CNN, 3e-3 transformer)."),
     deterministic_noise: bool = typer.Option(False, "--deterministic-noise", help="Private sampling and noise from the seed (reproducible experiments)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="New folder for the runs and comparison.json/.csv/.png (default gsd-compare-<time>); never overwritten."),
     device: Device = typer.Option(Device.auto, "--device", help="auto uses CUDA when there is a GPU."),
@@ -560,6 +561,7 @@ def compare(
 
     base = TrainConfig(delta=delta, model=model, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, clip=clip, k=k,
                        public_examples=public_examples, rgp_rank=rgp_rank, rgp_warmup=rgp_warmup, topk_fraction=topk_fraction,
+                       weights=weights, peft=peft, public_epochs=public_epochs, public_lr=public_lr,
                        deterministic_noise=deterministic_noise, seed=seed)
     run = out_dir or Path(f"gsd-compare-{_time.strftime('%Y%m%d-%H%M%S')}")
     bar, progress = _progress(quiet, width=8, eta=True)

@@ -84,7 +84,7 @@ def compare(
     cfgs = []
     for label, method, rs in specs:
         for i in range(seeds):
-            cfg = dataclasses.replace(base, private=private, public=public if method == "gep" else None, method=method,
+            cfg = dataclasses.replace(base, private=private, public=public if method in ("gep", "second-phase") else None, method=method,
                                       epsilon=epsilon, sparsify=sparsify if rs else 0.0, seed=base.seed + i)
             validate(cfg)  # every user error before the first run
             cfgs.append((label, cfg))

@@ -159,3 +159,31 @@ def test_catalogue_option_types(tmp_path, npz_pair):
     with pytest.raises(GSDError, match="repeats = 'five' should be an integer"):
         load_catalog(bad)
     assert main(["rank", "--catalog", str(bad)]) == 2
+
+
+def test_catalogue_job_weights_and_peft(tmp_path, npz_pair):
+    """A job's ``weights`` (a file named relative to the catalogue) and ``peft`` build the model exactly as
+    ``gsd rank --weights --peft`` does: same distances; --peft on the command line wins for every job."""
+    from safetensors.torch import save_file
+
+    from gsd_cli.peft import build_model
+    from gsd_cli.ranking import rank
+
+    _, net, _, _ = build_model("probe", 4, seed=7)
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(tmp_path / "w.safetensors"))
+    cat_file = _catalog(tmp_path, npz_pair, extra='weights = "w.safetensors"\npeft = "head"')
+    (job, rk), = run_catalog(cat_file, "near")
+    assert rk.weights == str(tmp_path / "w.safetensors") and rk.peft == "head"
+    cat = load_catalog(cat_file)
+    direct = rank(cat.resolve("near"), [cat.resolve("far-train"), cat.resolve("digits:test")], k=2, examples=16,
+                  engine="vmap", weights=str(tmp_path / "w.safetensors"), peft="head")
+    assert rk.num_params == direct.num_params < 1000  # the head only
+    assert [(r.public, r.distance) for r in rk] == [(r.public, r.distance) for r in direct]
+    plain = run_catalog(cat_file, "priv")[0][1]
+    assert plain.weights is None and plain.num_params > rk.num_params
+    out = tmp_path / "o.json"
+    assert main(["rank", "--catalog", str(cat_file), "-q", "--peft", "bitfit", "--json", str(out)]) == 0
+    assert [j["peft"] for j in json.loads(out.read_text())["jobs"]] == ["bitfit", "bitfit"]
+    bad = _catalog(tmp_path, npz_pair, extra="peft = 3")
+    with pytest.raises(GSDError, match="peft = 3 should be a string"):
+        load_catalog(bad)

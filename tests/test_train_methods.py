@@ -403,3 +403,18 @@ def test_resume_of_a_run_saved_before_the_new_settings_existed(tiny, tmp_path):
     with pytest.raises(GSDError, match="sparsify"):
         train(TrainConfig(**{**cfg.to_dict(), "sparsify": 0.5}), tmp_path / "old", resume=True)
     assert train(cfg, tmp_path / "old", resume=True)["epochs"] == 2
+
+
+def test_compare_second_phase_gets_the_public_set_and_its_privacy(tiny, tmp_path):
+    """``gsd compare`` runs second-phase with --public (stage 1) and states its privacy; dpsgd in the same
+    comparison trains without public data, at the same sigma and epsilon."""
+    from gsd_cli.compare import compare
+
+    base = TrainConfig(epochs=1, batch_size=48, public_examples=20, public_epochs=1, deterministic_noise=True, physical_batch=32)
+    res = compare(tiny["private"], tiny["public"], "dpsgd,second-phase", 3.0, seeds=1, out=tmp_path / "cmp", base=base, device="cpu")
+    sp = next(r for r in res["table"] if r["method"] == "second-phase")
+    assert "stage 1 trains on public data only" in sp["privacy"]
+    s1 = json.loads((tmp_path / "cmp" / "second-phase" / "seed0" / "summary.json").read_text())
+    s0 = json.loads((tmp_path / "cmp" / "dpsgd" / "seed0" / "summary.json").read_text())
+    assert s1["public"] == tiny["public"] and s0["public"] is None
+    assert s1["sigma"] == s0["sigma"] and s1["epsilon"] == s0["epsilon"] <= 3.0

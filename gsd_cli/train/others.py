@@ -37,6 +37,8 @@ PRIVACY = {
            "from released weights only",
     "topagg": "clip to C, then NormTopK (norm <= sqrt(K) C: sensitivity sqrt(K) C), noise N(0, K sigma^2 C^2 I): a subsampled "
               "Gaussian with multiplier sigma, the same epsilon as DP-SGD with sigma",
+    "second-phase": "stage 1 trains on public data only (no privacy cost); stage 2 is DP-SGD: clip C, noise N(0, (sigma C)^2 I) "
+                    "on the sum of a Poisson subsample, a subsampled Gaussian with multiplier sigma",
     "sparsify": "the random mask is independent of the data (seeded by --seed and the epoch): same mechanism, same epsilon as "
                 "without it; the noise outside the mask is dropped (post-processing)",
 }
