@@ -418,3 +418,32 @@ def test_compare_second_phase_gets_the_public_set_and_its_privacy(tiny, tmp_path
     s0 = json.loads((tmp_path / "cmp" / "dpsgd" / "seed0" / "summary.json").read_text())
     assert s1["public"] == tiny["public"] and s0["public"] is None
     assert s1["sigma"] == s0["sigma"] and s1["epsilon"] == s0["epsilon"] <= 3.0
+
+
+def test_rgp_on_lora_adapters(tmp_path):
+    """RGP on a LoRA model (--method rgp --peft lora): the adapters' A and B are the reparametrized
+    weights; peft's layers read ``lora_A.weight`` (to cast their input), which the wrapper provides as
+    L R + W~, so the swapped model computes the same function and the carrier gradients exist."""
+    pytest.importorskip("peft")
+    from gsd_cli.peft import build_model
+    from gsd_cli.train.rgp import RGP
+
+    _, model, names, _ = build_model("fmnist-cnn", 10, seed=0, peft="lora:r=2")
+    model = model.double()
+    with torch.no_grad():  # B starts at zero; give it values so the adapters matter
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+    x = torch.randn(5, 1, 28, 28, dtype=torch.float64)
+    y = torch.arange(5)
+    rgp = RGP(model, names, rank=1)
+    adapters = [l.weight_name for l in rgp.layers if "lora_" in l.weight_name]
+    assert len(adapters) >= 2 and len(rgp.layers) == len(adapters) + 1  # the adapters and the new head
+    before = model(x)
+    with rgp.swapped(model):
+        assert torch.allclose(model(x), before, atol=1e-10)
+        wrapped = {l.mname: model.get_submodule(l.mname) for l in rgp.layers}
+        for l in rgp.layers:
+            assert torch.allclose(wrapped[l.mname].weight, l.module.weight, atol=1e-12)
+    G = rgp.per_sample(model, names, x, y)["grad"]
+    assert G.shape == (5, rgp.width) and torch.isfinite(G).all() and G.abs().sum() > 0

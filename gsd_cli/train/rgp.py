@@ -76,7 +76,16 @@ def power_carriers(D: torch.Tensor, r: int, iters: int, generator: torch.Generat
     return L, _orth_columns(R.T).T
 
 
-class _RGPLinear(nn.Module):
+class _LowRankWeight:
+    """``weight``: L R + W~ in the original layer's shape, for code that reads a layer's weight (peft's
+    LoRA layers read ``lora_A.weight`` to cast their input when RGP reparametrizes an adapter)."""
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return (self.L.flatten(1) @ self.R.flatten(1)).reshape(self.residual.shape) + self.residual
+
+
+class _RGPLinear(_LowRankWeight, nn.Module):
     """Linear with weight L R + W~: y = L (R x) + W~ x + b (Eq. 1). L, R, W~ are buffers (set by
     :class:`RGP` each step); the bias is the original parameter (same name)."""
 
@@ -91,7 +100,7 @@ class _RGPLinear(nn.Module):
         return F.linear(F.linear(x, self.R), self.L) + F.linear(x, self.residual, self.bias)
 
 
-class _RGPConv2d(nn.Module):
+class _RGPConv2d(_LowRankWeight, nn.Module):
     """Conv2d with kernel L R + W~ (Sec. 2.1): R is a conv with W's kernel size, stride, padding and
     dilation and r output channels, L a 1x1 conv r -> p, W~ a conv like W."""
 
