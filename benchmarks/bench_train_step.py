@@ -22,7 +22,6 @@ import platform
 import statistics
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 

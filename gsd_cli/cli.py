@@ -179,7 +179,7 @@ def rank(
     from .checks import EXIT_CHECK_FAILED, check_ranking
     from .data import resolve
     from .ranking import rank as rank_fn
-    from .report import check_output_path, jobs_to_csv, jobs_to_json, print_ranking, to_csv, to_markdown, write_csv, write_json, write_text
+    from .report import check_output_path, jobs_to_csv, jobs_to_json, print_ranking, to_markdown, write_csv, write_json, write_text
 
     publics = list(public or []) + list(extra or [])
     if extra and not public:

@@ -20,7 +20,7 @@ import torch.nn as nn
 from . import data as gdata
 from .cache import public_subspace
 from .errors import GSDError, ModelError
-from .gradients import LossFn, default_chunk_size, gradient_matrix, resolve_device, select_parameters
+from .gradients import LossFn, default_chunk_size, gradient_matrix, resolve_device
 from .subspace import principal_angles, projection_metric, top_k_subspace, uniform_baseline
 
 LABELS = ("random", "own")

@@ -39,3 +39,34 @@ def image_folder(tmp_path):
 def _private_cache_dir(tmp_path_factory, monkeypatch):
     """`gsd rank` caches public subspaces; tests never touch the user's cache."""
     monkeypatch.setenv("GSD_CACHE_DIR", str(tmp_path_factory.mktemp("gsd-cache")))
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    """A 4-class 16x16 grey private set (120 examples) and a 12x12 colour public set (a different size)."""
+    rng = np.random.default_rng(0)
+    base = rng.uniform(size=(4, 16, 16))
+    y = rng.integers(0, 4, 120)
+    x = np.clip(base[y] + 0.1 * rng.normal(size=(120, 16, 16)), 0, 1)
+    np.savez(tmp_path / "priv.npz", x=(x * 255).astype(np.uint8), y=y)
+    xp = rng.uniform(size=(60, 12, 12, 3))
+    np.savez(tmp_path / "pub.npz", x=(xp * 255).astype(np.uint8), y=rng.integers(0, 3, 60))
+    return {"private": f"npz:{tmp_path / 'priv.npz'}", "public": f"npz:{tmp_path / 'pub.npz'}"}
+
+
+@pytest.fixture
+def interrupt():
+    """``interrupt(kind, n)``: a training progress callback that stops the run, as a crash would, when
+    ``kind`` ("epoch", "public"...) reaches ``n``; ``interrupt.error`` is the exception it raises."""
+
+    class Interrupted(Exception):
+        pass
+
+    def after(kind: str = "epoch", n: int = 1):
+        def progress(k, done, total):
+            if k == kind and done == n:
+                raise Interrupted(f"{kind} {n}")
+        return progress
+
+    after.error = Interrupted
+    return after

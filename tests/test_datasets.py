@@ -1,6 +1,5 @@
 """Built-in datasets in their real on-disk layouts (tiny generated copies), csv:, splits, listing."""
 
-import gzip
 import pickle
 import struct
 

@@ -209,7 +209,6 @@ def test_second_phase_changes_only_the_trainable_parameters(tiny, tmp_path, weig
     from safetensors.torch import load_file
 
     from gsd_cli.train.second_phase import run_second_phase
-    from probes import get_model_spec
 
     path, _ = weights_file
     cfg = _cfg(tiny, weights=str(path))
@@ -251,24 +250,15 @@ def test_second_phase_changes_only_the_trainable_parameters(tiny, tmp_path, weig
     assert s["privacy"]["mechanism"].startswith("DP-SGD")
 
 
-def test_resume_across_stages_equals_a_straight_run(tiny, tmp_path):
+def test_resume_across_stages_equals_a_straight_run(tiny, tmp_path, interrupt):
     from safetensors.torch import load_file
-
-    class Stop(Exception):
-        pass
-
-    def stop_at(kind_, n):
-        def progress(kind, done, total):
-            if kind == kind_ and done == n:
-                raise Stop
-        return progress
 
     cfg = _cfg(tiny)
     train(cfg, tmp_path / "ref")
     for name, where in (("in-stage1", ("public", 1)), ("in-stage2", ("epoch", 1))):
         run = tmp_path / name
-        with pytest.raises(Stop):
-            train(cfg, run, progress=stop_at(*where))
+        with pytest.raises(interrupt.error):
+            train(cfg, run, progress=interrupt(*where))
         assert (run / "stage1.json").is_file()
         if name == "in-stage1":
             assert json.loads((run / "stage1.json").read_text())["epochs_done"] == 1 and not (run / "checkpoint.json").exists()
@@ -289,9 +279,9 @@ def test_rank_with_peft_uses_exactly_the_trained_parameters(tiny, weights_file):
     from gsd_cli.ranking import rank
 
     path, _ = weights_file
-    a = rank(tiny["private"], [tiny["public"]], model="fmnist-cnn", weights=str(path), peft="conv2.weight,fc2", k=4, examples=40, device="cpu")
-    b = rank(tiny["private"], [tiny["public"]], model="fmnist-cnn", weights=str(path), params=["conv2.weight", "fc2.*"], k=4, examples=40, device="cpu")
-    c = rank(tiny["private"], [tiny["public"]], model="fmnist-cnn", peft="conv2.weight,fc2", k=4, examples=40, device="cpu")
+    a = rank(tiny["private"], [tiny["public"]], model="fmnist-cnn", weights=str(path), peft="conv2.weight,fc2", k=4, examples=40, device="cpu", engine="vmap")
+    b = rank(tiny["private"], [tiny["public"]], model="fmnist-cnn", weights=str(path), params=["conv2.weight", "fc2.*"], k=4, examples=40, device="cpu", engine="vmap")
+    c = rank(tiny["private"], [tiny["public"]], model="fmnist-cnn", peft="conv2.weight,fc2", k=4, examples=40, device="cpu", engine="vmap")
     assert a.num_params == b.num_params == 16 * 32 * 16 + 32 * 4 + 4
     assert a[0].distance == pytest.approx(b[0].distance, abs=1e-9)
     assert a[0].distance != pytest.approx(c[0].distance, abs=1e-6)  # the pre-trained weights are used

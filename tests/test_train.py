@@ -16,19 +16,6 @@ from gsd_cli.train.gep import power_basis, share_quota, split_groups
 from gsd_cli.train.loop import private_randomness
 
 
-@pytest.fixture
-def tiny(tmp_path):
-    """A 4-class 16x16 grey private set (120 examples) and a 12x12 colour public set (a different size)."""
-    rng = np.random.default_rng(0)
-    base = rng.uniform(size=(4, 16, 16))
-    y = rng.integers(0, 4, 120)
-    x = np.clip(base[y] + 0.1 * rng.normal(size=(120, 16, 16)), 0, 1)
-    np.savez(tmp_path / "priv.npz", x=(x * 255).astype(np.uint8), y=y)
-    xp = rng.uniform(size=(60, 12, 12, 3))
-    np.savez(tmp_path / "pub.npz", x=(xp * 255).astype(np.uint8), y=rng.integers(0, 3, 60))
-    return {"private": f"npz:{tmp_path / 'priv.npz'}", "public": f"npz:{tmp_path / 'pub.npz'}"}
-
-
 def _anchor_with(bases, groups):
     a = Anchor(torch.zeros(3, 1), 2, sum(b.shape[0] for b in bases), groups, 1, 0, None)
     a.bases = bases
@@ -175,21 +162,13 @@ def test_train_gep_end_to_end(tiny, tmp_path):
     assert "noise_seed" not in (tmp_path / "run" / "summary.json").read_text()
 
 
-def test_resume_gives_the_same_weights_and_refuses_other_settings(tiny, tmp_path):
+def test_resume_gives_the_same_weights_and_refuses_other_settings(tiny, tmp_path, interrupt):
     from safetensors.torch import load_file
 
     cfg = _cfg(tiny, method="dpsgd", epochs=3, deterministic_noise=False)  # secret seed from the OS
-
-    class Stop(Exception):
-        pass
-
-    def stop_after_one(kind, done, total):
-        if kind == "epoch" and done == 1:
-            raise Stop
-
     broken = tmp_path / "broken"
-    with pytest.raises(Stop):
-        train(cfg, broken, progress=stop_after_one)
+    with pytest.raises(interrupt.error):
+        train(cfg, broken, progress=interrupt("epoch", 1))
     assert json.loads((broken / "checkpoint.json").read_text())["epoch"] == 1
     seed_before = json.loads((broken / "checkpoint.json").read_text())["secret"]["noise_seed"]
     s = train(cfg, broken, resume=True)
@@ -203,8 +182,8 @@ def test_resume_gives_the_same_weights_and_refuses_other_settings(tiny, tmp_path
     # deterministic noise: an interrupted and resumed run equals a straight run exactly
     cfg2 = _cfg(tiny, method="gep", epochs=3)
     train(cfg2, ref)
-    with pytest.raises(Stop):
-        train(cfg2, tmp_path / "b2", progress=stop_after_one)
+    with pytest.raises(interrupt.error):
+        train(cfg2, tmp_path / "b2", progress=interrupt("epoch", 1))
     train(cfg2, tmp_path / "b2", resume=True)
     wa, wb = load_file(str(ref / "checkpoint.safetensors")), load_file(str(tmp_path / "b2" / "checkpoint.safetensors"))
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)

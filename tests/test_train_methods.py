@@ -23,19 +23,6 @@ from gsd_cli.train.sparsify import random_mask, sparsity_rate
 from gsd_cli.train.topagg import norm_top_k
 
 
-@pytest.fixture
-def tiny(tmp_path):
-    """A 4-class 16x16 grey private set (120 examples) and a 12x12 colour public set."""
-    rng = np.random.default_rng(0)
-    base = rng.uniform(size=(4, 16, 16))
-    y = rng.integers(0, 4, 120)
-    x = np.clip(base[y] + 0.1 * rng.normal(size=(120, 16, 16)), 0, 1)
-    np.savez(tmp_path / "priv.npz", x=(x * 255).astype(np.uint8), y=y)
-    xp = rng.uniform(size=(60, 12, 12, 3))
-    np.savez(tmp_path / "pub.npz", x=(xp * 255).astype(np.uint8), y=rng.integers(0, 3, 60))
-    return {"private": f"npz:{tmp_path / 'priv.npz'}", "public": f"npz:{tmp_path / 'pub.npz'}"}
-
-
 def _net(seed=0):
     """Conv (bias) -> ReLU -> conv (no bias, stride 2, padding 1) -> flatten -> Linear (bias), float64."""
     torch.manual_seed(seed)
@@ -359,42 +346,27 @@ def test_compare_runs_tabulates_and_never_overwrites(tiny, tmp_path, capsys):
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
-def test_rgp_resume_bit_for_bit(tiny, tmp_path):
+def test_rgp_resume_bit_for_bit(tiny, tmp_path, interrupt):
     """RGP's W_0 and carriers depend only on the settings and the weights: an interrupted run resumed
     equals an uninterrupted one (RS's masks depend on the seed and the epoch only)."""
     from safetensors.torch import load_file
 
     cfg = _cfg(tiny, public=None, epochs=2, batch_size=48, method="rgp", rgp_rank=2, rgp_warmup=2)
 
-    class Stop(Exception):
-        pass
-
-    def stop(kind, done, total):
-        if kind == "epoch" and done == 1:
-            raise Stop
-
-    with pytest.raises(Stop):
-        train(cfg, tmp_path / "a", progress=stop)
+    with pytest.raises(interrupt.error):
+        train(cfg, tmp_path / "a", progress=interrupt("epoch", 1))
     train(cfg, tmp_path / "a", resume=True)
     train(cfg, tmp_path / "b")
     a, b = load_file(tmp_path / "a" / "checkpoint.safetensors"), load_file(tmp_path / "b" / "checkpoint.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_resume_of_a_run_saved_before_the_new_settings_existed(tiny, tmp_path):
+def test_resume_of_a_run_saved_before_the_new_settings_existed(tiny, tmp_path, interrupt):
     """A checkpoint without rgp_rank, rgp_warmup, topk_fraction and sparsify (older runs) resumes
     with their defaults; a non-default value is still refused."""
     cfg = _cfg(tiny, method="dpsgd", public=None, epochs=2, batch_size=48)
-
-    class Stop(Exception):
-        pass
-
-    def stop(kind, done, total):
-        if kind == "epoch" and done == 1:
-            raise Stop
-
-    with pytest.raises(Stop):
-        train(cfg, tmp_path / "old", progress=stop)
+    with pytest.raises(interrupt.error):
+        train(cfg, tmp_path / "old", progress=interrupt("epoch", 1))
     meta_path = tmp_path / "old" / "checkpoint.json"
     meta = json.loads(meta_path.read_text())
     for k in ("rgp_rank", "rgp_warmup", "topk_fraction", "sparsify"):

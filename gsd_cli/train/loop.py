@@ -38,7 +38,7 @@ import torch
 
 from .. import data as gdata
 from ..errors import GSDError, ModelError
-from ..gradients import default_chunk_size, gradient_matrix, resolve_device, select_parameters
+from ..gradients import default_chunk_size, gradient_matrix, resolve_device
 from ..privacy import (
     Ledger,
     calibrate_noise,

@@ -3,6 +3,8 @@ datasets (numpy random generators) and small image folders (PNG files written wi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -115,7 +117,7 @@ def _templates(seed: int, n_classes: int, size: int) -> np.ndarray:
 def write_npz(tmp_path):
     """``write_npz(name, **arrays)`` -> path of ``tmp_path/name.npz`` holding the arrays."""
 
-    def write(name: str, **arrays) -> "Path":
+    def write(name: str, **arrays) -> Path:
         path = tmp_path / f"{name}.npz"
         np.savez(path, **arrays)
         return path
