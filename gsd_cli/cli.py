@@ -369,15 +369,17 @@ def train(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
     extra: Optional[List[str]] = typer.Argument(None, hidden=True),
 ) -> None:
-    """Train privately (DP-SGD, GEP, RGP or TopAgg, optionally with random sparsification) with the
-    chosen public data; writes checkpoints, metrics.jsonl, summary.json and curves.png to the run folder.
+    """Train privately (DP-SGD, GEP, RGP or TopAgg, optionally with random sparsification, or the
+    second phase then DP-SGD) with the chosen public data; writes checkpoints, metrics.jsonl,
+    summary.json and curves.png to the run folder.
 
     Privacy: every step is a Poisson-subsampled Gaussian mechanism under add/remove-one neighbours,
     accounted with dp-accounting. dpsgd: clip C, noise sigma*C. gep: embedding and residual of one
     subsample, accounted as one Gaussian with multiplier (z1^-2 + z2^-2)^-1/2. rgp: the carrier
     gradients (and the other parameters' gradients) clipped to C as one vector, noise sigma*C: multiplier
     sigma. topagg: clip C then NormTopK, sensitivity sqrt(K)*C, noise sqrt(K)*sigma*C: multiplier sigma.
-    --sparsify: the mask is independent of the data, so the same mechanism and epsilon.
+    --sparsify: the mask is independent of the data, so the same mechanism and epsilon. second-phase:
+    stage 1 sees public data only (no privacy cost); stage 2 is DP-SGD, accounted as dpsgd.
     """
     import time as _time
 
@@ -590,6 +592,22 @@ def _with_rank_progress(quiet: bool, fn):
 def _error(message: str) -> None:
     """One line on stderr: ``error: <message>``."""
     err.print("[bold red]error:[/] " + escape(" ".join(message.split())), highlight=False, soft_wrap=True)
+
+
+def _reflow_help(*apps: typer.Typer) -> None:
+    """Join the lines of each docstring paragraph: rich keeps a docstring's line breaks, so help text
+    wrapped at 100 columns in the source would come out ragged on a narrower terminal."""
+    import inspect
+
+    for a in apps:
+        infos = [*a.registered_commands, *([a.registered_callback] if a.registered_callback else [])]
+        for info in infos:
+            fn = info.callback
+            if fn is not None and fn.__doc__:
+                fn.__doc__ = "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(fn.__doc__).split("\n\n"))
+
+
+_reflow_help(app, datasets_app, cache_app, models_app)
 
 
 def main(argv: list[str] | None = None) -> int:

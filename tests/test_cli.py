@@ -108,3 +108,16 @@ def test_dp_rank_cli(capsys, npz_pair, tmp_path):
         _one_line_error(code, err)
     code, _, err = run(capsys, "rank", "--epsilon", "1")
     _one_line_error(code, err)
+
+
+def test_command_help_paragraphs_are_reflowed():
+    """Rich keeps a docstring's line breaks; every command's help paragraphs are single lines so that
+    help wraps to the terminal instead of coming out ragged."""
+    from gsd_cli.cli import app, cache_app, datasets_app, models_app
+
+    docs = [c.callback.__doc__ for a in (app, datasets_app, cache_app, models_app) for c in a.registered_commands]
+    assert len(docs) >= 8 and all(docs)
+    for doc in docs:
+        assert all("\n" not in p for p in doc.split("\n\n")), doc
+    train_doc = next(c.callback.__doc__ for c in app.registered_commands if c.callback.__name__ == "train")
+    assert "add/remove-one neighbours, accounted with dp-accounting" in train_doc
