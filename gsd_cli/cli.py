@@ -42,6 +42,12 @@ DpRepeats = _choices("DpRepeats", "shared", "fresh")
 Engine = _choices("Engine", "auto", "vmap", "hooks")
 Method = _choices("Method", "gep", "dpsgd", "rgp", "topagg", "second-phase")
 Accountant = _choices("Accountant", "rdp", "pld")
+WEIGHTS_HELP = ("Pre-trained weights: a .safetensors file or a PyTorch state dict (loaded with weights_only=True, never an "
+                "arbitrary pickle), or a torchvision weight name such as IMAGENET1K_V1 (downloads; needs internet). The head is "
+                "new, sized to the private task.")
+PEFT_HELP = ("Trainable parameters: a model preset (gsd models show NAME, e.g. paper = paper 004 Table 8), head, bitfit, "
+             "lora[:r=8,alpha=8,targets=REGEX], or names/glob patterns ('fc,layer3.32.conv1.weight'); all else frozen. The "
+             "same choice in gsd rank and gsd train gives distances on the trained parameters.")
 Schedule = _choices("Schedule", "step", "constant")
 
 
@@ -93,8 +99,8 @@ def rank(
     params: Optional[List[str]] = typer.Option(
         None, "--params", help="Glob patterns over parameter names that get gradients, e.g. 'fc.*' (default: all trainable)."
     ),
-    weights: Optional[str] = typer.Option(None, "--weights", help="Pre-trained weights: a .safetensors file or a PyTorch state dict (loaded with weights_only=True, never an arbitrary pickle), or a torchvision weight name such as IMAGENET1K_V1 (downloads; needs internet). The head is new, sized to the private task."),
-    peft: Optional[str] = typer.Option(None, "--peft", help="Trainable parameters: a model preset (gsd models show NAME, e.g. paper = paper 004 Table 8), head, bitfit, lora[:r=8,alpha=8,targets=REGEX], or names/glob patterns ('fc,layer3.32.conv1.weight'); all else frozen. The same choice in gsd rank and gsd train gives distances on the trained parameters."),
+    weights: Optional[str] = typer.Option(None, "--weights", help=WEIGHTS_HELP),
+    peft: Optional[str] = typer.Option(None, "--peft", help=PEFT_HELP),
     labels: Labels = typer.Option(
         Labels.random, "--labels", help="random: uniform labels in the model's label space, as the authors do; own: the datasets' labels."
     ),
@@ -330,10 +336,10 @@ def train(
     epsilon: float = typer.Option(2.0, "--epsilon", help="Target epsilon of the training; sigma is calibrated so the final epsilon is never above it."),
     delta: float = typer.Option(1e-5, "--delta", help="Target delta, in (0, 1); use less than 1/N."),
     private_test: Optional[str] = typer.Option(None, "--private-test", help="Test set for evaluation (default: the private dataset's test part)."),
-    model: str = typer.Option("fmnist-cnn", "--model", help="Model to train: fmnist-cnn (28x28x1), resnet20 (GroupNorm, 32x32x3), probe."),
+    model: str = typer.Option("fmnist-cnn", "--model", help="Model to train: fmnist-cnn (28x28x1), resnet20 (GroupNorm, 32x32x3), probe, or a torchvision backbone (gsd models list)."),
     params: Optional[List[str]] = typer.Option(None, "--params", help="Glob patterns of the parameters to train (default: all)."),
-    weights: Optional[str] = typer.Option(None, "--weights", help="Pre-trained weights: a .safetensors file or a PyTorch state dict (loaded with weights_only=True, never an arbitrary pickle), or a torchvision weight name such as IMAGENET1K_V1 (downloads; needs internet). The head is new, sized to the private task."),
-    peft: Optional[str] = typer.Option(None, "--peft", help="Trainable parameters: a model preset (gsd models show NAME, e.g. paper = paper 004 Table 8), head, bitfit, lora[:r=8,alpha=8,targets=REGEX], or names/glob patterns ('fc,layer3.32.conv1.weight'); all else frozen. The same choice in gsd rank and gsd train gives distances on the trained parameters."),
+    weights: Optional[str] = typer.Option(None, "--weights", help=WEIGHTS_HELP),
+    peft: Optional[str] = typer.Option(None, "--peft", help=PEFT_HELP),
     public_epochs: int = typer.Option(5, "--public-epochs", help="second-phase: epochs of stage 1 (supervised training of the --peft parameters on --public-examples public examples, their own labels)."),
     public_lr: Optional[float] = typer.Option(None, "--public-lr", help="second-phase: Adam learning rate of stage 1 (default: paper 004's 3e-3 for transformers, 5e-5 for CNNs)."),
     public_batch_size: int = typer.Option(64, "--public-batch-size", help="second-phase: minibatch size of stage 1."),

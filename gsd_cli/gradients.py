@@ -53,8 +53,9 @@ def select_parameters(model: nn.Module, patterns: Sequence[str] | str | None = N
     """Names of the parameters that get gradients.
 
     ``patterns``: glob patterns (``fnmatch``) over ``model.named_parameters()`` names, or a comma-
-    separated string of them; ``None`` means every trainable parameter. A pattern that matches no
-    parameter is an error (it is almost always a typo).
+    separated string of them (a pattern naming a module matches its parameters, as ``--peft``);
+    ``None`` means every trainable parameter. A pattern that matches no parameter is an error (it is
+    almost always a typo).
     """
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     if patterns is None:
@@ -66,15 +67,20 @@ def select_parameters(model: nn.Module, patterns: Sequence[str] | str | None = N
     pats = [q.strip() for pat in patterns for q in pat.split(",") if q.strip()]
     if not pats:
         raise ModelError("--params is empty; give glob patterns such as '*' or 'fc.*,layer3.*'")
-    all_names = [n for n, _ in model.named_parameters()]
-    chosen = set()
-    for pat in pats:
-        hit = fnmatch.filter(all_names, pat)
+    return match_patterns([n for n, _ in model.named_parameters()], pats, "--params")
+
+
+def match_patterns(names: list[str], patterns: list[str], what: str = "--peft") -> list[str]:
+    """The names matched by glob ``patterns``; a pattern naming a module matches its parameters.
+    A pattern that matches nothing is an error (it is almost always a typo)."""
+    chosen: set[str] = set()
+    for pat in patterns:
+        hit = [n for n in names if fnmatch.fnmatchcase(n, pat) or fnmatch.fnmatchcase(n, pat + ".*")]
         if not hit:
-            sample = ", ".join(all_names[:6]) + (", ..." if len(all_names) > 6 else "")
-            raise ModelError(f"--params pattern {pat!r} matches no parameter; names look like: {sample}")
+            near = [n for n in names if n.split(".")[0] == pat.split(".")[0]][:4] or names[:4]
+            raise ModelError(f"{what} pattern {pat!r} matches no parameter; names look like: {', '.join(near)}, ... (gsd models show MODEL)")
         chosen.update(hit)
-    return [n for n in all_names if n in chosen]
+    return [n for n in names if n in chosen]
 
 
 def default_chunk_size(device: torch.device, num_params: int) -> int:

@@ -29,7 +29,6 @@ False, never in the optimiser, unchanged by training).
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from dataclasses import dataclass, field
 
@@ -37,6 +36,7 @@ import torch
 import torch.nn as nn
 
 from .errors import ModelError
+from .gradients import match_patterns
 
 KEYWORDS = ("head", "last", "bitfit", "lora")
 LORA_INSTALL = "LoRA needs the peft library: pip install 'gsd-cli[lora]' (or pip install peft)"
@@ -86,19 +86,6 @@ def parse_peft(spec: str, presets: dict | None = None) -> PeftChoice:
     if ":" in text:
         raise ModelError(f"--peft {text!r}: unknown kind {head!r}; use a preset, head, bitfit, lora[:r=..,alpha=..] or patterns")
     return PeftChoice(text, "patterns", [p.strip() for p in text.split(",") if p.strip()])
-
-
-def match_patterns(names: list[str], patterns: list[str], what: str = "--peft") -> list[str]:
-    """The names matched by glob ``patterns``; a pattern naming a module matches its parameters.
-    A pattern that matches nothing is an error (it is almost always a typo)."""
-    chosen: set[str] = set()
-    for pat in patterns:
-        hit = [n for n in names if fnmatch.fnmatchcase(n, pat) or fnmatch.fnmatchcase(n, pat + ".*")]
-        if not hit:
-            near = [n for n in names if n.split(".")[0] == pat.split(".")[0]][:4] or names[:4]
-            raise ModelError(f"{what} pattern {pat!r} matches no parameter; names look like: {', '.join(near)}, ... (gsd models show MODEL)")
-        chosen.update(hit)
-    return [n for n in names if n in chosen]
 
 
 def _lora_targets(model: nn.Module, head: str, model_name: str | None, targets: str | None) -> str:

@@ -306,7 +306,7 @@ def train(
         defaults = TrainConfig().to_dict()  # a setting added after the run started has its default there
         diff = sorted(k for k, v in cfg.to_dict().items() if saved.get(k, defaults.get(k)) != v)
         if diff:
-            shown = ", ".join(f"{k}: run has {saved.get(k)!r}, asked {getattr(cfg, k)!r}" for k in diff[:4])
+            shown = ", ".join(f"{k}: run has {saved.get(k, defaults.get(k))!r}, asked {getattr(cfg, k)!r}" for k in diff[:4])
             raise GSDError(f"--resume {out}: settings differ from the checkpoint's ({shown}); resume with the run's own settings")
         selection = meta.get("selection", selection) if meta is not None else selection
     t_start = time.perf_counter()
@@ -398,12 +398,17 @@ def train(
         "mechanism": method.description,
     }
     settings = cfg.to_dict()
-    if stage1 is not None and meta is None:  # theta_0 is the run's first checkpoint: --resume never redoes stage 1
+
+    def save_checkpoint(epochs_done: int, steps_done: int, spent: float) -> None:
         ckpt.save(out, model, opt, {
-            "settings": settings, "epoch": 0, "step": 0, "privacy": {**privacy_static, "steps_done": 0, "epsilon_spent": 0.0},
+            "settings": settings, "epoch": epochs_done, "step": steps_done,
+            "privacy": {**privacy_static, "steps_done": steps_done, "epsilon_spent": spent},
             "secret": {"noise_seed": str(noise_seed), "note": "seed of the private randomness: keep this file private"},
             "selection": selection,
         })
+
+    if stage1 is not None and meta is None:  # theta_0 is the run's first checkpoint: --resume never redoes stage 1
+        save_checkpoint(0, 0, 0.0)
 
     if progress:
         progress("epoch", start_epoch, cfg.epochs)
@@ -447,12 +452,7 @@ def train(
         row.update(info.get("epoch_metrics", {}))
         rows.append(row)
         ckpt.write_metrics(out, rows)
-        ckpt.save(out, model, opt, {
-            "settings": settings, "epoch": epoch + 1, "step": done,
-            "privacy": {**privacy_static, "steps_done": done, "epsilon_spent": spent},
-            "secret": {"noise_seed": str(noise_seed), "note": "seed of the private randomness: keep this file private"},
-            "selection": selection,
-        })
+        save_checkpoint(epoch + 1, done, spent)
         if progress:
             progress("epoch", epoch + 1, cfg.epochs)
     if cfg.method not in ("gep", "second-phase") and cfg.public:
