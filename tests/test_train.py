@@ -218,6 +218,17 @@ def test_cli_bad_input(capsys, tiny, args):
     _one_line_error(code, capsys.readouterr().err)
 
 
+@pytest.mark.parametrize("args", [["--peft", "no.such.layer"], ["--weights", "/nonexistent-gsd.safetensors"],
+                                  ["--private", "npz:/nonexistent-gsd.npz"]])
+def test_cli_bad_model_or_data_leaves_no_run_folder(capsys, tiny, tmp_path, args):
+    """The run folder is created only once the model and the data are there: a bad --peft, --weights
+    or dataset is one error line and leaves nothing behind."""
+    run = tmp_path / "run"
+    code = main(["train", "--private", tiny["private"], "--method", "dpsgd", "--epochs", "1", "--out", str(run), "-q", *args])
+    _one_line_error(code, capsys.readouterr().err)
+    assert not run.exists()
+
+
 def test_cli_trains_resizes_public_and_refuses_other_settings_on_resume(capsys, tiny, tmp_path):
     run = tmp_path / "run"
     args = ["train", "--private", tiny["private"], "--public", tiny["public"], "--epochs", "1", "--batch-size", "30",

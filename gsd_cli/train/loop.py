@@ -296,7 +296,8 @@ def train(
 
     cfg = config
     validate(cfg)
-    out = ckpt.prepare_run_dir(Path(out), resume)
+    out = ckpt.prepare_run_dir(Path(out), resume, create=False)  # created once the model is built: a bad
+    # --peft, --weights or dataset leaves no empty folder behind
     meta = None
     if resume:
         from .second_phase import run_settings
@@ -337,6 +338,7 @@ def train(
 
     spec, model, names, model_info = build_model(cfg.model, train_src.num_classes, cfg.seed, weights=cfg.weights, peft=cfg.peft, params=cfg.params)
     model = model.to(dev)
+    out.mkdir(exist_ok=True)
     stage1 = None
     if cfg.method == "second-phase":
         from .second_phase import run_second_phase
