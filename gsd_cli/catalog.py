@@ -28,7 +28,9 @@
     expect_best = "kagchest"
     fail_above = 0.9
 
-Names in ``private``/``candidates`` are catalogue datasets or any name ``gsd rank`` accepts.
+Names in ``private``/``candidates`` are catalogue datasets or any name ``gsd rank`` accepts. An entry
+with no ``split`` that ``gsd train`` uses as its private set is split as the dataset is on the command
+line (:meth:`Catalog.resolve` with ``split``): official or grouped splits are kept.
 """
 
 from __future__ import annotations
@@ -91,38 +93,50 @@ class Catalog:
     jobs: list[Job]
     data_root: str | None = None
 
-    def resolve(self, name: str, download: bool = False):
-        """A catalogue dataset (or any other name) as an :class:`ImageSource` named ``name``."""
+    def resolve(self, name: str, download: bool = False, split: str | None = None):
+        """A catalogue dataset (or any other name) as an :class:`ImageSource` named ``name``.
+
+        ``split`` ('train', 'test', 'val') resolves an entry that names no split at that split, exactly
+        as the dataset named on the command line would: its official split where it has one
+        (ChestX-ray14's patient-wise lists, the Kaggle folders, torchvision's), HAM10000's lesion
+        grouping, else the per-example hash split; the source is then named ``name:split``. An entry
+        that already is a split cannot be split again."""
+        from .data import resolve
+
+        e = self.datasets.get(name)
+        if e is None:
+            return resolve(name if split is None else f"{name}:{split}", root=self.data_root, download=download)
+        if split is not None and e.split is not None and split != e.split:
+            raise GSDError(f"catalogue dataset {name!r} is already the split {e.split!r}; name its {split} set separately")
+        part = e.split or split
+        src = self._source(e, part, download)
+        src.name = name if e.split is not None or split is None else f"{name}:{split}"
+        return src
+
+    def _source(self, e: DatasetEntry, split: str | None, download: bool):
+        """Entry ``e`` at ``split`` (None: all of it)."""
         from .data import resolve
         from .data.csvsource import csv_source, hf_source
         from .data.splits import fixed_split
 
-        e = self.datasets.get(name)
-        if e is None:
-            return resolve(name, root=self.data_root, download=download)
-        full = e.source if e.split is None else f"{e.source}:{e.split}"
+        full = e.source if split is None else f"{e.source}:{split}"
         if e.source == "csv":
-            src = csv_source(self._file(e), name=name, image_column=e.image_column, label_column=e.label_column,
+            src = csv_source(self._file(e), name=e.name, image_column=e.image_column, label_column=e.label_column,
                              label_columns=e.label_columns)
-            src = src if e.split is None else fixed_split(src, e.split, f"{name}:{e.split}")
-        elif e.source == "hf":
-            src = hf_source(self._file(e), name=name, split=e.split)
-        elif e.source in ("folder", "npz"):
-            src = resolve(f"{e.source}:{self._file(e)}" + (f":{e.split}" if e.split else ""))
-        elif e.root is not None:
+            return src if split is None else fixed_split(src, split, f"{e.name}:{split}")
+        if e.source == "hf":
+            return hf_source(self._file(e), name=e.name, split=split)
+        if e.source in ("folder", "npz"):
+            return resolve(f"{e.source}:{self._file(e)}" + (f":{split}" if split else ""))
+        if e.root is not None:
             from .data.published import PUBLISHED
             from .data.registry import canonical
 
             key = canonical(e.source)
-            root = self._rel(e.root)
             if key in PUBLISHED:
-                src = PUBLISHED[key](e.split, root, exact=True, name=name)
-            else:
-                src = resolve(full, root=root, download=download)
-        else:
-            src = resolve(full, root=self.data_root, download=download)
-        src.name = name
-        return src
+                return PUBLISHED[key](split, self._rel(e.root), exact=True, name=e.name)
+            return resolve(full, root=self._rel(e.root), download=download)
+        return resolve(full, root=self.data_root, download=download)
 
     def _rel(self, p: str) -> Path:
         q = Path(p).expanduser()

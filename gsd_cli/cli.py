@@ -86,6 +86,12 @@ def main_callback(
     """Choose public data for differentially private training by Gradient Subspace Distance."""
 
 
+INSECURE_HELP = ("Experiments only: draw the private randomness ({what}) from this seed instead of the operating "
+                 "system, so that a run can be repeated exactly. Every output is then marked NOT differentially private.")
+CLASSES_HELP = ("The private set's classes, a count (10) or comma-separated names, where its source declares none "
+                "(npz without a 'classes' array, CSV label values): a private model's shape must not be read off the private labels.")
+
+
 @app.command()
 def rank(
     private: str = typer.Option(DEFAULT_PRIVATE, "--private", help="Private dataset: an embedded or built-in name (gsd datasets list), folder:PATH, csv:PATH, npz:PATH or hf:PATH; add :train or :test for a split."),
@@ -94,7 +100,9 @@ def rank(
     ),
     k: int = typer.Option(16, "--k", "-k", help="Dimension of the gradient subspaces (paper 004 uses 16)."),
     examples: int = typer.Option(2000, "--examples", "-m", help="Examples drawn per dataset (all of a smaller set)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the examples, the random labels and the initial weights w0."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the public randomness: the initial weights w0, the public examples and their random labels (and, without --dp, the private ones: a non-private ranking is reproducible)."),
+    insecure_seed: Optional[int] = typer.Option(None, "--insecure-seed", help=INSECURE_HELP.format(what="with --dp: the private examples drawn, their labels and the DP draw")),
+    classes: Optional[str] = typer.Option(None, "--classes", help=CLASSES_HELP),
     model: str = typer.Option("probe", "--model", help="Model: probe (paper 004 Table 7b), fmnist-cnn (Table 7a), resnet20, resnet50 (GroupNorm, 32x32)."),
     params: Optional[List[str]] = typer.Option(
         None, "--params", help="Glob patterns over parameter names that get gradients, e.g. 'fc.*' (default: all trainable)."
@@ -117,7 +125,8 @@ def rank(
     dp: bool = typer.Option(
         False, "--dp",
         help="DP-GSD: draw the private subspace with a pure epsilon-DP exponential mechanism (rows clipped to --clip; "
-        "replace-one neighbours, delta=0); one private sample serves all candidates, so epsilon is spent once.",
+        "add/remove-one-example neighbours, delta=0; the private examples, labels and draw come from the operating "
+        "system, never from --seed); one private sample serves all candidates, so epsilon is spent once.",
     ),
     epsilon: Optional[float] = typer.Option(None, "--epsilon", help="With --dp: the privacy budget (> 0)."),
     clip: float = typer.Option(1.0, "--clip", help="With --dp: L2 clip norm C of each private per-sample gradient."),
@@ -194,6 +203,8 @@ def rank(
         raise GSDError("--epsilon is only used with --dp; add --dp for DP-GSD")
     if dp_repeats is not None and not dp:
         raise GSDError("--dp-repeats is only used with --dp; add --dp for DP-GSD")
+    if insecure_seed is not None and not dp:
+        raise GSDError("--insecure-seed seeds DP-GSD's private randomness; it is only used with --dp")
     if catalog is not None and publics:
         raise GSDError("--catalog takes its candidates from the catalogue; drop --public (or drop --catalog)")
     from .repeats_report import check_plot_path, print_repeats, write_plot, write_repeats_csv
@@ -209,7 +220,7 @@ def rank(
         k=k, examples=examples, seed=seed, model=model, params=params, labels=labels.value, row_norm=row_norm.value,
         device=device.value, chunk_size=chunk_size, engine=engine.value, dp=dp, epsilon=epsilon, clip=clip,
         mechanism=mechanism, dp_sketch=dp_sketch, gibbs_sweeps=gibbs_sweeps, gram=gram, memory_budget=memory_budget,
-        repeats=repeats, dp_repeats=(dp_repeats or DpRepeats.shared).value,
+        repeats=repeats, dp_repeats=(dp_repeats or DpRepeats.shared).value, insecure_seed=insecure_seed, classes=classes,
     )
     options.update(weights=weights, peft=peft)
     try:
@@ -328,7 +339,7 @@ def cache_clear() -> None:
 @app.command()
 def train(
     ctx: typer.Context,
-    private: str = typer.Option(DEFAULT_PRIVATE, "--private", help="Private dataset: trains on NAME:train, evaluates on NAME:test (a fixed stratified 80/20 split where the set has none)."),
+    private: str = typer.Option(DEFAULT_PRIVATE, "--private", help="Private dataset: trains on NAME:train, evaluates on NAME:test (the official split; where the set has none, a fixed 80/20 split decided per example by a hash of its path or content)."),
     public: Optional[List[str]] = typer.Option(None, "--public", help="Public dataset for GEP; with --auto-select, the candidates (list names after it)."),
     auto_select: bool = typer.Option(False, "--auto-select", help="Rank the --public candidates (or the --catalog job's) with gsd rank first (probe network, random labels) and train with the closest."),
     catalog_path: Optional[Path] = typer.Option(None, "--catalog", help="TOML catalogue: its datasets resolve by name; with --auto-select the candidates are those of the job whose private set is --private."),
@@ -364,7 +375,9 @@ def train(
     sparsify: float = typer.Option(0.0, "--sparsify", help="dpsgd, gep: random sparsification (paper 003) to final rate R in [0, 1): a data-independent mask per epoch, rate ramped 0 -> R, before clipping; same epsilon."),
     accountant: Accountant = typer.Option(Accountant.rdp, "--accountant", help="dp-accounting's RDP or PLD accountant (add/remove-one neighbours, Poisson sampling)."),
     physical_batch: Optional[int] = typer.Option(None, "--physical-batch", help="Examples per per-sample-gradient chunk (memory bound; default 64 CPU / 256 GPU)."),
-    deterministic_noise: bool = typer.Option(False, "--deterministic-noise", help="Derive the private sampling and noise from --seed (reproducible experiments; the guarantee then needs the seed kept secret)."),
+    insecure_seed: Optional[int] = typer.Option(None, "--insecure-seed", help=INSECURE_HELP.format(what="the Poisson sampling, the noise and, with --select-epsilon, the DP-GSD draw")),
+    deterministic_noise: bool = typer.Option(False, "--deterministic-noise", help="Deprecated: --insecure-seed with the value of --seed."),
+    classes: Optional[str] = typer.Option(None, "--classes", help=CLASSES_HELP),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="New run folder (default gsd-train-<time>); its parent must exist."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the interrupted run in this folder, with its own settings (same result as an uninterrupted run)."),
     rank_model: str = typer.Option("probe", "--rank-model", help="--auto-select: model of the ranking (default: probe; with --weights or --peft, the trained model with its weights and --peft)."),
@@ -386,6 +399,11 @@ def train(
     sigma. topagg: clip C then NormTopK, sensitivity sqrt(K)*C, noise sqrt(K)*sigma*C: multiplier sigma.
     --sparsify: the mask is independent of the data, so the same mechanism and epsilon. second-phase:
     stage 1 sees public data only (no privacy cost); stage 2 is DP-SGD, accounted as dpsgd.
+
+    The private sampling and noise come from the operating system (--insecure-seed: from a seed, and
+    the run is marked not DP). Public data that shares examples with the private set is refused.
+    summary.json holds only public settings and the privacy statement; the test metrics and the exact
+    size of the private set go to private-summary.json.
     """
     import time as _time
 
@@ -401,7 +419,7 @@ def train(
         weight_decay=weight_decay, lr_schedule=lr_schedule.value, seed=seed, clip=clip, k=k,
         public_examples=public_examples, power_iters=power_iters, groups=groups, clip_embedding=clip_embedding,
         clip_residual=clip_residual, residual=residual, accountant=accountant.value, physical_batch=physical_batch,
-        deterministic_noise=deterministic_noise, rgp_rank=rgp_rank, rgp_warmup=rgp_warmup, topk_fraction=topk_fraction,
+        deterministic_noise=deterministic_noise, insecure_seed=insecure_seed, classes=classes, rgp_rank=rgp_rank, rgp_warmup=rgp_warmup, topk_fraction=topk_fraction,
         sparsify=sparsify, weights=weights, peft=peft, public_epochs=public_epochs,
         public_lr=public_lr, public_batch_size=public_batch_size,
         catalog=str(catalog_path.expanduser().resolve()) if catalog_path is not None else None,
@@ -452,7 +470,9 @@ def train(
             if (weights is not None or peft is not None) and ctx.get_parameter_source("rank_model").name == "DEFAULT":
                 rank_opts.update(model=model, weights=weights, peft=peft)  # GSD on exactly the parameters to be trained
             if select_epsilon is not None:
-                rank_opts.update(dp=True, epsilon=select_epsilon)
+                rank_opts.update(dp=True, epsilon=select_epsilon, insecure_seed=cfg.private_seed)
+            if classes is not None:
+                rank_opts.update(classes=classes)
             ranking = _with_rank_progress(quiet, lambda pr: auto_select_fn(private, publics, private_test=private_test, catalog=cat, progress=pr, **rank_opts))
             print_ranking(ranking, out)
             best = ranking.results[0]
@@ -469,7 +489,8 @@ def train(
     from .train.report import print_summary
 
     print_summary(summary, out)
-    err.print(f"wrote {run}/summary.json, metrics.jsonl, curves.png, checkpoint.safetensors"
+    err.print(f"wrote {run}/summary.json (publishable), private-summary.json, metrics.jsonl, curves.png (not publishable: "
+              "test metrics of private data), checkpoint.safetensors"
               + (", stage1.safetensors" if cfg.method == "second-phase" else ""))
 
 
@@ -551,7 +572,8 @@ def compare(
     peft: Optional[str] = typer.Option(None, "--peft", help="Trainable parameters for every method (as gsd train --peft); all else frozen."),
     public_epochs: int = typer.Option(5, "--public-epochs", help="second-phase: epochs of stage 1 on the public set."),
     public_lr: Optional[float] = typer.Option(None, "--public-lr", help="second-phase: Adam learning rate of stage 1 (default 5e-5 CNN, 3e-3 transformer)."),
-    deterministic_noise: bool = typer.Option(False, "--deterministic-noise", help="Private sampling and noise from the seed (reproducible experiments)."),
+    insecure_seed: Optional[int] = typer.Option(None, "--insecure-seed", help=INSECURE_HELP.format(what="the sampling and noise of run i: this seed + i")),
+    deterministic_noise: bool = typer.Option(False, "--deterministic-noise", help="Deprecated: --insecure-seed with the value of --seed."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="New folder for the runs and comparison.json/.csv/.png (default gsd-compare-<time>); never overwritten."),
     device: Device = typer.Option(Device.auto, "--device", help="auto uses CUDA when there is a GPU."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
@@ -560,7 +582,9 @@ def compare(
     accountant; print one table (test accuracy mean +- sd over seeds) and save JSON, CSV and a plot.
 
     Every method is a Poisson-subsampled Gaussian mechanism per step with the sensitivities of
-    ``gsd train --help``; each run's sigma is calibrated so its epsilon is at most --epsilon.
+    ``gsd train --help``; each run's sigma is calibrated so its epsilon is at most --epsilon. The runs
+    are separate releases about one private set: together they spend the sum of their budgets, which
+    the table and comparison.json report. The files hold test metrics of private data: not publishable.
     """
     import time as _time
 
@@ -570,7 +594,7 @@ def compare(
     base = TrainConfig(delta=delta, model=model, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, clip=clip, k=k,
                        public_examples=public_examples, rgp_rank=rgp_rank, rgp_warmup=rgp_warmup, topk_fraction=topk_fraction,
                        weights=weights, peft=peft, public_epochs=public_epochs, public_lr=public_lr,
-                       deterministic_noise=deterministic_noise, seed=seed)
+                       deterministic_noise=deterministic_noise, insecure_seed=insecure_seed, seed=seed)
     run = out_dir or Path(f"gsd-compare-{_time.strftime('%Y%m%d-%H%M%S')}")
     bar, progress = _progress(quiet, width=8, eta=True)
 

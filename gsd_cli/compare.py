@@ -12,6 +12,12 @@ gep) with random sparsification at final rate ``sparsify``. The result: per meth
 (mean +- sample sd over seeds), the epsilon reached, sigma and time, written to ``OUT/comparison.json``,
 ``OUT/comparison.csv`` and ``OUT/comparison.png``. ``OUT`` must not exist (or be empty): nothing is
 overwritten.
+
+Budget: every run is a separate release about the same private set, so the comparison as a whole
+spends the **sum** of the runs' budgets (basic composition: epsilons add, deltas add; the runs are
+not adaptive to each other's outputs, but no tighter bound is claimed). ``privacy_total`` in the
+result, the table and the JSON say so. The comparison's files hold test metrics of the private data
+(not DP): they are marked ``"publishable": false``.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import csv
 import dataclasses
 import io
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -85,9 +92,17 @@ def compare(
     for label, method, rs in specs:
         for i in range(seeds):
             cfg = dataclasses.replace(base, private=private, public=public if method in ("gep", "second-phase") else None, method=method,
-                                      epsilon=epsilon, sparsify=sparsify if rs else 0.0, seed=base.seed + i)
+                                      epsilon=epsilon, sparsify=sparsify if rs else 0.0, seed=base.seed + i,
+                                      insecure_seed=None if base.insecure_seed is None else base.insecure_seed + i)
             validate(cfg)  # every user error before the first run
             cfgs.append((label, cfg))
+    from .train.loop import refuse_shared_public
+    from .train.splits import private_parts
+
+    parts = private_parts(private)
+    for _, cfg in cfgs:  # public data that holds private examples: refused before the first run
+        if cfg.method in ("gep", "second-phase") and cfg.seed == base.seed:
+            refuse_shared_public(cfg, parts)
     out = Path(out).expanduser()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise GSDError(f"--out {out} exists and is not empty; give a new folder (gsd compare never overwrites)")
@@ -104,7 +119,8 @@ def compare(
         s = train(cfg, run_dir, device=device)
         row = {"method": label, "seed": cfg.seed, "accuracy": s["test"]["accuracy"], "macro_auc": s["test"].get("macro_auc"),
                "epsilon": s["epsilon"], "sigma": s["sigma"], "seconds": s["seconds"], "sparsity_reached": s.get("sparsity_reached"),
-               "folder": str(run_dir)}
+               "folder": str(run_dir), "budget_epsilon": s["budget"]["total_epsilon"], "budget_delta": s["budget"]["total_delta"],
+               "dp": s["dp"]}
         runs.append(row)
         if on_run:
             on_run(row)
@@ -123,6 +139,9 @@ def compare(
         })
     settings = {k: v for k, v in dataclasses.asdict(base).items() if k not in ("private", "public", "method", "epsilon", "sparsify", "seed")}
     result = {
+        "publishable": False,
+        "note": "holds test metrics of the private data (not DP); privacy_total is what the whole comparison spent",
+        "privacy_total": privacy_total(runs),
         "private": private, "public": public, "epsilon": epsilon, "delta": base.delta, "seeds": [base.seed + i for i in range(seeds)],
         "sparsify": sparsify, "settings": settings, "table": table, "runs": runs,
         "seconds": round(time.perf_counter() - t0, 1),
@@ -131,6 +150,18 @@ def compare(
     atomic_write(out / "comparison.csv", to_csv(table))
     plot_comparison(result, out / "comparison.png")
     return result
+
+
+def privacy_total(runs: list[dict]) -> dict:
+    """What ``runs`` (each a separate training on the same private set) spend together: basic
+    composition, epsilons and deltas add."""
+    eps = math.fsum(r["budget_epsilon"] for r in runs)
+    delta = math.fsum(r["budget_delta"] for r in runs)
+    return {
+        "runs": len(runs), "total_epsilon": eps, "total_delta": delta, "dp": all(r["dp"] for r in runs),
+        "neighbouring": "add or remove one example",
+        "composition": f"basic composition of the {len(runs)} runs on the same private set (epsilons and deltas add)",
+    }
 
 
 def to_csv(table: list[dict]) -> str:
@@ -182,4 +213,9 @@ def comparison_table(result: dict):
         sd = f" +- {100 * r['accuracy_sd']:.2f}" if r["accuracy_sd"] is not None else ""
         t.add_row(r["method"], f"{100 * r['accuracy_mean']:.2f}%{sd}", f"{r['epsilon']:.3f}", f"{r['sigma']:.3f}",
                   f"{r['seconds_mean']:.1f}", "-" if r["sparsity_reached"] is None else f"{r['sparsity_reached']:.2f}")
+    tot = result.get("privacy_total")
+    if tot:
+        t.caption = (f"epsilon is per run; all {tot['runs']} runs together spent epsilon={tot['total_epsilon']:.4g}, "
+                     f"delta={tot['total_delta']:.3g} on {result['private']} (basic composition)"
+                     + ("" if tot["dp"] else "; NOT DP: --insecure-seed or --deterministic-noise"))
     return t

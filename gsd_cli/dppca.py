@@ -5,7 +5,10 @@ Each private per-sample gradient is clipped to L2 norm C. For a unit vector v th
 q(v) = v^T G^T G v = sum_i (g_i . v)^2 changes by at most C^2 when one example is replaced (one term
 (g_i . v)^2 in [0, C^2] changes). The exponential mechanism with sensitivity C^2 therefore samples v
 with density proportional to exp(epsilon * q(v) / (2 C^2)) = exp(v^T B v), B = epsilon / (2 C^2) G^T G,
-and is epsilon-DP under the replace-one (bounded) neighbouring relation, and so also under add/remove.
+and is epsilon-DP on the matrix G under replace-one-row; adding or removing one row changes q(v) by
+(g . v)^2 in [0, C^2], also within the sensitivity, so it is epsilon-DP under add/remove-one-row too.
+How the rows of G are drawn from the private *dataset* (secretly, without replacement) and why the
+whole pipeline is then epsilon-DP under add/remove-one-example: :mod:`gsd_cli.ranking`.
 Paper 004 writes the scale as (m epsilon / 2) A with A = G^T G / m and states epsilon / c^2-DP; with
 that scale the mechanism is (epsilon c^2)-DP. As DESIGN.md says, the c^2 belongs in B; the paper's
 scale is not used.
@@ -73,9 +76,18 @@ def as_operator(G) -> "DenseOperator":
     return DenseOperator(G) if isinstance(G, torch.Tensor) else G
 
 
+def zero_nonfinite_rows(G: torch.Tensor) -> torch.Tensor:
+    """G with every row that holds a NaN or an infinity set to zero (other rows unchanged)."""
+    ok = torch.isfinite(G).all(dim=1, keepdim=True)
+    return G if bool(ok.all()) else torch.where(ok, G, torch.zeros((), dtype=G.dtype, device=G.device))
+
+
 def clip_rows(G: torch.Tensor, clip: float) -> torch.Tensor:
-    """Scale each row of G with norm above ``clip`` down to norm ``clip``; rows inside are untouched."""
+    """Scale each row of G with norm above ``clip`` down to norm ``clip``; rows inside are untouched.
+    A row with a NaN or infinite entry becomes zero (a second line of defence behind the data check:
+    one such row would otherwise turn the whole release into NaN, which shows its presence)."""
     _check_positive(clip, "--clip")
+    G = zero_nonfinite_rows(G)
     norms = G.norm(dim=1, keepdim=True)
     factor = torch.where(norms > clip, clip / norms, torch.ones_like(norms))
     return G * factor
@@ -298,7 +310,8 @@ def private_top_k_subspace(
 
     Rows are clipped to norm ``clip``, then ``mechanism`` samples V (p x k, orthonormal, float64):
 
-    * ``sequential``: k exact vector-Bingham draws with epsilon/k each: pure epsilon-DP (replace-one).
+    * ``sequential``: k exact vector-Bingham draws with epsilon/k each: pure epsilon-DP (one row
+      added, removed or replaced).
     * ``matrix``: paper 004's matrix Bingham exp(tr(V^T B V)), B = epsilon / (2 C^2) G^T G, by
       ``sweeps`` sweeps of Hoff's Gibbs sampler. Not an exact sample: no DP guarantee is proven for
       it (see :func:`mechanism_guarantee`).
@@ -311,7 +324,11 @@ def private_top_k_subspace(
         Gc = clip_rows(G, clip)
     else:  # an operator: the row norms come from the Gram diagonal
         _check_positive(clip, "--clip")
-        norms = G.gram().diagonal().clamp_min(0).sqrt()
+        diag = G.gram().diagonal()
+        if not bool(torch.isfinite(diag).all()):  # the Gram path cannot zero one row of an operator
+            raise GSDError("a private per-sample gradient is NaN or infinite (check the private data and the model); "
+                           "with --gram materialize such a row is zeroed by the clip")
+        norms = diag.clamp_min(0).sqrt()
         Gc = G.scaled(torch.where(norms > clip, clip / norms, torch.ones_like(norms)))
     if mechanism == "matrix":
         return sample_matrix_gibbs(Gc, k, scale, rng, sweeps)

@@ -752,11 +752,8 @@ def ghost_subspace(
 
     V is p x k: float64 when p*k*8 bytes is at most a quarter of the budget, else float32 (resnet50:
     1.5 GB instead of 3 GB), orthonormal either way. With ``dp`` (as :func:`gsd_cli.ranking.sample_subspace`)
-    the subspace is drawn by :func:`gsd_cli.dppca.private_top_k_subspace` on the operator and ``s`` is empty."""
-    import zlib
-
-    import numpy as np
-
+    the subspace is drawn by :func:`gsd_cli.dppca.private_top_k_subspace` on the operator, with the
+    private generator ``dp["rng"]``, and ``s`` is empty."""
     budget = DEFAULT_BUDGET if memory_budget is None else parse_bytes(memory_budget)
     model = model.to(device)
     op = GhostOperator(model, batches, m, names, loss, device, budget, chunk_size, progress)
@@ -770,8 +767,7 @@ def ghost_subspace(
         if row_norm == "unit":
             n = op.gram().diagonal().sqrt()
             op = op.scaled(torch.where(n > 0, 1.0 / n, torch.ones_like(n)))
-        rng = np.random.default_rng([dp["seed"], zlib.crc32(b"dp-gsd")])
-        V = private_top_k_subspace(op, k, dp["epsilon"], dp["clip"], dp["mechanism"], rng, dp.get("sweeps", 10))
+        V = private_top_k_subspace(op, k, dp["epsilon"], dp["clip"], dp["mechanism"], dp["rng"], dp.get("sweeps", 10))
         s = torch.empty(0, dtype=torch.float64)
     if info is not None:
         info.update(op.info)

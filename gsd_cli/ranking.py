@@ -3,6 +3,32 @@
 For one model at initial weights w0 (a function of ``seed``), the private sample's top-k gradient
 subspace is computed once and compared with each public candidate's; candidates are ranked by
 distance, lowest (closest to the private task) first.
+
+Randomness. Public draws (w0, the public examples and their random labels, the sketch) come from
+``seed``, which every output prints. A non-private ranking (``dp=False``) draws its private examples
+and labels from ``seed`` as well: it claims no privacy, and stays reproducible. Under DP-GSD the
+private examples, their random labels and the mechanism's draw come from the operating system
+(:func:`gsd_cli.privacy.randomness.private_rng`), never from ``seed``, and nothing in the output can
+reproduce them; ``insecure_seed`` opts back into a reproducible draw and marks the output not DP.
+
+Neighbouring relation: **add or remove one example** of the private dataset, the relation of the
+trainers' accountant, so that a DP selection and a DP training compose (their epsilons add).
+Claim: DP-GSD with budget epsilon is epsilon-DP under it. Proof. Let D' = D + {x}, |D| = N, and let
+m be the number of rows requested. The rows are a uniformly random m-subset of the dataset, drawn
+with secret randomness, each row with its own label drawn independently (uniform in the model's
+label space, or the example's own), so a row is an (example, label) pair whose label depends on no
+other row. (i) N >= m: couple the draws. Given x is not drawn from D', the draw is a uniform
+m-subset of D; given x is drawn, removing x and adding a uniform element y of D not yet drawn gives
+a uniform m-subset S of D. So P_D'(O) = (1 - a) P_D(O) + a E[M(S - y + x)(O)] with a = m / (N + 1),
+where S - y + x differs from S in one row. The mechanism M is epsilon-DP on its m rows under one row
+replaced (score sensitivity C^2, :mod:`gsd_cli.dppca`), so M(S - y + x)(O) is within e^{+-epsilon} of
+M(S)(O) for every (S, y), hence P_D'(O) within e^{+-epsilon} of P_D(O). (ii) N < m: every example is a
+row and D' adds one row, which changes the score by (g . v)^2 in [0, C^2]: within the sensitivity,
+so epsilon-DP directly. The model w0, the sketch and the public side do not depend on D; the
+distances and the ranking are post-processing. The number of rows m = min(m, N) would reveal N when
+N < m, so a DP ranking prints the requested m, never N, and every data-independent utility figure
+uses the requested m. Position-assigned labels or a public-seed draw (as before 0.3) break (i):
+adding one example would re-draw other rows and labels.
 """
 
 from __future__ import annotations
@@ -21,6 +47,7 @@ from . import data as gdata
 from .cache import public_subspace
 from .errors import GSDError, ModelError
 from .gradients import LossFn, default_chunk_size, gradient_matrix, resolve_device
+from .privacy.randomness import INSECURE_NOTE, check_insecure_seed, private_rng, randomness_statement
 from .subspace import principal_angles, projection_metric, top_k_subspace, uniform_baseline
 
 LABELS = ("random", "own")
@@ -82,6 +109,7 @@ class Ranking:
     sketch: int | None = None
     weights: str | None = None  # --weights (pre-trained backbone), when given
     peft: str | None = None  # --peft (the trainable set), when given
+    dp: bool = False  # whether this output is differentially private (DP-GSD with secret randomness)
 
     def __len__(self) -> int:
         return len(self.results)
@@ -107,13 +135,15 @@ def _label_seed(seed: int, name: str) -> list[int]:
     return [seed, zlib.crc32(name.encode()), 1]
 
 
-def sample_labels(sample: gdata.Sample, labels: str, num_classes: int, seed: int) -> torch.Tensor:
+def sample_labels(sample: gdata.Sample, labels: str, num_classes: int, seed: int,
+                  rng: np.random.Generator | None = None) -> torch.Tensor:
     """Labels for the gradients: uniformly random in the model's label space (the authors' choice,
-    seeded by ``seed`` and the dataset name), or the dataset's own."""
+    i.i.d. per row, seeded by ``seed`` and the dataset name, or drawn from ``rng``: the private side
+    of DP-GSD passes a secret generator), or the dataset's own."""
     if labels not in LABELS:
         raise GSDError(f"--labels must be one of {', '.join(LABELS)} (got {labels!r})")
     if labels == "random":
-        rng = np.random.default_rng(_label_seed(seed, sample.source.name))
+        rng = rng if rng is not None else np.random.default_rng(_label_seed(seed, sample.source.name))
         return torch.from_numpy(rng.integers(0, num_classes, size=len(sample)))
     y = sample.labels()
     if sample.source.multilabel:
@@ -155,15 +185,17 @@ def sample_subspace(
 ) -> Subspace:
     """Per-sample gradients of ``sample`` at the model's weights, then their top-k subspace.
 
-    With ``dp = {"epsilon", "clip", "mechanism", "seed"}`` the subspace is drawn by the epsilon-DP
-    mechanism of :func:`gsd_cli.dppca.private_top_k_subspace` instead (``s`` is then empty: the
-    private singular values are never released). ``label_seed`` (default ``seed``) seeds the random
-    labels alone; ``seed`` also seeds the sketch."""
+    With ``dp = {"epsilon", "clip", "mechanism", "rng"}`` the subspace is drawn by the epsilon-DP
+    mechanism of :func:`gsd_cli.dppca.private_top_k_subspace` instead, with the private generator
+    ``rng`` for the random labels and the draw (``s`` is then empty: the private singular values are
+    never released). ``label_seed`` (default ``seed``) seeds the random labels alone otherwise;
+    ``seed`` also seeds the sketch (public)."""
     t0 = time.perf_counter()
     dev = resolve_device(device)
     if k > len(sample):
         raise GSDError(f"k={k} is larger than the {len(sample)} examples of {sample.source.name}; use --k <= {len(sample)}")
-    y = sample_labels(sample, labels, num_classes, seed if label_seed is None else label_seed)
+    y = sample_labels(sample, labels, num_classes, seed if label_seed is None else label_seed,
+                      rng=None if dp is None else dp["rng"])
     p = sum(dict(model.named_parameters())[n].numel() for n in names)
     cs = chunk_size if chunk_size is not None else default_chunk_size(dev, p)
     if cs < 1:
@@ -200,8 +232,7 @@ def sample_subspace(
     else:
         from .dppca import private_top_k_subspace
 
-        rng = np.random.default_rng([dp["seed"], zlib.crc32(b"dp-gsd")])
-        V = private_top_k_subspace(G, k, dp["epsilon"], dp["clip"], dp["mechanism"], rng, dp.get("sweeps", 10))
+        V = private_top_k_subspace(G, k, dp["epsilon"], dp["clip"], dp["mechanism"], dp["rng"], dp.get("sweeps", 10))
         s = torch.empty(0, dtype=torch.float64)
     del G
     return Subspace(sample.source.name, V, s, len(sample), time.perf_counter() - t0, info["engine"])
@@ -285,12 +316,20 @@ def rank(
     memory_budget: int | str | None = None,
     weights: str | None = None,
     peft: str | None = None,
+    insecure_seed: int | None = None,
+    classes: int | str | None = None,
 ) -> Ranking:
     """Rank public candidates by their GSD to the private dataset, lowest first.
 
     ``dp=True`` (DP-GSD): the private top-k subspace is drawn once by an ``epsilon``-DP mechanism
     (rows clipped to ``clip``; see :mod:`gsd_cli.dppca`) and every candidate is compared with that
     one sample: the public side and the distances are post-processing, so ``epsilon`` is spent once.
+    It is epsilon-DP under add/remove-one-example (module docstring): the private examples, their
+    random labels and the draw come from a secret generator, so two identical calls give different
+    private subspaces; ``insecure_seed`` seeds them instead (experiments only: ``dp`` is then False).
+    A public candidate that is the private set or shares examples with it is refused, DP or not.
+    ``classes`` (a count or comma-separated names) declares the private set's classes where its
+    source does not (npz, CSV): under DP they must not be read off the private labels.
     The ranking's ``privacy`` field states what was spent, ``warnings`` when the sample is too noisy
     to say anything (judged from data-independent quantities only). ``gram``: ``materialize`` stacks
     the m x p per-sample gradient matrix; ``ghost`` forms only m x m Gram matrices from layer inputs and
@@ -299,8 +338,9 @@ def rank(
     every gradient matrix, private and public alike, by one data-independent Gaussian matrix to D
     dimensions (clipping after it), so that a small budget can still say something.
 
-    Every dataset contributes ``min(examples, size)`` examples drawn with ``seed``; the model's
-    initial weights w0 also come from ``seed``, and the private subspace is computed once. Returns a
+    Every dataset contributes ``min(examples, size)`` examples drawn with ``seed`` (the private ones
+    under DP: secretly); the model's initial weights w0 come from ``seed``, and the private subspace
+    is computed once. Returns a
     :class:`Ranking` (a sequence of :class:`RankResult`, best first; ``.to_dict()`` is the JSON).
 
     ``repeats=R`` > 1: R independent repeats with means, intervals, win fractions and ties, by
@@ -334,8 +374,15 @@ def rank(
         spec = get_model_spec(model)
     except KeyError as e:
         raise ModelError(str(e.args[0])) from None
+    check_insecure_seed(insecure_seed)
     dev = resolve_device(device)
     priv_source = gdata.resolve(private)
+    if classes is not None:
+        priv_source = gdata.with_classes(priv_source, classes)
+    if dp:
+        gdata.require_declared_classes(priv_source)
+        if examples is None:
+            raise GSDError("--dp needs a number of private examples (-m/--examples): with all of them, the output would reveal the size of the private set")
     pub_sources = [gdata.resolve(p) for p in publics]
     names_seen = [priv_source.name] + [s.name for s in pub_sources]
     dup = {n for n in names_seen[1:] if names_seen[1:].count(n) > 1}
@@ -343,6 +390,11 @@ def rank(
         raise GSDError(f"public candidate(s) {', '.join(sorted(dup))} given twice; name each once")
     pseed = seed if public_seed is None else public_seed
     samples = [gdata.draw(s, examples, seed if i == 0 else pseed) for i, s in enumerate([priv_source, *pub_sources])]
+    prng = None
+    if dp:  # the private rows: a uniformly random m-subset drawn secretly (module docstring, (i))
+        prng = private_rng("dp-gsd", insecure_seed, seed)
+        samples[0] = gdata.Sample(priv_source, prng.choice(len(priv_source), size=len(samples[0]), replace=False))
+    refuse_private_as_public(priv_source, samples[0].indices, samples[1:])
     for smp in samples:
         if k > len(smp):
             raise GSDError(
@@ -374,10 +426,10 @@ def rank(
         bingham_scale(epsilon, clip)  # validates epsilon > 0 and clip > 0
         if mechanism not in MECHANISMS:
             raise GSDError(f"unknown --mechanism {mechanism!r}; use one of {', '.join(MECHANISMS)}")
-        dp_cfg = dict(epsilon=float(epsilon), clip=float(clip), mechanism=mechanism, seed=seed, sweeps=gibbs_sweeps)
+        dp_cfg = dict(epsilon=float(epsilon), clip=float(clip), mechanism=mechanism, sweeps=gibbs_sweeps, rng=prng)
     key = (model, weights, peft, tuple(names), num_classes, k, labels, row_norm, dp_sketch, loss, str(dev), examples, seed, gram)
-    priv = _cached(memo, key + (priv_source, seed, tuple(sorted((dp_cfg or {}).items()))),
-                   lambda: sample_subspace(net, samples[0], **common, dp=dp_cfg))
+    dp_key = tuple(sorted((n, v) for n, v in (dp_cfg or {}).items() if n != "rng")) + ((insecure_seed,) if dp else ())
+    priv = _cached(memo, key + (priv_source, seed, dp_key), lambda: sample_subspace(net, samples[0], **common, dp=dp_cfg))
     if engine == "auto" and priv.engine != "ghost":  # measured once on the private sample; the same engine for every candidate
         common["engine"] = priv.engine
     rows = []
@@ -400,18 +452,38 @@ def rank(
         r.rank = i
         r.winner = i == 1
     privacy, notes = (None, [])
+    private_examples = priv.examples
     if dp_cfg is not None:
-        privacy, notes = _dp_report(dp_cfg, k, priv.examples, dims, row_norm, rows)
-        privacy["sketch"] = dp_sketch
+        # m = min(examples, N) would reveal N when N < examples: the requested m is used and printed
+        privacy, notes = _dp_report(dp_cfg, k, int(examples), dims, row_norm, rows)
+        privacy.update(sketch=dp_sketch, insecure_seed=insecure_seed, private_randomness=randomness_statement(insecure_seed))
+        if insecure_seed is not None:
+            notes.insert(0, INSECURE_NOTE.format(seed=insecure_seed))
+        private_examples = int(examples)
     return Ranking(
-        privacy=privacy, warnings=notes,
+        privacy=privacy, warnings=notes, dp=dp_cfg is not None and insecure_seed is None,
         private=priv_source.name, model=model, k=k, examples=examples if examples is not None else -1,
         seed=seed, labels=labels, row_norm=row_norm,
         params=None if params is None else ([params] if isinstance(params, str) else list(params)),
-        num_params=num_params, device=str(dev), engine=priv.engine, private_examples=priv.examples,
+        num_params=num_params, device=str(dev), engine=priv.engine, private_examples=private_examples,
         uniform_baseline=uniform_baseline(k, dims), results=rows, sketch=dp_sketch, weights=weights, peft=peft,
         seconds=round(time.perf_counter() - t0, 3),
     )
+
+
+def refuse_private_as_public(private: gdata.ImageSource, private_indices, publics: Sequence[gdata.Sample],
+                             what: str = "public candidate") -> None:
+    """Raise :class:`GSDError` when a public set is the private set or shares examples with it (by
+    name, path, or the content of the examples drawn; ``private_indices``: the private examples
+    drawn, ``None`` for a sample of them): as a candidate its subspace would be the private data's,
+    computed without privacy, and it would win with no word; as training data it would be used with
+    no noise at all."""
+    from .data.identity import shared_examples
+
+    for smp in publics:
+        why = shared_examples(private, smp.source, private_indices, smp.indices)
+        if why:
+            raise GSDError(f"{what} {smp.source.name} is private data: {why}; public data must not hold private examples")
 
 
 def _cached(cache: dict | None, key: tuple, compute: Callable[[], Subspace]) -> Subspace:
@@ -442,7 +514,11 @@ def _dp_report(cfg: dict, k: int, m: int, p: int, row_norm: str, rows: list[Rank
         "k": k,
         "examples": m,
         **mechanism_guarantee(cfg["mechanism"], cfg.get("sweeps", 10)),
-        "neighbouring": "replace one example (implies add/remove)",
+        "neighbouring": "add or remove one example",
+        "private_sampling": (
+            "m private examples (at most; all of a smaller set) drawn uniformly without replacement with secret "
+            "randomness, each with its own random label; the number actually drawn is not released"
+        ),
         "row_norm": row_norm,
         "concentration_bound": conc,
         "uniform_distance_99": [lo, hi],

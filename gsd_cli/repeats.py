@@ -18,7 +18,9 @@ candidate over the repeats:
   below 0.05 is marked **tied** with the winner. With R=1 no test is possible and nothing is marked.
 
 Seeds: repeat 0 uses ``seed`` itself, so R=1 is exactly the plain :func:`gsd_cli.ranking.rank`;
-repeat r > 0 uses :func:`repeat_seed` ``(seed, r)``, for its examples, its random labels and its w0.
+repeat r > 0 uses :func:`repeat_seed` ``(seed, r)``, for its examples, its random labels and its w0
+(under DP the private examples, labels and draw come from a secret generator instead, never from a
+seed: see :mod:`gsd_cli.ranking`).
 
 Under DP (``dp=True``) the user chooses what repeats cost (``dp_repeats``):
 
@@ -27,7 +29,7 @@ Under DP (``dp=True``) the user chooses what repeats cost (``dp_repeats``):
   (public examples and random labels; w0 stays, because a distance between subspaces taken at two
   different w0 means nothing). Total budget: epsilon (post-processing). The intervals then describe
   the public side's sampling, given the one private draw.
-* ``fresh``: every repeat draws new private examples, labels, w0 and a new DP sample, so R
+* ``fresh``: every repeat draws new private examples and labels (secretly), w0 and a new DP sample, so R
   epsilon-DP releases about the same data: total epsilon R * epsilon by basic composition of pure DP
   (delta = 0; :func:`total_epsilon` checks it with dp-accounting).
 
@@ -294,7 +296,7 @@ def summarise(runs: Sequence[Ranking], seeds: Sequence[int], dp_repeats: str | N
     warnings = list(dict.fromkeys(w for run in runs for w in run.warnings))
     base = {f: getattr(first, f) for f in (
         "private", "model", "k", "examples", "labels", "row_norm", "params", "num_params", "device", "engine",
-        "private_examples", "uniform_baseline", "sketch", "weights", "peft")}
+        "private_examples", "uniform_baseline", "sketch", "weights", "peft", "dp")}
     return RepeatRanking(
         **base, seed=seeds[0], results=rows, seconds=round(seconds, 3), privacy=privacy, warnings=warnings,
         repeats=R, repeat_seeds=[int(s) for s in seeds], dp_repeats=dp_repeats, runs=list(runs),

@@ -30,9 +30,11 @@ def _fmt(x: float, spec: str = ".4f") -> str:
 
 def repeats_table(ranking: RepeatRanking) -> Table:
     pv = ranking.privacy
-    kind = "GSD"
+    kind = "GSD (not DP)"
     if pv:
         kind = f"DP-GSD (total epsilon={pv['total_epsilon']:g}" + (")" if pv["exact"] else ", no proven guarantee)")
+        if pv.get("insecure_seed") is not None:
+            kind = "DP-GSD with --insecure-seed (NOT DP)"
     t = Table(
         title=f"{kind} to private [bold]{escape(ranking.private)}[/] ({ranking.private_examples} examples), "
         f"{ranking.repeats} repeat{'s' if ranking.repeats != 1 else ''}",
@@ -111,7 +113,7 @@ def repeats_csv(ranking: RepeatRanking) -> str:
     buf = io.StringIO()
     reps = [f"distance_repeat_{i}" for i in range(ranking.repeats)]
     cols = ["rank", "public", "mean", "sd", "ci_low", "ci_high", "win_fraction", "tied", "p_value_holm", "examples",
-            *reps, "repeats", "private", "model", "k", "seed", "labels", "row_norm", "total_epsilon"]
+            *reps, "repeats", "private", "model", "k", "seed", "labels", "row_norm", "total_epsilon", "dp"]
     w = csv.DictWriter(buf, fieldnames=cols)
     w.writeheader()
     for r in ranking:
@@ -123,6 +125,7 @@ def repeats_csv(ranking: RepeatRanking) -> str:
             "repeats": ranking.repeats, "private": ranking.private, "model": ranking.model, "k": ranking.k,
             "seed": ranking.seed, "labels": ranking.labels, "row_norm": ranking.row_norm,
             "total_epsilon": "" if not ranking.privacy else f"{ranking.privacy['total_epsilon']:g}",
+            "dp": str(bool(getattr(ranking, "dp", False))).lower(),
         })
     return buf.getvalue()
 

@@ -47,7 +47,8 @@ def to_json(ranking: Ranking) -> str:
 
 def to_csv(ranking: Ranking) -> str:
     buf = io.StringIO()
-    cols = ["rank", "public", "distance", "examples", "private", "model", "k", "seed", "labels", "row_norm", "min_angle_deg", "max_angle_deg"]
+    cols = ["rank", "public", "distance", "examples", "private", "model", "k", "seed", "labels", "row_norm", "min_angle_deg",
+            "max_angle_deg", "dp"]
     w = csv.DictWriter(buf, fieldnames=cols)
     w.writeheader()
     for r in ranking:
@@ -56,6 +57,7 @@ def to_csv(ranking: Ranking) -> str:
             "private": ranking.private, "model": ranking.model, "k": ranking.k, "seed": ranking.seed,
             "labels": ranking.labels, "row_norm": ranking.row_norm,
             "min_angle_deg": r.principal_angles_deg[0], "max_angle_deg": r.principal_angles_deg[-1],
+            "dp": str(bool(getattr(ranking, "dp", False))).lower(),
         })
     return buf.getvalue()
 
@@ -70,9 +72,11 @@ def write_csv(ranking: Ranking, path: str | Path) -> None:
 
 def ranking_table(ranking: Ranking) -> Table:
     pv = ranking.privacy
-    kind = "GSD"
+    kind = "GSD (not DP)"
     if pv:
         kind = f"DP-GSD (epsilon={pv['epsilon']:g}" + (")" if pv["exact"] else ", no proven guarantee)")
+        if pv.get("insecure_seed") is not None:
+            kind = f"DP-GSD with --insecure-seed (NOT DP, epsilon={pv['epsilon']:g} only if the seed is secret)"
     t = Table(
         title=f"{kind} to private [bold]{escape(ranking.private)}[/] ({ranking.private_examples} examples)",
         caption=(
@@ -116,7 +120,7 @@ def privacy_line(ranking: Ranking) -> str | None:
     sample = "exact sample" if pv["exact"] else "NOT an exact sample"
     return (
         f"DP-GSD: {pv['mechanism']} mechanism, epsilon={pv['epsilon']:g}, delta={delta}, clip={pv['clip']:g}, "
-        f"k={pv['k']}, {pv['examples']} private examples, {sample}: {pv['guarantee']} "
+        f"k={pv['k']}, at most {pv['examples']} private examples, {sample}: {pv['guarantee']} "
         f"({pv['neighbouring']}); spent once for all candidates."
     )
 
@@ -145,7 +149,7 @@ def to_markdown(rankings: list[Ranking], failures: list[str] | None = None) -> s
 
     parts = []
     for rk in rankings:
-        kind = "DP-GSD" if rk.privacy else "GSD"
+        kind = ("DP-GSD" if getattr(rk, "dp", False) else "DP-GSD (NOT DP: --insecure-seed)") if rk.privacy else "GSD (not DP)"
         reps = getattr(rk, "repeats", 1)
         head = (
             f"### {kind} to `{cell(rk.private)}` ({rk.private_examples} examples)\n\n"

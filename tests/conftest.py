@@ -19,7 +19,8 @@ def npz_pair(tmp_path):
     for name, args in {"priv": (60, 0.0, 0.05, 1), "near": (60, 0.0, 0.05, 2), "far": (60, 1.0, 0.3, 3)}.items():
         x, y = make(*args)
         paths[name] = tmp_path / f"{name}.npz"
-        np.savez(paths[name], x=x, y=y)
+        declared = {"classes": np.array(["0", "1", "2", "3"])} if name == "priv" else {}  # as DP ranking and training need
+        np.savez(paths[name], x=x, y=y, **declared)
     return paths
 
 
@@ -43,12 +44,13 @@ def _private_cache_dir(tmp_path_factory, monkeypatch):
 
 @pytest.fixture
 def tiny(tmp_path):
-    """A 4-class 16x16 grey private set (120 examples) and a 12x12 colour public set (a different size)."""
+    """A 4-class 16x16 grey private set (120 examples, its classes declared, as private training
+    requires) and a 12x12 colour public set (a different size)."""
     rng = np.random.default_rng(0)
     base = rng.uniform(size=(4, 16, 16))
     y = rng.integers(0, 4, 120)
     x = np.clip(base[y] + 0.1 * rng.normal(size=(120, 16, 16)), 0, 1)
-    np.savez(tmp_path / "priv.npz", x=(x * 255).astype(np.uint8), y=y)
+    np.savez(tmp_path / "priv.npz", x=(x * 255).astype(np.uint8), y=y, classes=np.array(["a", "b", "c", "d"]))  # declared
     xp = rng.uniform(size=(60, 12, 12, 3))
     np.savez(tmp_path / "pub.npz", x=(xp * 255).astype(np.uint8), y=rng.integers(0, 3, 60))
     return {"private": f"npz:{tmp_path / 'priv.npz'}", "public": f"npz:{tmp_path / 'pub.npz'}"}

@@ -156,7 +156,7 @@ def test_chestxray_images_folder_and_2017_csv(tmp_path):
     _png(base / "images" / "x.png", rng)
     _png(base / "images" / "y.png", rng)
     (base / "Data_Entry_2017.csv").write_text("Image Index,Finding Labels\nx.png,Pneumonia\ny.png,No Finding\n")
-    src = resolve("chestxray:test", root=tmp_path)  # no official lists: the fixed 80/20 partition
+    src = resolve("chestxray:test", root=tmp_path)  # no official lists: the per-example hash split
     assert len(src) + len(resolve("chestxray:train", root=tmp_path)) == 2
     (base / "Data_Entry_2017.csv").write_text("Image Index,Finding Labels\nx.png,Flu\n")
     with pytest.raises(DatasetError, match="unknown finding 'Flu'"):
@@ -244,16 +244,23 @@ def test_csv_single_label_multilabel_and_relative_paths(tmp_path, count_opens):
         resolve(f"csv:{tmp_path / 'one.csv'}")  # 'diagnosis' is not a known name and not 0/1
 
 
-def test_splits_disjoint_stratified_and_fixed(npz_pair, image_folder):
-    for spec in ("mnist-a", "digits", f"npz:{npz_pair['priv']}", f"folder:{image_folder}"):
+def test_splits_disjoint_per_example_and_fixed(npz_pair, image_folder):
+    from gsd_cli.data.splits import in_test
+
+    for spec in ("mnist-a", "digits", f"npz:{npz_pair['priv']}"):
         full, tr, te = resolve(spec), resolve(spec + ":train"), resolve(spec + ":test")
         assert len(tr) + len(te) == len(full)
         assert not set(tr.indices) & set(te.indices)
         assert (resolve(spec + ":test").indices == te.indices).all()  # fixed
-        y = full.labels(np.arange(len(full)))
-        for c in np.unique(y):  # stratified: about 20% of every class
-            assert abs((te.labels(range(len(te))) == c).sum() - 0.2 * (y == c).sum()) <= 0.5
+        keys = full.example_keys()
+        assert [in_test(keys[i]) for i in range(len(full))] == [i in set(te.indices) for i in range(len(full))]
+        if len(full) > 1000:  # about 20%, not exactly (binomial sd < 1%)
+            assert abs(len(te) / len(full) - 0.2) < 0.04
     assert len(resolve("mnist-a")) == 2500  # a plain name keeps its meaning
+    # the 12-file fixture happens to put no file in the test part: said, not an empty set
+    assert len(resolve(f"folder:{image_folder}:train")) == 12
+    with pytest.raises(DatasetError, match="test: empty.*name the train and test sets"):
+        resolve(f"folder:{image_folder}:test")
     with pytest.raises(DatasetError, match="no official splits"):
         resolve("digits:val")
 

@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -69,7 +70,14 @@ def test_rank_user_errors(npz_pair, tmp_path):
 
 
 def test_dp_ranking_large_epsilon_matches_and_tiny_epsilon_warns():
-    kw = dict(publics=["mnist-b", "noise", "textures"], examples=150, k=4, model="fmnist-cnn", params="fc*")
+    # the private side: all of a 150-example set with its own labels, so the secret draw of the DP
+    # ranking holds the same rows (in another order) as the plain one
+    from gsd_cli.data import ArraySource, resolve
+
+    full = resolve("mnist-a")
+    idx = np.arange(0, 2500, 2500 // 150)[:150]
+    priv = ArraySource("mnist-a-150", np.stack(full.images(idx)), full.labels(idx), num_classes=10)
+    kw = dict(private=priv, publics=["mnist-b", "noise", "textures"], examples=150, k=4, model="fmnist-cnn", params="fc*", labels="own")
     plain = rank(**kw)
     dp = rank(**kw, dp=True, epsilon=1e9, clip=1.0)
     assert [r.public for r in dp] == [r.public for r in plain]

@@ -23,7 +23,7 @@ def tiny(tmp_path):
     base = rng.uniform(size=(4, 16, 16))
     y = rng.integers(0, 4, 120)
     x = np.clip(base[y] + 0.1 * rng.normal(size=(120, 16, 16)), 0, 1)
-    np.savez(tmp_path / "priv.npz", x=(x * 255).astype(np.uint8), y=y)
+    np.savez(tmp_path / "priv.npz", x=(x * 255).astype(np.uint8), y=y, num_classes=4)  # classes declared
     yp = rng.integers(0, 3, 60)
     np.savez(tmp_path / "pub.npz", x=(np.clip(base[yp] + 0.2 * rng.normal(size=(60, 16, 16)), 0, 1) * 255).astype(np.uint8), y=yp)
     np.savez(tmp_path / "pub12.npz", x=(rng.uniform(size=(40, 16, 16)) * 255).astype(np.uint8), y=np.arange(40) % 12)

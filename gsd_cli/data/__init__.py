@@ -5,6 +5,11 @@
 >>> sample = draw(src, m=100, seed=0)
 >>> len(sample)
 100
+
+Private data enters through here, so the checks that keep a DP guarantee honest live here too:
+splits decided per example (:mod:`.splits`), declared class lists (:func:`with_classes`,
+:func:`require_declared_classes`), non-finite pixels refused when read (:func:`read_images`), and
+whether a public set shares examples with the private one (:func:`shared_examples`).
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ import numpy as np
 import torch
 
 from ..errors import DatasetError
-from .base import ArraySource, ImageSource
+from .base import ArraySource, ImageSource, read_images
+from .classes import require_declared_classes, with_classes
 from .embedded import DEFAULT_PRIVATE, DEFAULT_PUBLIC
+from .identity import shared_examples
 from .listing import describe_dataset, list_datasets
 from .registry import builtin_names, dataset_names, register_dataset, register_kind, resolve, source_kinds
 from .roots import data_root, default_data_root
@@ -26,6 +33,7 @@ __all__ = [
     "ImageSource", "ArraySource", "Sample", "resolve", "draw", "register_dataset", "register_kind",
     "dataset_names", "source_kinds", "to_model_input", "DEFAULT_PRIVATE", "DEFAULT_PUBLIC",
     "builtin_names", "list_datasets", "describe_dataset", "data_root", "default_data_root",
+    "read_images", "with_classes", "require_declared_classes", "shared_examples",
 ]
 
 
@@ -43,13 +51,14 @@ class Sample:
         return self.source.labels(self.indices)
 
     def batches(self, size: int, channels: int, chunk: int, device: torch.device | str | None = None):
-        """Yield ``(offset, x)`` with x the model input of examples ``offset:offset+chunk`` on ``device``."""
+        """Yield ``(offset, x)`` with x the model input of examples ``offset:offset+chunk`` on ``device``
+        (non-finite pixels refused: :func:`read_images`)."""
         for start in range(0, len(self.indices), chunk):
             idx = self.indices[start : start + chunk]
-            yield start, to_model_input(self.source.images(idx), size, channels, device)
+            yield start, to_model_input(read_images(self.source, idx), size, channels, device)
 
     def tensor(self, size: int, channels: int, device: torch.device | str | None = None) -> torch.Tensor:
-        return to_model_input(self.source.images(self.indices), size, channels, device)
+        return to_model_input(read_images(self.source, self.indices), size, channels, device)
 
 
 def draw(source: ImageSource | str, m: int | None, seed: int) -> Sample:

@@ -3,27 +3,85 @@
 A source is a list of labelled images that can be opened *by index*, so that drawing m examples from
 a set of hundreds of thousands opens only those m files. Sources return images at their native size;
 :mod:`gsd_cli.data.transform` turns them into model input.
+
+Every example has an *identity* of its own (:meth:`ImageSource.example_keys`): its file's path
+relative to the dataset's folder for file-backed sources, else a hash of its content
+(:func:`content_key`). Splits are decided from it alone (:mod:`.splits`), and
+:mod:`.identity` compares content hashes to tell whether two sets share examples.
 """
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 from typing import Sequence
 
 import numpy as np
+
+#: Examples read at once when a source's content is hashed.
+HASH_CHUNK = 256
+
+
+def quantised(img: np.ndarray) -> np.ndarray:
+    """An image in [0, 1] as uint8 ``round(img * 255)`` (non-finite values as 0): what content hashes
+    compare, so that a float copy and a uint8 copy of the same image hash alike."""
+    a = np.nan_to_num(np.asarray(img, dtype=np.float32), nan=0.0, posinf=1.0, neginf=0.0)
+    return np.round(np.clip(a, 0.0, 1.0) * 255.0).astype(np.uint8)
+
+
+def content_key(img: np.ndarray) -> str:
+    """``sha256:<hex>`` of the image quantised to uint8 (:func:`quantised`) and its shape."""
+    q = quantised(img)
+    h = hashlib.sha256(repr(tuple(q.shape)).encode())
+    h.update(np.ascontiguousarray(q).tobytes())
+    return "sha256:" + h.hexdigest()
+
+
+def content_keys(source: "ImageSource", indices: Sequence[int] | None = None, chunk: int = HASH_CHUNK) -> list[str]:
+    """:func:`content_key` of the examples ``indices`` of ``source`` (None: all), read ``chunk`` at a time."""
+    idx = np.arange(len(source)) if indices is None else np.asarray(indices, dtype=np.int64)
+    keys: list[str] = []
+    for start in range(0, len(idx), chunk):
+        keys += [content_key(img) for img in source.images(idx[start : start + chunk])]
+    return keys
+
+
+def non_finite_message(name: str, index: int, file: str | None = None) -> str:
+    """The one-line error for an example with NaN or infinite pixel values."""
+    where = f"example {index}" + (f" ({file})" if file else "")
+    return f"{name}: {where} has NaN or infinite pixel values; fix or remove it"
+
+
+def read_images(source: "ImageSource", indices: Sequence[int]) -> list[np.ndarray]:
+    """``source.images(indices)``, refusing any image with a NaN or infinite value.
+
+    One such pixel in a private example would turn a DP model (or a DP subspace) into NaN, and that
+    it did would show the example's presence with certainty; so it is an input error (exit 2) naming
+    the dataset, the example's index in ``source`` and its file, not something to train through."""
+    from ..errors import DatasetError
+
+    images = source.images(indices)
+    for i, img in zip(indices, images):
+        if not np.isfinite(img).all():
+            raise DatasetError(non_finite_message(source.name, int(i), source.example_file(int(i))))
+    return images
 
 
 class ImageSource(ABC):
     """A labelled image dataset opened by index.
 
     Subclasses set ``name``, ``num_classes`` and ``multilabel`` and implement ``__len__``,
-    :meth:`labels` and :meth:`images`.
+    :meth:`labels` and :meth:`images`. ``classes_declared`` is False where ``num_classes`` was read
+    off the labels themselves (the maximum label seen, the distinct strings of a CSV column): the
+    model's shape would then depend on the private labels, so DP uses refuse such a source until the
+    class list is declared (:func:`gsd_cli.data.with_classes`).
     """
 
     name: str
     num_classes: int
     multilabel: bool = False
     description: str = ""
+    classes_declared: bool = True
 
     @abstractmethod
     def __len__(self) -> int: ...
@@ -36,21 +94,38 @@ class ImageSource(ABC):
     def images(self, indices: Sequence[int]) -> list[np.ndarray]:
         """The given examples as arrays ``H x W`` or ``H x W x C`` (C in 1, 3), float32 in [0, 1]."""
 
+    def example_keys(self, indices: Sequence[int] | None = None) -> list[str]:
+        """The identity of each example (None: all): a string that depends on that example alone.
+
+        By default a hash of its content (:func:`content_key`, reading the images in chunks);
+        file-backed sources give the file's path relative to their folder instead, which is cheap."""
+        return content_keys(self, indices)
+
+    def example_file(self, index: int) -> str | None:
+        """The file example ``index`` is read from, for error messages and overlap checks (None: in memory)."""
+        return None
+
     def describe(self) -> dict:
         """What ``gsd datasets show`` prints: a JSON-able summary."""
         return {
             "name": self.name,
             "examples": len(self),
             "classes": self.num_classes,
+            "classes_declared": self.classes_declared,
             "multilabel": self.multilabel,
             "description": self.description,
         }
 
 
 class ArraySource(ImageSource):
-    """Images held in memory as one array ``N x H x W`` or ``N x H x W x C``, values in [0, 1]."""
+    """Images held in memory as one array ``N x H x W`` or ``N x H x W x C``, values in [0, 1].
 
-    def __init__(self, name: str, x: np.ndarray, y: np.ndarray, num_classes: int | None = None, description: str = ""):
+    ``num_classes=None`` reads the class count off the labels (``max(label) + 1``, or the width of a
+    0/1 label matrix); single-label classes read that way are not *declared* (see :class:`ImageSource`).
+    """
+
+    def __init__(self, name: str, x: np.ndarray, y: np.ndarray, num_classes: int | None = None, description: str = "",
+                 classes: Sequence[str] | None = None):
         if len(x) != len(y):
             from ..errors import DatasetError
 
@@ -59,9 +134,14 @@ class ArraySource(ImageSource):
         self._x = x
         self._y = np.asarray(y)
         self.multilabel = self._y.ndim == 2
+        if classes is not None and num_classes is None:
+            num_classes = len(classes)
+        self.classes_declared = num_classes is not None or self.multilabel
         if num_classes is None:
             num_classes = self._y.shape[1] if self.multilabel else (int(self._y.max()) + 1 if len(self._y) else 0)
         self.num_classes = int(num_classes)
+        if classes is not None:
+            self.classes = [str(c) for c in classes]
         self.description = description
 
     def __len__(self) -> int:
@@ -74,6 +154,13 @@ class ArraySource(ImageSource):
     def images(self, indices: Sequence[int]) -> list[np.ndarray]:
         idx = np.asarray(indices, dtype=np.int64)
         return list(np.asarray(self._x[idx], dtype=np.float32))
+
+    def example_keys(self, indices: Sequence[int] | None = None) -> list[str]:
+        """Content hashes, computed once for the whole array (in-memory sets are small) and kept."""
+        keys = self.__dict__.get("_keys")
+        if keys is None:
+            keys = self._keys = content_keys(self, None, chunk=4096)
+        return list(keys) if indices is None else [keys[int(i)] for i in indices]
 
     def describe(self) -> dict:
         d = super().describe()

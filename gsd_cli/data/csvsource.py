@@ -7,9 +7,17 @@ values are all 0 or 1 is a label of a multi-label set. A label column of integer
 of strings maps the sorted distinct strings to 0, 1, ...; strings with ``|`` in them (``A|B``) make a
 multi-label set. Relative image paths resolve against the CSV's folder. Only drawn files are opened.
 
+Only label columns *named* (``label_columns``) declare the class list; every other way reads it off
+the label values (the distinct strings, ``max + 1`` of integers, the columns that happen to hold only
+0/1), and the source says so (``classes_declared`` False; declare them with
+:func:`gsd_cli.data.with_classes`). An example's identity (for splits) is its image path relative to
+the CSV's folder.
+
 ``hf:PATH``: a Hugging Face dataset saved with ``save_to_disk`` (needs the ``hf`` extra:
 ``pip install 'gsd-cli[hf]'``). Its first ``Image`` feature is the image, its first ``ClassLabel``
-feature (else a column ``label``) the label; rows are decoded one index at a time.
+feature (else a column ``label``) the label; rows are decoded one index at a time. A ``ClassLabel``'s
+names declare the classes; a plain ``label`` column does not. An example's identity is a hash of its
+image content.
 """
 
 from __future__ import annotations
@@ -54,6 +62,7 @@ def csv_source(path: str | Path, name: str | None = None, image_column: str | No
     if not rows:
         raise DatasetError(f"{name}: {path} has no rows")
     files = [p if Path(p).is_absolute() else str(path.parent / p) for p in (r[img_col].strip() for r in rows)]
+    declared = bool(label_columns)
     if label_columns:
         label_columns = list(label_columns)
     elif not label_column:
@@ -92,7 +101,8 @@ def csv_source(path: str | Path, name: str | None = None, image_column: str | No
         else:
             classes = sorted(set(raw))
             y = np.asarray([classes.index(v) for v in raw], dtype=np.int64)
-    return FileListSource(name, files, y, classes, f"CSV {path} (images: {img_col!r})", "csv", path.parent)
+    return FileListSource(name, files, y, classes, f"CSV {path} (images: {img_col!r})", "csv", path.parent,
+                          classes_declared=declared)
 
 
 class HFSource(ImageSource):
@@ -109,6 +119,7 @@ class HFSource(ImageSource):
         self._y = np.asarray(ds[lab], dtype=np.int64)
         names = getattr(feats[lab], "names", None)
         self.classes = list(names) if names else [str(c) for c in range(int(self._y.max(initial=-1)) + 1)]
+        self.classes_declared = bool(names)
         self.num_classes = len(self.classes)
         self.description = f"Hugging Face dataset (image {img!r}, label {lab!r})"
 
@@ -144,7 +155,7 @@ def hf_source(path: str | Path, name: str | None = None, split: str | None = Non
         if split not in ds:
             raise DatasetError(f"{name}: has splits {', '.join(ds)}; name one as hf:{path}:SPLIT")
         return HFSource(ds[split], name, image_column, label_column)
-    if split is not None:  # one Dataset, no published splits: the fixed 80/20 partition
+    if split is not None:  # one Dataset, no published splits: the per-example hash split
         from .splits import fixed_split
 
         return fixed_split(HFSource(ds, f"hf:{path}", image_column, label_column), split, name)

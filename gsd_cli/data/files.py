@@ -1,14 +1,19 @@
-"""Datasets the user has on disk: ``folder:PATH`` (ImageFolder layout) and ``npz:PATH`` (arrays)."""
+"""Datasets the user has on disk: ``folder:PATH`` (ImageFolder layout) and ``npz:PATH`` (arrays).
+
+A file-backed example's identity (:meth:`ImageSource.example_keys`) is its path relative to the
+dataset's folder, in posix form: it names that example alone, whatever else is in the folder.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from ..errors import DatasetError
-from .base import ArraySource, ImageSource
+from .base import ArraySource, ImageSource, non_finite_message
 
 
 def _pil_to_array(img) -> np.ndarray:
@@ -48,12 +53,21 @@ class FolderSource(ImageSource):
                 f"{self.name}: no images found ({first}); expected PATH/<class>/<image>.png|jpg|..."
             ) from None
         self.num_classes = len(self._folder.classes)
-        self.classes = list(self._folder.classes)
+        self.classes = list(self._folder.classes)  # declared by the class folders' names
         self._targets = np.asarray(self._folder.targets, dtype=np.int64)
+        self.root = str(path)
         self.description = f"image folder {path} ({self.num_classes} classes)"
 
     def __len__(self) -> int:
         return len(self._folder.samples)
+
+    def example_file(self, index: int) -> str:
+        return self._folder.samples[int(index)][0]
+
+    def example_keys(self, indices: Sequence[int] | None = None) -> list[str]:
+        """``<class>/<file>``: the path relative to the folder (see the module docstring)."""
+        idx = range(len(self)) if indices is None else indices
+        return [relative_key(self.example_file(i), self.root) for i in idx]
 
     def labels(self, indices: Sequence[int]) -> np.ndarray:
         return self._targets[np.asarray(indices, dtype=np.int64)]
@@ -77,10 +91,20 @@ class FolderSource(ImageSource):
         return d
 
 
+def relative_key(file: str | Path, root: str | Path | None) -> str:
+    """``file`` relative to ``root`` in posix form (the file as given when there is no root)."""
+    if root is None:
+        return Path(file).as_posix()
+    return Path(os.path.relpath(file, root)).as_posix()
+
+
 def npz_source(path: str | Path, name: str | None = None) -> ImageSource:
     """``npz:PATH``: arrays ``x`` (N,H,W | N,C,H,W | N,H,W,C; C in 1 or 3) and ``y`` (N,) or (N, classes).
 
-    Integer images are divided by 255; float images are used as they are and must lie in [0, 1].
+    Integer images are divided by 255; float images are used as they are and must lie in [0, 1], and
+    NaN or infinite values are refused. The class list is declared by an optional array ``classes``
+    (names) or scalar ``num_classes`` in the file; without either it is read off ``y``
+    (``max(y) + 1``) and the source says so (``classes_declared`` False).
     """
     path = Path(path).expanduser()
     name = name or f"npz:{path}"
@@ -91,6 +115,7 @@ def npz_source(path: str | Path, name: str | None = None) -> ImageSource:
             if "x" not in f.files or "y" not in f.files:
                 raise DatasetError(f"{name}: has arrays {f.files}; it needs arrays named 'x' (images) and 'y' (labels)")
             x, y = f["x"], f["y"]
+            declared = _declared_classes(f, name)
     except DatasetError:
         raise
     except Exception as e:  # zipfile.BadZipFile, ValueError, OSError...
@@ -112,6 +137,9 @@ def npz_source(path: str | Path, name: str | None = None) -> ImageSource:
         x = x.astype(np.float32) / 255.0
     elif np.issubdtype(x.dtype, np.floating):
         x = x.astype(np.float32)
+        bad = ~np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+        if bad.any():
+            raise DatasetError(non_finite_message(name, int(np.argmax(bad))))
         if x.size and (x.min() < 0 or x.max() > 1):
             raise DatasetError(f"{name}: float images must lie in [0, 1] (found {x.min():.3g}..{x.max():.3g}); rescale or save as uint8")
     else:
@@ -119,7 +147,35 @@ def npz_source(path: str | Path, name: str | None = None) -> ImageSource:
     if y.ndim == 1:
         if not np.issubdtype(y.dtype, np.integer) or (len(y) and y.min() < 0):
             raise DatasetError(f"{name}: y must hold non-negative integer class labels (got dtype {y.dtype})")
+    if isinstance(declared, int):
+        declared = [str(c) for c in range(declared)]
+    if declared is not None:
+        _check_declared(name, y, len(declared))
+        return ArraySource(name, x, y, len(declared), f"arrays from {path}", classes=declared)
     return ArraySource(name, x, y, description=f"arrays from {path}")
+
+
+def _declared_classes(f, name: str) -> list[str] | int | None:
+    """The class list an npz declares: its array ``classes`` (names) or scalar ``num_classes``."""
+    if "classes" in f.files:
+        c = f["classes"]
+        if c.ndim != 1 or not len(c) or c.dtype.kind not in "USiu" or len(set(c.tolist())) != len(c):
+            raise DatasetError(f"{name}: 'classes' must be a 1-d array of distinct class names; save e.g. classes=np.array(['cat', 'dog'])")
+        return [str(v) for v in c.tolist()]
+    if "num_classes" in f.files:
+        n = f["num_classes"]
+        if n.ndim != 0 or n.dtype.kind not in "iu" or int(n) < 1:
+            raise DatasetError(f"{name}: 'num_classes' must be one positive integer; save e.g. num_classes=np.int64(10)")
+        return int(n)
+    return None
+
+
+def _check_declared(name: str, y: np.ndarray, n: int) -> None:
+    """Labels within the declared ``n`` classes (a 0/1 matrix ``n`` wide), else a one-line error."""
+    if y.ndim == 2 and y.shape[1] != n:
+        raise DatasetError(f"{name}: y has {y.shape[1]} label columns but the file declares {n} classes; make them agree")
+    if y.ndim == 1 and len(y) and int(y.max()) >= n:
+        raise DatasetError(f"{name}: a label is {int(y.max())} but the file declares {n} classes (0..{n - 1}); fix the labels or the class list")
 
 
 class FileListSource(ImageSource):
@@ -129,7 +185,8 @@ class FileListSource(ImageSource):
     """
 
     def __init__(self, name: str, files: Sequence[str | Path], labels: np.ndarray, classes: Sequence[str],
-                 description: str = "", layout: str = "", root: str | Path | None = None):
+                 description: str = "", layout: str = "", root: str | Path | None = None,
+                 classes_declared: bool = True, keys: Sequence[str] | None = None):
         labels = np.asarray(labels)
         if len(files) != len(labels):
             raise DatasetError(f"{name}: {len(files)} images but {len(labels)} labels")
@@ -142,9 +199,23 @@ class FileListSource(ImageSource):
         self.description = description
         self.layout = layout
         self.root = str(root) if root is not None else None
+        self.classes_declared = classes_declared
+        if keys is not None and len(keys) != len(self.files):
+            raise DatasetError(f"{name}: {len(keys)} example keys for {len(self.files)} files")
+        self._keys = None if keys is None else [str(k) for k in keys]
 
     def __len__(self) -> int:
         return len(self.files)
+
+    def example_file(self, index: int) -> str:
+        return self.files[int(index)]
+
+    def example_keys(self, indices: Sequence[int] | None = None) -> list[str]:
+        """The keys given (e.g. ChestX-ray14's image names), else each file's path relative to ``root``."""
+        idx = range(len(self)) if indices is None else indices
+        if self._keys is not None:
+            return [self._keys[int(i)] for i in idx]
+        return [relative_key(self.files[int(i)], self.root) for i in idx]
 
     def labels(self, indices: Sequence[int]) -> np.ndarray:
         y = self._labels[np.asarray(indices, dtype=np.int64)]

@@ -4,13 +4,17 @@
   ``Data_Entry_2017.csv``; column ``Image Index`` names the PNG, ``Finding Labels`` lists findings
   separated by ``|``. 14 findings, multi-label; ``No Finding`` is the all-zero row. Images in
   ``images/`` or in the published parts ``images_001/images/`` .. ``images_012/images/``. Splits from
-  the official ``train_val_list.txt`` (``:train``) and ``test_list.txt`` (``:test``) when present.
-  Rows whose PNG is not on disk are left out (``describe()`` says how many).
+  the official ``train_val_list.txt`` (``:train``) and ``test_list.txt`` (``:test``) when present
+  (patient-wise: no patient on both sides), else the per-example hash split of :mod:`.splits` on the
+  image name. Rows whose PNG is not on disk are left out (``describe()`` says how many).
 * ``kagchest``: Kaggle "Chest X-Ray Images (Pneumonia)": ``chest_xray/{train,val,test}/{NORMAL,PNEUMONIA}``.
 * ``ham10000``: ``HAM10000_metadata.csv`` (column ``image_id`` names ``ISIC_*.jpg``, column ``dx`` the
   class among akiec, bcc, bkl, df, mel, nv, vasc); images in ``HAM10000_images_part_1/`` and
-  ``HAM10000_images_part_2/`` (any case). No official split: ``:train``/``:test`` partition the
-  *lesions* (``lesion_id``) 80/20, stratified by ``dx``, so one lesion's images are never on both sides.
+  ``HAM10000_images_part_2/`` (any case). No official split: ``:train``/``:test`` split the *lesions*
+  (``lesion_id``): a lesion is in ``:test`` iff the hash of its id is below 0.2 (:func:`.splits.in_test`;
+  a lesion's images share its id as their identity), so one lesion's images are never on both sides,
+  and adding or removing one image or lesion moves no other (a stratified partition would move many;
+  see :mod:`.splits`).
 * ``kagskin``: Kaggle "Skin Cancer: Malignant vs. Benign": ``{train,test}/{benign,malignant}`` (also
   under ``data/``).
 * ``mnist_m``: MNIST-M as commonly distributed: ``mnist_m_{train,test}/`` PNGs with
@@ -32,7 +36,7 @@ import numpy as np
 from ..errors import DatasetError
 from .base import ImageSource
 from .files import FileListSource
-from .splits import SubsetSource, fixed_split, partition
+from .splits import TEST_FRACTION, SubsetSource, fixed_split
 
 IMAGE_EXT = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".ppm", ".webp")
 
@@ -141,7 +145,7 @@ def chestxray(split: str | None, root: Path, exact: bool = False, name: str | No
     full = FileListSource(
         "chestxray", files, np.stack(rows), CHEST_FINDINGS,
         f"NIH ChestX-ray14 from {base} ({len(files)} of {total} rows of {csv_file.name} have their PNG)",
-        LAYOUTS["chestxray"], base,
+        LAYOUTS["chestxray"], base, keys=names,  # an image's identity: its published name, wherever it lies
     )
     if split is None:
         full.name = name
@@ -220,16 +224,16 @@ def ham10000(split: str | None, root: Path, exact: bool = False, name: str | Non
     if not files:
         raise _missing("ham10000", root, f"HAM10000_metadata.csv lists {total} images but none is in {base}/HAM10000_images_part_*")
     full = FileListSource("ham10000", files, np.asarray(labels, dtype=np.int64), HAM_CLASSES,
-                          f"HAM10000 from {base} ({len(files)} of {total} metadata rows have their JPG)", LAYOUTS["ham10000"], base)
+                          f"HAM10000 from {base} ({len(files)} of {total} metadata rows have their JPG)", LAYOUTS["ham10000"], base,
+                          keys=lesions)  # one lesion's images share its key, so any hash split keeps them together
     if split is None:
         full.name = name
         return full
     if split not in ("train", "test"):
-        raise DatasetError(f"ham10000 has :train and :test (a fixed 80/20 partition of the lesions); not :{split}")
-    lesion_ids, first = np.unique(np.asarray(lesions), return_index=True)
-    test_lesions = set(lesion_ids[partition(np.asarray(labels)[first], "ham10000")])
-    keep = [i for i, les in enumerate(lesions) if (les in test_lesions) == (split == "test")]
-    return SubsetSource(full, keep, name, description=f"{full.description} [{split}: fixed 80/20 partition of lesions]")
+        raise DatasetError(f"ham10000 has :train and :test (a per-lesion hash split); not :{split}")
+    part = fixed_split(full, split, name)
+    part.description = f"{full.description} [{split}: per-lesion hash split, ~{int(TEST_FRACTION * 100)}% test]"
+    return part
 
 
 # --- MNIST-M ----------------------------------------------------------------------------------------

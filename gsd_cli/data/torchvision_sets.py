@@ -102,8 +102,10 @@ def _targets(ds) -> np.ndarray:
 class TorchvisionSource(ImageSource):
     """One or more splits of a torchvision dataset, opened by index."""
 
-    def __init__(self, name: str, parts: Sequence, num_classes: int, classes: Sequence[str], layout: str, root: Path):
+    def __init__(self, name: str, parts: Sequence, num_classes: int, classes: Sequence[str], layout: str, root: Path,
+                 splits: Sequence[str] = ()):
         self.name = name
+        self.splits = list(splits)  # the official splits it holds (what overlap checks compare)
         self._parts = list(parts)
         self._y = np.concatenate([_targets(p) for p in self._parts]) if self._parts else np.zeros(0, np.int64)
         self._offsets = np.cumsum([0] + [len(p) for p in self._parts])
@@ -168,7 +170,7 @@ def torchvision_source(key: str, split: str | None, root: Path, download: bool =
                 f"expected {base}/{spec.layout} as published at {spec.url}"
             ) from None
         classes = getattr(parts[0], "classes", None) or [str(c) for c in range(int(max(_targets(p).max(initial=-1) for p in parts)) + 1)]
-        return TorchvisionSource(name, parts, len(classes), [str(c) for c in classes], spec.layout, base)
+        return TorchvisionSource(name, parts, len(classes), [str(c) for c in classes], spec.layout, base, wanted)
     raise DatasetError(
         f"{name}: not found in {root} or {root / key} ({last}); expected ROOT/{spec.layout} "
         f"as published at {spec.url}; add --download to fetch it, or set --data-root"

@@ -1,8 +1,9 @@
 """What a private trainer spends: dp-accounting events, epsilon, noise calibration, a ledger.
 
 Neighbouring relation: **add or remove one example**, the relation under which Poisson subsampling
-amplifies (dp-accounting's ``PoissonSampledDpEvent`` requires it). DP-GSD's guarantee is stated for
-replace-one, which implies add/remove, so the two compose under one relation.
+amplifies (dp-accounting's ``PoissonSampledDpEvent`` requires it). DP-GSD is proven under the same
+relation (see :mod:`gsd_cli.ranking`, "Neighbouring relation"), so a DP selection and a training
+compose: their epsilons and deltas add (:class:`Ledger`).
 
 Every trainer step releases, for one Poisson subsample of the private set (rate q), one or more sums
 of clipped vectors, each with Gaussian noise. A part with L2 sensitivity S and noise standard
@@ -155,6 +156,25 @@ class Ledger:
 
     def add(self, name: str, epsilon: float, delta: float, detail: str = "") -> None:
         self.entries.append({"name": name, "epsilon": float(epsilon), "delta": float(delta), "detail": detail})
+
+    def add_selection(self, privacy: dict) -> None:
+        """Book a DP-GSD ranking's ``privacy`` block at its **total**: ``total_epsilon`` when the
+        ranking had repeats (R x epsilon for fresh private draws, epsilon when they shared one), else
+        ``epsilon``; delta 0 (pure DP). A release without a proven guarantee (the matrix mechanism's
+        Gibbs sampler) is refused: it cannot be booked, since no epsilon is true of it. (One drawn
+        with ``--insecure-seed`` is booked; the run that books it is then marked not DP.)"""
+        if not privacy.get("exact") or privacy.get("delta") not in (0, 0.0):
+            raise GSDError(
+                f"the selection's DP-GSD mechanism ({privacy.get('mechanism')}) has no proven guarantee, so its "
+                "budget cannot be booked; select with --mechanism sequential"
+            )
+        eps = privacy.get("total_epsilon", privacy.get("epsilon"))
+        if eps is None or not float(eps) > 0:
+            raise GSDError(f"the selection's privacy block has no epsilon to book (got {eps!r})")
+        releases = privacy.get("releases", 1)
+        detail = f"{privacy.get('mechanism', '')}; {releases} release(s)" + (
+            f" x epsilon {privacy['epsilon']:g}" if releases != 1 else "")
+        self.add("public-data selection (DP-GSD)", float(eps), 0.0, detail)
 
     @property
     def epsilon(self) -> float:

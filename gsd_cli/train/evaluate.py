@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..data import ImageSource, to_model_input
+from ..data import ImageSource, read_images, to_model_input
 from ..gradients import default_loss
 
 
@@ -16,7 +16,8 @@ def evaluate(model: torch.nn.Module, source: ImageSource, input_size: int, chann
 
     Single-label: accuracy of the arg-max, macro AUC one-vs-rest over the classes present.
     Multi-label: accuracy over all (example, finding) pairs at threshold 0.5, macro AUC over the
-    findings that have both positives and negatives. ``macro_auc`` is None when no class qualifies."""
+    findings that have both positives and negatives. ``macro_auc`` is None when no class qualifies.
+    An image with a NaN or infinite value is a one-line error (:func:`gsd_cli.data.read_images`)."""
     from sklearn.metrics import roc_auc_score
 
     was = model.training
@@ -26,7 +27,7 @@ def evaluate(model: torch.nn.Module, source: ImageSource, input_size: int, chann
     try:
         for start in range(0, n, batch):
             idx = np.arange(start, min(n, start + batch))
-            x = to_model_input(source.images(idx), input_size, channels, device)
+            x = to_model_input(read_images(source, idx), input_size, channels, device)
             y = torch.as_tensor(source.labels(idx)).to(device)
             out = model(x)
             losses.append(default_loss(out, y).double().cpu())

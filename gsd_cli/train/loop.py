@@ -17,10 +17,16 @@ The noise multiplier sigma is the smallest for which T = epochs * round(N / batc
 (epsilon, delta)-DP under add/remove-one neighbours (:func:`gsd_cli.privacy.calibrate_noise`).
 
 The private randomness (which examples each step samples, and the noise) comes from a secret seed
-drawn from the operating system for every new run (``deterministic_noise=True`` derives it from
-``seed`` instead, for experiments: then the guarantee holds only while the seed stays secret). It is
-stored in the run's checkpoint, so a resumed run replays exactly the same samples and noise: the
-released sequence is one draw of the mechanism and no budget is spent twice.
+drawn from the operating system for every new run (``insecure_seed=N`` derives it from N instead, for
+experiments: every output then says ``"dp": false``; the older ``deterministic_noise=True`` is the
+same with N = ``seed``). It is stored in the run's checkpoint, so a resumed run replays exactly the
+same samples and noise: the released sequence is one draw of the mechanism and no budget is spent twice.
+
+What the run writes, and which of it may be published: :mod:`gsd_cli.train.release`. The private
+set's class list comes from its declared metadata (``classes`` where the source declares none), its
+train/test split is decided per example (:mod:`gsd_cli.data.splits`), and public data that shares
+examples with it is refused: each would otherwise make the released model depend on the private data
+outside the mechanism.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import torch
 
 from .. import data as gdata
 from ..errors import GSDError, ModelError
+from ..privacy.randomness import INSECURE_NOTE, check_insecure_seed, randomness_statement
 from ..gradients import default_chunk_size, gradient_matrix, resolve_device
 from ..privacy import (
     Ledger,
@@ -53,6 +60,7 @@ from ..privacy import (
 from . import checkpoint as ckpt
 from .evaluate import evaluate
 from .gep import Anchor, GEPProject, GEPReconstruct, split_groups
+from .release import PRIVATE_SUMMARY, not_dp_fields, split_summary
 from .splits import private_parts
 from .transforms import Chain, StepContext, chain_step_event, clip, gaussian_noise
 
@@ -97,7 +105,9 @@ class TrainConfig:
     residual: bool = True
     accountant: str = "rdp"
     physical_batch: int | None = None
-    deterministic_noise: bool = False
+    deterministic_noise: bool = False  # deprecated: insecure_seed = seed
+    insecure_seed: int | None = None  # private sampling and noise from this seed: NOT DP (experiments only)
+    classes: str | None = None  # the private set's classes (a count or names) where its source declares none
     public_distance: float | None = None
     catalog: str | None = None
     rgp_rank: int = 4
@@ -113,6 +123,13 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    @property
+    def private_seed(self) -> int | None:
+        """The seed of the private randomness, when the user made it reproducible (not DP); None: secret."""
+        if self.insecure_seed is not None:
+            return int(self.insecure_seed)
+        return int(self.seed) if self.deterministic_noise else None
 
 
 def parse_groups(spec: str, model: str) -> list[list[str]] | None:
@@ -134,6 +151,7 @@ def validate(cfg: TrainConfig) -> None:
         raise GSDError(f"unknown --method {cfg.method!r}; use one of {', '.join(METHODS)}")
     check_epsilon(cfg.epsilon)
     check_delta(cfg.delta)
+    check_insecure_seed(cfg.insecure_seed)
     if cfg.epochs < 1:
         raise GSDError(f"--epochs must be at least 1 (got {cfg.epochs})")
     if cfg.batch_size < 1:
@@ -173,6 +191,21 @@ def validate(cfg: TrainConfig) -> None:
             raise GSDError("--method gep needs public data: --public NAME (or --auto-select with candidates)")
         if cfg.k < 1 or cfg.public_examples < 1 or cfg.power_iters < 1:
             raise GSDError("--k, --public-examples and --power-iters must be at least 1")
+
+
+def refuse_shared_public(cfg: TrainConfig, private: Sequence[gdata.ImageSource], catalog=None) -> None:
+    """Raise :class:`GSDError` when the public data the method trains with (GEP's anchors, the
+    second phase's public set) is the private set or shares examples with one of the ``private``
+    parts (by name, path or content): it would enter the model with no noise at all."""
+    if cfg.method not in ("gep", "second-phase") or not cfg.public:
+        return
+    from ..ranking import refuse_private_as_public
+
+    source = catalog.resolve(cfg.public) if catalog is not None else gdata.resolve(cfg.public)
+    drawn = gdata.draw(source, cfg.public_examples, cfg.seed)  # the examples the method will use
+    what = "GEP anchor set" if cfg.method == "gep" else "second-phase public set"
+    for part in private:
+        refuse_private_as_public(part, None, [drawn], what=what)
 
 
 def lr_at(cfg: TrainConfig, epoch: int) -> float:
@@ -286,11 +319,14 @@ def train(
 ) -> dict:
     """Train ``config.model`` on ``config.private`` with ``config.method`` under (epsilon, delta)-DP.
 
-    Writes checkpoints, ``metrics.jsonl``, ``summary.json`` and ``curves.png`` into ``out`` and
-    returns the summary. ``resume=True`` continues the run in ``out`` (the settings must be the
-    checkpoint's). ``selection``: the ranking that chose the public set (``Ranking.to_dict()``), whose
-    privacy cost, if it was DP-GSD, is added to the ledger. ``progress(kind, done, total)`` with kind
-    ``"epoch"`` or ``"step"``.
+    Writes checkpoints, ``metrics.jsonl``, ``summary.json`` (publishable), ``private-summary.json``
+    (not: test metrics, exact sizes) and ``curves.png`` into ``out`` and returns the full summary
+    (both halves, and ``"dp"``: whether the run as a whole is differentially private).
+    ``resume=True`` continues the run in ``out`` (the settings must be the checkpoint's).
+    ``selection``: the ranking that chose the public set (``Ranking.to_dict()``): a DP-GSD ranking is
+    booked in the ledger at its total (R x epsilon for fresh repeats), one without a proven guarantee
+    is refused, a non-private one makes the whole result not DP. ``progress(kind, done, total)`` with
+    kind ``"epoch"`` or ``"step"``.
     """
     from probes import get_model_spec
 
@@ -310,6 +346,11 @@ def train(
             shown = ", ".join(f"{k}: run has {saved.get(k, defaults.get(k))!r}, asked {getattr(cfg, k)!r}" for k in diff[:4])
             raise GSDError(f"--resume {out}: settings differ from the checkpoint's ({shown}); resume with the run's own settings")
         selection = meta.get("selection", selection) if meta is not None else selection
+    ledger = Ledger()
+    selection_dp = False
+    if selection is not None and selection.get("privacy"):
+        ledger.add_selection(selection["privacy"])  # refuses a selection with no proven guarantee, before any work
+        selection_dp = bool(selection.get("dp", True))  # False: drawn with --insecure-seed
     t_start = time.perf_counter()
     dev = resolve_device(device)
     try:
@@ -323,6 +364,9 @@ def train(
 
         cat = load_catalog(cfg.catalog)
     train_src, test_src = private_parts(cfg.private, cfg.private_test, cat)
+    if cfg.classes is not None:
+        train_src, test_src = gdata.with_classes(train_src, cfg.classes), gdata.with_classes(test_src, cfg.classes)
+    gdata.require_declared_classes(train_src)  # the model's output size must not be read off the private labels
     n_train = len(train_src)
     if n_train < 2:
         raise GSDError(f"{train_src.name} has {n_train} example(s); private training needs more")
@@ -338,6 +382,7 @@ def train(
 
     spec, model, names, model_info = build_model(cfg.model, train_src.num_classes, cfg.seed, weights=cfg.weights, peft=cfg.peft, params=cfg.params)
     model = model.to(dev)
+    refuse_shared_public(cfg, (train_src, test_src), cat)
     out.mkdir(exist_ok=True)
     stage1 = None
     if cfg.method == "second-phase":
@@ -380,7 +425,8 @@ def train(
         rows = ckpt.read_metrics(out, start_epoch)
     else:
         noise_seed = (
-            int(np.random.default_rng([cfg.seed, 0x5EC2E7]).integers(2**63)) if cfg.deterministic_noise else secrets.randbits(128)
+            int(np.random.default_rng([cfg.private_seed, 0x5EC2E7]).integers(2**63)) if cfg.private_seed is not None
+            else secrets.randbits(128)
         )
         start_epoch = 0
         rows = []
@@ -388,6 +434,7 @@ def train(
     privacy_static = {
         "accountant": cfg.accountant,
         "neighbouring": "add or remove one example",
+        "private_randomness": randomness_statement(cfg.private_seed),
         "sampling": "Poisson",
         "sampling_rate": q,
         "expected_batch_size": cfg.batch_size,
@@ -427,7 +474,7 @@ def train(
             def batches(idx=idx):
                 for start in range(0, len(idx), chunk):
                     part = idx[start : start + chunk]
-                    x = gdata.to_model_input(train_src.images(part), spec.input_size, spec.channels, dev)
+                    x = gdata.to_model_input(gdata.read_images(train_src, part), spec.input_size, spec.channels, dev)
                     yield x, torch.as_tensor(train_src.labels(part)).to(dev)
 
             noisy = private_step(method.chain, model, names, batches(), num_params, ctx, method.per_sample)
@@ -452,6 +499,7 @@ def train(
         if info.get("topk_kept") and info["topk_kept"][1] > 0:
             row["topk_fraction_kept"] = info["topk_kept"][0] / info["topk_kept"][1]
         row.update(info.get("epoch_metrics", {}))
+        row["not_dp"] = not_dp_fields(row)
         rows.append(row)
         ckpt.write_metrics(out, rows)
         save_checkpoint(epoch + 1, done, spent)
@@ -462,17 +510,19 @@ def train(
     else:
         notes_unused = []
 
-    ledger = Ledger()
     notes = list(notes_unused)
-    if selection is not None:
-        sel_priv = selection.get("privacy")
-        if sel_priv and sel_priv.get("exact") and sel_priv.get("epsilon") is not None:
-            ledger.add("public-data selection (DP-GSD)", sel_priv["epsilon"], 0.0, sel_priv.get("mechanism", ""))
-        else:
-            notes.append("the public data was chosen by a non-private ranking of the private data: the end-to-end result is NOT differentially private")
+    dp = cfg.private_seed is None
+    if cfg.private_seed is not None:
+        notes.append(INSECURE_NOTE.format(seed=cfg.private_seed) if cfg.insecure_seed is not None else
+                     f"--deterministic-noise: the private sampling and noise come from --seed {cfg.seed}, so this run is NOT "
+                     "differentially private; use it for experiments only")
+    if selection is not None and not selection_dp:
+        dp = False
+        notes.append("the public data was chosen by a non-private ranking of the private data: the end-to-end result is NOT differentially private")
     ledger.add(f"training ({cfg.method})", final_eps, cfg.delta, method.description)
     last = rows[-1]
     summary = {
+        "dp": dp,
         "method": cfg.method,
         "private": train_src.name,
         "private_train_examples": n_train,
@@ -510,7 +560,9 @@ def train(
 
     summary["peft"] = model_info.get("peft")
     summary["stages"] = stages(model_info, stage1, summary)
-    ckpt.atomic_write(out / ckpt.SUMMARY, json.dumps(summary, indent=2) + "\n")
+    publishable, private = split_summary(summary)
+    ckpt.atomic_write(out / ckpt.SUMMARY, json.dumps(publishable, indent=2) + "\n")
+    ckpt.atomic_write(out / PRIVATE_SUMMARY, json.dumps(private, indent=2) + "\n")
     from .curves import plot_curves
 
     plot_curves(rows, out / "curves.png", title=f"{cfg.method} on {train_src.name}" + (f" with {cfg.public}" if anchor else ""))

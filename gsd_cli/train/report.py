@@ -59,6 +59,7 @@ def print_summary(summary: dict, console: Console) -> None:
     b = summary["budget"]
     if len(b["entries"]) > 1:
         t.add_row("privacy (total)", f"epsilon={b['total_epsilon']:.4f}, delta={b['total_delta']:g} ({b['composition']})")
+    t.add_row("differentially private", "yes" if summary.get("dp", True) else "[bold red]NO[/] (see the warnings below)")
     test = summary["test"]
     t.add_row(f"test ({summary['private_test_examples']} examples)",
               f"accuracy {test['accuracy']:.4f}" + (f", macro AUC {test['macro_auc']:.4f}" if test.get("macro_auc") is not None else ""))

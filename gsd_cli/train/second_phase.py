@@ -202,7 +202,7 @@ def stages(model_info: dict, stage1: dict | None, summary: dict) -> list[dict]:
     s0 = {"stage": 0, "what": "backbone weights", **model_info.get("stage0", {})}
     s2 = {
         "stage": 2, "what": f"private fine-tuning ({summary['method']})", "private": summary["private"],
-        "private_train_examples": summary["private_train_examples"], "optimizer": "SGD",
+        "optimizer": "SGD",
         "lr": summary["settings"]["lr"], "clip": summary["settings"]["clip"], "epochs": summary["epochs"],
         "steps": summary["steps"], "epsilon": summary["epsilon"], "delta": summary["delta"], "sigma": summary["sigma"],
         "trainable_params": summary["num_params"],

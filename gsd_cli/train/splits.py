@@ -1,8 +1,10 @@
 """The private train and test parts a trainer uses.
 
-``NAME`` trains on ``NAME:train`` and evaluates on ``NAME:test`` (the dataset's official split where
-it has one; a fixed stratified 80/20 partition otherwise, see :mod:`gsd_cli.data`). A name that already
-names a split (``chestxray:train``) needs the test part named explicitly (``--private-test``).
+``NAME`` trains on ``NAME:train`` and evaluates on ``NAME:test``: the dataset's official split where it
+has one, HAM10000's lesion grouping, else the per-example hash split (see :mod:`gsd_cli.data.splits`),
+whether ``NAME`` is a dataset name or a catalogue entry (:meth:`gsd_cli.catalog.Catalog.resolve` with
+``split``), so a dataset gets the same parts however it is named. A name that already names a split
+(``chestxray:train``) needs the test part named explicitly (``--private-test``).
 """
 
 from __future__ import annotations
@@ -24,10 +26,9 @@ def private_parts(name: str | ImageSource, test: str | ImageSource | None = None
         entry = catalog.datasets[name]
         if entry.split:
             raise GSDError(f"catalogue dataset {name!r} is already the split {entry.split!r}; name its test set with --private-test")
-        src = catalog.resolve(name)
-        return fixed_split(src, "train", f"{name}:train"), fixed_split(src, "test", f"{name}:test")
-    resolve(name)  # a missing or malformed dataset says so in its own words
+        return catalog.resolve(name, split="train"), catalog.resolve(name, split="test")
+    res(name)  # a missing or malformed dataset says so in its own words
     try:
-        return resolve(f"{name}:train"), resolve(f"{name}:test")
+        return res(f"{name}:train"), res(f"{name}:test")
     except DatasetError as e:
         raise GSDError(f"{name} has no train/test parts ({e}); name the test set with --private-test") from None

@@ -125,7 +125,10 @@ def chain(*transforms: Transform) -> Chain:
 
 
 class Clip(Transform):
-    """Scale each example's ``part`` to L2 norm at most ``max_norm``: g * min(1, C / ||g||)."""
+    """Scale each example's ``part`` to L2 norm at most ``max_norm``: g * min(1, C / ||g||).
+
+    An example whose ``part`` holds a NaN or an infinity contributes zero (a second line of defence
+    behind the data check: unclipped, it would turn the released sum into NaN and so reveal itself)."""
 
     def __init__(self, max_norm: float, part: str = "grad"):
         if not max_norm > 0:
@@ -135,6 +138,9 @@ class Clip(Transform):
 
     def per_example(self, parts: Parts, ctx: StepContext) -> Parts:
         g = parts[self.part]
+        ok = torch.isfinite(g).all(dim=1, keepdim=True)
+        if not bool(ok.all()):
+            g = torch.where(ok, g, torch.zeros((), dtype=g.dtype, device=g.device))
         norms = g.norm(dim=1, keepdim=True)
         scale = (self.max_norm / norms.clamp_min(1e-12)).clamp(max=1.0)
         info = ctx.info.setdefault(f"clipped_{self.part}", [0, 0])

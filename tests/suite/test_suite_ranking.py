@@ -178,12 +178,15 @@ def test_rank_is_deterministic_and_seeded():
         assert d == pytest.approx(_distances(r1)[n], abs=1e-6)
 
 
-def test_rank_private_against_itself_is_zero():
-    r = gsd_cli.rank("mnist-a", ["mnist-a", "noise"], examples=30, k=4, model="fmnist-cnn", device="cpu", engine="vmap")
+def test_rank_private_against_itself_is_refused():
+    # it would score 0 and win with no word (issue 17): the private set is never a public candidate
+    with pytest.raises(gsd_cli.GSDError, match="private"):
+        gsd_cli.rank("mnist-a", ["mnist-a", "noise"], examples=30, k=4, model="fmnist-cnn", device="cpu", engine="vmap")
+    with pytest.raises(gsd_cli.GSDError, match="private"):
+        gsd_cli.rank("mnist-a", ["mnist-a:test", "noise"], examples=30, k=4, model="fmnist-cnn", device="cpu", engine="vmap")
+    r = gsd_cli.rank("mnist-a:train", ["mnist-a:test", "noise"], examples=30, k=4, model="fmnist-cnn", device="cpu", engine="vmap")
     check_ranking(r, 2)
-    assert r.winner.public == "mnist-a"
-    assert r.winner.distance == pytest.approx(0.0, abs=1e-5)
-    assert r[1].distance > 0.3
+    assert r.winner.public == "mnist-a:test" and r[1].distance > r.winner.distance
 
 
 def test_rank_npz_near_beats_far_and_records_settings(npz_sets):

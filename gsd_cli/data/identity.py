@@ -1,0 +1,161 @@
+"""Does a public dataset share examples with the private one?
+
+Public data is used without privacy: a public candidate, GEP anchor set or second-phase set that holds
+private examples releases them (a candidate that *is* the private set even scores 0.0 and wins). So
+:func:`shared_examples` looks for overlap three ways, cheapest first:
+
+* by name: the same dataset (aliases resolved, ``fmnist`` = ``fashionmnist``; generic paths made
+  absolute) unless the two are different parts of it (``mnist-a:train`` and ``mnist-a:test``);
+* by path: the same files (``os.path.realpath``, so links and relative paths count), or the same
+  official split of a torchvision set in the same folder;
+* by content: a hash of each example's image quantised to uint8 (:func:`gsd_cli.data.base.content_key`),
+  public examples against private ones: all of an in-memory set, else up to :data:`CONTENT_SAMPLE`
+  drawn with a fixed seed (so a large file-backed set is checked on a sample, not exhaustively).
+
+It answers "disjoint as far as can be told" (None) or a one-line reason.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import numpy as np
+
+from .base import ArraySource, ImageSource, content_keys
+from .registry import _split_suffix, canonical, source_kinds
+
+#: Examples of a file-backed set whose content is hashed when no indices are given.
+CONTENT_SAMPLE = 2000
+#: The fixed seed of that sample (public: it only decides which examples are compared).
+CONTENT_SEED = 0x65D
+
+
+def shared_examples(private: ImageSource, public: ImageSource, private_indices: Sequence[int] | None = None,
+                    public_indices: Sequence[int] | None = None) -> str | None:
+    """None if ``public`` and ``private`` share no example as far as can be told, else why they do.
+
+    ``private_indices`` / ``public_indices`` name the examples compared by content (default: all of an
+    in-memory set, else :data:`CONTENT_SAMPLE` drawn with a fixed seed); name and path checks cover
+    the whole sets."""
+    parts = _name_overlap(private.name, public.name)
+    if parts == "same":
+        return f"{public.name} is the private set {private.name} or contains it (same dataset by name)"
+    reason = _path_overlap(private, public, different_parts=parts == "parts")
+    if reason:
+        return reason
+    return _content_overlap(private, public, private_indices, public_indices)
+
+
+# --- by name ----------------------------------------------------------------------------------------
+
+def dataset_identity(name: str) -> tuple[str, str | None]:
+    """``(base, split)`` of a dataset name: aliases resolved, generic paths made absolute (real)."""
+    base, split = _split_suffix(name)
+    kind, sep, arg = base.partition(":")
+    if sep and kind in source_kinds() and arg:
+        return f"{kind}:{os.path.realpath(os.path.expanduser(arg))}", split
+    return canonical(base), split
+
+
+def _name_overlap(a: str, b: str) -> str | None:
+    """'same' (one dataset, overlapping parts), 'parts' (two different parts of one dataset) or None."""
+    (base_a, split_a), (base_b, split_b) = dataset_identity(a), dataset_identity(b)
+    if base_a != base_b:
+        return None
+    return "parts" if split_a is not None and split_b is not None and split_a != split_b else "same"
+
+
+# --- by path ----------------------------------------------------------------------------------------
+
+def _leaf(source: ImageSource) -> tuple[ImageSource, np.ndarray | None]:
+    """The source at the bottom of subsets and wrappers, and the indices into it (None: all)."""
+    idx = None
+    while hasattr(source, "parent"):
+        if hasattr(source, "indices"):
+            idx = source.indices if idx is None else source.indices[idx]
+        source = source.parent
+    return source, idx
+
+
+def file_set(source: ImageSource) -> set[str] | None:
+    """The real paths of every example's file, or None for a source that is not file-backed.
+
+    Folders are resolved once each, files only where they are links, so a set of 100,000 files in a
+    few folders costs one ``lstat`` per file."""
+    if len(source) == 0 or source.example_file(0) is None:
+        return None
+    folders: dict[str, str] = {}
+    out = set()
+    for i in range(len(source)):
+        file = os.path.abspath(os.path.expanduser(source.example_file(i)))
+        if os.path.islink(file):
+            out.add(os.path.realpath(file))
+            continue
+        folder, base = os.path.split(file)
+        if folder not in folders:
+            folders[folder] = os.path.realpath(folder)
+        out.add(os.path.join(folders[folder], base))
+    return out
+
+
+def _torchvision_parts(source: ImageSource) -> set[tuple[str, str, str]] | None:
+    """``{(real root, dataset class, split)}`` of a whole torchvision source (None: not one, or a subset)."""
+    leaf, idx = _leaf(source)
+    splits = getattr(leaf, "splits", None)
+    if idx is not None or not splits or not getattr(leaf, "_parts", None):
+        return None
+    cls = type(leaf._parts[0]).__name__
+    return {(os.path.realpath(leaf.root), cls, s) for s in splits}
+
+
+def _path_overlap(private: ImageSource, public: ImageSource, different_parts: bool) -> str | None:
+    files_priv, files_pub = file_set(private), file_set(public)
+    if files_priv is not None and files_pub is not None:
+        shared = len(files_priv & files_pub)
+        if shared:
+            return (f"{public.name} shares {shared} of {len(files_pub)} files with the private set {private.name} "
+                    f"(same files on disk)")
+        return None
+    tv_priv, tv_pub = _torchvision_parts(private), _torchvision_parts(public)
+    if tv_priv and tv_pub and tv_priv & tv_pub and not different_parts:
+        root, cls, split = sorted(tv_priv & tv_pub)[0]
+        return f"{public.name} and the private set {private.name} both hold {cls} {split} from {root} (same folder)"
+    return None
+
+
+# --- by content -------------------------------------------------------------------------------------
+
+def _in_memory(source: ImageSource) -> bool:
+    return isinstance(_leaf(source)[0], ArraySource)
+
+
+def _checked(source: ImageSource, indices: Sequence[int] | None) -> np.ndarray:
+    """The examples of ``source`` compared by content (see :func:`shared_examples`)."""
+    if indices is not None:
+        return np.asarray(indices, dtype=np.int64)
+    n = len(source)
+    if _in_memory(source) or n <= CONTENT_SAMPLE:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(CONTENT_SEED).choice(n, CONTENT_SAMPLE, replace=False))
+
+
+def _hashes(source: ImageSource, idx: np.ndarray) -> list[str]:
+    """Content hashes; in-memory sets reuse the hashes their split computed (:meth:`ArraySource.example_keys`)."""
+    leaf, sub = _leaf(source)
+    if isinstance(leaf, ArraySource):
+        return leaf.example_keys(idx if sub is None else sub[idx])
+    return content_keys(source, idx)
+
+
+def _content_overlap(private: ImageSource, public: ImageSource, private_indices, public_indices) -> str | None:
+    pub_idx = _checked(public, public_indices)
+    priv_idx = _checked(private, private_indices)
+    if not len(pub_idx) or not len(priv_idx):
+        return None
+    priv = set(_hashes(private, priv_idx))
+    shared = sum(h in priv for h in _hashes(public, pub_idx))
+    if not shared:
+        return None
+    return (f"{public.name} shares {shared} of {len(pub_idx)} examples with the private set {private.name} "
+            f"(same image content)")
