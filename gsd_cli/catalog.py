@@ -44,13 +44,14 @@ from .errors import GSDError
 #: Options a job may set (keyword arguments of :func:`gsd_cli.ranking.rank`).
 OPTIONS = ("k", "examples", "seed", "model", "params", "labels", "row_norm", "device", "chunk_size", "engine",
            "dp", "epsilon", "clip", "mechanism", "dp_sketch", "gibbs_sweeps", "gram", "memory_budget",
-           "repeats", "dp_repeats", "weights", "peft")
+           "repeats", "dp_repeats", "weights", "peft", "insecure_seed", "classes")
 CHECKS = ("fail_above", "expect_best")
 #: the type each numeric or boolean option (and check) must have in a catalogue
 OPTION_TYPES = {"k": "an integer", "examples": "an integer", "seed": "an integer", "chunk_size": "an integer",
                 "dp_sketch": "an integer", "gibbs_sweeps": "an integer", "repeats": "an integer", "dp": "true or false",
                 "epsilon": "a number", "clip": "a number", "fail_above": "a number", "expect_best": "a string",
-                "dp_repeats": "a string", "gram": "a string", "weights": "a string", "peft": "a string"}
+                "dp_repeats": "a string", "gram": "a string", "weights": "a string", "peft": "a string",
+                "insecure_seed": "an integer"}
 
 
 def _is(value, kind: str) -> bool:

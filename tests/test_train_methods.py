@@ -333,6 +333,12 @@ def test_compare_runs_tabulates_and_never_overwrites(tiny, tmp_path, capsys):
     assert res["table"][0]["accuracy_mean"] == pytest.approx(np.mean(accs))
     assert res["table"][0]["accuracy_sd"] == pytest.approx(np.std(accs, ddof=1))
     assert all(r["epsilon"] <= 3.0 for r in res["runs"]) and res["seeds"] == [0, 1]
+    # four releases about one private set: together they spent the sum (issue 17)
+    tot = res["privacy_total"]
+    assert tot["runs"] == 4 and tot["total_epsilon"] == pytest.approx(sum(r["epsilon"] for r in res["runs"]))
+    assert tot["total_delta"] == pytest.approx(4 * base.delta) and tot["dp"] is False  # deterministic noise: not DP
+    saved = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
+    assert saved["privacy_total"] == tot and saved["publishable"] is False
     for f in ("comparison.json", "comparison.csv", "comparison.png", "dpsgd/seed0/summary.json", "topagg/seed1/summary.json"):
         assert (tmp_path / "cmp" / f).stat().st_size > 0
     assert (tmp_path / "cmp" / "comparison.csv").read_text().splitlines()[0].startswith("method,seeds,accuracy_mean")

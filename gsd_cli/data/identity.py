@@ -9,8 +9,9 @@ private examples releases them (a candidate that *is* the private set even score
 * by path: the same files (``os.path.realpath``, so links and relative paths count), or the same
   official split of a torchvision set in the same folder;
 * by content: a hash of each example's image quantised to uint8 (:func:`gsd_cli.data.base.content_key`),
-  public examples against private ones: all of an in-memory set, else up to :data:`CONTENT_SAMPLE`
-  drawn with a fixed seed (so a large file-backed set is checked on a sample, not exhaustively).
+  or of its file's bytes when both sets are file-backed (no image is decoded), public examples
+  against private ones: all of an in-memory set, else up to :data:`CONTENT_SAMPLE` drawn with a
+  fixed seed (so a large file-backed set is checked on a sample, not exhaustively).
 
 It answers "disjoint as far as can be told" (None) or a one-line reason.
 """
@@ -140,8 +141,22 @@ def _checked(source: ImageSource, indices: Sequence[int] | None) -> np.ndarray:
     return np.sort(np.random.default_rng(CONTENT_SEED).choice(n, CONTENT_SAMPLE, replace=False))
 
 
-def _hashes(source: ImageSource, idx: np.ndarray) -> list[str]:
-    """Content hashes; in-memory sets reuse the hashes their split computed (:meth:`ArraySource.example_keys`)."""
+def _file_hash(path: str) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return "file-sha256:" + h.hexdigest()
+
+
+def _hashes(source: ImageSource, idx: np.ndarray, files: bool = False) -> list[str]:
+    """Content hashes; in-memory sets reuse the hashes their split computed (:meth:`ArraySource.example_keys`).
+    ``files``: hashes of the files' bytes (both sides file-backed: a copied folder is found without
+    decoding a single image)."""
+    if files:
+        return [_file_hash(source.example_file(int(i))) for i in idx]
     leaf, sub = _leaf(source)
     if isinstance(leaf, ArraySource):
         return leaf.example_keys(idx if sub is None else sub[idx])
@@ -153,8 +168,9 @@ def _content_overlap(private: ImageSource, public: ImageSource, private_indices,
     priv_idx = _checked(private, private_indices)
     if not len(pub_idx) or not len(priv_idx):
         return None
-    priv = set(_hashes(private, priv_idx))
-    shared = sum(h in priv for h in _hashes(public, pub_idx))
+    files = private.example_file(0) is not None and public.example_file(0) is not None
+    priv = set(_hashes(private, priv_idx, files))
+    shared = sum(h in priv for h in _hashes(public, pub_idx, files))
     if not shared:
         return None
     return (f"{public.name} shares {shared} of {len(pub_idx)} examples with the private set {private.name} "
