@@ -35,8 +35,7 @@ from scipy.stats import kendalltau
 
 from gsd_cli import data as gdata
 from gsd_cli.gradients import resolve_device, select_parameters
-from gsd_cli.ranking import sample_subspace
-from gsd_cli.repeats import repeat_seed
+from gsd_cli.ranking import repeat_seed, sample_subspace
 from gsd_cli.subspace import projection_metric
 from probes import get_model_spec
 
@@ -94,7 +93,7 @@ def stability(model: str, m: int, ks: list[int], repeats: int, seed: int, device
 
 
 def timing(model: str, m: int, k: int, seed: int, device: str, engine: str, rs: list[int]) -> dict:
-    from gsd_cli.repeats import rank_repeats
+    from gsd_cli.ranking import rank_repeats
 
     out = {"model": model, "m": m, "k": k, "engine": engine, "seconds": {}}
     for R in rs:

@@ -29,7 +29,7 @@ from gsd_cli.data import draw, resolve
 from gsd_cli.gradients import default_chunk_size, gradient_matrix, resolve_device, select_parameters
 from gsd_cli.train import Anchor, StepContext, TrainConfig, build_method, private_step
 from gsd_cli.train.gep import split_groups
-from gsd_cli.train.loop import parse_groups
+from gsd_cli.train.config import parse_groups
 from probes import get_model_spec
 
 

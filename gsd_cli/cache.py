@@ -18,9 +18,9 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Callable
-
 import torch
+
+from .side import Subspace, sample_labels
 
 SCHEMA = 1
 ENV = "GSD_CACHE_DIR"
@@ -103,19 +103,19 @@ class SubspaceCache:
             Path(tmp).unlink(missing_ok=True)
             raise
 
-    def get_or_compute(self, key: str, compute: Callable[[], "Subspace"], name: str):  # noqa: F821
-        """The cached subspace for ``key``, else ``compute()`` stored under it."""
-        from .ranking import Subspace
-
+    def get(self, key: str, name: str) -> "Subspace | None":
+        """The cached subspace for ``key`` (a hit), else None (a miss)."""
         hit = self.load(key)
-        if hit is not None:
-            self.hits += 1
-            V, s, info = hit
-            return Subspace(name, V.to(torch.float64), s, int(info["examples"]), 0.0, info.get("engine", "") + " (cached)")
-        self.misses += 1
-        sub = compute()
-        self.store(key, sub.V, sub.s, {"name": name, "examples": sub.examples, "engine": sub.engine})
-        return sub
+        if hit is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        V, s, info = hit
+        return Subspace(name, V.to(torch.float64), s, int(info["examples"]), 0.0, info.get("engine", "") + " (cached)")
+
+    def put(self, key: str, sub: "Subspace") -> None:
+        """Store a computed subspace under ``key``."""
+        self.store(key, sub.V, sub.s, {"name": sub.name, "examples": sub.examples, "engine": sub.engine})
 
     # -- maintenance -------------------------------------------------------------------------------
     def info(self) -> dict:
@@ -135,16 +135,12 @@ class SubspaceCache:
         return n
 
 
-def public_subspace(cache: SubspaceCache | None, model, sample, common: dict, compute: Callable[[], object]):
-    """The public subspace of ``sample`` through ``cache`` (``None``: just ``compute()``).
-
-    ``common`` holds :func:`gsd_cli.ranking.sample_subspace`'s keyword arguments; a custom loss
-    function cannot be hashed, so with one the cache is bypassed.
-    """
+def public_cache_key(cache: SubspaceCache | None, model, sample, common: dict) -> str | None:
+    """The disk-cache key of a public ``sample``'s subspace under :func:`gsd_cli.side.sample_subspace`'s
+    keyword arguments ``common``, or None when it is not cached (no cache; a custom loss function,
+    which cannot be hashed)."""
     if cache is None or common.get("loss") is not None:
-        return compute()
-    from .ranking import sample_labels
-
+        return None
     labels = sample_labels(sample, common["labels"], common["num_classes"], common["seed"])
     settings = {
         "k": common["k"], "names": list(common["names"]), "row_norm": common["row_norm"],
@@ -152,5 +148,4 @@ def public_subspace(cache: SubspaceCache | None, model, sample, common: dict, co
         "sketch": common.get("sketch_dim"), "sketch_seed": common["seed"] if common.get("sketch_dim") else None,
         "model": type(model).__name__, "examples": len(sample),
     }
-    key = SubspaceCache.key(model, sample, labels, settings)
-    return cache.get_or_compute(key, compute, sample.source.name)
+    return SubspaceCache.key(model, sample, labels, settings)

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from .errors import GSDError
 
-#: Options a job may set (keyword arguments of :func:`gsd_cli.ranking.rank`).
+#: Options a job may set (the flat options of :class:`gsd_cli.ranking.RankConfig`).
 OPTIONS = ("k", "examples", "seed", "model", "params", "labels", "row_norm", "device", "chunk_size", "engine",
            "dp", "epsilon", "clip", "mechanism", "dp_sketch", "gibbs_sweeps", "gram", "memory_budget",
            "repeats", "dp_repeats", "weights", "peft", "insecure_seed", "classes")
@@ -212,14 +212,14 @@ def run_catalog(catalog: Catalog | str | Path, private: str | None = None, *, do
                 overrides: dict | None = None, **rank_kwargs) -> list[tuple[Job, object]]:
     """Run the selected jobs; returns ``[(job, Ranking), ...]``. ``overrides`` (options given on the
     command line) win over a job's options; ``rank_kwargs`` (``cache``, ``progress``...) pass through."""
-    from .ranking import rank
+    from .ranking import RankConfig, rank
 
     if not isinstance(catalog, Catalog):
         catalog = load_catalog(catalog)
     out = []
     for job in select_jobs(catalog, private):
-        opts = {**job.options, **(overrides or {})}
+        config = RankConfig.from_options(**{**job.options, **(overrides or {})})
         priv = catalog.resolve(job.private, download)
         pubs = [catalog.resolve(c, download) for c in job.candidates]
-        out.append((job, rank(priv, pubs, **opts, **rank_kwargs)))
+        out.append((job, rank(priv, pubs, config, **rank_kwargs)))
     return out

@@ -34,8 +34,8 @@ from typing import Callable, Sequence
 
 from .errors import GSDError
 from .train.checkpoint import atomic_write, prepare_run_dir
-from .train.loop import METHODS, SPARSIFIABLE, TrainConfig, validate
-from .train.others import method_privacy
+from .train.config import METHODS, SPARSIFIABLE, TrainConfig, validate
+from .train.methods import method_privacy
 
 COMPARABLE = tuple(METHODS) + tuple(f"{m}+rs" for m in SPARSIFIABLE)
 

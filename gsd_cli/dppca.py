@@ -380,22 +380,3 @@ def uniform_distance_quantiles(k: int, p: int, draws: int = 4000, seed: int = 0,
     fro2 = np.einsum("nij,nji->n", Z1, X)
     d = np.sqrt(np.clip(1.0 - fro2 / k, 0.0, 1.0))
     return [float(v) for v in np.quantile(d, qs)]
-
-
-def sketch(G: torch.Tensor, dim: int, seed: int, block: int = 16384) -> torch.Tensor:
-    """G S: a data-independent Gaussian random projection of the rows of G to ``dim`` dimensions.
-
-    S is p x dim with i.i.d. N(0, 1/dim) entries (Johnson-Lindenstrauss), drawn from ``seed`` alone in
-    row blocks, so it is never stored whole and is the same for the private and every public matrix.
-    It does not look at the data, so applying it before the mechanism costs no privacy; clip after it.
-    """
-    if dim < 1:
-        raise GSDError(f"--dp-sketch must be at least 1 (got {dim})")
-    m, p = G.shape
-    out = torch.zeros(m, dim, dtype=torch.float32, device=G.device)
-    for b, j in enumerate(range(0, p, block)):
-        w = min(block, p - j)
-        gen = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, 7919, b]).generate_state(1)[0]))
-        S = torch.randn(w, dim, generator=gen) / math.sqrt(dim)
-        out += G[:, j : j + w].float() @ S.to(G.device)
-    return out

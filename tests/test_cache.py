@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import gsd_cli.ranking as ranking
+import gsd_cli.side as side
 from gsd_cli.cache import SubspaceCache
 from gsd_cli.cli import main
 
@@ -14,13 +15,13 @@ OPTS = dict(k=2, examples=16, engine="vmap")
 @pytest.fixture
 def grad_counter(monkeypatch):
     calls = []
-    real = ranking.gradient_matrix
+    real = side.gradient_matrix  # every side's gradients are computed in gsd_cli.side
 
     def counting(model, batches, n, *a, **k):
         calls.append(n)
         return real(model, batches, n, *a, **k)
 
-    monkeypatch.setattr(ranking, "gradient_matrix", counting)
+    monkeypatch.setattr(side, "gradient_matrix", counting)
     return calls
 
 

@@ -7,13 +7,14 @@ import math
 import numpy as np
 import pytest
 
+import gsd_cli.distance.registry
 import gsd_cli.dppca
 import gsd_cli.ranking
 from gsd_cli import rank
 from gsd_cli.cli import main
 from gsd_cli.data import ArraySource
 from gsd_cli.errors import GSDError
-from gsd_cli.repeats import (
+from gsd_cli.ranking import (
     RepeatRanking, holm, paired_tie_test, rank_repeats, repeat_seed, t_interval, total_epsilon,
 )
 
@@ -110,8 +111,8 @@ def test_cache_reuses_subspaces_of_earlier_repeats(monkeypatch):
     priv, pubs = _sources()
     pubs = pubs[:1]
     calls = []
-    real = gsd_cli.ranking.sample_subspace
-    monkeypatch.setattr(gsd_cli.ranking, "sample_subspace", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = gsd_cli.distance.registry.sample_subspace  # every side is computed through the distance's context
+    monkeypatch.setattr(gsd_cli.distance.registry, "sample_subspace", lambda *a, **k: calls.append(1) or real(*a, **k))
     memo = {}
     two = rank_repeats(priv, pubs, repeats=2, seed=1, memo=memo, **KW)
     assert len(calls) == 2 * 2

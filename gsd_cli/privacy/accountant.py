@@ -2,7 +2,7 @@
 
 Neighbouring relation: **add or remove one example**, the relation under which Poisson subsampling
 amplifies (dp-accounting's ``PoissonSampledDpEvent`` requires it). DP-GSD is proven under the same
-relation (see :mod:`gsd_cli.ranking`, "Neighbouring relation"), so a DP selection and a training
+relation (see :mod:`gsd_cli.distance.dpgsd`, "Neighbouring relation"), so a DP selection and a training
 compose: their epsilons and deltas add (:class:`Ledger`).
 
 Every trainer step releases, for one Poisson subsample of the private set (rate q), one or more sums

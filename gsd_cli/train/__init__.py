@@ -7,7 +7,9 @@ sparsification).
 
 from .gep import Anchor, GEPProject, GEPReconstruct, power_basis, share_quota, split_groups
 from .select import auto_select
-from .loop import METHODS, TrainConfig, build_method, private_step, train
+from .config import METHODS, TrainConfig
+from .loop import private_step, train
+from .methods import build_method
 from .rgp import RGP, power_carriers
 from .sparsify import RandomSparsify, random_mask, sparsity_rate
 from .topagg import NormTopK, norm_top_k

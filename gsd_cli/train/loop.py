@@ -1,7 +1,8 @@
 """``gsd train``: private training on the chosen public data, with exact accounting.
 
 One loop serves every method; a method is a :class:`~gsd_cli.train.transforms.Chain` of per-sample
-gradient transforms plus the dp-accounting event of one of its steps (:func:`build_method`).
+gradient transforms plus the dp-accounting event of one of its steps
+(:func:`~gsd_cli.train.methods.build_method`); the settings are a :class:`~gsd_cli.train.config.TrainConfig`.
 
 Each step t (paper 000, Algorithm 2; Abadi et al. 2016):
 
@@ -31,11 +32,9 @@ outside the mechanism.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import secrets
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -44,153 +43,19 @@ import torch
 
 from .. import data as gdata
 from ..errors import GSDError, ModelError
-from ..privacy.randomness import INSECURE_NOTE, check_insecure_seed, randomness_statement
+from ..privacy.randomness import INSECURE_NOTE, randomness_statement
 from ..gradients import default_chunk_size, gradient_matrix, resolve_device
-from ..privacy import (
-    Ledger,
-    calibrate_noise,
-    check_delta,
-    check_epsilon,
-    dpsgd_step_event,
-    effective_noise_multiplier,
-    epsilon_of,
-    gep_step_event,
-    training_event,
-)
+from ..privacy import Ledger, calibrate_noise, effective_noise_multiplier, epsilon_of, training_event
 from . import checkpoint as ckpt
+from .config import TrainConfig, lr_at, parse_groups, validate
 from .evaluate import evaluate
-from .gep import Anchor, GEPProject, GEPReconstruct, split_groups
+from .gep import Anchor, split_groups
+from .methods import build_method
 from .release import PRIVATE_SUMMARY, not_dp_fields, split_summary
 from .splits import private_parts
-from .transforms import Chain, StepContext, chain_step_event, clip, gaussian_noise
-
-METHODS = ("dpsgd", "gep", "rgp", "topagg", "second-phase")
-SPARSIFIABLE = ("dpsgd", "gep")  # --sparsify (random sparsification, paper 003)
-SCHEDULES = ("step", "constant")
-
-# Paper 000 splits ResNet20 into the input layer, the three stages and the output layer.
-DEFAULT_GROUPS = {
-    "resnet20": [["conv1.*", "gn1.*"], ["layer1.*"], ["layer2.*"], ["layer3.*"], ["fc.*"]],
-}
+from .transforms import Chain, StepContext, chain_step_event
 
 Progress = Callable[[str, int, int], None]
-
-
-@dataclass
-class TrainConfig:
-    """Every setting of a run (what ``--resume`` checks). See ``gsd train --help`` for each."""
-
-    private: str = gdata.DEFAULT_PRIVATE
-    public: str | None = None
-    method: str = "gep"
-    epsilon: float = 2.0
-    delta: float = 1e-5
-    private_test: str | None = None
-    model: str = "fmnist-cnn"
-    params: list[str] | None = None
-    epochs: int = 20
-    batch_size: int = 250
-    lr: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
-    lr_schedule: str = "step"
-    seed: int = 0
-    clip: float = 1.0
-    k: int = 100
-    public_examples: int = 2000
-    power_iters: int = 1
-    groups: str = "auto"
-    clip_embedding: float = 2.0
-    clip_residual: float = 0.4
-    residual: bool = True
-    accountant: str = "rdp"
-    physical_batch: int | None = None
-    deterministic_noise: bool = False  # deprecated: insecure_seed = seed
-    insecure_seed: int | None = None  # private sampling and noise from this seed: NOT DP (experiments only)
-    classes: str | None = None  # the private set's classes (a count or names) where its source declares none
-    public_distance: float | None = None
-    catalog: str | None = None
-    rgp_rank: int = 4
-    rgp_warmup: int = 20
-    topk_fraction: float = 0.7
-    sparsify: float = 0.0
-    # second-phase pre-training and PEFT (gsd_cli.peft, gsd_cli.train.second_phase)
-    weights: str | None = None
-    peft: str | None = None
-    public_epochs: int = 5
-    public_lr: float | None = None
-    public_batch_size: int = 64
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @property
-    def private_seed(self) -> int | None:
-        """The seed of the private randomness, when the user made it reproducible (not DP); None: secret."""
-        if self.insecure_seed is not None:
-            return int(self.insecure_seed)
-        return int(self.seed) if self.deterministic_noise else None
-
-
-def parse_groups(spec: str, model: str) -> list[list[str]] | None:
-    """``auto`` (the paper's split for resnet20, one group otherwise), ``none`` (one group), or
-    groups separated by ``;`` each a comma-separated list of glob patterns."""
-    if spec == "auto":
-        return DEFAULT_GROUPS.get(model)
-    if spec in ("none", ""):
-        return None
-    groups = [[p.strip() for p in g.split(",") if p.strip()] for g in spec.split(";")]
-    if any(not g for g in groups):
-        raise GSDError(f"--groups {spec!r} has an empty group; separate groups by ';' and patterns by ','")
-    return groups
-
-
-def validate(cfg: TrainConfig) -> None:
-    """User errors in the settings, before any data is touched."""
-    if cfg.method not in METHODS:
-        raise GSDError(f"unknown --method {cfg.method!r}; use one of {', '.join(METHODS)}")
-    check_epsilon(cfg.epsilon)
-    check_delta(cfg.delta)
-    check_insecure_seed(cfg.insecure_seed)
-    if cfg.epochs < 1:
-        raise GSDError(f"--epochs must be at least 1 (got {cfg.epochs})")
-    if cfg.batch_size < 1:
-        raise GSDError(f"--batch-size must be at least 1 (got {cfg.batch_size})")
-    if not cfg.lr > 0:
-        raise GSDError(f"--lr must be positive (got {cfg.lr})")
-    if not 0 <= cfg.momentum < 1:
-        raise GSDError(f"--momentum must be in [0, 1) (got {cfg.momentum})")
-    if cfg.weight_decay < 0:
-        raise GSDError(f"--weight-decay must be >= 0 (got {cfg.weight_decay})")
-    if cfg.lr_schedule not in SCHEDULES:
-        raise GSDError(f"unknown --lr-schedule {cfg.lr_schedule!r}; use one of {', '.join(SCHEDULES)}")
-    for what, v in (("--clip", cfg.clip), ("--clip-embedding", cfg.clip_embedding), ("--clip-residual", cfg.clip_residual)):
-        if not v > 0:
-            raise GSDError(f"{what} must be positive (got {v})")
-    if cfg.physical_batch is not None and cfg.physical_batch < 1:
-        raise GSDError(f"--physical-batch must be at least 1 (got {cfg.physical_batch})")
-    if cfg.sparsify and cfg.method not in SPARSIFIABLE:
-        raise GSDError(f"--sparsify works with --method {' or '.join(SPARSIFIABLE)} (got --method {cfg.method})")
-    if not 0 <= cfg.sparsify < 1:
-        raise GSDError(f"--sparsify must be in [0, 1) (got {cfg.sparsify}); it is the final fraction of coordinates dropped")
-    if not 0 < cfg.topk_fraction <= 1:
-        raise GSDError(f"--topk-fraction must be in (0, 1] (got {cfg.topk_fraction})")
-    if cfg.rgp_rank < 1 or cfg.rgp_warmup < 0:
-        raise GSDError(f"--rgp-rank must be at least 1 and --rgp-warmup at least 0 (got {cfg.rgp_rank}, {cfg.rgp_warmup})")
-    if cfg.method == "rgp" and cfg.power_iters < 1:
-        raise GSDError("--power-iters must be at least 1")
-    if cfg.method == "second-phase":
-        if not cfg.public:
-            raise GSDError("--method second-phase needs public data: --public NAME (or --auto-select with candidates)")
-        if cfg.public_epochs < 1 or cfg.public_batch_size < 1 or cfg.public_examples < 2:
-            raise GSDError("--public-epochs and --public-batch-size must be at least 1, --public-examples at least 2")
-        if cfg.public_lr is not None and not cfg.public_lr > 0:
-            raise GSDError(f"--public-lr must be positive (got {cfg.public_lr})")
-    if cfg.method == "gep":
-        if not cfg.public:
-            raise GSDError("--method gep needs public data: --public NAME (or --auto-select with candidates)")
-        if cfg.k < 1 or cfg.public_examples < 1 or cfg.power_iters < 1:
-            raise GSDError("--k, --public-examples and --power-iters must be at least 1")
 
 
 def refuse_shared_public(cfg: TrainConfig, private: Sequence[gdata.ImageSource], catalog=None) -> None:
@@ -206,56 +71,6 @@ def refuse_shared_public(cfg: TrainConfig, private: Sequence[gdata.ImageSource],
     what = "GEP anchor set" if cfg.method == "gep" else "second-phase public set"
     for part in private:
         refuse_private_as_public(part, None, [drawn], what=what)
-
-
-def lr_at(cfg: TrainConfig, epoch: int) -> float:
-    """``step``: divided by 10 at the middle of training (paper 000, Sec. 5); ``constant``."""
-    if cfg.lr_schedule == "step" and epoch >= cfg.epochs // 2 and cfg.epochs > 1:
-        return cfg.lr * 0.1
-    return cfg.lr
-
-
-@dataclass
-class Method:
-    """A trainer: its transform chain and the dp-accounting event of one step as a function of sigma."""
-
-    chain: Chain
-    step_event: Callable[[float], object]
-    description: str
-    details: dict = field(default_factory=dict)
-    # per-sample gradients of one chunk, (model, names, x, y, ctx) -> parts; None: the full per-sample
-    # gradients {"grad": G} (RGP computes the gradients of its carriers instead); ``.width`` is the
-    # row width of its parts (for an empty subsample)
-    per_sample: Callable | None = None
-
-
-def build_method(cfg: TrainConfig, sigma: float, anchor: Anchor | None = None, *, model=None, names=None, rgp=None) -> Method:
-    """The transform chain of ``cfg.method`` with noise multiplier ``sigma`` (``model`` and ``names``
-    for RGP, or an :class:`~gsd_cli.train.rgp.RGP` state ``rgp`` to share)."""
-    if cfg.method in ("rgp", "topagg"):
-        from .others import build_other
-
-        return build_other(cfg, sigma, model=model, names=names, rgp=rgp)
-    if cfg.sparsify:
-        from .others import sparsified
-
-        return sparsified(cfg, build_method(dataclasses.replace(cfg, sparsify=0.0), sigma, anchor), anchor)
-    if cfg.method in ("dpsgd", "second-phase"):  # second-phase: stage 2 is DP-SGD from theta_0
-        ch = Chain(clip(cfg.clip), gaussian_noise(sigma * cfg.clip, "grad", sensitivity=cfg.clip))
-        return Method(ch, dpsgd_step_event, "DP-SGD: clip each per-sample gradient to C, sum, add N(0, (sigma C)^2 I)")
-    assert anchor is not None
-    s1, s2 = cfg.clip_embedding, cfg.clip_residual
-    parts = [GEPProject(anchor, residual=cfg.residual), clip(s1, "embedding")]
-    if cfg.residual:
-        parts.append(clip(s2, "residual"))
-    parts.append(gaussian_noise(sigma * s1, "embedding", sensitivity=s1))
-    if cfg.residual:
-        parts.append(gaussian_noise(sigma * s2, "residual", sensitivity=s2))
-    parts.append(GEPReconstruct(anchor))
-    if cfg.residual:
-        return Method(Chain(*parts), lambda z: gep_step_event(z, z),
-                      "GEP: embedding (clip S1, noise sigma S1) and residual (clip S2, noise sigma S2) of one subsample")
-    return Method(Chain(*parts), lambda z: gep_step_event(z, None), "B-GEP: embedding only (clip S1, noise sigma S1)")
 
 
 def _same_event(a, b) -> bool:
@@ -280,7 +95,7 @@ def private_step(chain: Chain, model: torch.nn.Module, names: Sequence[str], bat
     """One private release: ``chain`` over the per-sample gradients of the ``(x, y)`` chunks of one
     Poisson subsample (virtual steps), summed, then noised. Returns the parts of the release
     (``"grad"``: the noisy sum, p). An empty subsample still releases noise. ``per_sample``: the
-    method's own per-sample gradients (:attr:`Method.per_sample`), full gradients by default."""
+    method's own per-sample gradients (:attr:`~gsd_cli.train.methods.Method.per_sample`), full gradients by default."""
     chain.begin_step(ctx)
     sums = None
     for x, y in batches:

@@ -44,24 +44,16 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 import numpy as np
 
-from . import data as gdata
-from .errors import GSDError
-from .ranking import Ranking, RankResult
-
-DP_REPEATS = ("shared", "fresh")
-#: Significance level of the tie test (one-sided, Holm-adjusted over the non-winners).
-TIE_ALPHA = 0.05
-#: Confidence level of the intervals.
-LEVEL = 0.95
-TIE_TEST = (
-    "one-sided paired t-test on the per-repeat differences to the winner (same private draw within a repeat), "
-    "Holm-adjusted over the candidates, alpha=0.05; tied = not significantly farther than the winner"
-)
+from .. import data as gdata
+from ..distance import is_private
+from ..errors import GSDError
+from .config import RankConfig
+from .pipeline import rank_once
+from .results import DP_REPEATS, LEVEL, TIE_ALPHA, Ranking, RepeatRanking, RepeatResult
 
 
 def repeat_seed(seed: int, r: int) -> int:
@@ -133,73 +125,26 @@ def total_epsilon(epsilon: float, repeats: int, dp_repeats: str) -> float:
     if dp_repeats not in DP_REPEATS:
         raise GSDError(f"--dp-repeats must be one of {', '.join(DP_REPEATS)} (got {dp_repeats!r})")
     return float(epsilon) * (1 if dp_repeats == "shared" else int(repeats))
-
-
-def _finite(v):
-    """NaN (sd and interval of one repeat) as None, so the JSON stays strict."""
-    return None if isinstance(v, float) and math.isnan(v) else v
-
-
-@dataclass
-class RepeatResult(RankResult):
-    """One candidate over R repeats: ``distance`` is the mean (the ranking key); ``distances`` holds
-    each repeat's distance, in repeat order. ``tied``: not significantly farther than the winner."""
-
-    mean: float = 0.0
-    sd: float = math.nan
-    ci_low: float = math.nan
-    ci_high: float = math.nan
-    win_fraction: float = 0.0
-    tied: bool = False
-    p_value: float | None = None
-    distances: list[float] = field(default_factory=list)
-
-
-@dataclass
-class RepeatRanking(Ranking):
-    """A ranking over R repeats: ``results`` are :class:`RepeatResult` sorted by mean distance;
-    ``runs`` holds each repeat's plain :class:`Ranking`; ``repeat_seeds`` the seed of each."""
-
-    repeats: int = 1
-    repeat_seeds: list[int] = field(default_factory=list)
-    level: float = LEVEL
-    tie_test: str = TIE_TEST
-    dp_repeats: str | None = None
-    runs: list[Ranking] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        """Settings, ``results`` (summary, with each repeat's ``distances``) and ``runs`` (each
-        repeat's seed and distances per candidate)."""
-        d = {k: v for k, v in asdict(self).items() if k not in ("results", "runs")}
-        d["results"] = [{k: _finite(v) for k, v in r.to_dict().items()} for r in self.results]
-        d["runs"] = [
-            {"repeat": i, "seed": s, "winner": run.winner.public, "distances": {x.public: x.distance for x in run}}
-            for i, (s, run) in enumerate(zip(self.repeat_seeds, self.runs))
-        ]
-        return d
-
-
 def rank_repeats(
     private: str | gdata.ImageSource = gdata.DEFAULT_PRIVATE,
     publics: Sequence[str | gdata.ImageSource] = gdata.DEFAULT_PUBLIC,
+    config: RankConfig | None = None,
     *,
-    repeats: int = 5,
-    seed: int = 0,
-    dp: bool = False,
-    epsilon: float | None = None,
-    dp_repeats: str = "shared",
-    engine: str = "auto",
     progress=None,
     memo: dict | None = None,
-    **kwargs,
+    cache=None,
+    executor=None,
+    **options,
 ) -> RepeatRanking:
-    """Rank public candidates by GSD over ``repeats`` independent repeats, with error bars.
+    """Rank public candidates over ``config.repeats`` independent repeats, with error bars.
 
-    Repeat r runs :func:`gsd_cli.ranking.rank` with seed :func:`repeat_seed` ``(seed, r)`` (repeat 0:
-    ``seed`` itself, so its ranking is exactly the plain one), which draws that repeat's examples,
-    random labels and initial weights w0. Every other keyword argument (``k``, ``examples``,
-    ``model``, ``params``, ``labels``, ``row_norm``, ``device``, ``clip``, ``mechanism``,
-    ``dp_sketch``, ...) is passed to ``rank`` unchanged.
+    ``config``: a :class:`gsd_cli.ranking.RankConfig`; or the flat keyword ``options`` of 0.1
+    (``repeats`` 5 by default there, ``seed``, ``dp``, ``epsilon``, ``dp_repeats``, ``k``, ``examples``,
+    ``model``...), which also override a given ``config``.
+
+    Repeat r runs :func:`gsd_cli.ranking.pipeline.rank_once` with seed :func:`repeat_seed` ``(seed, r)``
+    (repeat 0: ``seed`` itself, so its ranking is exactly the plain one), which draws that repeat's
+    examples, random labels and initial weights w0.
 
     Returns a :class:`RepeatRanking`: per candidate the mean distance (the ranking key), sd, 95%
     t-interval for the mean (:func:`t_interval`), win fraction, each repeat's distance, and ``tied``
@@ -207,7 +152,7 @@ def rank_repeats(
     candidates, alpha 0.05; never set with one repeat, where no test is possible). ``runs`` holds the
     R plain rankings.
 
-    With ``dp=True``, ``dp_repeats="shared"`` draws the private DP subspace once (repeat 0's
+    With a DP distance, ``dp_repeats="shared"`` draws the private DP subspace once (repeat 0's
     examples, labels and w0) and varies the public examples and labels only: total epsilon =
     ``epsilon``. ``"fresh"`` repeats the whole ranking, DP draw included: total epsilon =
     ``repeats * epsilon`` (basic composition of pure DP). ``privacy`` states both and the total.
@@ -216,13 +161,16 @@ def rank_repeats(
     later calls given the same dict (which then keeps every subspace: p x k floats each). Without
     one, only the shared private DP sample is kept between repeats.
     """
-    from .ranking import rank
-
     t0 = time.perf_counter()
+    if config is None:
+        config = RankConfig.from_options(**{"repeats": 5, **options})
+    elif options:
+        config = config.replace(**options)
+    repeats, seed, pv = config.repeats, config.seed, config.privacy
     if isinstance(repeats, bool) or not isinstance(repeats, (int, np.integer)) or repeats < 1:
         raise GSDError(f"--repeats must be a whole number >= 1 (got {repeats!r})")
-    if dp_repeats not in DP_REPEATS:
-        raise GSDError(f"--dp-repeats must be one of {', '.join(DP_REPEATS)} (got {dp_repeats!r})")
+    if pv.dp_repeats not in DP_REPEATS:
+        raise GSDError(f"--dp-repeats must be one of {', '.join(DP_REPEATS)} (got {pv.dp_repeats!r})")
     if not publics:
         raise GSDError("give at least one public candidate (--public NAME ...)")
     if int(seed) < 0:
@@ -232,7 +180,9 @@ def rank_repeats(
     pub_sources = [gdata.resolve(p) for p in publics]
     own = memo is None
     memo = {} if own else memo
-    shared = dp and dp_repeats == "shared"
+    dp = is_private(config.distance_name)
+    shared = dp and pv.dp_repeats == "shared"
+    engine = config.gradients.engine
     seeds = [repeat_seed(seed, r) for r in range(int(repeats))]
     runs: list[Ranking] = []
     for r, s in enumerate(seeds):
@@ -240,8 +190,9 @@ def rank_repeats(
         if progress is not None:
             tag = f"[{r + 1}/{repeats}] " if repeats > 1 else ""
             prog = lambda name, done, total, tag=tag: progress(tag + name, done, total)  # noqa: E731
-        seeds_r = dict(seed=seed, public_seed=s) if shared else dict(seed=s)
-        run = rank(priv_source, pub_sources, **seeds_r, dp=dp, epsilon=epsilon, engine=engine, progress=prog, memo=memo, **kwargs)
+        cfg_r = config.replace(repeats=1, seed=seed if shared else s, engine=engine)
+        run = rank_once(priv_source, pub_sources, cfg_r, public_seed=s if shared else None, progress=prog, memo=memo,
+                        cache=cache, executor=executor)
         if engine == "auto":  # timed once, in repeat 0; every later repeat uses the same engine
             engine = run.engine
         runs.append(run)
@@ -250,7 +201,7 @@ def rank_repeats(
             memo.clear()
             if keep is not None:
                 memo[keep[0]] = keep[1]
-    return summarise(runs, seeds, dp_repeats if dp else None, seconds=time.perf_counter() - t0)
+    return summarise(runs, seeds, pv.dp_repeats if dp else None, seconds=time.perf_counter() - t0)
 
 
 def summarise(runs: Sequence[Ranking], seeds: Sequence[int], dp_repeats: str | None = None, *, seconds: float = 0.0) -> RepeatRanking:

@@ -1,7 +1,10 @@
-"""The other trainers of the source papers as transform chains: RGP (paper 001), TopAgg (paper 002),
-and random sparsification (paper 003) on top of DP-SGD or GEP.
+"""The trainers: a :class:`Method` is a :class:`~gsd_cli.train.transforms.Chain` of per-sample
+gradient transforms plus the dp-accounting event of one of its steps; :func:`build_method` makes the
+one ``TrainConfig.method`` names. DP-SGD and GEP (paper 000), and the other trainers of the source
+papers: RGP (paper 001), TopAgg (paper 002), and random sparsification (paper 003) on top of DP-SGD
+or GEP.
 
-Each is one Poisson-subsampled Gaussian mechanism per step under add/remove-one neighbours, accounted
+The other trainers are each one Poisson-subsampled Gaussian mechanism per step under add/remove-one neighbours, accounted
 by the same accountant as DP-SGD and GEP (:mod:`gsd_cli.privacy`):
 
 ========== ======================================================= ================ ==================
@@ -21,7 +24,13 @@ before training that the noise each chain adds is exactly the accounted one for 
 
 from __future__ import annotations
 
-from ..privacy import dpsgd_step_event
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..privacy import dpsgd_step_event, gep_step_event
+from .config import TrainConfig
+from .gep import Anchor, GEPProject, GEPReconstruct
 from .rgp import RGP, RGPCarriers, RGPReconstruct
 from .sparsify import MaskedGradients, RandomSparsify, SparsifyRelease
 from .topagg import NormTopK, topagg_sensitivity
@@ -44,10 +53,47 @@ PRIVACY = {
 }
 
 
-def build_other(cfg, sigma: float, *, model=None, names=None, rgp: RGP | None = None):
-    """RGP or TopAgg as a :class:`~gsd_cli.train.loop.Method` with noise multiplier ``sigma``."""
-    from .loop import Method
+@dataclass
+class Method:
+    """A trainer: its transform chain and the dp-accounting event of one step as a function of sigma."""
 
+    chain: Chain
+    step_event: Callable[[float], object]
+    description: str
+    details: dict = field(default_factory=dict)
+    # per-sample gradients of one chunk, (model, names, x, y, ctx) -> parts; None: the full per-sample
+    # gradients {"grad": G} (RGP computes the gradients of its carriers instead); ``.width`` is the
+    # row width of its parts (for an empty subsample)
+    per_sample: Callable | None = None
+
+
+def build_method(cfg: TrainConfig, sigma: float, anchor: Anchor | None = None, *, model=None, names=None, rgp=None) -> Method:
+    """The transform chain of ``cfg.method`` with noise multiplier ``sigma`` (``model`` and ``names``
+    for RGP, or an :class:`~gsd_cli.train.rgp.RGP` state ``rgp`` to share)."""
+    if cfg.method in ("rgp", "topagg"):
+        return build_other(cfg, sigma, model=model, names=names, rgp=rgp)
+    if cfg.sparsify:
+        return sparsified(cfg, build_method(dataclasses.replace(cfg, sparsify=0.0), sigma, anchor), anchor)
+    if cfg.method in ("dpsgd", "second-phase"):  # second-phase: stage 2 is DP-SGD from theta_0
+        ch = Chain(clip(cfg.clip), gaussian_noise(sigma * cfg.clip, "grad", sensitivity=cfg.clip))
+        return Method(ch, dpsgd_step_event, "DP-SGD: clip each per-sample gradient to C, sum, add N(0, (sigma C)^2 I)")
+    assert anchor is not None
+    s1, s2 = cfg.clip_embedding, cfg.clip_residual
+    parts = [GEPProject(anchor, residual=cfg.residual), clip(s1, "embedding")]
+    if cfg.residual:
+        parts.append(clip(s2, "residual"))
+    parts.append(gaussian_noise(sigma * s1, "embedding", sensitivity=s1))
+    if cfg.residual:
+        parts.append(gaussian_noise(sigma * s2, "residual", sensitivity=s2))
+    parts.append(GEPReconstruct(anchor))
+    if cfg.residual:
+        return Method(Chain(*parts), lambda z: gep_step_event(z, z),
+                      "GEP: embedding (clip S1, noise sigma S1) and residual (clip S2, noise sigma S2) of one subsample")
+    return Method(Chain(*parts), lambda z: gep_step_event(z, None), "B-GEP: embedding only (clip S1, noise sigma S1)")
+
+
+def build_other(cfg, sigma: float, *, model=None, names=None, rgp: RGP | None = None):
+    """RGP or TopAgg as a :class:`Method` with noise multiplier ``sigma``."""
     C = cfg.clip
     if cfg.method == "topagg":
         s = topagg_sensitivity(C, cfg.topk_fraction)
@@ -114,4 +160,4 @@ def method_privacy(method: str, sparsify: float = 0.0) -> str:
     return text + ("; with --sparsify: " + PRIVACY["sparsify"] if sparsify else "")
 
 
-__all__ = ["build_other", "sparsified", "method_privacy", "PRIVACY"]
+__all__ = ["Method", "build_method", "build_other", "sparsified", "method_privacy", "PRIVACY"]

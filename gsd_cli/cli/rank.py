@@ -1,0 +1,202 @@
+"""``gsd rank``: one call of ``gsd_cli.rank`` (or of a catalogue's jobs), its tables, files and checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.markup import escape
+
+from ..data import DEFAULT_PRIVATE, DEFAULT_PUBLIC
+from ..errors import GSDError
+from .app import app
+from .common import err, out, progress_bar, public_names
+from .options import (
+    Device, DpRepeats, Engine, Labels, RowNorm, classes_option, data_root_option, device_option, extra_argument,
+    insecure_seed_option, json_option, peft_option, public_list_option, quiet_option, weights_option,
+)
+
+
+@app.command()
+def rank(
+    private: str = typer.Option(DEFAULT_PRIVATE, "--private", help="Private dataset: an embedded or built-in name (gsd datasets list), folder:PATH, csv:PATH, npz:PATH or hf:PATH; add :train or :test for a split."),
+    public: Optional[List[str]] = public_list_option(
+        f"Public candidates (repeat the option or list names after it). Default: {' '.join(DEFAULT_PUBLIC)}."
+    ),
+    k: int = typer.Option(16, "--k", "-k", help="Dimension of the gradient subspaces (paper 004 uses 16)."),
+    examples: int = typer.Option(2000, "--examples", "-m", help="Examples drawn per dataset (all of a smaller set)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the public randomness: the initial weights w0, the public examples and their random labels (and, without --dp, the private ones: a non-private ranking is reproducible)."),
+    insecure_seed: Optional[int] = insecure_seed_option("with --dp: the private examples drawn, their labels and the DP draw"),
+    classes: Optional[str] = classes_option(),
+    model: str = typer.Option("probe", "--model", help="Model: probe (paper 004 Table 7b), fmnist-cnn (Table 7a), resnet20, resnet50 (GroupNorm, 32x32)."),
+    params: Optional[List[str]] = typer.Option(
+        None, "--params", help="Glob patterns over parameter names that get gradients, e.g. 'fc.*' (default: all trainable)."
+    ),
+    weights: Optional[str] = weights_option(),
+    peft: Optional[str] = peft_option(),
+    labels: Labels = typer.Option(
+        Labels.random, "--labels", help="random: uniform labels in the model's label space, as the authors do; own: the datasets' labels."
+    ),
+    row_norm: RowNorm = typer.Option(
+        RowNorm.unit, "--row-norm",
+        help="unit: scale each per-sample gradient to norm 1 before the SVD (the authors' experiment code; "
+        "gives every example one vote); none: raw gradients (the authors' demo notebook).",
+    ),
+    device: Device = device_option(),
+    chunk_size: Optional[int] = typer.Option(None, "--chunk-size", help="Examples per per-sample-gradient chunk (default: 64 on CPU, 256 on CUDA)."),
+    engine: Engine = typer.Option(Engine.auto, "--engine", help="Per-sample gradients: hooks (Opacus per-layer samplers), vmap (torch.func); auto picks by device."),
+    json_path: Optional[Path] = json_option("Write the ranking as JSON to this file."),
+    csv_path: Optional[Path] = typer.Option(None, "--csv", help="Write the ranking as CSV to this file."),
+    dp: bool = typer.Option(
+        False, "--dp",
+        help="DP-GSD: draw the private subspace with a pure epsilon-DP exponential mechanism (rows clipped to --clip; "
+        "add/remove-one-example neighbours, delta=0; the private examples, labels and draw come from the operating "
+        "system, never from --seed); one private sample serves all candidates, so epsilon is spent once.",
+    ),
+    epsilon: Optional[float] = typer.Option(None, "--epsilon", help="With --dp: the privacy budget (> 0)."),
+    clip: float = typer.Option(1.0, "--clip", help="With --dp: L2 clip norm C of each private per-sample gradient."),
+    mechanism: str = typer.Option(
+        "sequential", "--mechanism",
+        help="With --dp: sequential = k exact vector-Bingham draws exp(v^T B v), B = (epsilon/k)/(2 C^2) G^T G, "
+        "each on the complement of the earlier ones: pure epsilon-DP by composition. matrix = the paper's "
+        "exp(tr(V^T B V)), B = epsilon/(2 C^2) G^T G, by a Gibbs sampler (a Markov chain): NO guarantee is proven.",
+    ),
+    gibbs_sweeps: int = typer.Option(10, "--gibbs-sweeps", help="With --mechanism matrix: Gibbs sweeps over the k columns."),
+    dp_sketch: Optional[int] = typer.Option(
+        None, "--dp-sketch",
+        help="Project every per-sample gradient (private and public alike) by one data-independent Gaussian matrix to "
+        "this many dimensions before the subspaces (and before clipping): the DP sample is informative once "
+        "epsilon*m/(2k) is not small against D/2.",
+    ),
+    repeats: int = typer.Option(
+        1, "--repeats", "-R",
+        help="Independent repeats (examples, random labels and w0 drawn anew from --seed in each; repeat 1 is the "
+        "plain ranking). R > 1 ranks by the mean distance and shows sd, a 95% Student-t interval for the mean, the "
+        "fraction of repeats each candidate won, and '= ★' for candidates tied with the winner: not significantly "
+        "farther by a one-sided paired t-test on the per-repeat differences (the repeats share the private draw), "
+        "Holm-adjusted over the candidates, alpha 0.05. R=1: no interval, no tie test.",
+    ),
+    dp_repeats: Optional[DpRepeats] = typer.Option(
+        None, "--dp-repeats",
+        help="With --dp and --repeats: shared (default) = one private DP sample for all repeats, only the public side "
+        "varies, total epsilon = --epsilon; fresh = a new private DP sample per repeat, total epsilon = R x --epsilon "
+        "(basic composition).",
+    ),
+    plot_path: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of each candidate's distances with their intervals."),
+    gram: str = typer.Option(
+        "auto", "--gram",
+        help="materialize: stack the m x p per-sample gradients; ghost: only m x m Gram matrices from layer inputs "
+        "and output gradients (exact, memory independent of m x p); auto: materialize when m x p fits --memory-budget.",
+    ),
+    memory_budget: str = typer.Option("4G", "--memory-budget", help="Memory the gradient work may use, e.g. 4G or 512M (chooses --gram auto and the ghost path's chunks)."),
+    quiet: bool = quiet_option("No progress bar."),
+    data_root: Optional[Path] = data_root_option(
+        "Folder of the built-in datasets (cifar10, chestxray, ...). Default: $GSD_DATA_ROOT, "
+        "else $XDG_DATA_HOME/gsd (~/.local/share/gsd).",
+    ),
+    download: bool = typer.Option(False, "--download", help="Let torchvision download its datasets into the data root."),
+    catalog: Optional[Path] = typer.Option(
+        None, "--catalog", help="Run the jobs of this TOML catalogue (all, or those whose private dataset is --private)."
+    ),
+    markdown_path: Optional[Path] = typer.Option(None, "--markdown", help="Write the ranking(s) as a Markdown table to this file."),
+    fail_above: Optional[float] = typer.Option(None, "--fail-above", help="Exit 1 when the best distance is above this."),
+    expect_best: Optional[str] = typer.Option(None, "--expect-best", help="Exit 1 when another candidate ranks first."),
+    no_cache: bool = typer.Option(
+        False, "--no-cache", help="Recompute every public subspace (default: reuse them from the cache, $GSD_CACHE_DIR "
+        "else ~/.cache/gsd/subspaces; see gsd cache)."
+    ),
+    extra: Optional[List[str]] = extra_argument(),
+    ctx: typer.Context = typer.Option(None, hidden=True),
+) -> None:
+    """Rank public datasets by their Gradient Subspace Distance to the private one (lowest first).
+
+    With no options, ranks the embedded public candidates for the embedded private task (MNIST-5k half A),
+    all from data that ships inside installed packages. Exit codes: 0 ok, 1 a check (--fail-above,
+    --expect-best) failed, 2 bad usage or input.
+    """
+    from ..cache import SubspaceCache
+    from ..catalog import OPTIONS, run_catalog
+    from ..checks import EXIT_CHECK_FAILED, check_ranking
+    from ..data import resolve
+    from ..ranking import RankConfig, rank as rank_fn
+    from ..report import (
+        check_output_path, check_plot_path, jobs_to_csv, jobs_to_json, print_ranking, print_repeats, to_markdown,
+        write_csv, write_json, write_plot, write_repeats_csv, write_text,
+    )
+
+    publics = public_names(public, extra)
+    if not dp and epsilon is not None:
+        raise GSDError("--epsilon is only used with --dp; add --dp for DP-GSD")
+    if dp_repeats is not None and not dp:
+        raise GSDError("--dp-repeats is only used with --dp; add --dp for DP-GSD")
+    if insecure_seed is not None and not dp:
+        raise GSDError("--insecure-seed seeds DP-GSD's private randomness; it is only used with --dp")
+    if catalog is not None and publics:
+        raise GSDError("--catalog takes its candidates from the catalogue; drop --public (or drop --catalog)")
+
+    plot_file = check_plot_path(plot_path)
+    json_file = check_output_path(json_path, "--json")
+    csv_file = check_output_path(csv_path, "--csv")
+    md_file = check_output_path(markdown_path, "--markdown")
+    cache = None if no_cache else SubspaceCache()
+    bar, progress = progress_bar(quiet)
+
+    options = dict(
+        k=k, examples=examples, seed=seed, model=model, params=params, labels=labels.value, row_norm=row_norm.value,
+        device=device.value, chunk_size=chunk_size, engine=engine.value, dp=dp, epsilon=epsilon, clip=clip,
+        mechanism=mechanism, dp_sketch=dp_sketch, gibbs_sweeps=gibbs_sweeps, gram=gram, memory_budget=memory_budget,
+        repeats=repeats, dp_repeats=(dp_repeats or DpRepeats.shared).value, insecure_seed=insecure_seed, classes=classes,
+    )
+    options.update(weights=weights, peft=peft)
+    try:
+        if catalog is None:
+            sources = [resolve(n, root=data_root, download=download) for n in [private, *(publics or DEFAULT_PUBLIC)]]
+            config = RankConfig.from_options(**options)  # the settings, built once and passed whole
+            results = [(private, rank_fn(sources[0], sources[1:], config, progress=progress, cache=cache))]
+            checks = [{}]
+        else:
+            given = {o: options[o] for o in OPTIONS if ctx.get_parameter_source(o).name == "COMMANDLINE"}
+            picked = private if ctx.get_parameter_source("private").name == "COMMANDLINE" else None
+            ran = run_catalog(catalog, picked, download=download, overrides=given, progress=progress, cache=cache)
+            results = [(job.name, rk) for job, rk in ran]
+            checks = [job.checks for job, _ in ran]
+    finally:
+        bar.stop()
+    failures = []
+    many = getattr(results[0][1], "repeats", 1) > 1
+    for (_, result), job_checks in zip(results, checks):
+        if getattr(result, "repeats", 1) > 1:
+            print_repeats(result, out)
+        else:
+            print_ranking(result, out)
+        failures += check_ranking(
+            result,
+            fail_above if fail_above is not None else job_checks.get("fail_above"),
+            expect_best if expect_best is not None else job_checks.get("expect_best"),
+        )
+    if catalog is None and not many:
+        out.print("[dim]One draw: no interval and no tie test; --repeats 5 shows which candidates are tied.[/]")
+    if cache is not None and cache.hits and not quiet:
+        err.print(f"cache: reused {cache.hits} public subspace(s) from {cache.directory}")
+    rankings = [rk for _, rk in results]
+    if json_file:
+        write_json(rankings[0], json_file) if catalog is None else write_text(json_file, jobs_to_json(results, failures))
+        err.print(f"wrote {json_file}")
+    if csv_file:
+        if catalog is None:
+            (write_repeats_csv if many else write_csv)(rankings[0], csv_file)
+        else:
+            write_text(csv_file, jobs_to_csv(results))
+        err.print(f"wrote {csv_file}")
+    if plot_file:
+        write_plot(rankings[0] if catalog is None else [(name, rk) for name, rk in results], plot_file)
+        err.print(f"wrote {plot_file}")
+    if md_file:
+        has_checks = fail_above is not None or expect_best is not None or any(checks)
+        write_text(md_file, to_markdown(rankings, failures if has_checks else None))
+        err.print(f"wrote {md_file}")
+    for f in failures:
+        err.print(f"[bold red]check failed:[/] {escape(f)}", highlight=False, soft_wrap=True)
+    if failures:
+        raise typer.Exit(EXIT_CHECK_FAILED)

@@ -1,0 +1,168 @@
+"""``gsd train``: one call of ``gsd_cli.train`` (after ``auto_select`` with --auto-select), its summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.markup import escape
+
+from ..data import DEFAULT_PRIVATE
+from ..errors import GSDError
+from .app import app
+from .common import err, new_run_dir, out, public_names, with_progress
+from .options import (
+    Accountant, Device, Method, Schedule, classes_option, deterministic_noise_option, device_option, extra_argument,
+    insecure_seed_option, peft_option, public_list_option, quiet_option, weights_option,
+)
+
+
+@app.command()
+def train(
+    ctx: typer.Context,
+    private: str = typer.Option(DEFAULT_PRIVATE, "--private", help="Private dataset: trains on NAME:train, evaluates on NAME:test (the official split; where the set has none, a fixed 80/20 split decided per example by a hash of its path or content)."),
+    public: Optional[List[str]] = public_list_option("Public dataset for GEP; with --auto-select, the candidates (list names after it)."),
+    auto_select: bool = typer.Option(False, "--auto-select", help="Rank the --public candidates (or the --catalog job's) with gsd rank first (probe network, random labels) and train with the closest."),
+    catalog_path: Optional[Path] = typer.Option(None, "--catalog", help="TOML catalogue: its datasets resolve by name; with --auto-select the candidates are those of the job whose private set is --private."),
+    method: Method = typer.Option(Method.gep, "--method", help="gep: Gradient Embedding Perturbation (paper 000) on the public anchor subspace; dpsgd: DP-SGD without public data; rgp: low-rank reparametrized gradient perturbation (paper 001), no public data; topagg: DP-SGD with NormTopK compression (paper 002); second-phase: train the --peft parameters on the public set first (no privacy cost), then DP-SGD on the private set (paper 004 Sec. 5; the paper uses --lr 0.8 --clip 0.1)."),
+    epsilon: float = typer.Option(2.0, "--epsilon", help="Target epsilon of the training; sigma is calibrated so the final epsilon is never above it."),
+    delta: float = typer.Option(1e-5, "--delta", help="Target delta, in (0, 1); use less than 1/N."),
+    private_test: Optional[str] = typer.Option(None, "--private-test", help="Test set for evaluation (default: the private dataset's test part)."),
+    model: str = typer.Option("fmnist-cnn", "--model", help="Model to train: fmnist-cnn (28x28x1), resnet20 (GroupNorm, 32x32x3), probe, or a torchvision backbone (gsd models list)."),
+    params: Optional[List[str]] = typer.Option(None, "--params", help="Glob patterns of the parameters to train (default: all)."),
+    weights: Optional[str] = weights_option(),
+    peft: Optional[str] = peft_option(),
+    public_epochs: int = typer.Option(5, "--public-epochs", help="second-phase: epochs of stage 1 (supervised training of the --peft parameters on --public-examples public examples, their own labels)."),
+    public_lr: Optional[float] = typer.Option(None, "--public-lr", help="second-phase: Adam learning rate of stage 1 (default: paper 004's 3e-3 for transformers, 5e-5 for CNNs)."),
+    public_batch_size: int = typer.Option(64, "--public-batch-size", help="second-phase: minibatch size of stage 1."),
+    epochs: int = typer.Option(20, "--epochs", help="Epochs; one epoch is round(N / batch size) steps."),
+    batch_size: int = typer.Option(250, "--batch-size", help="Expected batch size: each step samples every private example with probability batch_size/N (Poisson)."),
+    lr: float = typer.Option(0.1, "--lr", help="SGD learning rate."),
+    momentum: float = typer.Option(0.9, "--momentum", help="SGD momentum."),
+    weight_decay: float = typer.Option(1e-4, "--weight-decay", help="SGD weight decay."),
+    lr_schedule: Schedule = typer.Option(Schedule.step, "--lr-schedule", help="step: lr / 10 from the middle of training (paper 000); constant."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the initial weights, the public anchors and their random labels (the private sampling and noise use a secret seed)."),
+    clip: float = typer.Option(1.0, "--clip", help="dpsgd: L2 clip norm C of each per-sample gradient; noise std sigma*C."),
+    k: int = typer.Option(100, "--k", help="gep: anchor subspace dimension (shared by the groups by sqrt of their size)."),
+    public_examples: int = typer.Option(2000, "--public-examples", help="gep: public anchor examples (randomly labelled each step, as paper 000); second-phase: public examples of stage 1."),
+    power_iters: int = typer.Option(1, "--power-iters", help="gep: power iterations per step (the paper uses 1)."),
+    groups: str = typer.Option("auto", "--groups", help="gep: parameter groups, ';' between groups, ',' between glob patterns; auto = the paper's 5 groups for resnet20, one group otherwise; none = one group."),
+    clip_embedding: float = typer.Option(2.0, "--clip-embedding", help="gep: clip norm S1 of the embedding; noise std sigma*S1."),
+    clip_residual: float = typer.Option(0.4, "--clip-residual", help="gep: clip norm S2 of the residual; noise std sigma*S2 (paper 000 keeps S2 = S1/5)."),
+    residual: bool = typer.Option(True, "--residual/--no-residual", help="gep: release the residual (GEP) or drop it (B-GEP, biased)."),
+    rgp_rank: int = typer.Option(4, "--rgp-rank", help="rgp: rank r of the gradient carriers of each Linear/Conv2d weight (--power-iters: power iterations K)."),
+    rgp_warmup: int = typer.Option(20, "--rgp-warmup", help="rgp: warm-up steps whose carriers decompose the weight itself; afterwards the historical update W_t - W_0."),
+    topk_fraction: float = typer.Option(0.7, "--topk-fraction", help="topagg: K in (0, 1]; NormTopK keeps the largest coordinates while their squared sum is <= K ||g||^2; noise std sqrt(K)*sigma*C."),
+    sparsify: float = typer.Option(0.0, "--sparsify", help="dpsgd, gep: random sparsification (paper 003) to final rate R in [0, 1): a data-independent mask per epoch, rate ramped 0 -> R, before clipping; same epsilon."),
+    accountant: Accountant = typer.Option(Accountant.rdp, "--accountant", help="dp-accounting's RDP or PLD accountant (add/remove-one neighbours, Poisson sampling)."),
+    physical_batch: Optional[int] = typer.Option(None, "--physical-batch", help="Examples per per-sample-gradient chunk (memory bound; default 64 CPU / 256 GPU)."),
+    insecure_seed: Optional[int] = insecure_seed_option("the Poisson sampling, the noise and, with --select-epsilon, the DP-GSD draw"),
+    deterministic_noise: bool = deterministic_noise_option(),
+    classes: Optional[str] = classes_option(),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="New run folder (default gsd-train-<time>); its parent must exist."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the interrupted run in this folder, with its own settings (same result as an uninterrupted run)."),
+    rank_model: str = typer.Option("probe", "--rank-model", help="--auto-select: model of the ranking (default: probe; with --weights or --peft, the trained model with its weights and --peft)."),
+    rank_k: int = typer.Option(16, "--rank-k", help="--auto-select: subspace dimension of the ranking."),
+    rank_examples: int = typer.Option(2000, "--rank-examples", help="--auto-select: examples per dataset in the ranking."),
+    select_epsilon: Optional[float] = typer.Option(None, "--select-epsilon", help="--auto-select with DP-GSD at this epsilon (added to the budget); without it the selection is not private."),
+    device: Device = device_option(),
+    quiet: bool = quiet_option("No progress bars."),
+    extra: Optional[List[str]] = extra_argument(),
+) -> None:
+    """Train privately (DP-SGD, GEP, RGP or TopAgg, optionally with random sparsification, or the
+    second phase then DP-SGD) with the chosen public data; writes checkpoints, metrics.jsonl,
+    summary.json and curves.png to the run folder.
+
+    Privacy: every step is a Poisson-subsampled Gaussian mechanism under add/remove-one neighbours,
+    accounted with dp-accounting. dpsgd: clip C, noise sigma*C. gep: embedding and residual of one
+    subsample, accounted as one Gaussian with multiplier (z1^-2 + z2^-2)^-1/2. rgp: the carrier
+    gradients (and the other parameters' gradients) clipped to C as one vector, noise sigma*C: multiplier
+    sigma. topagg: clip C then NormTopK, sensitivity sqrt(K)*C, noise sqrt(K)*sigma*C: multiplier sigma.
+    --sparsify: the mask is independent of the data, so the same mechanism and epsilon. second-phase:
+    stage 1 sees public data only (no privacy cost); stage 2 is DP-SGD, accounted as dpsgd.
+
+    The private sampling and noise come from the operating system (--insecure-seed: from a seed, and
+    the run is marked not DP). Public data that shares examples with the private set is refused.
+    summary.json holds only public settings and the privacy statement; the test metrics and the exact
+    size of the private set go to private-summary.json.
+    """
+    from ..train import TrainConfig, auto_select as auto_select_fn, train as train_fn
+    from ..train.checkpoint import load_meta
+
+    publics = public_names(public, extra)
+    fields = dict(
+        private=private, method=method.value, epsilon=epsilon, delta=delta, private_test=private_test, model=model,
+        params=list(params) if params else None, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum,
+        weight_decay=weight_decay, lr_schedule=lr_schedule.value, seed=seed, clip=clip, k=k,
+        public_examples=public_examples, power_iters=power_iters, groups=groups, clip_embedding=clip_embedding,
+        clip_residual=clip_residual, residual=residual, accountant=accountant.value, physical_batch=physical_batch,
+        deterministic_noise=deterministic_noise, insecure_seed=insecure_seed, classes=classes, rgp_rank=rgp_rank, rgp_warmup=rgp_warmup, topk_fraction=topk_fraction,
+        sparsify=sparsify, weights=weights, peft=peft, public_epochs=public_epochs,
+        public_lr=public_lr, public_batch_size=public_batch_size,
+        catalog=str(catalog_path.expanduser().resolve()) if catalog_path is not None else None,
+    )
+    selection = None
+    if resume is not None:
+        if out_dir is not None:
+            raise GSDError("give either --out (a new run) or --resume (an interrupted one), not both")
+        from ..train.second_phase import STAGE1_META, run_settings
+
+        saved = (load_meta(resume).get("settings", {}) if (resume / "checkpoint.json").is_file()
+                 else run_settings(resume) if (resume / STAGE1_META).is_file() else {})
+        sources = {n: ctx.get_parameter_source("catalog_path" if n == "catalog" else n) for n in fields}
+        explicit = {n for n, src in sources.items() if src is not None and src.name in ("COMMANDLINE", "ENVIRONMENT")}
+        if publics:
+            explicit.add("public")
+        cfg_dict = dict(saved)
+        for n in explicit:
+            cfg_dict[n] = fields[n] if n != "public" else publics[0]
+        cfg = TrainConfig(**{k_: v for k_, v in cfg_dict.items() if k_ in TrainConfig.__dataclass_fields__})
+        run = resume
+    else:
+        cat = None
+        if catalog_path is not None:
+            from ..catalog import load_catalog, select_jobs
+
+            cat = load_catalog(catalog_path)
+            if auto_select and not publics:
+                publics = list(select_jobs(cat, private)[0].candidates)
+        if auto_select:
+            if len(publics) < 1:
+                raise GSDError("--auto-select needs candidates: --public A B C (or --catalog FILE with a job for --private)")
+        elif len(publics) > 1:
+            raise GSDError("several --public sets: add --auto-select to rank them and train with the closest")
+        cfg = TrainConfig(**fields, public=publics[0] if publics else None)
+        run = new_run_dir(out_dir, "gsd-train")
+        from ..train.checkpoint import prepare_run_dir
+        from ..train.config import validate
+
+        if auto_select:
+            cfg.public = publics[0]
+        validate(cfg)
+        prepare_run_dir(run, resume=False, create=False)  # fail before the ranking, not after it
+        if auto_select:
+            from ..report import print_ranking
+
+            rank_opts = dict(k=rank_k, examples=rank_examples, seed=seed, model=rank_model, device=device.value)
+            if (weights is not None or peft is not None) and ctx.get_parameter_source("rank_model").name == "DEFAULT":
+                rank_opts.update(model=model, weights=weights, peft=peft)  # GSD on exactly the parameters to be trained
+            if select_epsilon is not None:
+                rank_opts.update(dp=True, epsilon=select_epsilon, insecure_seed=cfg.private_seed)
+            if classes is not None:
+                rank_opts.update(classes=classes)
+            ranking = with_progress(quiet, lambda pr: auto_select_fn(private, publics, private_test=private_test, catalog=cat, progress=pr, **rank_opts))
+            print_ranking(ranking, out)
+            best = ranking.results[0]
+            cfg.public, cfg.public_distance = best.public, best.distance
+            selection = ranking.to_dict()
+            out.print(f"training with [bold]{escape(best.public)}[/] (GSD {best.distance:.4f})")
+
+    summary = with_progress(quiet, lambda pr: train_fn(cfg, run, resume=resume is not None, device=device.value, progress=pr, selection=selection),
+                            width=8, eta=True)
+    from ..train.report import print_summary
+
+    print_summary(summary, out)
+    err.print(f"wrote {run}/summary.json (publishable), private-summary.json, metrics.jsonl, curves.png (not publishable: "
+              "test metrics of private data), checkpoint.safetensors"
+              + (", stage1.safetensors" if cfg.method == "second-phase" else ""))

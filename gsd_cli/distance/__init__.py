@@ -1,0 +1,17 @@
+"""Distances between a private and a public dataset: the interface, its registry, GSD and DP-GSD.
+
+>>> from gsd_cli.distance import distance_names
+>>> distance_names()
+['dp-gsd', 'gsd']
+
+A new distance is one new module here with a :class:`Distance` subclass decorated by
+:func:`register_distance`, imported below so that it registers.
+"""
+
+from .registry import Distance, SideContext, distance_names, is_private, make_distance, register_distance
+from . import dpgsd, gsd  # noqa: F401  (they register themselves)
+from .gsd import GSD, gradient_subspace_distance
+from .dpgsd import DPGSD
+
+__all__ = ["Distance", "SideContext", "register_distance", "make_distance", "distance_names", "is_private", "GSD", "DPGSD",
+           "gradient_subspace_distance"]

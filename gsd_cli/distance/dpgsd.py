@@ -1,0 +1,116 @@
+"""DP-GSD (paper 004, Algorithms 2-3, as corrected in DESIGN.md): the private subspace drawn by an
+epsilon-DP exponential mechanism, compared with each public subspace (post-processing).
+
+Randomness. The private examples, their random labels and the mechanism's draw come from the
+operating system (:func:`gsd_cli.privacy.randomness.private_rng`), never from the ranking's public
+``seed``, and nothing in the output can reproduce them; ``insecure_seed`` opts back into a
+reproducible draw and marks the output not DP.
+
+Neighbouring relation: **add or remove one example** of the private dataset, the relation of the
+trainers' accountant, so that a DP selection and a DP training compose (their epsilons add).
+Claim: DP-GSD with budget epsilon is epsilon-DP under it. Proof. Let D' = D + {x}, |D| = N, and let
+m be the number of rows requested. The rows are a uniformly random m-subset of the dataset, drawn
+with secret randomness, each row with its own label drawn independently (uniform in the model's
+label space, or the example's own), so a row is an (example, label) pair whose label depends on no
+other row. (i) N >= m: couple the draws. Given x is not drawn from D', the draw is a uniform
+m-subset of D; given x is drawn, removing x and adding a uniform element y of D not yet drawn gives
+a uniform m-subset S of D. So P_D'(O) = (1 - a) P_D(O) + a E[M(S - y + x)(O)] with a = m / (N + 1),
+where S - y + x differs from S in one row. The mechanism M is epsilon-DP on its m rows under one row
+replaced (score sensitivity C^2, :mod:`gsd_cli.dppca`), so M(S - y + x)(O) is within e^{+-epsilon} of
+M(S)(O) for every (S, y), hence P_D'(O) within e^{+-epsilon} of P_D(O). (ii) N < m: every example is a
+row and D' adds one row, which changes the score by (g . v)^2 in [0, C^2]: within the sensitivity,
+so epsilon-DP directly. The model w0, the sketch and the public side do not depend on D; the
+distances and the ranking are post-processing. The number of rows m = min(m, N) would reveal N when
+N < m, so a DP ranking prints the requested m, never N, and every data-independent utility figure
+uses the requested m. Position-assigned labels or a public-seed draw (as before 0.3) break (i):
+adding one example would re-draw other rows and labels.
+"""
+
+from __future__ import annotations
+
+from .. import data as gdata
+from ..errors import GSDError
+from ..privacy.randomness import INSECURE_NOTE, check_insecure_seed, private_rng, randomness_statement
+from ..side import Subspace
+from .registry import Distance, SideContext, register_distance
+
+
+@register_distance("dp-gsd")
+class DPGSD(Distance):
+    """The private side by :func:`gsd_cli.dppca.private_top_k_subspace` (rows clipped to ``clip``,
+    ``mechanism`` sequential or matrix) with a secret generator; ``s`` is never released."""
+
+    private = True
+
+    def __init__(self, config) -> None:
+        from ..dppca import MECHANISMS, bingham_scale
+
+        super().__init__(config)
+        pv, g = config.privacy, config.gradients
+        if pv.epsilon is None:
+            raise GSDError("--dp needs --epsilon (the privacy budget of the ranking, > 0)")
+        bingham_scale(pv.epsilon, pv.clip)  # validates epsilon > 0 and clip > 0
+        if pv.mechanism not in MECHANISMS:
+            raise GSDError(f"unknown --mechanism {pv.mechanism!r}; use one of {', '.join(MECHANISMS)}")
+        if g.examples is None:
+            raise GSDError("--dp needs a number of private examples (-m/--examples): with all of them, the output would reveal the size of the private set")
+        check_insecure_seed(pv.insecure_seed)
+        self.rng = private_rng("dp-gsd", pv.insecure_seed, config.seed)
+        self.settings = dict(epsilon=float(pv.epsilon), clip=float(pv.clip), mechanism=pv.mechanism, sweeps=pv.gibbs_sweeps)
+
+    def private_rows(self, sample: gdata.Sample) -> gdata.Sample:
+        """A uniformly random m-subset drawn with the secret generator (module docstring, (i))."""
+        n = len(sample.source)
+        return gdata.Sample(sample.source, self.rng.choice(n, size=len(sample), replace=False))
+
+    def private_side(self, ctx: SideContext, sample: gdata.Sample) -> Subspace:
+        return ctx.subspace(sample, dp={**self.settings, "rng": self.rng})
+
+    def memo_key(self) -> tuple:
+        return (self.name, tuple(sorted(self.settings.items())), self.config.privacy.insecure_seed)
+
+    def report(self, ctx: SideContext, rows: list) -> tuple[dict, list[str], bool]:
+        """What the ranking spent, and whether its distances can say anything. Uses only (epsilon,
+        the requested m, k, p) and the released distances, never the private singular values (paper
+        004's Theorem 3 bound needs the private eigengap, so it is not reported). m = min(m, N) would
+        reveal N when N < m: the requested m is used and printed."""
+        from ..dppca import concentration_bound, mechanism_guarantee, uniform_distance_quantiles
+
+        cfg, g, ins = self.settings, self.config.gradients, self.config.privacy.insecure_seed
+        k, m, p = g.k, int(g.examples), ctx.dims
+        lo, _, hi = uniform_distance_quantiles(k, p)
+        # sequential: each of k steps has epsilon/k; matrix: one exponent with the whole epsilon
+        conc = concentration_bound(cfg["epsilon"], m, k if cfg["mechanism"] == "sequential" else 1)
+        privacy = {
+            "mechanism": cfg["mechanism"],
+            "epsilon": cfg["epsilon"],
+            "clip": cfg["clip"],
+            "k": k,
+            "examples": m,
+            **mechanism_guarantee(cfg["mechanism"], cfg["sweeps"]),
+            "neighbouring": "add or remove one example",
+            "private_sampling": (
+                "m private examples (at most; all of a smaller set) drawn uniformly without replacement with secret "
+                "randomness, each with its own random label; the number actually drawn is not released"
+            ),
+            "row_norm": g.row_norm,
+            "concentration_bound": conc,
+            "uniform_distance_99": [lo, hi],
+            "sketch": g.dp_sketch,
+            "insecure_seed": ins,
+            "private_randomness": randomness_statement(ins),
+        }
+        notes = [INSECURE_NOTE.format(seed=ins)] if ins is not None else []
+        if not privacy["exact"]:
+            notes.append("the matrix mechanism's Gibbs sampler is a Markov chain: no differential-privacy guarantee is proven for this output")
+        if conc < p / 2:
+            notes.append(
+                f"epsilon*m/(2k) = {conc:.3g} is below p/2 = {p / 2:.3g}: each private direction is drawn close to "
+                f"uniformly, so the DP distances say little; raise --epsilon or -m, lower --k, or select fewer parameters (--params)"
+            )
+        if rows and all(lo <= r.distance <= hi for r in rows):
+            notes.append(
+                f"every DP distance lies in the 99% range of a uniformly random subspace ({lo:.4f}..{hi:.4f}): "
+                f"this ranking is noise"
+            )
+        return privacy, notes, ins is None

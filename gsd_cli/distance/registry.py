@@ -1,0 +1,107 @@
+"""The distance interface and its registry.
+
+A :class:`Distance` turns a private side and a public side into a number: it says how the private
+rows are drawn, computes each side's representation at the ranking's model, compares the two, and
+states what the private side cost. GSD (:mod:`.gsd`) and DP-GSD (:mod:`.dpgsd`) are the first two;
+a new measure of dataset similarity is one new module with a class decorated by
+:func:`register_distance`, imported in :mod:`gsd_cli.distance` (as Opacus registers its per-layer grad
+samplers and dp-accounting its events), and the ranking pipeline (:mod:`gsd_cli.ranking`) is not
+touched.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch.nn as nn
+
+from .. import data as gdata
+from ..errors import GSDError
+from ..side import Subspace, sample_subspace
+from ..subspace import principal_angles, projection_metric
+
+_DISTANCES: dict[str, type["Distance"]] = {}
+
+
+@dataclass
+class SideContext:
+    """What every side of one ranking shares: the model at w0 and :func:`gsd_cli.side.sample_subspace`'s
+    settings (k, labels, row norm, engine, device, sketch...). ``dims``: the dimension the subspaces live in."""
+
+    model: nn.Module
+    common: dict = field(default_factory=dict)
+    dims: int = 0
+
+    def subspace(self, sample: gdata.Sample, **overrides) -> Subspace:
+        return sample_subspace(self.model, sample, **{**self.common, **overrides})
+
+
+class Distance(ABC):
+    """A distance between a private and a public dataset, built from one ranking's settings
+    (a :class:`gsd_cli.ranking.RankConfig`). Lower is closer."""
+
+    #: the registered name (``gsd``, ``dp-gsd``, ...)
+    name: str = ""
+    #: whether the private side is released under differential privacy
+    private: bool = False
+
+    def __init__(self, config) -> None:
+        self.config = config
+
+    def private_rows(self, sample: gdata.Sample) -> gdata.Sample:
+        """The private examples the distance looks at (default: the ranking's draw as it is)."""
+        return sample
+
+    @abstractmethod
+    def private_side(self, ctx: SideContext, sample: gdata.Sample) -> Subspace:
+        """The private sample's representation (the private data is touched here only)."""
+
+    def public_side(self, ctx: SideContext, sample: gdata.Sample, seed: int) -> Subspace:
+        """A public sample's representation; ``seed`` seeds its random labels."""
+        return ctx.subspace(sample, label_seed=seed)
+
+    def compare(self, private: Subspace, public: Subspace) -> tuple[float, list[float]]:
+        """``(distance, principal angles in degrees)``: the normalised projection metric
+        sqrt(1 - ||V1^T V2||_F^2 / k) (paper 004, Definition 3, normalised; DESIGN.md)."""
+        angles = principal_angles(private.V, public.V)
+        return projection_metric(private.V, public.V), [round(math.degrees(a), 4) for a in angles.tolist()]
+
+    def memo_key(self) -> tuple:
+        """What, beyond the shared settings, a cached private side depends on."""
+        return (self.name,)
+
+    def report(self, ctx: SideContext, rows: list) -> tuple[dict | None, list[str], bool]:
+        """``(privacy block, warnings, dp)`` of the finished ranking: what the private side spent."""
+        return None, [], False
+
+
+def register_distance(name: str) -> Callable[[type[Distance]], type[Distance]]:
+    """Class decorator: make ``name`` a distance of ``gsd rank`` (``RankConfig(distance=name)``)."""
+
+    def deco(cls: type[Distance]) -> type[Distance]:
+        if name in _DISTANCES and _DISTANCES[name] is not cls:
+            raise ValueError(f"distance {name!r} is registered twice")
+        cls.name = name
+        _DISTANCES[name] = cls
+        return cls
+
+    return deco
+
+
+def distance_names() -> list[str]:
+    return sorted(_DISTANCES)
+
+
+def is_private(name: str) -> bool:
+    """Whether the registered distance ``name`` releases its private side under DP."""
+    return name in _DISTANCES and _DISTANCES[name].private
+
+
+def make_distance(name: str, config) -> Distance:
+    """The registered distance ``name`` for one ranking's ``config``."""
+    if name not in _DISTANCES:
+        raise GSDError(f"unknown distance {name!r}; use one of {', '.join(distance_names())}")
+    return _DISTANCES[name](config)

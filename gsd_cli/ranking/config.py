@@ -1,0 +1,117 @@
+"""A ranking's settings as objects: what the CLI, catalogues and the Python API build and pass whole.
+
+>>> from gsd_cli.ranking import RankConfig
+>>> cfg = RankConfig.from_options(k=8, examples=500, dp=True, epsilon=2.0)
+>>> cfg.gradients.k, cfg.privacy.epsilon, cfg.distance_name
+(8, 2.0, 'dp-gsd')
+
+Four small frozen groups: the probe model and its parameters (:class:`ModelSettings`), how the
+gradients and subspaces are computed (:class:`GradientSettings`), what is private and how
+(:class:`PrivacySettings`), and the ranking itself (:class:`RankConfig`: seed, repeats, distance).
+:meth:`RankConfig.from_options` takes the flat keyword names of 0.1 (those of ``gsd rank``'s options
+and of a catalogue job's ``[jobs.options]``); :meth:`RankConfig.options` gives them back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from ..errors import GSDError
+from ..gradients import LossFn
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """The model whose gradients are compared, at its initial weights w0 (from the ranking's seed)."""
+
+    model: str = "probe"  # a registry name (gsd models list)
+    params: Sequence[str] | str | None = None  # glob patterns of the parameters that get gradients
+    weights: str | None = None  # pre-trained weights (new head), as gsd train --weights
+    peft: str | None = None  # the trainable set, as gsd train --peft
+    classes: int | str | None = None  # the private set's classes where its source declares none
+
+
+@dataclass(frozen=True)
+class GradientSettings:
+    """How each side's per-sample gradients and top-k subspace are computed."""
+
+    k: int = 16  # subspace dimension
+    examples: int | None = 2000  # examples drawn per dataset (None: all)
+    labels: str = "random"  # random (the authors') or own
+    row_norm: str = "unit"  # unit (the authors' experiment code) or none
+    device: str = "auto"
+    chunk_size: int | None = None
+    engine: str = "auto"  # per-sample gradients: auto, vmap, hooks
+    loss: LossFn | None = None
+    gram: str = "auto"  # materialize, ghost, auto
+    memory_budget: int | str | None = None
+    dp_sketch: int | None = None  # project every gradient (both sides) to this many dimensions first
+
+
+@dataclass(frozen=True)
+class PrivacySettings:
+    """DP-GSD: whether the private side is released under DP, and with what."""
+
+    dp: bool = False
+    epsilon: float | None = None
+    clip: float = 1.0
+    mechanism: str = "sequential"  # sequential (exact, proven) or matrix (Gibbs, no guarantee)
+    gibbs_sweeps: int = 10
+    dp_repeats: str = "shared"  # with repeats: shared (one private draw) or fresh (R draws, R x epsilon)
+    insecure_seed: int | None = None  # experiments only: private randomness from a seed, output not DP
+
+
+_GROUPS = {"model": ModelSettings, "gradients": GradientSettings, "privacy": PrivacySettings}
+
+
+@dataclass(frozen=True)
+class RankConfig:
+    """Every setting of a ranking. ``distance``: a registered distance (:mod:`gsd_cli.distance`);
+    default ``dp-gsd`` with ``privacy.dp``, else ``gsd``."""
+
+    model: ModelSettings = field(default_factory=ModelSettings)
+    gradients: GradientSettings = field(default_factory=GradientSettings)
+    privacy: PrivacySettings = field(default_factory=PrivacySettings)
+    seed: int = 0  # public randomness: w0, public examples and labels, sketch
+    repeats: int = 1
+    distance: str | None = None
+
+    @property
+    def distance_name(self) -> str:
+        return self.distance or ("dp-gsd" if self.privacy.dp else "gsd")
+
+    @classmethod
+    def from_options(cls, **options) -> "RankConfig":
+        """A config from flat keyword options (``k=16, dp=True, epsilon=2, model="resnet20"``...)."""
+        return cls().replace(**options)
+
+    def replace(self, **options) -> "RankConfig":
+        """A copy with flat keyword options changed; an unknown option is a one-line error."""
+        groups: dict[str, dict] = {g: {} for g in _GROUPS}
+        top = {}
+        for name, value in options.items():
+            group = next((g for g, kind in _GROUPS.items() if name in kind.__dataclass_fields__), None)
+            if group is not None:
+                groups[group][name] = value
+            elif name in ("seed", "repeats", "distance"):
+                top[name] = value
+            else:
+                raise GSDError(f"unknown ranking option {name!r}; use one of {', '.join(option_names())}")
+        parts = {g: dataclasses.replace(getattr(self, g), **kw) for g, kw in groups.items() if kw}
+        return dataclasses.replace(self, **parts, **top)
+
+    def options(self) -> dict:
+        """The flat keyword options of this config (the inverse of :meth:`from_options`)."""
+        out = {}
+        for g in _GROUPS:
+            out.update({f.name: getattr(getattr(self, g), f.name) for f in dataclasses.fields(getattr(self, g))})
+        out.update(seed=self.seed, repeats=self.repeats, distance=self.distance)
+        return out
+
+
+def option_names() -> list[str]:
+    """Every flat option name :meth:`RankConfig.from_options` accepts."""
+    names = [f for kind in _GROUPS.values() for f in kind.__dataclass_fields__]
+    return names + ["seed", "repeats", "distance"]

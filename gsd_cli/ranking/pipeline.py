@@ -1,0 +1,146 @@
+"""One ranking, one draw: resolve the datasets, build the model at w0, compute the private side once
+and every public side (through an executor and the caches), compare, sort.
+
+For one model at initial weights w0 (a function of ``seed``), the private sample's representation
+is computed once by the ranking's distance (:mod:`gsd_cli.distance`: GSD, DP-GSD...) and compared
+with each public candidate's; candidates are ranked by distance, lowest (closest) first.
+
+Randomness. Public draws (w0, the public examples and their random labels, the sketch) come from
+``seed``, which every output prints. A non-private distance draws the private examples and labels
+from ``seed`` as well: it claims no privacy, and stays reproducible. A private one (DP-GSD) redraws
+them with secret randomness (:meth:`gsd_cli.distance.Distance.private_rows`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+from .. import data as gdata
+from ..cache import public_cache_key
+from ..distance import SideContext, make_distance
+from ..errors import GSDError, ModelError
+from ..gradients import resolve_device
+from ..side import LABELS, ROW_NORMS, Progress
+from ..subspace import uniform_baseline
+from .config import RankConfig
+from .executors import PublicTask, public_subspaces
+from .results import RankResult, Ranking
+
+
+def refuse_private_as_public(private: gdata.ImageSource, private_indices, publics: Sequence[gdata.Sample],
+                             what: str = "public candidate") -> None:
+    """Raise :class:`GSDError` when a public set is the private set or shares examples with it (by
+    name, path, or the content of the examples drawn; ``private_indices``: the private examples
+    drawn, ``None`` for a sample of them): as a candidate its subspace would be the private data's,
+    computed without privacy, and it would win with no word; as training data it would be used with
+    no noise at all."""
+    from ..data.identity import shared_examples
+
+    for smp in publics:
+        why = shared_examples(private, smp.source, private_indices, smp.indices)
+        if why:
+            raise GSDError(f"{what} {smp.source.name} is private data: {why}; public data must not hold private examples")
+
+
+def _check(config: RankConfig, publics) -> None:
+    g = config.gradients
+    if g.k < 1:
+        raise GSDError(f"--k must be at least 1 (got {g.k})")
+    if g.row_norm not in ROW_NORMS:
+        raise GSDError(f"--row-norm must be one of {', '.join(ROW_NORMS)} (got {g.row_norm!r})")
+    if g.labels not in LABELS:
+        raise GSDError(f"--labels must be one of {', '.join(LABELS)} (got {g.labels!r})")
+    if not publics:
+        raise GSDError("give at least one public candidate (--public NAME ...)")
+
+
+def _memo_key(source: gdata.ImageSource) -> tuple:
+    return (id(source), source.name)
+
+
+def rank_once(private, publics: Sequence, config: RankConfig, *, public_seed: int | None = None,
+              progress: Progress | None = None, memo: dict | None = None, cache=None, executor=None) -> Ranking:
+    """One draw of a ranking (``config.repeats`` is not looked at): see :func:`gsd_cli.ranking.rank`."""
+    from probes import get_model_spec
+
+    from ..peft import build_model
+
+    t0 = time.perf_counter()
+    _check(config, publics)
+    m, g, seed = config.model, config.gradients, config.seed
+    try:
+        spec = get_model_spec(m.model)
+    except KeyError as e:
+        raise ModelError(str(e.args[0])) from None
+    dev = resolve_device(g.device)
+    priv_source = gdata.resolve(private)
+    if m.classes is not None:
+        priv_source = gdata.with_classes(priv_source, m.classes)
+    distance = make_distance(config.distance_name, config)
+    if distance.private:
+        gdata.require_declared_classes(priv_source)  # the model's shape must not be read off the private labels
+    pub_sources = [gdata.resolve(p) for p in publics]
+    names_seen = [s.name for s in pub_sources]
+    dup = {n for n in names_seen if names_seen.count(n) > 1}
+    if dup:
+        raise GSDError(f"public candidate(s) {', '.join(sorted(dup))} given twice; name each once")
+    pseed = seed if public_seed is None else public_seed
+    priv_sample = distance.private_rows(gdata.draw(priv_source, g.examples, seed))
+    pub_samples = [gdata.draw(s, g.examples, pseed) for s in pub_sources]
+    refuse_private_as_public(priv_source, priv_sample.indices, pub_samples)
+    for smp in [priv_sample, *pub_samples]:
+        if g.k > len(smp):
+            raise GSDError(f"k={g.k} is larger than the {len(smp)} examples of {smp.source.name}; use --k <= {len(smp)}")
+    num_classes = priv_source.num_classes
+    if num_classes < 1:
+        raise GSDError(f"{priv_source.name} has no classes; it needs labelled examples")
+    _, net, names, _ = build_model(m.model, num_classes, seed, weights=m.weights, peft=m.peft, params=m.params)
+    num_params = sum(dict(net.named_parameters())[n].numel() for n in names)
+    if g.k > num_params:
+        raise GSDError(f"k={g.k} is larger than the {num_params} selected parameters; use a smaller --k")
+    if g.dp_sketch is not None and not 1 <= g.k <= g.dp_sketch:
+        raise GSDError(f"--dp-sketch {g.dp_sketch} must be at least k={g.k}")
+    ctx = SideContext(net, dims=g.dp_sketch or num_params, common=dict(
+        sketch_dim=g.dp_sketch, k=g.k, input_size=spec.input_size, channels=spec.channels, num_classes=num_classes,
+        names=names, labels=g.labels, row_norm=g.row_norm, seed=seed, loss=g.loss, engine=g.engine, device=dev,
+        chunk_size=g.chunk_size, progress=progress, gram=g.gram, memory_budget=g.memory_budget,
+    ))
+    # everything a subspace depends on beyond its sample (sources are keyed by identity, kept alive in the memo)
+    key = (m.model, m.weights, m.peft, tuple(names), num_classes, g.k, g.labels, g.row_norm, g.dp_sketch, g.loss,
+           str(dev), g.examples, seed, g.gram)
+    pkey = key + (_memo_key(priv_source), seed, distance.memo_key())
+    if memo is not None and pkey in memo:
+        priv = memo[pkey][1]
+    else:
+        priv = distance.private_side(ctx, priv_sample)
+        if memo is not None:
+            memo[pkey] = ([priv_source], priv)
+    if g.engine == "auto" and priv.engine != "ghost":  # measured once on the private sample; the same engine for every candidate
+        ctx.common["engine"] = priv.engine
+    tasks = [PublicTask(smp, pseed, key + (_memo_key(smp.source), pseed),
+                        lambda smp=smp: public_cache_key(cache, net, smp, {**ctx.common, "seed": pseed}))
+             for smp in pub_samples]
+    subs = public_subspaces(tasks, lambda t: distance.public_side(ctx, t.sample, t.seed), executor=executor, memo=memo, cache=cache)
+    rows = []
+    for i, smp in enumerate(pub_samples):
+        pub = subs[i]
+        d, angles = distance.compare(priv, pub)
+        rows.append(RankResult(public=smp.source.name, distance=d, rank=0, examples=pub.examples,
+                               principal_angles_deg=angles, seconds=round(pub.seconds, 3)))
+    rows.sort(key=lambda r: r.distance)
+    for i, r in enumerate(rows, 1):
+        r.rank = i
+        r.winner = i == 1
+    privacy, notes, dp = distance.report(ctx, rows)
+    return Ranking(
+        privacy=privacy, warnings=notes, dp=dp,
+        private=priv_source.name, model=m.model, k=g.k, examples=g.examples if g.examples is not None else -1,
+        seed=seed, labels=g.labels, row_norm=g.row_norm,
+        params=None if m.params is None else ([m.params] if isinstance(m.params, str) else list(m.params)),
+        num_params=num_params, device=str(dev), engine=priv.engine,
+        # under DP the requested m: min(m, N) would reveal N
+        private_examples=int(g.examples) if distance.private else priv.examples,
+        uniform_baseline=uniform_baseline(g.k, ctx.dims), results=rows, sketch=g.dp_sketch, weights=m.weights, peft=m.peft,
+        seconds=round(time.perf_counter() - t0, 3),
+    )

@@ -1,0 +1,160 @@
+"""Rendering a ranking for people: the rich table of a ranking and of a ranking over repeats (mean
++- sd, interval, ties, wins), and the lines printed under it (how to read it, privacy, ties)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ..ranking import Ranking, RepeatRanking
+from ..ranking.results import TIE_TEST
+from .files import _fmt
+
+
+def ranking_table(ranking: Ranking) -> Table:
+    pv = ranking.privacy
+    kind = "GSD (not DP)"
+    if pv:
+        kind = f"DP-GSD (epsilon={pv['epsilon']:g}" + (")" if pv["exact"] else ", no proven guarantee)")
+        if pv.get("insecure_seed") is not None:
+            kind = f"DP-GSD with --insecure-seed (NOT DP, epsilon={pv['epsilon']:g} only if the seed is secret)"
+    t = Table(
+        title=f"{kind} to private [bold]{escape(ranking.private)}[/] ({ranking.private_examples} examples)",
+        caption=(
+            f"model {ranking.model}, p={ranking.num_params:,} parameters"
+            + (f" (--peft {escape(ranking.peft)})" if getattr(ranking, "peft", None) else "")
+            + (" from pre-trained weights" if getattr(ranking, "weights", None) else "")
+            + (f" sketched to {ranking.sketch}" if ranking.sketch else "")
+            + f", k={ranking.k}, seed {ranking.seed}, "
+            f"labels {ranking.labels}, row norm {ranking.row_norm}"
+        ),
+    )
+    t.add_column("rank", justify="right")
+    t.add_column("public", overflow="fold")
+    t.add_column("distance", justify="right")
+    t.add_column("", min_width=10, no_wrap=True)
+    t.add_column("angles min..max", justify="right")
+    t.add_column("examples", justify="right")
+    for r in ranking:
+        bar = "█" * max(1, round(10 * r.distance))
+        name = f"[bold green]{escape(r.public)}[/]" if r.winner else escape(r.public)
+        t.add_row(
+            f"[bold green]★ {r.rank}[/]" if r.winner else str(r.rank), name, f"{r.distance:.4f}", bar,
+            f"{r.principal_angles_deg[0]:.0f}°..{r.principal_angles_deg[-1]:.0f}°", str(r.examples),
+        )
+    return t
+
+
+def repeats_table(ranking: RepeatRanking) -> Table:
+    pv = ranking.privacy
+    kind = "GSD (not DP)"
+    if pv:
+        kind = f"DP-GSD (total epsilon={pv['total_epsilon']:g}" + (")" if pv["exact"] else ", no proven guarantee)")
+        if pv.get("insecure_seed") is not None:
+            kind = "DP-GSD with --insecure-seed (NOT DP)"
+    t = Table(
+        title=f"{kind} to private [bold]{escape(ranking.private)}[/] ({ranking.private_examples} examples), "
+        f"{ranking.repeats} repeat{'s' if ranking.repeats != 1 else ''}",
+        caption=(
+            f"model {ranking.model}, p={ranking.num_params:,} parameters"
+            + (f" sketched to {ranking.sketch}" if ranking.sketch else "")
+            + f", k={ranking.k}, seed {ranking.seed}, labels {ranking.labels}, row norm {ranking.row_norm}"
+        ),
+    )
+    t.add_column("rank", justify="right")
+    t.add_column("public", overflow="fold")
+    t.add_column("mean ± sd", justify="right", no_wrap=True)
+    t.add_column(f"{round(100 * ranking.level)}% CI", justify="right", no_wrap=True)
+    t.add_column("tie", justify="center", no_wrap=True)
+    t.add_column("wins", justify="right")
+    t.add_column("examples", justify="right")
+    for r in ranking:
+        name = f"[bold green]{escape(r.public)}[/]" if r.winner else escape(r.public)
+        tie = "[bold green]★[/]" if r.winner else ("[yellow]= ★[/]" if r.tied else "")
+        t.add_row(
+            f"[bold green]★ {r.rank}[/]" if r.winner else str(r.rank), name,
+            f"{r.mean:.3f} ± {_fmt(r.sd, '.3f')}", f"{_fmt(r.ci_low, '.3f')}..{_fmt(r.ci_high, '.3f')}", tie,
+            f"{r.win_fraction:.0%}", str(r.examples),
+        )
+    return t
+
+
+def how_to_read(ranking: Ranking) -> str:
+    return (
+        f"Lower is closer: 0 = the same top-{ranking.k} gradient subspace as the private data, 1 = orthogonal; "
+        f"a uniformly random {ranking.k}-dim subspace would score about {ranking.uniform_baseline:.4f}. "
+        f"★ marks the best candidate."
+    )
+
+
+def privacy_line(ranking: Ranking) -> str | None:
+    pv = ranking.privacy
+    if not pv:
+        return None
+    delta = "0" if pv["delta"] == 0 else "unknown"
+    sample = "exact sample" if pv["exact"] else "NOT an exact sample"
+    return (
+        f"DP-GSD: {pv['mechanism']} mechanism, epsilon={pv['epsilon']:g}, delta={delta}, clip={pv['clip']:g}, "
+        f"k={pv['k']}, at most {pv['examples']} private examples, {sample}: {pv['guarantee']} "
+        f"({pv['neighbouring']}); spent once for all candidates."
+    )
+
+
+def tie_line(ranking: RepeatRanking) -> str:
+    """How the ties were decided (or why they could not be)."""
+    if ranking.repeats < 2:
+        return "One repeat: no interval and no tie test is possible; use --repeats 5 or more to see which candidates are tied."
+    tied = [r.public for r in ranking if r.tied]
+    who = (", ".join(tied) + (" is" if len(tied) == 1 else " are") + " tied with the winner") if tied else "no candidate is tied with the winner"
+    return (
+        f"Ranked by the mean over {ranking.repeats} repeats (examples, random labels and w0 drawn anew in each); "
+        f"interval: {round(100 * ranking.level)}% Student-t interval for the mean; '= ★': tied with the winner "
+        f"by a {TIE_TEST}. Here {who}."
+    )
+
+
+def dp_repeats_line(ranking: RepeatRanking) -> str | None:
+    pv = ranking.privacy
+    if not pv:
+        return None
+    if pv["dp_repeats"] == "shared":
+        how = (
+            f"one private DP sample shared by all {pv['repeats']} repeats (only the public examples and labels vary): "
+            f"total epsilon = {pv['total_epsilon']:g}"
+        )
+    else:
+        how = (
+            f"a fresh private DP sample in each of the {pv['repeats']} repeats: total epsilon = {pv['repeats']} x "
+            f"{pv['epsilon_per_release']:g} = {pv['total_epsilon']:g} (basic composition of pure DP, delta = 0)"
+        )
+    return "Repeats under DP: " + how + "."
+
+
+def _print_notes(ranking: Ranking, console: Console, privacy_lines: list[str]) -> None:
+    """The privacy lines (if any) with the random subspace's 99% range, then the warnings."""
+    for line in privacy_lines:
+        console.print(escape(line))
+    if privacy_lines:
+        lo, hi = ranking.privacy["uniform_distance_99"]
+        console.print(f"A uniformly random subspace scores {lo:.4f}..{hi:.4f} (99%).")
+    for w in ranking.warnings:
+        console.print(f"[bold yellow]warning:[/] {escape(w)}")
+
+
+def print_ranking(ranking: Ranking, console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(ranking_table(ranking))
+    console.print(how_to_read(ranking))
+    line = privacy_line(ranking)
+    _print_notes(ranking, console, [line] if line else [])
+
+
+def print_repeats(ranking: RepeatRanking, console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(repeats_table(ranking))
+    console.print(how_to_read(ranking))
+    console.print(escape(tie_line(ranking)))
+    line = privacy_line(ranking)
+    lines = [line.replace("spent once for all candidates", "per release"), dp_repeats_line(ranking)] if line else []
+    _print_notes(ranking, console, lines)

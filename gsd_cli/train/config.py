@@ -1,0 +1,169 @@
+"""The settings of a training run: :class:`TrainConfig`, their checks (:func:`validate`) and the
+helpers that read them (:func:`parse_groups`, :func:`lr_at`).
+
+Nothing here touches data or models; :mod:`gsd_cli.train.methods` turns the settings into a
+trainer, :mod:`gsd_cli.train.loop` runs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .. import data as gdata
+from ..errors import GSDError
+from ..privacy import check_delta, check_epsilon
+from ..privacy.randomness import check_insecure_seed
+
+METHODS = ("dpsgd", "gep", "rgp", "topagg", "second-phase")
+SPARSIFIABLE = ("dpsgd", "gep")  # --sparsify (random sparsification, paper 003)
+SCHEDULES = ("step", "constant")
+
+# Paper 000 splits ResNet20 into the input layer, the three stages and the output layer.
+DEFAULT_GROUPS = {
+    "resnet20": [["conv1.*", "gn1.*"], ["layer1.*"], ["layer2.*"], ["layer3.*"], ["fc.*"]],
+}
+
+
+@dataclass
+class TrainConfig:
+    """Every setting of a run (what ``--resume`` checks). See ``gsd train --help`` for each.
+
+    Flat on purpose: a checkpoint stores the settings as one dict (:meth:`to_dict`) and ``--resume``
+    compares them name by name. The fields are grouped by what they set, each method's own settings
+    beside it."""
+
+    # --- data: the private set, its parts, the public set ---
+    private: str = gdata.DEFAULT_PRIVATE  # private dataset: trains on NAME:train, evaluates on NAME:test
+    private_test: str | None = None  # test set of the evaluation (None: the private dataset's test part)
+    classes: str | None = None  # the private set's classes (a count or names) where its source declares none
+    catalog: str | None = None  # TOML catalogue whose datasets resolve by name (None: built-in names only)
+    public: str | None = None  # public dataset: GEP's anchors, the second phase's stage 1 (unused by the others)
+    public_examples: int = 2000  # public examples drawn: GEP's anchors, the second phase's stage-1 set
+    public_distance: float | None = None  # distance of ``public`` in the ranking that chose it (recorded only)
+
+    # --- model and trainable parameters ---
+    model: str = "fmnist-cnn"  # model to train (a probes model name, ``gsd models list``)
+    params: list[str] | None = None  # glob patterns of the parameters to train (None: all)
+    weights: str | None = None  # initial weights (--weights: safetensors or a weights-only state dict)
+    peft: str | None = None  # parameter-efficient subset to train (--peft: preset or patterns, gsd_cli.peft)
+
+    # --- optimisation: SGD on Poisson-subsampled steps ---
+    epochs: int = 20  # epochs; one epoch is round(N / batch_size) steps
+    batch_size: int = 250  # expected batch size: every step samples each example with probability batch_size / N
+    lr: float = 0.1  # SGD learning rate
+    momentum: float = 0.9  # SGD momentum
+    weight_decay: float = 1e-4  # SGD weight decay
+    lr_schedule: str = "step"  # one of SCHEDULES (:func:`lr_at`)
+    seed: int = 0  # initial weights, public anchors and their labels, sparsification masks (not the private randomness)
+    physical_batch: int | None = None  # examples per per-sample-gradient chunk (None: by device)
+
+    # --- privacy: the method and its guarantee ---
+    method: str = "gep"  # one of METHODS
+    epsilon: float = 2.0  # target epsilon; sigma is calibrated so the final epsilon is never above it
+    delta: float = 1e-5  # target delta
+    accountant: str = "rdp"  # dp-accounting's "rdp" or "pld"
+    clip: float = 1.0  # L2 clip norm C of each per-sample gradient (every method but GEP)
+    insecure_seed: int | None = None  # private sampling and noise from this seed: NOT DP (experiments only)
+    deterministic_noise: bool = False  # deprecated: insecure_seed = seed
+
+    # --- GEP (paper 000) ---
+    k: int = 100  # anchor subspace dimension (shared by the groups by sqrt of their size)
+    groups: str = "auto"  # parameter groups (:func:`parse_groups`)
+    power_iters: int = 1  # power iterations per step (also RGP's K)
+    clip_embedding: float = 2.0  # clip norm S1 of the embedding
+    clip_residual: float = 0.4  # clip norm S2 of the residual
+    residual: bool = True  # release the residual (GEP) or drop it (B-GEP)
+
+    # --- RGP (paper 001) ---
+    rgp_rank: int = 4  # rank r of the gradient carriers of each Linear/Conv2d weight
+    rgp_warmup: int = 20  # warm-up steps whose carriers decompose the weight itself
+
+    # --- TopAgg (paper 002) ---
+    topk_fraction: float = 0.7  # K in (0, 1]: NormTopK keeps the largest coordinates up to K ||g||^2
+
+    # --- random sparsification (paper 003; dpsgd and gep) ---
+    sparsify: float = 0.0  # final rate R in [0, 1) of the coordinates dropped (0: off)
+
+    # --- second phase (paper 004): stage 1 on public data (gsd_cli.peft, gsd_cli.train.second_phase) ---
+    public_epochs: int = 5  # epochs of stage 1
+    public_lr: float | None = None  # Adam learning rate of stage 1 (None: by model)
+    public_batch_size: int = 64  # minibatch size of stage 1
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def private_seed(self) -> int | None:
+        """The seed of the private randomness, when the user made it reproducible (not DP); None: secret."""
+        if self.insecure_seed is not None:
+            return int(self.insecure_seed)
+        return int(self.seed) if self.deterministic_noise else None
+
+
+def parse_groups(spec: str, model: str) -> list[list[str]] | None:
+    """``auto`` (the paper's split for resnet20, one group otherwise), ``none`` (one group), or
+    groups separated by ``;`` each a comma-separated list of glob patterns."""
+    if spec == "auto":
+        return DEFAULT_GROUPS.get(model)
+    if spec in ("none", ""):
+        return None
+    groups = [[p.strip() for p in g.split(",") if p.strip()] for g in spec.split(";")]
+    if any(not g for g in groups):
+        raise GSDError(f"--groups {spec!r} has an empty group; separate groups by ';' and patterns by ','")
+    return groups
+
+
+def lr_at(cfg: TrainConfig, epoch: int) -> float:
+    """``step``: divided by 10 at the middle of training (paper 000, Sec. 5); ``constant``."""
+    if cfg.lr_schedule == "step" and epoch >= cfg.epochs // 2 and cfg.epochs > 1:
+        return cfg.lr * 0.1
+    return cfg.lr
+
+
+def validate(cfg: TrainConfig) -> None:
+    """User errors in the settings, before any data is touched."""
+    if cfg.method not in METHODS:
+        raise GSDError(f"unknown --method {cfg.method!r}; use one of {', '.join(METHODS)}")
+    check_epsilon(cfg.epsilon)
+    check_delta(cfg.delta)
+    check_insecure_seed(cfg.insecure_seed)
+    if cfg.epochs < 1:
+        raise GSDError(f"--epochs must be at least 1 (got {cfg.epochs})")
+    if cfg.batch_size < 1:
+        raise GSDError(f"--batch-size must be at least 1 (got {cfg.batch_size})")
+    if not cfg.lr > 0:
+        raise GSDError(f"--lr must be positive (got {cfg.lr})")
+    if not 0 <= cfg.momentum < 1:
+        raise GSDError(f"--momentum must be in [0, 1) (got {cfg.momentum})")
+    if cfg.weight_decay < 0:
+        raise GSDError(f"--weight-decay must be >= 0 (got {cfg.weight_decay})")
+    if cfg.lr_schedule not in SCHEDULES:
+        raise GSDError(f"unknown --lr-schedule {cfg.lr_schedule!r}; use one of {', '.join(SCHEDULES)}")
+    for what, v in (("--clip", cfg.clip), ("--clip-embedding", cfg.clip_embedding), ("--clip-residual", cfg.clip_residual)):
+        if not v > 0:
+            raise GSDError(f"{what} must be positive (got {v})")
+    if cfg.physical_batch is not None and cfg.physical_batch < 1:
+        raise GSDError(f"--physical-batch must be at least 1 (got {cfg.physical_batch})")
+    if cfg.sparsify and cfg.method not in SPARSIFIABLE:
+        raise GSDError(f"--sparsify works with --method {' or '.join(SPARSIFIABLE)} (got --method {cfg.method})")
+    if not 0 <= cfg.sparsify < 1:
+        raise GSDError(f"--sparsify must be in [0, 1) (got {cfg.sparsify}); it is the final fraction of coordinates dropped")
+    if not 0 < cfg.topk_fraction <= 1:
+        raise GSDError(f"--topk-fraction must be in (0, 1] (got {cfg.topk_fraction})")
+    if cfg.rgp_rank < 1 or cfg.rgp_warmup < 0:
+        raise GSDError(f"--rgp-rank must be at least 1 and --rgp-warmup at least 0 (got {cfg.rgp_rank}, {cfg.rgp_warmup})")
+    if cfg.method == "rgp" and cfg.power_iters < 1:
+        raise GSDError("--power-iters must be at least 1")
+    if cfg.method == "second-phase":
+        if not cfg.public:
+            raise GSDError("--method second-phase needs public data: --public NAME (or --auto-select with candidates)")
+        if cfg.public_epochs < 1 or cfg.public_batch_size < 1 or cfg.public_examples < 2:
+            raise GSDError("--public-epochs and --public-batch-size must be at least 1, --public-examples at least 2")
+        if cfg.public_lr is not None and not cfg.public_lr > 0:
+            raise GSDError(f"--public-lr must be positive (got {cfg.public_lr})")
+    if cfg.method == "gep":
+        if not cfg.public:
+            raise GSDError("--method gep needs public data: --public NAME (or --auto-select with candidates)")
+        if cfg.k < 1 or cfg.public_examples < 1 or cfg.power_iters < 1:
+            raise GSDError("--k, --public-examples and --power-iters must be at least 1")

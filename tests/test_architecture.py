@@ -1,0 +1,154 @@
+"""The package's shape (issue 18): no import cycles, small modules, pluggable distances and executors,
+settings as objects."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import gsd_cli
+from gsd_cli.distance import Distance, distance_names, register_distance
+from gsd_cli.errors import GSDError
+from gsd_cli.ranking import RankConfig, rank
+from gsd_cli.ranking.executors import _EXECUTORS, register_executor
+
+ROOT = Path(gsd_cli.__file__).parent
+MAX_LINES = 400
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = ("gsd_cli",) + path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The gsd_cli modules ``name`` imports (at any depth of its code: lazy imports count too)."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                mod = f"{base}.{node.module}" if node.module else base
+            else:
+                mod = node.module or ""
+            for alias in node.names:
+                target = f"{mod}.{alias.name}"
+                found.add(target if target in modules else mod)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {m for m in found if m in modules and m != name}
+
+
+def test_the_import_graph_has_no_cycle():
+    modules = _modules()
+    graph = {m: _imports(m, p, modules) for m, p in modules.items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m):
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(n):] + [n]))
+            if n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_every_module_imports_on_its_own():
+    """Each module imported first, in a fresh module table (torch stays loaded): no order dependence."""
+    names = sorted(_modules())
+    script = (
+        "import importlib, sys, torch\n"
+        f"for name in {names!r}:\n"
+        "    for m in [m for m in sys.modules if m == 'gsd_cli' or m.startswith(('gsd_cli.', 'probes'))]:\n"
+        "        del sys.modules[m]\n"
+        "    importlib.import_module(name)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_no_module_is_over_400_lines():
+    long = {str(p.relative_to(ROOT)): n for p in ROOT.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_rank_config_round_trips_the_flat_options():
+    cfg = RankConfig.from_options(k=8, examples=300, dp=True, epsilon=2.0, model="fmnist-cnn", params="fc*", seed=4)
+    assert cfg.gradients.k == 8 and cfg.privacy.epsilon == 2.0 and cfg.model.params == "fc*" and cfg.seed == 4
+    assert cfg.distance_name == "dp-gsd" and RankConfig().distance_name == "gsd"
+    assert RankConfig.from_options(**cfg.options()) == cfg
+    assert cfg.replace(k=4).gradients.k == 4 and cfg.gradients.k == 8  # frozen: a copy
+    with pytest.raises(GSDError, match="unknown ranking option 'kk'"):
+        RankConfig.from_options(kk=3)
+
+
+def test_config_and_keyword_forms_give_the_same_ranking():
+    kw = dict(examples=40, k=3, model="fmnist-cnn", params="fc*", engine="vmap", device="cpu")
+    a = rank("mnist-a", ["mnist-b", "noise"], RankConfig.from_options(**kw))
+    b = rank("mnist-a", ["mnist-b", "noise"], **kw)
+    assert [(r.public, r.distance) for r in a] == [(r.public, r.distance) for r in b]
+
+
+def test_a_new_distance_plugs_in_without_touching_the_pipeline():
+    """A toy distance (the mean principal angle, in [0, 1]) registered from outside the package."""
+
+    @register_distance("mean-angle-test")
+    class MeanAngle(Distance):
+        def private_side(self, ctx, sample):
+            return ctx.subspace(sample)
+
+        def compare(self, private, public):
+            d, angles = super().compare(private, public)
+            return sum(angles) / len(angles) / 90.0, angles
+
+    try:
+        assert "mean-angle-test" in distance_names()
+        kw = dict(examples=40, k=3, model="fmnist-cnn", params="fc*", engine="vmap", device="cpu")
+        r = rank("mnist-a", ["mnist-b", "noise"], distance="mean-angle-test", **kw)
+        plain = {x.public: x for x in rank("mnist-a", ["mnist-b", "noise"], **kw)}
+        for x in r:
+            assert x.distance == pytest.approx(sum(plain[x.public].principal_angles_deg) / 3 / 90.0)
+        assert r.dp is False and r.privacy is None
+        with pytest.raises(GSDError, match="unknown distance"):
+            rank("mnist-a", ["mnist-b"], distance="nope", **kw)
+    finally:
+        from gsd_cli.distance import registry
+
+        registry._DISTANCES.pop("mean-angle-test", None)
+
+
+def test_a_new_executor_plugs_in_and_order_does_not_matter():
+    seen = []
+
+    @register_executor("reversed-test")
+    class Reversed:
+        def run(self, tasks, compute):
+            for t in reversed(tasks):
+                seen.append(t.name)
+                yield t, compute(t)
+
+    try:
+        kw = dict(examples=40, k=3, model="fmnist-cnn", params="fc*", engine="vmap", device="cpu")
+        a = rank("mnist-a", ["mnist-b", "noise", "digits"], executor="reversed-test", **kw)
+        b = rank("mnist-a", ["mnist-b", "noise", "digits"], **kw)
+        assert seen == ["digits", "noise", "mnist-b"]
+        assert [(r.public, r.distance) for r in a] == [(r.public, r.distance) for r in b]
+        with pytest.raises(GSDError, match="unknown executor"):
+            rank("mnist-a", ["mnist-b"], executor="nope", **kw)
+    finally:
+        _EXECUTORS.pop("reversed-test", None)
