@@ -8,7 +8,7 @@ with density proportional to exp(epsilon * q(v) / (2 C^2)) = exp(v^T B v), B = e
 and is epsilon-DP on the matrix G under replace-one-row; adding or removing one row changes q(v) by
 (g . v)^2 in [0, C^2], also within the sensitivity, so it is epsilon-DP under add/remove-one-row too.
 How the rows of G are drawn from the private *dataset* (secretly, without replacement) and why the
-whole pipeline is then epsilon-DP under add/remove-one-example: :mod:`gsd_cli.ranking`.
+whole pipeline is then epsilon-DP under add/remove-one-example: :mod:`gsd_cli.distance.dpgsd`.
 Paper 004 writes the scale as (m epsilon / 2) A with A = G^T G / m and states epsilon / c^2-DP; with
 that scale the mechanism is (epsilon c^2)-DP. As DESIGN.md says, the c^2 belongs in B; the paper's
 scale is not used.

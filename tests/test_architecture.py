@@ -129,7 +129,7 @@ def test_a_new_distance_plugs_in_without_touching_the_pipeline():
     finally:
         from gsd_cli.distance import registry
 
-        registry._DISTANCES.pop("mean-angle-test", None)
+        registry._DISTANCES.pop("mean-angle-test")
 
 
 def test_a_new_executor_plugs_in_and_order_does_not_matter():
@@ -151,4 +151,4 @@ def test_a_new_executor_plugs_in_and_order_does_not_matter():
         with pytest.raises(GSDError, match="unknown executor"):
             rank("mnist-a", ["mnist-b"], executor="nope", **kw)
     finally:
-        _EXECUTORS.pop("reversed-test", None)
+        _EXECUTORS.pop("reversed-test")

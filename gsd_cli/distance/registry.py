@@ -19,11 +19,11 @@ from typing import Callable
 import torch.nn as nn
 
 from .. import data as gdata
-from ..errors import GSDError
+from ..registry import Registry
 from ..side import Subspace, sample_subspace
 from ..subspace import principal_angles, projection_metric
 
-_DISTANCES: dict[str, type["Distance"]] = {}
+_DISTANCES = Registry("distance")
 
 
 @dataclass
@@ -80,28 +80,18 @@ class Distance(ABC):
 
 def register_distance(name: str) -> Callable[[type[Distance]], type[Distance]]:
     """Class decorator: make ``name`` a distance of ``gsd rank`` (``RankConfig(distance=name)``)."""
-
-    def deco(cls: type[Distance]) -> type[Distance]:
-        if name in _DISTANCES and _DISTANCES[name] is not cls:
-            raise ValueError(f"distance {name!r} is registered twice")
-        cls.name = name
-        _DISTANCES[name] = cls
-        return cls
-
-    return deco
+    return _DISTANCES.register(name)
 
 
 def distance_names() -> list[str]:
-    return sorted(_DISTANCES)
+    return _DISTANCES.names()
 
 
 def is_private(name: str) -> bool:
     """Whether the registered distance ``name`` releases its private side under DP."""
-    return name in _DISTANCES and _DISTANCES[name].private
+    return name in _DISTANCES and _DISTANCES.get(name).private
 
 
 def make_distance(name: str, config) -> Distance:
     """The registered distance ``name`` for one ranking's ``config``."""
-    if name not in _DISTANCES:
-        raise GSDError(f"unknown distance {name!r}; use one of {', '.join(distance_names())}")
-    return _DISTANCES[name](config)
+    return _DISTANCES.get(name)(config)

@@ -19,9 +19,10 @@ from typing import Callable, Iterable, Iterator, Protocol
 
 from .. import data as gdata
 from ..errors import GSDError
+from ..registry import Registry
 from ..side import Subspace
 
-_EXECUTORS: dict[str, type] = {}
+_EXECUTORS = Registry("executor")
 
 
 @dataclass
@@ -50,17 +51,11 @@ class Executor(Protocol):
 
 def register_executor(name: str):
     """Class decorator: make ``name`` an executor (``rank(..., executor=name)``)."""
-
-    def deco(cls):
-        cls.name = name
-        _EXECUTORS[name] = cls
-        return cls
-
-    return deco
+    return _EXECUTORS.register(name)
 
 
 def executor_names() -> list[str]:
-    return sorted(_EXECUTORS)
+    return _EXECUTORS.names()
 
 
 def get_executor(executor: "str | Executor | None") -> Executor:
@@ -68,9 +63,7 @@ def get_executor(executor: "str | Executor | None") -> Executor:
     if executor is None:
         executor = "local"
     if isinstance(executor, str):
-        if executor not in _EXECUTORS:
-            raise GSDError(f"unknown executor {executor!r}; use one of {', '.join(executor_names())}")
-        return _EXECUTORS[executor]()
+        return _EXECUTORS.get(executor)()
     if not callable(getattr(executor, "run", None)):
         raise GSDError("an executor needs a run(tasks, compute) method")
     return executor

@@ -20,7 +20,7 @@ candidate over the repeats:
 Seeds: repeat 0 uses ``seed`` itself, so R=1 is exactly the plain :func:`gsd_cli.ranking.rank`;
 repeat r > 0 uses :func:`repeat_seed` ``(seed, r)``, for its examples, its random labels and its w0
 (under DP the private examples, labels and draw come from a secret generator instead, never from a
-seed: see :mod:`gsd_cli.ranking`).
+seed: see :mod:`gsd_cli.distance.dpgsd`).
 
 Under DP (``dp=True``) the user chooses what repeats cost (``dp_repeats``):
 
