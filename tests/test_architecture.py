@@ -152,3 +152,11 @@ def test_a_new_executor_plugs_in_and_order_does_not_matter():
             rank("mnist-a", ["mnist-b"], executor="nope", **kw)
     finally:
         _EXECUTORS.pop("reversed-test")
+
+
+def test_the_cli_and_the_package_load_without_torch():
+    """`gsd --help` answers at once: neither `import gsd_cli` nor the CLI's modules load torch (the
+    commands import the library when they run)."""
+    code = "import sys, gsd_cli, gsd_cli.cli; assert 'torch' not in sys.modules, 'torch was imported'; print(gsd_cli.__version__)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

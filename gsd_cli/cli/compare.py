@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from ..data import DEFAULT_PRIVATE
+from ..defaults import DEFAULT_PRIVATE
 from .app import app
 from .common import err, new_run_dir, out, with_progress
 from .options import Device, deterministic_noise_option, device_option, insecure_seed_option, peft_option, quiet_option, weights_option

@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 from rich.markup import escape
 
-from ..data import DEFAULT_PRIVATE, DEFAULT_PUBLIC
+from ..defaults import DEFAULT_PRIVATE, DEFAULT_PUBLIC
 from ..errors import GSDError
 from .app import app
 from .common import err, out, progress_bar, public_names

@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 from rich.markup import escape
 
-from ..data import DEFAULT_PRIVATE
+from ..defaults import DEFAULT_PRIVATE
 from ..errors import GSDError
 from .app import app
 from .common import err, new_run_dir, out, public_names, with_progress

@@ -25,11 +25,9 @@ from typing import Callable
 
 import numpy as np
 
+from ..defaults import DEFAULT_PRIVATE, DEFAULT_PUBLIC  # noqa: F401  (re-exported by gsd_cli.data)
 from ..errors import DatasetError
 from .base import ArraySource, ImageSource
-
-DEFAULT_PRIVATE = "mnist-a"
-DEFAULT_PUBLIC = ("mnist-b", "digits", "mnist-inverted", "textures", "faces", "noise")
 
 
 def _package_dir(package: str) -> Path:
