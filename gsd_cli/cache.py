@@ -8,6 +8,13 @@ Entries are safetensors files with a JSON header (schema, key, SHA-256 of the te
 atomically; one that does not load, has another schema or key, or whose checksum does not match is
 recomputed and replaced, never trusted. The private subspace is never cached.
 
+A cache that cannot be written (a read-only or full disk, a file where the folder should be) never
+costs the ranking: the first failed write prints one warning on stderr (naming ``--no-cache`` and
+``$GSD_CACHE_DIR``) and the cache stops writing for the rest of the process; reading what is there
+goes on. ``clear`` deletes only gsd's own entries: regular files named ``<64 hex>.safetensors`` whose
+safetensors header says they are a gsd entry of a known schema with that key (never a user's
+``model.safetensors``, a folder or a symlink), and gsd's own temporary files.
+
 Location: ``$GSD_CACHE_DIR``, else ``$XDG_CACHE_HOME/gsd/subspaces``, else ``~/.cache/gsd/subspaces``.
 """
 
@@ -16,14 +23,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
+
 import torch
 
 from .side import Subspace, sample_labels
 
 SCHEMA = 1
+#: every schema gsd has written: ``clear`` deletes entries of these only
+KNOWN_SCHEMAS = (1,)
 ENV = "GSD_CACHE_DIR"
+_ENTRY = re.compile(r"[0-9a-f]{64}\.safetensors")
+_TEMP = re.compile(r"\.[0-9a-f]{16}\..+\.tmp")
 
 
 def default_cache_dir() -> Path:
@@ -45,13 +60,16 @@ def _tensor_digest(*tensors: torch.Tensor) -> str:
 class SubspaceCache:
     """Public subspaces on disk under ``directory`` (default :func:`default_cache_dir`).
 
-    ``hits`` and ``misses`` count lookups in this process.
+    ``hits`` and ``misses`` count lookups in this process. ``write_error`` is the reason of the first
+    write that failed (then nothing more is written; ``warn``, default a line on stderr, was called once).
     """
 
-    def __init__(self, directory: str | Path | None = None):
+    def __init__(self, directory: str | Path | None = None, warn: Callable[[str], None] | None = None):
         self.directory = Path(directory).expanduser() if directory is not None else default_cache_dir()
         self.hits = 0
         self.misses = 0
+        self.write_error: str | None = None
+        self._warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr, flush=True))
 
     # -- keys ------------------------------------------------------------------------------------
     @staticmethod
@@ -74,9 +92,9 @@ class SubspaceCache:
         from safetensors import safe_open
 
         file = self.path(key)
-        if not file.is_file():
-            return None
         try:
+            if not file.is_file():
+                return None
             with safe_open(str(file), framework="pt") as f:
                 meta = dict(f.metadata() or {})
                 V, s = f.get_tensor("V"), f.get_tensor("s")
@@ -113,26 +131,92 @@ class SubspaceCache:
         V, s, info = hit
         return Subspace(name, V.to(torch.float64), s, int(info["examples"]), 0.0, info.get("engine", "") + " (cached)")
 
-    def put(self, key: str, sub: "Subspace") -> None:
-        """Store a computed subspace under ``key``."""
-        self.store(key, sub.V, sub.s, {"name": sub.name, "examples": sub.examples, "engine": sub.engine})
+    def put(self, key: str, sub: "Subspace") -> bool:
+        """Store a computed subspace under ``key``; False when the cache cannot be written (warned once,
+        then no further write is tried): a cache never fails a ranking."""
+        if self.write_error is not None:
+            return False
+        try:
+            self.store(key, sub.V, sub.s, {"name": sub.name, "examples": sub.examples, "engine": sub.engine})
+            return True
+        except Exception as e:  # OSError (read-only, full, a file in the way) or safetensors' own error
+            self.write_error = " ".join(f"{type(e).__name__}: {e}".split())
+            self._warn(f"cannot write the cache of public subspaces in {self.directory} ({self.write_error}); "
+                       f"ranking without caching. Use --no-cache, or set {ENV} to a writable folder.")
+            return False
 
     # -- maintenance -------------------------------------------------------------------------------
-    def info(self) -> dict:
-        """Where the cache is, how many entries and bytes it holds."""
-        files = list(self.directory.glob("*.safetensors")) if self.directory.is_dir() else []
-        return {"directory": str(self.directory), "entries": len(files), "bytes": sum(f.stat().st_size for f in files)}
+    def is_entry(self, file: Path) -> bool:
+        """Whether ``file`` is one of gsd's entries: a regular file (not a symlink) named
+        ``<64 hex>.safetensors`` whose header says it is a gsd entry of a known schema with that key."""
+        from safetensors import safe_open
 
-    def clear(self) -> int:
-        """Delete every entry (and stray temporary files); returns how many entries were deleted."""
+        if not _ENTRY.fullmatch(file.name) or file.is_symlink() or not file.is_file():
+            return False
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                info = json.loads((f.metadata() or {}).get("gsd", "{}"))
+        except Exception:
+            return False
+        return isinstance(info, dict) and info.get("schema") in KNOWN_SCHEMAS and info.get("key") == file.stem
+
+    def scan(self) -> dict:
+        """What the folder holds: ``entries`` (gsd's), ``temporary`` (gsd's unfinished writes), ``other``
+        (everything else, never touched), each a list of paths; ``problem`` when it is not a folder."""
+        found: dict = {"entries": [], "temporary": [], "other": [], "problem": None}
+        if not self.directory.exists():
+            return found
         if not self.directory.is_dir():
-            return 0
-        n = 0
-        for f in self.directory.iterdir():
-            if f.suffix == ".safetensors" or f.name.endswith(".tmp"):
-                f.unlink(missing_ok=True)
-                n += f.suffix == ".safetensors"
-        return n
+            found["problem"] = "not a folder"
+            return found
+        try:
+            files = sorted(self.directory.iterdir())
+        except OSError as e:
+            found["problem"] = f"cannot be read ({e.strerror or e})"
+            return found
+        for f in files:
+            if self.is_entry(f):
+                found["entries"].append(f)
+            elif _TEMP.fullmatch(f.name) and f.is_file() and not f.is_symlink():
+                found["temporary"].append(f)
+            else:
+                found["other"].append(f)
+        return found
+
+    def info(self) -> dict:
+        """Where the cache is; how many gsd entries and bytes it holds, and how many other files it
+        leaves alone (``other``, ``other_names``: the first few)."""
+        found = self.scan()
+        return {"directory": str(self.directory), "entries": len(found["entries"]),
+                "bytes": sum(_size(f) for f in found["entries"]), "temporary": len(found["temporary"]),
+                "other": len(found["other"]), "other_names": [f.name for f in found["other"][:5]],
+                "problem": found["problem"]}
+
+    def clear(self) -> dict:
+        """Delete gsd's entries and temporary files, nothing else. Returns ``deleted`` (entries),
+        ``bytes`` (theirs), ``temporary``, ``left`` (other files kept), ``left_names`` (the first few),
+        ``failed`` (entries that could not be deleted) and ``problem`` (the folder is not one)."""
+        found = self.scan()
+        done = {"directory": str(self.directory), "deleted": 0, "bytes": 0, "temporary": 0, "failed": [],
+                "left": len(found["other"]), "left_names": [f.name for f in found["other"][:5]], "problem": found["problem"]}
+        for kind, files in (("deleted", found["entries"]), ("temporary", found["temporary"])):
+            for f in files:
+                size = _size(f)
+                try:
+                    f.unlink(missing_ok=True)
+                except OSError as e:
+                    done["failed"].append(f"{f.name} ({e.strerror or e})")
+                    continue
+                done[kind] += 1
+                done["bytes"] += size if kind == "deleted" else 0
+        return done
+
+
+def _size(f: Path) -> int:
+    try:
+        return f.stat().st_size
+    except OSError:
+        return 0
 
 
 def public_cache_key(cache: SubspaceCache | None, model, sample, common: dict) -> str | None:

@@ -31,6 +31,21 @@
 Names in ``private``/``candidates`` are catalogue datasets or any name ``gsd rank`` accepts. An entry
 with no ``split`` that ``gsd train`` uses as its private set is split as the dataset is on the command
 line (:meth:`Catalog.resolve` with ``split``): official or grouped splits are kept.
+
+**Relative paths.** Every relative path written in a catalogue (``data_root``, ``root``, ``path``,
+``weights``) is relative to the folder of the TOML file, never to the working folder and never to
+``data_root``. One rule for every key is what a reader of the file can check without knowing which
+key is resolved against which other; it keeps a catalogue and the data beside it movable together
+(and runnable from any folder, in CI); and ``data_root`` keeps its one meaning, the folder where the
+*built-in* names (``cifar10``, ``chestxray``...) are looked for, as ``--data-root`` is on the command
+line. A ``path`` that is missing beside the file but exists under ``data_root`` is an error that says
+so and gives the path to write (``path = "/data/derm/labels.csv"``), never a silent fallback.
+
+**Runs.** :func:`run_jobs` runs every selected job and keeps going: the datasets of all jobs are
+resolved first and every one that cannot be used is reported together; a job that fails (a bad
+dataset or option: a :class:`GSDError`) is recorded with its one-line error and the other jobs still
+run; ``on_job`` sees the run after each job (``gsd rank`` rewrites its outputs there). With
+``fail_fast`` the first failure stops the run (unusable datasets before any job starts).
 """
 
 from __future__ import annotations
@@ -144,9 +159,18 @@ class Catalog:
         return q if q.is_absolute() else self.path.parent / q
 
     def _file(self, e: DatasetEntry) -> Path:
+        """``e.path``, relative to the catalogue's folder (see the module docstring)."""
         if not e.path:
             raise GSDError(f"{self.path}: dataset {e.name!r} (source {e.source}) needs path = \"...\"")
-        return self._rel(e.path)
+        file = self._rel(e.path)
+        if e.source != "hf" and not file.exists():
+            where = f"{file} (a relative path is relative to the catalogue's folder)"
+            under = Path(self.data_root) / e.path if self.data_root and not Path(e.path).is_absolute() else None
+            if under is not None and under.exists():
+                raise GSDError(f"{self.path}: dataset {e.name!r}: path {e.path!r} is not at {where}; it is under "
+                               f"data_root: write path = \"{under}\"")
+            raise GSDError(f"{self.path}: dataset {e.name!r}: path {e.path!r} not found: {where}")
+        return file
 
 
 def load_catalog(path: str | Path) -> Catalog:
@@ -208,18 +232,138 @@ def select_jobs(catalog: Catalog, private: str | None = None) -> list[Job]:
     return jobs
 
 
-def run_catalog(catalog: Catalog | str | Path, private: str | None = None, *, download: bool = False,
-                overrides: dict | None = None, **rank_kwargs) -> list[tuple[Job, object]]:
-    """Run the selected jobs; returns ``[(job, Ranking), ...]``. ``overrides`` (options given on the
-    command line) win over a job's options; ``rank_kwargs`` (``cache``, ``progress``...) pass through."""
+def _line(e: BaseException) -> str:
+    return " ".join(str(e).split())
+
+
+@dataclass
+class CatalogRun:
+    """A catalogue run so far: ``results`` ``[(job, ranking)]`` of the jobs that finished, in order;
+    ``errors`` ``[(job, message)]`` of the jobs that failed; ``unusable`` ``{dataset: message}`` for the
+    datasets of the run that could not be resolved."""
+
+    jobs: list[Job]
+    results: list = field(default_factory=list)
+    errors: list = field(default_factory=list)
+    unusable: dict = field(default_factory=dict)
+
+    def unusable_line(self) -> str | None:
+        """One line naming every dataset of the run that cannot be used, or None."""
+        if not self.unusable:
+            return None
+        return f"{len(self.unusable)} dataset(s) of this run cannot be used: " + "; ".join(
+            f"{name}: {msg}" for name, msg in self.unusable.items())
+
+    def error_lines(self) -> list[str]:
+        """The unusable datasets (one line), then one line per failed job."""
+        head = [self.unusable_line()] if self.unusable else []
+        return head + [f"job {job.name!r} failed: {msg}" for job, msg in self.errors]
+
+
+class CatalogError(GSDError):
+    """Some jobs of a catalogue failed; ``run`` (a :class:`CatalogRun`) holds the ones that finished."""
+
+    def __init__(self, run: CatalogRun):
+        self.run = run
+        super().__init__(f"{len(run.errors)} of {len(run.jobs)} job(s) failed: " + "; ".join(run.error_lines()))
+
+
+def run_jobs(catalog: Catalog | str | Path, private: str | None = None, *, download: bool = False,
+             overrides: dict | None = None, fail_fast: bool = False, on_job=None, **rank_kwargs) -> CatalogRun:
+    """Run the selected jobs, keeping going past a failed one (see the module docstring); returns the
+    :class:`CatalogRun`. ``on_job(run)`` is called after each job, finished or failed. With ``fail_fast``
+    the first failure raises its :class:`GSDError` (every unusable dataset at once, before any job)."""
     from .ranking import RankConfig, rank
 
     if not isinstance(catalog, Catalog):
         catalog = load_catalog(catalog)
-    out = []
-    for job in select_jobs(catalog, private):
-        config = RankConfig.from_options(**{**job.options, **(overrides or {})})
-        priv = catalog.resolve(job.private, download)
-        pubs = [catalog.resolve(c, download) for c in job.candidates]
-        out.append((job, rank(priv, pubs, config, **rank_kwargs)))
-    return out
+    run = CatalogRun(select_jobs(catalog, private))
+    sources = {}
+    for name in dict.fromkeys(n for j in run.jobs for n in (j.private, *j.candidates)):
+        try:
+            sources[name] = catalog.resolve(name, download)
+        except GSDError as e:
+            run.unusable[name] = _line(e)
+    if run.unusable and fail_fast:
+        raise GSDError(run.unusable_line())
+    for job in run.jobs:
+        try:
+            config = RankConfig.from_options(**{**job.options, **(overrides or {})})
+            bad = [n for n in dict.fromkeys((job.private, *job.candidates)) if n in run.unusable]
+            if bad:
+                raise GSDError("; ".join(f"dataset {n}: {run.unusable[n]}" for n in bad))
+            rk = rank(sources[job.private], [sources[c] for c in job.candidates], config, **rank_kwargs)
+        except GSDError as e:
+            if fail_fast:
+                raise GSDError(f"job {job.name!r}: {_line(e)}") from None
+            run.errors.append((job, _line(e)))
+        else:
+            run.results.append((job, rk))
+        if on_job is not None:
+            on_job(run)
+    return run
+
+
+def run_catalog(catalog: Catalog | str | Path, private: str | None = None, *, download: bool = False,
+                overrides: dict | None = None, fail_fast: bool = False, **rank_kwargs) -> list[tuple[Job, object]]:
+    """Run the selected jobs; returns ``[(job, Ranking), ...]``. ``overrides`` (options given on the
+    command line) win over a job's options; ``rank_kwargs`` (``cache``, ``progress``...) pass through.
+    When a job fails the others still run, then :class:`CatalogError` (a :class:`GSDError`) names every
+    failure and holds the finished jobs in ``.run``; ``fail_fast`` stops at the first failure."""
+    run = run_jobs(catalog, private, download=download, overrides=overrides, fail_fast=fail_fast, **rank_kwargs)
+    if run.errors:
+        raise CatalogError(run)
+    return run.results
+
+
+def run_json(run: CatalogRun, failures: list[str] | None = None) -> str:
+    """The JSON of a catalogue run: ``{"jobs": [...], "failures": [checks], "errors": [{"job", "error"}],
+    "unusable_datasets": {name: error}}`` (``gsd rank --catalog --json``)."""
+    import json
+
+    from .report import jobs_to_json
+
+    doc = json.loads(jobs_to_json([(job.name, rk) for job, rk in run.results], failures))
+    doc["errors"] = [{"job": job.name, "error": msg} for job, msg in run.errors]
+    doc["unusable_datasets"] = dict(run.unusable)
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def run_markdown(run: CatalogRun, failures: list[str] | None = None) -> str:
+    """The Markdown of a catalogue run: the finished jobs' tables and failed checks, then the failed jobs."""
+    from .report import to_markdown
+
+    text = to_markdown([rk for _, rk in run.results], failures) if run.results else ""
+    if run.errors:
+        text += ("\n" if text else "") + "**Jobs that failed:**\n\n" + "".join(
+            f"- `{job.name}`: {msg.replace('|', chr(92) + '|')}\n" for job, msg in run.errors)
+    return text
+
+
+def run_check_failures(run: CatalogRun, fail_above: float | None = None, expect_best: str | None = None) -> list[str]:
+    """The failed checks of the finished jobs (the flags win over a job's own checks)."""
+    from .checks import check_ranking
+
+    failures = []
+    for job, rk in run.results:
+        failures += check_ranking(rk, fail_above if fail_above is not None else job.checks.get("fail_above"),
+                                  expect_best if expect_best is not None else job.checks.get("expect_best"))
+    return failures
+
+
+def write_partial(run: CatalogRun, json_file=None, csv_file=None, md_file=None, fail_above=None, expect_best=None) -> None:
+    """Rewrite the outputs with the jobs finished so far (after each job, so a run that stops keeps
+    them). Streams (``-``, a device or pipe) are written once, at the end, never here."""
+    from .report import jobs_to_csv, write_text
+
+    def regular(p) -> bool:
+        return p is not None and str(p) != "-" and (not Path(p).exists() or Path(p).is_file())
+
+    failures = run_check_failures(run, fail_above, expect_best)
+    has_checks = fail_above is not None or expect_best is not None or any(job.checks for job in run.jobs)
+    if regular(json_file):
+        write_text(json_file, run_json(run, failures))
+    if regular(csv_file):
+        write_text(csv_file, jobs_to_csv([(job.name, rk) for job, rk in run.results]))
+    if regular(md_file):
+        write_text(md_file, run_markdown(run, failures if has_checks else None))

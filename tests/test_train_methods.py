@@ -378,6 +378,11 @@ def test_resume_of_a_run_saved_before_the_new_settings_existed(tiny, tmp_path, i
     for k in ("rgp_rank", "rgp_warmup", "topk_fraction", "sparsify"):
         del meta["settings"][k]
     meta_path.write_text(json.dumps(meta))
+    from safetensors.torch import load_file, save_file
+    from gsd_cli.train import checkpoint as ckpt
+
+    wfile = tmp_path / "old" / "checkpoint.safetensors"  # as such a run's own weights would be: with its digest
+    save_file(load_file(str(wfile)), str(wfile), metadata={**ckpt.tensor_metadata(wfile), "gsd_digest": ckpt.state_digest(meta)})
     with pytest.raises(GSDError, match="sparsify"):
         train(TrainConfig(**{**cfg.to_dict(), "sparsify": 0.5}), tmp_path / "old", resume=True)
     assert train(cfg, tmp_path / "old", resume=True)["epochs"] == 2

@@ -13,6 +13,7 @@ from __future__ import annotations
 # isort: off
 from . import rank, train, compare  # noqa: F401
 from . import datasets, cache, models  # noqa: F401
+from . import audit  # noqa: F401
 # isort: on
 from .app import app, main, reflow_help
 from .cache import cache_app

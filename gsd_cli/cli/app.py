@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import inspect
+import os
+import sys
+import traceback
 
 import typer
 
@@ -28,11 +31,21 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+_debug = {"on": False}
+
+
+def debugging() -> bool:
+    """``gsd --debug`` or ``GSD_DEBUG=1``: unexpected errors print their traceback."""
+    return _debug["on"] or os.environ.get("GSD_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
+
+
 @app.callback()
 def main_callback(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    debug: bool = typer.Option(False, "--debug", help="Print the traceback of an unexpected error (also GSD_DEBUG=1)."),
 ) -> None:
     """Choose public data for differentially private training by Gradient Subspace Distance."""
+    _debug["on"] = debug
 
 
 def reflow_help(*apps: typer.Typer) -> None:
@@ -46,9 +59,29 @@ def reflow_help(*apps: typer.Typer) -> None:
                 fn.__doc__ = "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(fn.__doc__).split("\n\n"))
 
 
+EXIT_INTERNAL = 3
+
+
+def _check_encoding(argv: list[str]) -> None:
+    """An argument with bytes that are not UTF-8 (a file name from another system) cannot be shown,
+    hashed or written to JSON: refuse it by name before any work."""
+    for a in argv:
+        try:
+            str(a).encode("utf-8")
+        except UnicodeEncodeError:
+            shown = str(a).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            raise GSDError(f"{shown}: the name has bytes that are not UTF-8; rename the file or folder "
+                           "(e.g. convmv -f latin1 -t utf8) or link it under a UTF-8 name") from None
+_HINT = "(run with --debug or GSD_DEBUG=1 for the traceback)"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Console-script entry: user errors print one line and exit 2, never a traceback."""
+    """Console-script entry: user errors print one line and exit 2, never a traceback; an operating
+    system error (disk full, read-only folder) is a user error too; anything else is a bug: one line
+    ``error: internal error: ...`` and exit 3 (the traceback with ``--debug`` or ``GSD_DEBUG=1``)."""
+    _debug["on"] = False
     try:
+        _check_encoding(sys.argv[1:] if argv is None else argv)
         rc = app(args=argv, standalone_mode=False)  # click returns a typer.Exit's code here
         if isinstance(rc, int) and rc:
             return rc
@@ -64,10 +97,23 @@ def main(argv: list[str] | None = None) -> int:
         if type(e).__name__ == "NoArgsIsHelpError":  # plain `gsd`: help was printed
             return 0
         msg = " ".join(e.format_message().split())
-        hint = f" (see gsd {e.ctx.info_name} --help)" if getattr(e, "ctx", None) and e.ctx.info_name != "gsd" else " (see gsd --help)"
+        ctx = getattr(e, "ctx", None)
+        path = ["gsd", *ctx.command_path.split()[1:]] if ctx is not None else ["gsd"]  # gsd cache info, not gsd info
+        hint = f" (see {' '.join(path)} --help)"
         print_error(msg + hint)
         return 2
     except KeyboardInterrupt:
         err.print("interrupted")
         return 130
+    except OSError as e:  # the environment, not gsd: a full disk, a read-only or misplaced folder
+        if debugging():
+            traceback.print_exc(file=sys.stderr)
+        where = f"{os.fsdecode(e.filename)}: " if e.filename is not None else ""
+        print_error(f"{where}{e.strerror or e} ({type(e).__name__}; check the path, its permissions and free space)")
+        return 2
+    except Exception as e:  # noqa: BLE001 - the last guard: no traceback unless asked for
+        if debugging():
+            traceback.print_exc(file=sys.stderr)
+        print_error(f"internal error: {type(e).__name__}: {e} {_HINT}")
+        return EXIT_INTERNAL
     return 0

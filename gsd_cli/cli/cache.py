@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from rich.markup import escape
+
 from .app import app
 from .common import out
 
@@ -11,19 +13,42 @@ cache_app = typer.Typer(help="The cache of public gradient subspaces.", no_args_
 app.add_typer(cache_app, name="cache")
 
 
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def _left(n: int, names: list[str]) -> str:
+    if not n:
+        return ""
+    shown = ", ".join(names) + (", ..." if n > len(names) else "")
+    return f"; left alone {n} other file(s), not gsd cache entries ({shown})"
+
+
 @cache_app.command("info")
 def cache_info() -> None:
-    """Where the cache is and what it holds."""
+    """Where the cache is and what it holds: gsd's entries (count, size), and other files it leaves alone."""
     from ..cache import SubspaceCache
 
     i = SubspaceCache().info()
-    out.print(f"{i['directory']}: {i['entries']} entries, {i['bytes'] / 2**20:.1f} MiB")
+    if i["problem"]:
+        out.print(escape(f"{i['directory']}: {i['problem']}; set GSD_CACHE_DIR to a folder, or rank with --no-cache"), highlight=False, soft_wrap=True)
+        return
+    temp = f", {i['temporary']} unfinished temporary file(s)" if i["temporary"] else ""
+    text = f"{i['directory']}: {i['entries']} entries, {_mib(i['bytes'])}{temp}"
+    out.print(escape(text + _left(i["other"], i["other_names"]).replace("left alone", "also")), highlight=False, soft_wrap=True)
 
 
 @cache_app.command("clear")
 def cache_clear() -> None:
-    """Delete every cached public subspace."""
+    """Delete gsd's cached public subspaces (and its unfinished temporary files); other files in the folder are left alone."""
     from ..cache import SubspaceCache
+    from ..errors import GSDError
 
-    c = SubspaceCache()
-    out.print(f"deleted {c.clear()} entries from {c.directory}")
+    c = SubspaceCache().clear()
+    if c["problem"]:
+        raise GSDError(f"cache {c['directory']}: {c['problem']}; nothing deleted")
+    temp = f" and {c['temporary']} temporary file(s)" if c["temporary"] else ""
+    text = f"deleted {c['deleted']} entries ({_mib(c['bytes'])}){temp} from {c['directory']}"
+    out.print(escape(text + _left(c["left"], c["left_names"])), highlight=False, soft_wrap=True)
+    if c["failed"]:
+        raise GSDError(f"could not delete {len(c['failed'])} entries: {', '.join(c['failed'][:5])}")

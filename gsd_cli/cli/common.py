@@ -18,14 +18,87 @@ err = Console(stderr=True)
 T = TypeVar("T")
 
 
+#: progress names counted in whole units (train's epochs, stage 1's public epochs, compare's runs)
+UNITS = ("epoch", "public", "runs")
+
+
+def _duration(seconds: float) -> str:
+    s = max(0.0, seconds)
+    if s < 10:
+        return f"{s:.1f}s"
+    if s < 3600:
+        return f"{int(s // 60)}m{int(s % 60):02d}s" if s >= 60 else f"{s:.0f}s"
+    return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+
+
+#: seconds a command runs before it prints progress lines off a terminal (a short command stays silent)
+PLAIN_AFTER = 15.0
+
+
+def plain_progress(write: Callable[[str], None], clock: Callable[[], float] = time.monotonic, after: float = PLAIN_AFTER):
+    """The callback ``progress(name, done, total)`` for a log (stderr not a terminal: CI, a file):
+    plain lines, never more than one per finished unit, once the command has run ``after`` seconds. A
+    unit count (:data:`UNITS`) prints one line per finished epoch (run) with its time, the elapsed time
+    and an estimate of the time left; a dataset prints an estimate after its first chunk (the first
+    one past ``after``) and one line when done; the steps of an epoch print one estimate, after the
+    first step (past ``after``) of the run."""
+    t0 = clock()
+    last_event = [t0]
+    began: dict[str, tuple[float, int]] = {}  # name -> (time, done) when it began
+    prev: dict[str, tuple[float, int]] = {}  # unit counts: the previous line's (time, done)
+    said: set[str] = set()
+
+    def progress(name: str, done: int, total: int) -> None:
+        now = clock()
+        if now - t0 < after:
+            write_now = lambda line: None  # noqa: E731 - a short command prints nothing
+        else:
+            write_now = write
+        if name in UNITS:
+            if name not in began:
+                began[name] = prev[name] = (now, done)
+            t_prev, d_prev = prev[name]
+            if done > d_prev:
+                t_start, d_start = began[name]
+                per = (now - t_start) / (done - d_start)
+                left = f", about {_duration(per * (total - done))} left" if done < total else ""
+                write_now(f"{name} {done}/{total} done in {_duration(now - t_prev)} ({_duration(now - t0)} elapsed{left})")
+                prev[name] = (now, done)
+        elif name == "step":
+            if "step" not in said and 0 < done < total and write_now is write:
+                said.add("step")
+                took = (now - last_event[0]) / done * 1.0
+                write(f"step {done}/{total} of the epoch: {_duration(took)} a step, about {_duration(took * (total - done))} left in it")
+            return  # the epoch lines say the rest
+        else:
+            if name not in began:
+                began[name] = (last_event[0], 0)  # a dataset's chunks: it began when the previous thing ended
+            t_start = began[name][0]
+            if done >= total and name + "\0done" not in said:
+                said.add(name + "\0done")
+                write_now(f"{name}: {total}/{total} done in {_duration(now - t_start)} ({_duration(now - t0)} elapsed)")
+            elif 0 < done < total and name not in said and write_now is write:
+                said.add(name)
+                el = now - t_start
+                write(f"{name}: {done}/{total} after {_duration(el)}, about {_duration(el / done * (total - done))} left")
+        last_event[0] = now
+
+    return progress
+
+
 def progress_bar(quiet: bool, width: int = 24, eta: bool = False):
     """A rich progress bar on stderr and its callback ``progress(name, done, total)``: one task per
     name, started on the first call (so input errors print no empty progress line); the total may grow
-    (the Gram path adds passes); a finished ``epoch`` restarts the ``step`` task."""
+    (the Gram path adds passes); a finished ``epoch`` restarts the ``step`` task. Off a terminal (CI
+    logs, redirected stderr) the bar would print nothing: plain lines instead (:func:`plain_progress`).
+    ``quiet``: neither."""
     from rich.progress import TimeRemainingColumn
 
+    plain = not quiet and not err.is_terminal
     cols = [TextColumn(f"{{task.description:<{width}}}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-    bar = Progress(*cols, *([TimeRemainingColumn()] if eta else []), console=err, transient=True, disable=quiet)
+    bar = Progress(*cols, *([TimeRemainingColumn()] if eta else []), console=err, transient=True, disable=quiet or plain)
+    if plain:
+        return bar, plain_progress(lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True), after=PLAIN_AFTER)
     tasks: dict[str, int] = {}
 
     def progress(name: str, done: int, total: int) -> None:
@@ -50,8 +123,9 @@ def with_progress(quiet: bool, fn: Callable[[Callable], T], width: int = 24, eta
 
 
 def print_error(message: str) -> None:
-    """One line on stderr: ``error: <message>``."""
-    err.print("[bold red]error:[/] " + escape(" ".join(message.split())), highlight=False, soft_wrap=True)
+    """One line on stderr: ``error: <message>`` (undecodable bytes of a file name shown as ``\\xff``)."""
+    message = str(message).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    err.print("[bold red]error:[/] " + escape(" ".join(message.split())), highlight=False, soft_wrap=True, emoji=False)
 
 
 def public_names(public: Optional[List[str]], extra: Optional[List[str]]) -> list[str]:

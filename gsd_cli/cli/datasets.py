@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from rich.markup import escape
 
 from .app import app
-from .common import out
+from .common import err, out
 from .options import data_root_option
 
 datasets_app = typer.Typer(help="Datasets: the built-in names and what is on disk.", no_args_is_help=True)
@@ -49,3 +49,24 @@ def datasets_show(
         elif isinstance(value, list):
             value = ", ".join(map(str, value))
         out.print(f"[bold]{key}[/]: {escape(str(value))}")
+
+
+@datasets_app.command("check")
+def datasets_check(
+    names: Optional[List[str]] = typer.Argument(None, help="Datasets to check (default: every dataset of the catalogue's jobs, else the default ones)."),
+    catalog: Optional[Path] = typer.Option(None, "--catalog", help="A TOML catalogue: its dataset names, and its jobs' datasets by default."),
+    data_root: Optional[Path] = data_root_option(),
+    first: int = typer.Option(3, "--first", min=1, help="Paths shown per problem."),
+) -> None:
+    """Before a long run: every dataset a run would use, with missing, unreadable or odd files (absent
+    images of CSV rows, empty label cells, macOS ._ files, .DS_Store...): a count and the first paths of
+    each problem. Exit 0 clean, 1 problems found, 2 bad usage."""
+    from ..data.check import check_datasets
+
+    report = check_datasets(names or None, catalog=catalog, data_root=data_root)
+    for line in report.lines(first):
+        out.print(escape(line), highlight=False, soft_wrap=True)
+    if not report.ok:
+        bad = sum(1 for d in report.datasets if d.problems)
+        err.print(f"{bad} of {len(report.datasets)} dataset(s) have problems", highlight=False)
+        raise typer.Exit(1)

@@ -11,7 +11,7 @@ from rich.markup import escape
 from ..defaults import DEFAULT_PRIVATE, DEFAULT_PUBLIC
 from ..errors import GSDError
 from .app import app
-from .common import err, out, progress_bar, public_names
+from .common import err, out, print_error, progress_bar, public_names
 from .options import (
     Device, DpRepeats, Engine, Labels, RowNorm, classes_option, data_root_option, device_option, extra_argument,
     insecure_seed_option, json_option, peft_option, public_list_option, quiet_option, weights_option,
@@ -99,6 +99,9 @@ def rank(
     catalog: Optional[Path] = typer.Option(
         None, "--catalog", help="Run the jobs of this TOML catalogue (all, or those whose private dataset is --private)."
     ),
+    fail_fast: bool = typer.Option(
+        False, "--fail-fast", help="With --catalog: stop at the first job that fails (default: run the other jobs, exit 2 at the end)."
+    ),
     markdown_path: Optional[Path] = typer.Option(None, "--markdown", help="Write the ranking(s) as a Markdown table to this file."),
     fail_above: Optional[float] = typer.Option(None, "--fail-above", help="Exit 1 when the best distance is above this."),
     expect_best: Optional[str] = typer.Option(None, "--expect-best", help="Exit 1 when another candidate ranks first."),
@@ -116,12 +119,13 @@ def rank(
     --expect-best) failed, 2 bad usage or input.
     """
     from ..cache import SubspaceCache
-    from ..catalog import OPTIONS, run_catalog
-    from ..checks import EXIT_CHECK_FAILED, check_ranking
+    from ..catalog import OPTIONS, run_jobs, run_json, run_markdown, write_partial
+    from ..checks import EXIT_CHECK_FAILED, EXIT_USAGE, check_options, check_ranking
+    from ..outputs import check_distinct, is_stdout
     from ..data import resolve
     from ..ranking import RankConfig, rank as rank_fn
     from ..report import (
-        check_output_path, check_plot_path, jobs_to_csv, jobs_to_json, print_ranking, print_repeats, to_markdown,
+        check_output_path, check_plot_path, jobs_to_csv, print_ranking, print_repeats, to_markdown,
         write_csv, write_json, write_plot, write_repeats_csv, write_text,
     )
 
@@ -139,6 +143,9 @@ def rank(
     json_file = check_output_path(json_path, "--json")
     csv_file = check_output_path(csv_path, "--csv")
     md_file = check_output_path(markdown_path, "--markdown")
+    check_distinct({"--json": json_file, "--csv": csv_file, "--markdown": md_file, "--plot": plot_file})
+    check_options(fail_above, expect_best)
+    shown_on = err if any(is_stdout(f) for f in (json_file, csv_file, md_file, plot_file)) else out  # stdout is a file
     cache = None if no_cache else SubspaceCache()
     bar, progress = progress_bar(quiet)
 
@@ -153,35 +160,38 @@ def rank(
         if catalog is None:
             sources = [resolve(n, root=data_root, download=download) for n in [private, *(publics or DEFAULT_PUBLIC)]]
             config = RankConfig.from_options(**options)  # the settings, built once and passed whole
+            check_options(fail_above, expect_best, [*(publics or DEFAULT_PUBLIC), *(s.name for s in sources[1:])])
             results = [(private, rank_fn(sources[0], sources[1:], config, progress=progress, cache=cache))]
             checks = [{}]
         else:
             given = {o: options[o] for o in OPTIONS if ctx.get_parameter_source(o).name == "COMMANDLINE"}
             picked = private if ctx.get_parameter_source("private").name == "COMMANDLINE" else None
-            ran = run_catalog(catalog, picked, download=download, overrides=given, progress=progress, cache=cache)
-            results = [(job.name, rk) for job, rk in ran]
-            checks = [job.checks for job, _ in ran]
+            ran = run_jobs(  # each finished job is kept: the outputs are rewritten after each
+                catalog, picked, download=download, overrides=given, fail_fast=fail_fast, progress=progress, cache=cache,
+                on_job=lambda run: write_partial(run, json_file, csv_file, md_file, fail_above, expect_best))
+            results = [(job.name, rk) for job, rk in ran.results]
+            checks = [job.checks for job, _ in ran.results]
     finally:
         bar.stop()
     failures = []
-    many = getattr(results[0][1], "repeats", 1) > 1
+    many = bool(results) and getattr(results[0][1], "repeats", 1) > 1
     for (_, result), job_checks in zip(results, checks):
         if getattr(result, "repeats", 1) > 1:
-            print_repeats(result, out)
+            print_repeats(result, shown_on)
         else:
-            print_ranking(result, out)
+            print_ranking(result, shown_on)
         failures += check_ranking(
             result,
             fail_above if fail_above is not None else job_checks.get("fail_above"),
             expect_best if expect_best is not None else job_checks.get("expect_best"),
         )
     if catalog is None and not many:
-        out.print("[dim]One draw: no interval and no tie test; --repeats 5 shows which candidates are tied.[/]")
+        shown_on.print("[dim]One draw: no interval and no tie test; --repeats 5 shows which candidates are tied.[/]")
     if cache is not None and cache.hits and not quiet:
         err.print(f"cache: reused {cache.hits} public subspace(s) from {cache.directory}")
     rankings = [rk for _, rk in results]
     if json_file:
-        write_json(rankings[0], json_file) if catalog is None else write_text(json_file, jobs_to_json(results, failures))
+        write_json(rankings[0], json_file) if catalog is None else write_text(json_file, run_json(ran, failures))
         err.print(f"wrote {json_file}")
     if csv_file:
         if catalog is None:
@@ -190,13 +200,19 @@ def rank(
             write_text(csv_file, jobs_to_csv(results))
         err.print(f"wrote {csv_file}")
     if plot_file:
-        write_plot(rankings[0] if catalog is None else [(name, rk) for name, rk in results], plot_file)
-        err.print(f"wrote {plot_file}")
+        if results:  # a catalogue whose every job failed has nothing to plot
+            write_plot(rankings[0] if catalog is None else [(name, rk) for name, rk in results], plot_file)
+            err.print(f"wrote {plot_file}")
     if md_file:
         has_checks = fail_above is not None or expect_best is not None or any(checks)
-        write_text(md_file, to_markdown(rankings, failures if has_checks else None))
+        shown = failures if has_checks else None
+        write_text(md_file, to_markdown(rankings, shown) if catalog is None else run_markdown(ran, shown))
         err.print(f"wrote {md_file}")
     for f in failures:
         err.print(f"[bold red]check failed:[/] {escape(f)}", highlight=False, soft_wrap=True)
+    if catalog is not None and ran.error_lines():  # a failed job (2) wins over a failed check (1)
+        for line in ran.error_lines():
+            print_error(line)
+        raise typer.Exit(EXIT_USAGE)
     if failures:
         raise typer.Exit(EXIT_CHECK_FAILED)

@@ -14,60 +14,85 @@ from .app import app
 from .common import err, new_run_dir, out, public_names, with_progress
 from .options import (
     Accountant, Device, Method, Schedule, classes_option, deterministic_noise_option, device_option, extra_argument,
-    insecure_seed_option, peft_option, public_list_option, quiet_option, weights_option,
+    data_root_option, insecure_seed_option, peft_option, public_list_option, quiet_option, weights_option,
 )
+
+
+def _panel(option, panel: str):
+    """A shared option (``options.py``) shown under the help panel ``panel`` of ``gsd train --help``."""
+    option.rich_help_panel = panel
+    return option
+
+
+def _use_data_root(ctx: typer.Context, root: Path) -> None:
+    """``--data-root`` for every built-in name the command resolves (ranking, training, test set): set as
+    ``$GSD_DATA_ROOT`` for the command, restored when it ends. Not a setting of the run: a moved data
+    root is given again with ``--resume``."""
+    import os
+
+    from ..data.roots import ENV
+
+    old = os.environ.get(ENV)
+    os.environ[ENV] = str(root.expanduser().resolve())
+    ctx.call_on_close(lambda: os.environ.__setitem__(ENV, old) if old is not None else os.environ.pop(ENV, None))
+
+
+def warn(message: str) -> None:
+    """One ``warning:`` line on stderr."""
+    err.print("[yellow]warning:[/] " + escape(" ".join(str(message).split())), highlight=False, soft_wrap=True)
 
 
 @app.command()
 def train(
     ctx: typer.Context,
-    private: str = typer.Option(DEFAULT_PRIVATE, "--private", help="Private dataset: trains on NAME:train, evaluates on NAME:test (the official split; where the set has none, a fixed 80/20 split decided per example by a hash of its path or content)."),
-    public: Optional[List[str]] = public_list_option("Public dataset for GEP; with --auto-select, the candidates (list names after it)."),
-    auto_select: bool = typer.Option(False, "--auto-select", help="Rank the --public candidates (or the --catalog job's) with gsd rank first (probe network, random labels) and train with the closest."),
-    catalog_path: Optional[Path] = typer.Option(None, "--catalog", help="TOML catalogue: its datasets resolve by name; with --auto-select the candidates are those of the job whose private set is --private."),
-    method: Method = typer.Option(Method.gep, "--method", help="gep: Gradient Embedding Perturbation (paper 000) on the public anchor subspace; dpsgd: DP-SGD without public data; rgp: low-rank reparametrized gradient perturbation (paper 001), no public data; topagg: DP-SGD with NormTopK compression (paper 002); second-phase: train the --peft parameters on the public set first (no privacy cost), then DP-SGD on the private set (paper 004 Sec. 5; the paper uses --lr 0.8 --clip 0.1)."),
-    epsilon: float = typer.Option(2.0, "--epsilon", help="Target epsilon of the training; sigma is calibrated so the final epsilon is never above it."),
-    delta: float = typer.Option(1e-5, "--delta", help="Target delta, in (0, 1); use less than 1/N."),
-    private_test: Optional[str] = typer.Option(None, "--private-test", help="Test set for evaluation (default: the private dataset's test part)."),
-    model: str = typer.Option("fmnist-cnn", "--model", help="Model to train: fmnist-cnn (28x28x1), resnet20 (GroupNorm, 32x32x3), probe, or a torchvision backbone (gsd models list)."),
-    params: Optional[List[str]] = typer.Option(None, "--params", help="Glob patterns of the parameters to train (default: all)."),
-    weights: Optional[str] = weights_option(),
-    peft: Optional[str] = peft_option(),
-    public_epochs: int = typer.Option(5, "--public-epochs", help="second-phase: epochs of stage 1 (supervised training of the --peft parameters on --public-examples public examples, their own labels)."),
-    public_lr: Optional[float] = typer.Option(None, "--public-lr", help="second-phase: Adam learning rate of stage 1 (default: paper 004's 3e-3 for transformers, 5e-5 for CNNs)."),
-    public_batch_size: int = typer.Option(64, "--public-batch-size", help="second-phase: minibatch size of stage 1."),
-    epochs: int = typer.Option(20, "--epochs", help="Epochs; one epoch is round(N / batch size) steps."),
-    batch_size: int = typer.Option(250, "--batch-size", help="Expected batch size: each step samples every private example with probability batch_size/N (Poisson)."),
-    lr: float = typer.Option(0.1, "--lr", help="SGD learning rate."),
-    momentum: float = typer.Option(0.9, "--momentum", help="SGD momentum."),
-    weight_decay: float = typer.Option(1e-4, "--weight-decay", help="SGD weight decay."),
-    lr_schedule: Schedule = typer.Option(Schedule.step, "--lr-schedule", help="step: lr / 10 from the middle of training (paper 000); constant."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the initial weights, the public anchors and their random labels (the private sampling and noise use a secret seed)."),
-    clip: float = typer.Option(1.0, "--clip", help="dpsgd: L2 clip norm C of each per-sample gradient; noise std sigma*C."),
-    k: int = typer.Option(100, "--k", help="gep: anchor subspace dimension (shared by the groups by sqrt of their size)."),
-    public_examples: int = typer.Option(2000, "--public-examples", help="gep: public anchor examples (randomly labelled each step, as paper 000); second-phase: public examples of stage 1."),
-    power_iters: int = typer.Option(1, "--power-iters", help="gep: power iterations per step (the paper uses 1)."),
-    groups: str = typer.Option("auto", "--groups", help="gep: parameter groups, ';' between groups, ',' between glob patterns; auto = the paper's 5 groups for resnet20, one group otherwise; none = one group."),
-    clip_embedding: float = typer.Option(2.0, "--clip-embedding", help="gep: clip norm S1 of the embedding; noise std sigma*S1."),
-    clip_residual: float = typer.Option(0.4, "--clip-residual", help="gep: clip norm S2 of the residual; noise std sigma*S2 (paper 000 keeps S2 = S1/5)."),
-    residual: bool = typer.Option(True, "--residual/--no-residual", help="gep: release the residual (GEP) or drop it (B-GEP, biased)."),
-    rgp_rank: int = typer.Option(4, "--rgp-rank", help="rgp: rank r of the gradient carriers of each Linear/Conv2d weight (--power-iters: power iterations K)."),
-    rgp_warmup: int = typer.Option(20, "--rgp-warmup", help="rgp: warm-up steps whose carriers decompose the weight itself; afterwards the historical update W_t - W_0."),
-    topk_fraction: float = typer.Option(0.7, "--topk-fraction", help="topagg: K in (0, 1]; NormTopK keeps the largest coordinates while their squared sum is <= K ||g||^2; noise std sqrt(K)*sigma*C."),
-    sparsify: float = typer.Option(0.0, "--sparsify", help="dpsgd, gep: random sparsification (paper 003) to final rate R in [0, 1): a data-independent mask per epoch, rate ramped 0 -> R, before clipping; same epsilon."),
-    accountant: Accountant = typer.Option(Accountant.rdp, "--accountant", help="dp-accounting's RDP or PLD accountant (add/remove-one neighbours, Poisson sampling)."),
-    physical_batch: Optional[int] = typer.Option(None, "--physical-batch", help="Examples per per-sample-gradient chunk (memory bound; default 64 CPU / 256 GPU)."),
-    insecure_seed: Optional[int] = insecure_seed_option("the Poisson sampling, the noise and, with --select-epsilon, the DP-GSD draw"),
-    deterministic_noise: bool = deterministic_noise_option(),
-    classes: Optional[str] = classes_option(),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="New run folder (default gsd-train-<time>); its parent must exist."),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the interrupted run in this folder, with its own settings (same result as an uninterrupted run)."),
-    rank_model: str = typer.Option("probe", "--rank-model", help="--auto-select: model of the ranking (default: probe; with --weights or --peft, the trained model with its weights and --peft)."),
-    rank_k: int = typer.Option(16, "--rank-k", help="--auto-select: subspace dimension of the ranking."),
-    rank_examples: int = typer.Option(2000, "--rank-examples", help="--auto-select: examples per dataset in the ranking."),
-    select_epsilon: Optional[float] = typer.Option(None, "--select-epsilon", help="--auto-select with DP-GSD at this epsilon (added to the budget); without it the selection is not private."),
-    device: Device = device_option(),
-    quiet: bool = quiet_option("No progress bars."),
+    private: str = typer.Option(DEFAULT_PRIVATE, "--private", help="Private dataset: trains on NAME:train, evaluates on NAME:test (the official split; where the set has none, a fixed 80/20 split decided per example by a hash of its path or content).", rich_help_panel="Data"),
+    public: Optional[List[str]] = _panel(public_list_option("Public dataset for GEP; with --auto-select, the candidates (list names after it)."), "Data"),
+    auto_select: bool = typer.Option(False, "--auto-select", help="Rank the --public candidates (or the --catalog job's) with gsd rank first (probe network, random labels) and train with the closest.", rich_help_panel="Data"),
+    catalog_path: Optional[Path] = typer.Option(None, "--catalog", help="TOML catalogue: its datasets resolve by name; with --auto-select the candidates are those of the job whose private set is --private.", rich_help_panel="Data"),
+    method: Method = typer.Option(Method.gep, "--method", help="gep: Gradient Embedding Perturbation (paper 000) on the public anchor subspace; dpsgd: DP-SGD without public data; rgp: low-rank reparametrized gradient perturbation (paper 001), no public data; topagg: DP-SGD with NormTopK compression (paper 002); second-phase: train the --peft parameters on the public set first (no privacy cost), then DP-SGD on the private set (paper 004 Sec. 5; the paper uses --lr 0.8 --clip 0.1).", rich_help_panel="Privacy"),
+    epsilon: float = typer.Option(2.0, "--epsilon", help="Target epsilon of the training; sigma is calibrated so the final epsilon is never above it.", rich_help_panel="Privacy"),
+    delta: float = typer.Option(1e-5, "--delta", help="Target delta, in (0, 1); use less than 1/N.", rich_help_panel="Privacy"),
+    private_test: Optional[str] = typer.Option(None, "--private-test", help="Test set for evaluation (default: the private dataset's test part).", rich_help_panel="Data"),
+    model: str = typer.Option("fmnist-cnn", "--model", help="Model to train: fmnist-cnn (28x28x1), resnet20 (GroupNorm, 32x32x3), probe, or a torchvision backbone (gsd models list).", rich_help_panel="Model"),
+    params: Optional[List[str]] = typer.Option(None, "--params", help="Glob patterns of the parameters to train (default: all).", rich_help_panel="Model"),
+    weights: Optional[str] = _panel(weights_option(), "Model"),
+    peft: Optional[str] = _panel(peft_option(), "Model"),
+    public_epochs: int = typer.Option(5, "--public-epochs", help="second-phase: epochs of stage 1 (supervised training of the --peft parameters on --public-examples public examples, their own labels).", rich_help_panel="Second phase (--method second-phase)"),
+    public_lr: Optional[float] = typer.Option(None, "--public-lr", help="second-phase: Adam learning rate of stage 1 (default: paper 004's 3e-3 for transformers, 5e-5 for CNNs).", rich_help_panel="Second phase (--method second-phase)"),
+    public_batch_size: int = typer.Option(64, "--public-batch-size", help="second-phase: minibatch size of stage 1.", rich_help_panel="Second phase (--method second-phase)"),
+    epochs: int = typer.Option(20, "--epochs", help="Epochs; one epoch is round(N / batch size) steps.", rich_help_panel="Optimisation"),
+    batch_size: int = typer.Option(250, "--batch-size", help="Expected batch size: each step samples every private example with probability batch_size/N (Poisson).", rich_help_panel="Optimisation"),
+    lr: float = typer.Option(0.1, "--lr", help="SGD learning rate.", rich_help_panel="Optimisation"),
+    momentum: float = typer.Option(0.9, "--momentum", help="SGD momentum.", rich_help_panel="Optimisation"),
+    weight_decay: float = typer.Option(1e-4, "--weight-decay", help="SGD weight decay.", rich_help_panel="Optimisation"),
+    lr_schedule: Schedule = typer.Option(Schedule.step, "--lr-schedule", help="step: lr / 10 from the middle of training (paper 000); constant.", rich_help_panel="Optimisation"),
+    seed: int = typer.Option(0, "--seed", help="Seed of the initial weights, the public anchors and their random labels (the private sampling and noise use a secret seed).", rich_help_panel="Optimisation"),
+    clip: float = typer.Option(1.0, "--clip", help="dpsgd: L2 clip norm C of each per-sample gradient; noise std sigma*C.", rich_help_panel="Privacy"),
+    k: int = typer.Option(100, "--k", help="gep: anchor subspace dimension (shared by the groups by sqrt of their size).", rich_help_panel="GEP (--method gep)"),
+    public_examples: int = typer.Option(2000, "--public-examples", help="gep: public anchor examples (randomly labelled each step, as paper 000); second-phase: public examples of stage 1.", rich_help_panel="GEP (--method gep)"),
+    power_iters: int = typer.Option(1, "--power-iters", help="gep: power iterations per step (the paper uses 1).", rich_help_panel="GEP (--method gep)"),
+    groups: str = typer.Option("auto", "--groups", help="gep: parameter groups, ';' between groups, ',' between glob patterns; auto = the paper's 5 groups for resnet20, one group otherwise; none = one group.", rich_help_panel="GEP (--method gep)"),
+    clip_embedding: float = typer.Option(2.0, "--clip-embedding", help="gep: clip norm S1 of the embedding; noise std sigma*S1.", rich_help_panel="GEP (--method gep)"),
+    clip_residual: float = typer.Option(0.4, "--clip-residual", help="gep: clip norm S2 of the residual; noise std sigma*S2 (paper 000 keeps S2 = S1/5).", rich_help_panel="GEP (--method gep)"),
+    residual: bool = typer.Option(True, "--residual/--no-residual", help="gep: release the residual (GEP) or drop it (B-GEP, biased).", rich_help_panel="GEP (--method gep)"),
+    rgp_rank: int = typer.Option(4, "--rgp-rank", help="rgp: rank r of the gradient carriers of each Linear/Conv2d weight (--power-iters: power iterations K).", rich_help_panel="RGP, TopAgg, sparsification"),
+    rgp_warmup: int = typer.Option(20, "--rgp-warmup", help="rgp: warm-up steps whose carriers decompose the weight itself; afterwards the historical update W_t - W_0.", rich_help_panel="RGP, TopAgg, sparsification"),
+    topk_fraction: float = typer.Option(0.7, "--topk-fraction", help="topagg: K in (0, 1]; NormTopK keeps the largest coordinates while their squared sum is <= K ||g||^2; noise std sqrt(K)*sigma*C.", rich_help_panel="RGP, TopAgg, sparsification"),
+    sparsify: float = typer.Option(0.0, "--sparsify", help="dpsgd, gep: random sparsification (paper 003) to final rate R in [0, 1): a data-independent mask per epoch, rate ramped 0 -> R, before clipping; same epsilon.", rich_help_panel="RGP, TopAgg, sparsification"),
+    accountant: Accountant = typer.Option(Accountant.rdp, "--accountant", help="dp-accounting's RDP or PLD accountant (add/remove-one neighbours, Poisson sampling).", rich_help_panel="Privacy"),
+    physical_batch: Optional[int] = typer.Option(None, "--physical-batch", help="Examples per per-sample-gradient chunk (memory bound; default 64 CPU / 256 GPU).", rich_help_panel="Optimisation"),
+    insecure_seed: Optional[int] = _panel(insecure_seed_option("the Poisson sampling, the noise and, with --select-epsilon, the DP-GSD draw"), "Privacy"),
+    deterministic_noise: bool = _panel(deterministic_noise_option(), "Privacy"),
+    classes: Optional[str] = _panel(classes_option(), "Data"),
+    data_root: Optional[Path] = _panel(data_root_option(), "Data"),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="New run folder (default gsd-train-<time>); its parent must exist.", rich_help_panel="Run folder and output"),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the interrupted run in this folder, with its own settings (same result as an uninterrupted run).", rich_help_panel="Run folder and output"),
+    rank_model: str = typer.Option("probe", "--rank-model", help="--auto-select: model of the ranking (default: probe; with --weights or --peft, the trained model with its weights and --peft).", rich_help_panel="Auto-select ranking (--auto-select)"),
+    rank_k: int = typer.Option(16, "--rank-k", help="--auto-select: subspace dimension of the ranking.", rich_help_panel="Auto-select ranking (--auto-select)"),
+    rank_examples: int = typer.Option(2000, "--rank-examples", help="--auto-select: examples per dataset in the ranking.", rich_help_panel="Auto-select ranking (--auto-select)"),
+    select_epsilon: Optional[float] = typer.Option(None, "--select-epsilon", help="--auto-select with DP-GSD at this epsilon (added to the budget); without it the selection is not private.", rich_help_panel="Auto-select ranking (--auto-select)"),
+    device: Device = _panel(device_option(), "Run folder and output"),
+    quiet: bool = _panel(quiet_option("No progress bars."), "Run folder and output"),
     extra: Optional[List[str]] = extra_argument(),
 ) -> None:
     """Train privately (DP-SGD, GEP, RGP or TopAgg, optionally with random sparsification, or the
@@ -91,6 +116,12 @@ def train(
     from ..train.checkpoint import load_meta
 
     publics = public_names(public, extra)
+    from ..checks import check_seed
+
+    check_seed("--seed", seed)
+    check_seed("--insecure-seed", insecure_seed)
+    if data_root is not None:
+        _use_data_root(ctx, data_root)
     fields = dict(
         private=private, method=method.value, epsilon=epsilon, delta=delta, private_test=private_test, model=model,
         params=list(params) if params else None, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum,
@@ -106,10 +137,11 @@ def train(
     if resume is not None:
         if out_dir is not None:
             raise GSDError("give either --out (a new run) or --resume (an interrupted one), not both")
-        from ..train.second_phase import STAGE1_META, run_settings
+        from ..train.checkpoint import prepare_run_dir
+        from ..train.second_phase import run_settings
 
-        saved = (load_meta(resume).get("settings", {}) if (resume / "checkpoint.json").is_file()
-                 else run_settings(resume) if (resume / STAGE1_META).is_file() else {})
+        prepare_run_dir(resume, resume=True)  # "no gsd run in DIR: ..." before any setting is read
+        saved = load_meta(resume).get("settings", {}) if (resume / "checkpoint.json").is_file() else run_settings(resume)
         sources = {n: ctx.get_parameter_source("catalog_path" if n == "catalog" else n) for n in fields}
         explicit = {n for n, src in sources.items() if src is not None and src.name in ("COMMANDLINE", "ENVIRONMENT")}
         if publics:
@@ -158,8 +190,8 @@ def train(
             selection = ranking.to_dict()
             out.print(f"training with [bold]{escape(best.public)}[/] (GSD {best.distance:.4f})")
 
-    summary = with_progress(quiet, lambda pr: train_fn(cfg, run, resume=resume is not None, device=device.value, progress=pr, selection=selection),
-                            width=8, eta=True)
+    summary = with_progress(quiet, lambda pr: train_fn(cfg, run, resume=resume is not None, device=device.value, progress=pr,
+                                                       selection=selection, notify=warn), width=8, eta=True)
     from ..train.report import print_summary
 
     print_summary(summary, out)

@@ -6,6 +6,8 @@ label column the first of :data:`LABEL_COLUMNS`; with no such column, every othe
 values are all 0 or 1 is a label of a multi-label set. A label column of integers is used as is; one
 of strings maps the sorted distinct strings to 0, 1, ...; strings with ``|`` in them (``A|B``) make a
 multi-label set. Relative image paths resolve against the CSV's folder. Only drawn files are opened.
+The file is read as UTF-8, with or without a byte-order mark (Excel's "CSV UTF-8" writes one). An
+empty image or label cell is an error naming its lines (it would otherwise become a class ``""``).
 
 Only label columns *named* (``label_columns``) declare the class list; every other way reads it off
 the label values (the distinct strings, ``max + 1`` of integers, the columns that happen to hold only
@@ -41,6 +43,16 @@ def _pick(columns: Sequence[str], wanted: Sequence[str]) -> str | None:
     return next((low[w] for w in wanted if w in low), None)
 
 
+def _empty_cells(name: str, path: Path, rows: list[dict], lines: list[int], columns: Sequence[str], what: str) -> None:
+    """A one-line error naming the lines of ``path`` whose cell in one of ``columns`` is empty."""
+    bad = [ln for r, ln in zip(rows, lines) if any(not (r.get(c) or "").strip() for c in columns)]
+    if bad:
+        shown = ", ".join(map(str, bad[:5])) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        cols = ", ".join(repr(c) for c in columns)
+        raise DatasetError(f"{name}: empty {what} cell(s) in column(s) {cols} on line(s) {shown} of {path}; "
+                           "fill them in or remove those rows")
+
+
 def csv_source(path: str | Path, name: str | None = None, image_column: str | None = None,
                label_column: str | None = None, label_columns: Sequence[str] | None = None) -> ImageSource:
     """The CSV at ``path`` as an :class:`ImageSource` (see the module doc for how columns are found)."""
@@ -50,10 +62,13 @@ def csv_source(path: str | Path, name: str | None = None, image_column: str | No
     if not path.is_file():
         raise DatasetError(f"{name}: no such file {path}; give {expect}")
     try:
-        with open(path, newline="") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f)
             cols = list(reader.fieldnames or [])
-            rows = list(reader)
+            rows, lines = [], []
+            for r in reader:
+                rows.append(r)
+                lines.append(reader.line_num)
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise DatasetError(f"{name}: cannot read {path} ({type(e).__name__}); give {expect}") from None
     img_col = image_column or _pick(cols, IMAGE_COLUMNS)
@@ -61,6 +76,7 @@ def csv_source(path: str | Path, name: str | None = None, image_column: str | No
         raise DatasetError(f"{name}: no image column {image_column or ''} among {cols}; give {expect} (or name it: image_column)")
     if not rows:
         raise DatasetError(f"{name}: {path} has no rows")
+    _empty_cells(name, path, rows, lines, [img_col], "image")
     files = [p if Path(p).is_absolute() else str(path.parent / p) for p in (r[img_col].strip() for r in rows)]
     declared = bool(label_columns)
     if label_columns:
@@ -68,13 +84,14 @@ def csv_source(path: str | Path, name: str | None = None, image_column: str | No
     elif not label_column:
         label_column = _pick([c for c in cols if c != img_col], LABEL_COLUMNS)
         if label_column is None:
-            label_columns = [c for c in cols if c != img_col and all(r[c].strip() in ("0", "1", "0.0", "1.0") for r in rows)]
+            label_columns = [c for c in cols if c != img_col and all((r[c] or "").strip() in ("0", "1", "0.0", "1.0") for r in rows)]
             if not label_columns:
                 raise DatasetError(f"{name}: no label column among {cols}; give {expect} (or name it: label_column)")
     if label_columns:
         missing = [c for c in label_columns if c not in cols]
         if missing:
             raise DatasetError(f"{name}: no column(s) {missing} among {cols}")
+        _empty_cells(name, path, rows, lines, label_columns, "label")
         try:
             y = np.asarray([[float(r[c]) for c in label_columns] for r in rows], dtype=np.float32)
         except ValueError:
@@ -85,6 +102,7 @@ def csv_source(path: str | Path, name: str | None = None, image_column: str | No
     else:
         if label_column not in cols:
             raise DatasetError(f"{name}: no label column {label_column!r} among {cols}")
+        _empty_cells(name, path, rows, lines, [label_column], "label")
         raw = [r[label_column].strip() for r in rows]
         if all(v.lstrip("-").isdigit() for v in raw):
             y = np.asarray([int(v) for v in raw], dtype=np.int64)

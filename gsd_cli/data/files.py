@@ -2,6 +2,10 @@
 
 A file-backed example's identity (:meth:`ImageSource.example_keys`) is its path relative to the
 dataset's folder, in posix form: it names that example alone, whatever else is in the folder.
+
+Folder listings skip hidden entries (:func:`is_hidden`): macOS's ``._x.png`` resource forks and
+``.DS_Store``, Windows's ``Thumbs.db`` and ``desktop.ini``, ``__MACOSX`` folders of unzipped archives
+and every dot-file or dot-folder (``.ipynb_checkpoints``): none is an image or a class.
 """
 
 from __future__ import annotations
@@ -14,6 +18,38 @@ import numpy as np
 
 from ..errors import DatasetError
 from .base import ArraySource, ImageSource, non_finite_message
+
+
+#: names that are never images or classes, whatever their extension (macOS and Windows folder metadata)
+HIDDEN_NAMES = ("thumbs.db", "desktop.ini", "__macosx")
+
+
+def is_hidden(name: str) -> bool:
+    """A dot-file or dot-folder (``._x.png``, ``.DS_Store``), ``Thumbs.db``, ``desktop.ini``, ``__MACOSX``."""
+    return name.startswith(".") or name.lower() in HIDDEN_NAMES
+
+
+def list_image_folder(path: Path) -> tuple[list[str], list[tuple[str, int]]]:
+    """``(classes, [(file, class index)])`` of ``PATH/<class>/**/<image>`` in torchvision's
+    ``ImageFolder`` order (classes sorted, files sorted per folder, links followed), hidden entries
+    (:func:`is_hidden`) skipped at every depth. Raises ``FileNotFoundError`` when there is no class
+    folder or a class folder without an image."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    classes = sorted(e.name for e in os.scandir(path) if e.is_dir() and not is_hidden(e.name))
+    if not classes:
+        raise FileNotFoundError(f"Couldn't find any class folder in {path}.")
+    samples = []
+    for c, cls in enumerate(classes):
+        before = len(samples)
+        for root, _, names in sorted(os.walk(path / cls, followlinks=True)):
+            if any(is_hidden(part) for part in Path(os.path.relpath(root, path / cls)).parts if part != "."):
+                continue
+            samples += [(os.path.join(root, n), c) for n in sorted(names)
+                        if not is_hidden(n) and n.lower().endswith(IMG_EXTENSIONS)]
+        if len(samples) == before:  # as ImageFolder: an empty class folder is an error
+            raise FileNotFoundError(f"Found no valid file for the class {cls}.")
+    return classes, samples
 
 
 def _pil_to_array(img) -> np.ndarray:
@@ -39,22 +75,23 @@ class FolderSource(ImageSource):
     """
 
     def __init__(self, path: str | Path, name: str | None = None):
-        from torchvision.datasets import ImageFolder
+        from types import SimpleNamespace
 
         path = Path(path).expanduser()
         self.name = name or f"folder:{path}"
         if not path.is_dir():
             raise DatasetError(f"{self.name}: no such folder; give a folder with one sub-folder of images per class")
         try:
-            self._folder = ImageFolder(str(path), loader=lambda p: p)
-        except (FileNotFoundError, RuntimeError) as e:
-            first = str(e).splitlines()[0]
+            classes, samples = list_image_folder(path)
+        except (FileNotFoundError, RuntimeError, OSError) as e:
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise DatasetError(
                 f"{self.name}: no images found ({first}); expected PATH/<class>/<image>.png|jpg|..."
             ) from None
-        self.num_classes = len(self._folder.classes)
-        self.classes = list(self._folder.classes)  # declared by the class folders' names
-        self._targets = np.asarray(self._folder.targets, dtype=np.int64)
+        self._folder = SimpleNamespace(classes=classes, samples=samples)  # the fields of ImageFolder used here
+        self.num_classes = len(classes)
+        self.classes = list(classes)  # declared by the class folders' names
+        self._targets = np.asarray([c for _, c in samples], dtype=np.int64)
         self.root = str(path)
         self.description = f"image folder {path} ({self.num_classes} classes)"
 
@@ -73,17 +110,7 @@ class FolderSource(ImageSource):
         return self._targets[np.asarray(indices, dtype=np.int64)]
 
     def images(self, indices: Sequence[int]) -> list[np.ndarray]:
-        from PIL import Image, UnidentifiedImageError
-
-        out = []
-        for i in indices:
-            file = self._folder.samples[int(i)][0]
-            try:
-                with Image.open(file) as img:
-                    out.append(_pil_to_array(img))
-            except (UnidentifiedImageError, OSError) as e:
-                raise DatasetError(f"{self.name}: cannot read image {file} ({type(e).__name__}); remove or replace it") from None
-        return out
+        return [open_image(self._folder.samples[int(i)][0], self.name) for i in indices]
 
     def describe(self) -> dict:
         d = super().describe()
@@ -239,5 +266,7 @@ def open_image(file: str | Path, name: str) -> np.ndarray:
     try:
         with Image.open(file) as img:
             return _pil_to_array(img)
-    except (UnidentifiedImageError, OSError) as e:
+    except Image.DecompressionBombError as e:  # PIL refuses images over 2 x Image.MAX_IMAGE_PIXELS
+        raise DatasetError(f"{name}: image {file} is too large to open ({e}); shrink it or remove it") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:  # PIL raises SyntaxError for some broken files
         raise DatasetError(f"{name}: cannot read image {file} ({type(e).__name__}); remove or replace it") from None

@@ -21,7 +21,13 @@
   ``mnist_m_{train,test}_labels.txt`` (lines ``00000000.png 5``), or ``{train,test}/<digit>/`` folders.
 
 Each is looked for in ``ROOT/<name>`` (and the publishers' own folder names, listed in
-:data:`FOLDERS`) and then in ``ROOT`` itself. Only the drawn files are opened.
+:data:`FOLDERS`) and then in ``ROOT`` itself. Only the drawn files are opened. Hidden files (``._*``
+of macOS, ``.DS_Store``, ``Thumbs.db``, any dot-file) are never taken for images. The CSVs are read
+as UTF-8 with or without a byte-order mark.
+
+Where a listed image is not on disk (ChestX-ray14's CSV with only some ``images_*`` parts unpacked)
+the row is left out and the source records a note saying how many are there (:func:`notes_of`):
+the library emits no warnings of its own, the CLI prints each note as one ``warning:`` line.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import numpy as np
 
 from ..errors import DatasetError
 from .base import ImageSource
-from .files import FileListSource
+from .files import FileListSource, is_hidden
 from .splits import TEST_FRACTION, SubsetSource, fixed_split
 
 IMAGE_EXT = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".ppm", ".webp")
@@ -81,9 +87,27 @@ def _candidates(key: str, root: Path, exact: bool) -> list[Path]:
     return [root] if exact else [root / f for f in FOLDERS[key]] + [root]
 
 
+def notes_of(source: ImageSource) -> list[str]:
+    """The notes a source (or the source it is a part of: a split, a re-classed set) recorded when it
+    was read, such as how many listed images are missing; the caller decides how to show them."""
+    notes, seen = [], set()
+    while source is not None and id(source) not in seen:
+        seen.add(id(source))
+        notes += [n for n in getattr(source, "notes", ()) if n not in notes]
+        source = getattr(source, "parent", None)
+    return notes
+
+
+def _present_note(source: ImageSource, present: int, total: int, listed_in: str, where: Path) -> None:
+    """Record on ``source`` that only ``present`` of the ``total`` images listed are on disk."""
+    if present < total:
+        source.notes = [f"{source.name}: only {present:,} of the {total:,} images listed in {listed_in} are in {where} "
+                        f"({100 * present / total:.2g}%); the {total - present:,} others are left out"]
+
+
 def _images_in(folder: Path) -> list[Path]:
     return sorted(Path(e.path) for e in os.scandir(folder)
-                  if e.is_file() and not e.name.startswith(".") and e.name.lower().endswith(IMAGE_EXT))
+                  if e.is_file() and not is_hidden(e.name) and e.name.lower().endswith(IMAGE_EXT))
 
 
 def _class_folders(base: Path, split_dirs: list[str], classes: tuple[str, ...], name: str, key: str, root: Path, layout: str, descr: str) -> FileListSource:
@@ -115,11 +139,11 @@ def chestxray(split: str | None, root: Path, exact: bool = False, name: str | No
     for folder in [base / "images", *sorted(base.glob("images_*/images")), *sorted(p for p in base.glob("images_*") if p.is_dir())]:
         if folder.is_dir():
             for e in os.scandir(folder):
-                if e.name.lower().endswith(".png"):
+                if e.name.lower().endswith(".png") and not is_hidden(e.name):
                     where.setdefault(e.name, e.path)
     index = {f: i for i, f in enumerate(CHEST_FINDINGS)}
     files, rows, names = [], [], []
-    with open(csv_file, newline="") as f:
+    with open(csv_file, newline="", encoding="utf-8-sig") as f:
         reader = csv.DictReader(f)
         if not reader.fieldnames or "Image Index" not in reader.fieldnames or "Finding Labels" not in reader.fieldnames:
             raise _missing("chestxray", root, f"{csv_file} has no 'Image Index' and 'Finding Labels' columns")
@@ -147,6 +171,7 @@ def chestxray(split: str | None, root: Path, exact: bool = False, name: str | No
         f"NIH ChestX-ray14 from {base} ({len(files)} of {total} rows of {csv_file.name} have their PNG)",
         LAYOUTS["chestxray"], base, keys=names,  # an image's identity: its published name, wherever it lies
     )
+    _present_note(full, len(files), total, csv_file.name, base)
     if split is None:
         full.name = name
         return full
@@ -206,10 +231,10 @@ def ham10000(split: str | None, root: Path, exact: bool = False, name: str | Non
     where: dict[str, str] = {}
     for folder in sorted(p for p in base.iterdir() if p.is_dir() and p.name.lower().startswith("ham10000_images")):
         for e in os.scandir(folder):
-            if e.name.lower().endswith(".jpg"):
+            if e.name.lower().endswith(".jpg") and not is_hidden(e.name):
                 where.setdefault(e.name[:-4], e.path)
     files, labels, lesions, total = [], [], [], 0
-    with open(base / "HAM10000_metadata.csv", newline="") as f:
+    with open(base / "HAM10000_metadata.csv", newline="", encoding="utf-8-sig") as f:
         reader = csv.DictReader(f)
         if not reader.fieldnames or not {"image_id", "dx"} <= set(reader.fieldnames):
             raise _missing("ham10000", root, "HAM10000_metadata.csv has no 'image_id' and 'dx' columns")
@@ -226,6 +251,7 @@ def ham10000(split: str | None, root: Path, exact: bool = False, name: str | Non
     full = FileListSource("ham10000", files, np.asarray(labels, dtype=np.int64), HAM_CLASSES,
                           f"HAM10000 from {base} ({len(files)} of {total} metadata rows have their JPG)", LAYOUTS["ham10000"], base,
                           keys=lesions)  # one lesion's images share its key, so any hash split keeps them together
+    _present_note(full, len(files), total, "HAM10000_metadata.csv", base)
     if split is None:
         full.name = name
         return full

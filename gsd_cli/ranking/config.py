@@ -78,6 +78,10 @@ class RankConfig:
     repeats: int = 1
     distance: str | None = None
 
+    def __post_init__(self) -> None:
+        _check_seed("--seed", self.seed)
+        _check_seed("--insecure-seed", self.privacy.insecure_seed)
+
     @property
     def distance_name(self) -> str:
         return self.distance or ("dp-gsd" if self.privacy.dp else "gsd")
@@ -109,6 +113,14 @@ class RankConfig:
             out.update({f.name: getattr(getattr(self, g), f.name) for f in dataclasses.fields(getattr(self, g))})
         out.update(seed=self.seed, repeats=self.repeats, distance=self.distance)
         return out
+
+
+def _check_seed(option: str, value) -> None:
+    """A seed is a whole number >= 0 (numpy's seed sequences take no negative numbers)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise GSDError(f"{option} {value}: give a whole number >= 0")
 
 
 def option_names() -> list[str]:

@@ -82,7 +82,8 @@ def public_subspaces(tasks: Iterable[PublicTask], compute: Callable[[PublicTask]
                      executor: "str | Executor | None" = None, memo: dict | None = None, cache=None) -> dict[int, Subspace]:
     """Every task's subspace, by position: from ``memo`` (a dict kept across calls), else from the
     disk ``cache`` (a :class:`gsd_cli.cache.SubspaceCache`), else computed by the executor and then
-    stored in both."""
+    stored in both. A cache that cannot be written never fails the ranking: ``cache.put`` warns once
+    and stops writing (:meth:`gsd_cli.cache.SubspaceCache.put`)."""
     tasks = list(tasks)
     out: dict[int, Subspace] = {}
     pending = []

@@ -9,6 +9,7 @@ The JSON is :meth:`gsd_cli.ranking.Ranking.to_dict` (or ``RepeatRanking.to_dict`
 from __future__ import annotations
 
 from .files import (
+    check_distinct,
     check_output_path,
     jobs_to_csv,
     jobs_to_json,
@@ -25,7 +26,7 @@ from .plots import check_plot_path, write_plot
 from .table import dp_repeats_line, how_to_read, print_ranking, print_repeats, privacy_line, ranking_table, repeats_table, tie_line
 
 __all__ = [
-    "check_output_path", "check_plot_path", "write_text", "to_json", "to_csv", "write_json", "write_csv",
+    "check_distinct", "check_output_path", "check_plot_path", "write_text", "to_json", "to_csv", "write_json", "write_csv",
     "repeats_csv", "write_repeats_csv", "jobs_to_csv", "jobs_to_json", "to_markdown", "write_plot",
     "ranking_table", "repeats_table", "how_to_read", "privacy_line", "tie_line", "dp_repeats_line",
     "print_ranking", "print_repeats",

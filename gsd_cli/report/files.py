@@ -7,48 +7,26 @@ import csv
 import io
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import IO, Callable
 
-from ..errors import GSDError
+from ..outputs import check_distinct, check_output_path, save_output  # noqa: F401 - re-exported
 from ..ranking import Ranking, RepeatRanking
 
 
-def check_output_path(path: str | Path | None, what: str) -> Path | None:
-    """Fail before any work if an output path cannot be written (missing folder, is a folder)."""
-    if path is None:
-        return None
-    path = Path(path).expanduser()
-    if path.is_dir():
-        raise GSDError(f"{what} {path} is a folder; give a file name")
-    if not path.parent.exists():
-        raise GSDError(f"{what} {path}: folder {path.parent} does not exist; create it first")
-    return path
-
-
 def _atomic_save(path: Path, save: Callable[[IO], object], binary: bool = False, suffix: str = "") -> None:
-    """Call ``save(f)`` on a temporary file beside ``path``, then rename it to ``path``, so an
-    interrupted run never leaves half a file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
-    try:
-        with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", newline="")) as f:
-            save(f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """``save(f)`` onto ``path`` by the one writer, :func:`gsd_cli.outputs.save_output`: atomic for
+    files, direct for ``-`` (stdout), devices and pipes; symlinks followed."""
+    save_output(path, save, binary=binary, suffix=suffix)
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    """Write via a temporary file and rename, so an interrupted run never leaves half a file."""
-    _atomic_save(path, lambda f: f.write(text))
+    save_output(path, lambda f: f.write(text))
 
 
 def write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically."""
-    _atomic_write(Path(path), text)
+    """Write ``text`` to ``path`` (atomically for a file; ``-`` is standard output)."""
+    _atomic_write(path, text)
 
 
 def _fmt(x: float, spec: str = ".4f") -> str:
@@ -100,15 +78,15 @@ def repeats_csv(ranking: RepeatRanking) -> str:
 
 
 def write_json(ranking: Ranking, path: str | Path) -> None:
-    _atomic_write(Path(path), to_json(ranking))
+    _atomic_write(path, to_json(ranking))
 
 
 def write_csv(ranking: Ranking, path: str | Path) -> None:
-    _atomic_write(Path(path), to_csv(ranking))
+    _atomic_write(path, to_csv(ranking))
 
 
 def write_repeats_csv(ranking: RepeatRanking, path: str | Path) -> None:
-    _atomic_write(Path(path), repeats_csv(ranking))
+    _atomic_write(path, repeats_csv(ranking))
 
 
 def jobs_to_csv(rankings: list[tuple[str, Ranking]]) -> str:

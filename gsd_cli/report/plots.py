@@ -14,7 +14,7 @@ from .files import _atomic_save, check_output_path
 def check_plot_path(path: str | Path | None) -> Path | None:
     """Like :func:`gsd_cli.report.check_output_path`, and the name must end in .png."""
     path = check_output_path(path, "--plot")
-    if path is not None and path.suffix.lower() != ".png":
+    if path is not None and str(path) != "-" and path.suffix.lower() != ".png":
         raise GSDError(f"--plot {path}: the plot is a PNG image; give a file name ending in .png")
     return path
 

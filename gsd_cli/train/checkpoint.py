@@ -5,37 +5,39 @@ A checkpoint is written at the end of every epoch, atomically (temporary file, t
 (settings, epoch, step, privacy state). The JSON also holds the run's *secret* seed of the private
 randomness (Poisson sampling and noise): keep a run directory as private as the data; the summary and
 the model weights are what may be released.
+
+``checkpoint.json`` is verified, not trusted: the weights file carries in its safetensors metadata a
+SHA-256 digest (:func:`state_digest`) of the JSON's settings, epoch, step, privacy state, selection
+and secret seed, plus the epoch and step in clear. A resume (:func:`load_meta`) refuses a folder whose
+two files disagree (an edited epoch, epsilon or seed, or files of two runs), a JSON without its secret
+seed, and a checkpoint of format 1 (written before the digest existed, so it cannot be checked: the
+privacy statement of the resumed run would rest on an unverifiable epoch and seed). The metadata holds
+no secret and not the private set's size: the seed enters only through the digest (128 random bits:
+it cannot be recovered from it).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 
 from ..errors import GSDError
+from ..outputs import write_output
 
-FORMAT = 1
+FORMAT = 2  # 2: the weights file carries the digest of checkpoint.json (1: no digest, not resumable)
 CKPT_WEIGHTS = "checkpoint.safetensors"
 CKPT_META = "checkpoint.json"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 
 
-def atomic_write(path: Path, data: bytes | str) -> None:
-    """Write via a temporary file in the same folder and rename: never half a file."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def atomic_write(path: Path, data: bytes | str, private: bool = False) -> None:
+    """Write via a temporary file in the same folder and rename: never half a file (the one writer,
+    :func:`gsd_cli.outputs.write_output`; ``private``: created 0600)."""
+    write_output(path, data, private=private)
 
 
 def prepare_run_dir(path: Path, resume: bool, create: bool = True) -> Path:
@@ -43,8 +45,13 @@ def prepare_run_dir(path: Path, resume: bool, create: bool = True) -> Path:
     run needs a folder with a checkpoint. Nothing a user has is overwritten."""
     path = Path(path).expanduser()
     if resume:
+        if not path.exists():
+            raise GSDError(f"no gsd run in {path}: no such folder; give the --out folder of an interrupted gsd train run")
+        if not path.is_dir():
+            raise GSDError(f"no gsd run in {path}: it is a file; give the --out folder of an interrupted gsd train run")
         if not (path / CKPT_META).is_file() and not (path / "stage1.json").is_file():  # stage1: second phase
-            raise GSDError(f"--resume {path}: no {CKPT_META} there; give the folder of an interrupted gsd train run")
+            raise GSDError(f"no gsd run in {path}: no {CKPT_META} (or stage1.json) there; give the --out folder of an "
+                           "interrupted gsd train run")
         return path
     if path.exists():
         if not path.is_dir():
@@ -58,9 +65,30 @@ def prepare_run_dir(path: Path, resume: bool, create: bool = True) -> Path:
     return path
 
 
+#: the parts of ``checkpoint.json`` the digest covers
+DIGESTED = ("settings", "epoch", "step", "privacy", "selection")
+
+
+def state_digest(meta: dict) -> str:
+    """SHA-256 of the canonical JSON of ``meta``'s :data:`DIGESTED` parts and its secret seed."""
+    secret = meta.get("secret") if isinstance(meta.get("secret"), dict) else {}
+    doc = {k: meta.get(k) for k in DIGESTED}
+    doc["noise_seed"] = secret.get("noise_seed")
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=True, default=str)
+    return hashlib.sha256(b"gsd-checkpoint-v2\0" + text.encode()).hexdigest()
+
+
+def tensor_metadata(file: Path) -> dict:
+    """The safetensors metadata (``__metadata__``) of ``file``; ``{}`` when it has none."""
+    from safetensors import safe_open
+
+    with safe_open(str(file), framework="pt") as f:
+        return dict(f.metadata() or {})
+
+
 def save(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, meta: dict) -> None:
-    """Weights and momentum to ``checkpoint.safetensors``, then ``meta`` to ``checkpoint.json``
-    (written last: a checkpoint exists once its JSON does)."""
+    """Weights and momentum to ``checkpoint.safetensors`` (with the digest of ``meta`` in its
+    metadata), then ``meta`` to ``checkpoint.json`` (written last: a checkpoint exists once its JSON does)."""
     from safetensors.torch import save as st_save
 
     tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
@@ -70,18 +98,54 @@ def save(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, m
             buf = optimizer.state.get(p, {}).get("momentum_buffer")
             if buf is not None:
                 tensors[f"momentum.{names[id(p)]}"] = buf.detach().cpu().contiguous()
-    atomic_write(path / CKPT_WEIGHTS, st_save(tensors))
-    atomic_write(path / CKPT_META, json.dumps({"format": FORMAT, **meta}, indent=2) + "\n")
+    meta = json.loads(json.dumps({"format": FORMAT, **meta}))  # digest what load_meta will read back
+    info = {"gsd_format": str(FORMAT), "gsd_digest": state_digest(meta), "gsd_epoch": str(meta.get("epoch")),
+            "gsd_step": str(meta.get("step"))}
+    atomic_write(path / CKPT_WEIGHTS, st_save(tensors, metadata=info))
+    atomic_write(path / CKPT_META, json.dumps(meta, indent=2) + "\n", private=True)  # the secret seed
 
 
 def load_meta(path: Path) -> dict:
+    """``checkpoint.json`` of the run in ``path``, verified against ``checkpoint.safetensors``
+    (module docstring); any disagreement is a one-line :class:`GSDError`."""
+    f = Path(path) / CKPT_META
     try:
-        meta = json.loads((Path(path) / CKPT_META).read_text())
+        meta = json.loads(f.read_text())
     except (OSError, ValueError) as e:
-        raise GSDError(f"{Path(path) / CKPT_META}: unreadable checkpoint ({e}); it cannot be resumed") from None
+        raise GSDError(f"{f}: unreadable checkpoint ({e}); it cannot be resumed") from None
+    if not isinstance(meta, dict):
+        raise GSDError(f"{f}: not a gsd checkpoint (a JSON object was expected); it cannot be resumed")
+    if meta.get("format") == 1:
+        raise GSDError(f"{f}: written by an older gsd (checkpoint format 1, without the digest that lets a resume verify "
+                       "it); finish the run with the gsd version that started it, or start a new run")
     if meta.get("format") != FORMAT:
-        raise GSDError(f"{Path(path) / CKPT_META}: checkpoint format {meta.get('format')} is not {FORMAT}; rerun from the start")
+        raise GSDError(f"{f}: checkpoint format {meta.get('format')} is not {FORMAT}; rerun from the start")
+    secret = meta.get("secret")
+    seed = secret.get("noise_seed") if isinstance(secret, dict) else None
+    if not (isinstance(seed, str) and seed.isdigit()):
+        raise GSDError(f"{f}: no secret seed (secret.noise_seed) of the private randomness; the run's sampling and noise "
+                       "cannot be replayed, so it cannot be resumed; start a new run")
+    verify(Path(path), meta)
     return meta
+
+
+def verify(path: Path, meta: dict) -> None:
+    """Refuse a run folder whose ``checkpoint.json`` is not the one its weights were saved with."""
+    wfile = path / CKPT_WEIGHTS
+    try:
+        info = tensor_metadata(wfile)
+    except Exception as e:  # noqa: BLE001 - missing or unreadable: the same user error
+        raise GSDError(f"{wfile}: missing or unreadable ({type(e).__name__}); the run cannot be resumed") from None
+    if info.get("gsd_digest") == state_digest(meta):
+        return
+    if "gsd_digest" not in info:
+        raise GSDError(f"{wfile}: written without the digest of {CKPT_META} (another program or an older gsd); "
+                       "the run cannot be verified, so it cannot be resumed; start a new run")
+    said = [f"{k} {meta.get(k)} in {CKPT_META} but {info.get('gsd_' + k)} in the weights" for k in ("epoch", "step")
+            if str(meta.get(k)) != info.get("gsd_" + k)]
+    what = "; ".join(said) or "its settings, privacy state or secret seed differ from those the weights were saved with"
+    raise GSDError(f"{path}: {CKPT_META} does not match {CKPT_WEIGHTS} ({what}); the folder was edited or mixes two "
+                   "runs, so it cannot be resumed; restore the files or start a new run")
 
 
 def load_state(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:

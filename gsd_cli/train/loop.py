@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from .. import data as gdata
+from ..data.published import notes_of
 from ..errors import GSDError, ModelError
 from ..privacy.randomness import INSECURE_NOTE, randomness_statement
 from ..gradients import default_chunk_size, gradient_matrix, resolve_device
@@ -131,6 +132,7 @@ def train(
     device: str = "auto",
     progress: Progress | None = None,
     selection: dict | None = None,
+    notify: Callable[[str], None] | None = None,
 ) -> dict:
     """Train ``config.model`` on ``config.private`` with ``config.method`` under (epsilon, delta)-DP.
 
@@ -141,7 +143,9 @@ def train(
     ``selection``: the ranking that chose the public set (``Ranking.to_dict()``): a DP-GSD ranking is
     booked in the ledger at its total (R x epsilon for fresh repeats), one without a proven guarantee
     is refused, a non-private one makes the whole result not DP. ``progress(kind, done, total)`` with
-    kind ``"epoch"`` or ``"step"``.
+    kind ``"epoch"`` or ``"step"``. ``notify(message)`` gets each warning about the private data (a
+    dataset with listed images missing, ``delta >= 1/N``) before training; they name private facts (N),
+    so they also go to ``private-summary.json`` (and ``"private_notes"``), never to ``summary.json``.
     """
     from probes import get_model_spec
 
@@ -185,8 +189,13 @@ def train(
     n_train = len(train_src)
     if n_train < 2:
         raise GSDError(f"{train_src.name} has {n_train} example(s); private training needs more")
-    if train_src.num_classes < 2 and not train_src.multilabel:
-        raise GSDError(f"{train_src.name} has {train_src.num_classes} class(es); a classifier needs at least 2")
+    if not train_src.multilabel and (train_src.num_classes < 2 or len(np.unique(train_src.labels(np.arange(n_train)))) < 2):
+        raise GSDError(f"{train_src.name}: a one-class set ({'one class' if train_src.num_classes < 2 else 'every training example in one class'}); "
+                       "a classifier needs examples of at least 2 classes (as a public candidate of gsd rank it is fine)")
+    private_notes = notes_of(train_src) + ([f"--delta {cfg.delta:g} is at or above 1/N = {1 / n_train:.3g} for the N = {n_train} private "
+                                            "training examples: delta should be well below 1/N"] if cfg.delta >= 1 / n_train else [])
+    for note in private_notes if notify else ():
+        notify(note)
     q = cfg.batch_size / n_train
     if q > 1:
         raise GSDError(f"--batch-size {cfg.batch_size} is larger than the {n_train} private training examples; lower it")
@@ -375,7 +384,9 @@ def train(
 
     summary["peft"] = model_info.get("peft")
     summary["stages"] = stages(model_info, stage1, summary)
-    publishable, private = split_summary(summary)
+    summary["private_notes"] = private_notes  # private facts (N): kept out of summary.json below
+    publishable, private = split_summary({k: v for k, v in summary.items() if k != "private_notes"})
+    private["notes"] = private_notes
     ckpt.atomic_write(out / ckpt.SUMMARY, json.dumps(publishable, indent=2) + "\n")
     ckpt.atomic_write(out / PRIVATE_SUMMARY, json.dumps(private, indent=2) + "\n")
     from .curves import plot_curves

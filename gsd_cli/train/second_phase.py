@@ -15,11 +15,15 @@ that head too; otherwise a separate head sized to the public labels is trained i
 The result is saved in the run folder (``stage1.safetensors``: theta_0 and the Adam state, written
 after every public epoch; ``stage1.json``: settings, epochs done, what stage 1 saw). ``--resume``
 loads it instead of training again (an interrupted stage 1 continues from its last epoch; every
-random draw of stage 1 comes from ``--seed``, so the result is the same either way).
+random draw of stage 1 comes from ``--seed``, so the result is the same either way). As with the main
+checkpoint, ``stage1.json`` is verified: ``stage1.safetensors`` carries the digest of its settings,
+the run's settings, the epochs done and the losses (:func:`stage1_digest`), and a folder whose two
+files disagree, or whose weights carry no digest, is refused.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -103,7 +107,8 @@ def run_second_phase(model: nn.Module, names: list[str], cfg, spec, out: Path, d
     opt = torch.optim.Adam([params[n] for n in train_names], lr=lr)
     done = 0
     losses: list[float] = []
-    if saved is not None and weights_file.is_file():
+    if saved is not None and (weights_file.is_file() or int(saved.get("epochs_done", 0) or 0) > 0):
+        _verify(out, saved)
         _load(weights_file, model, opt, train_names)
         done, losses = int(saved["epochs_done"]), list(saved.get("losses", []))
     n = len(sample)
@@ -127,8 +132,9 @@ def run_second_phase(model: nn.Module, names: list[str], cfg, spec, out: Path, d
                 total += float(loss.detach()) * len(part)
                 count += len(part)
             losses.append(total / count)
-            _save(weights_file, model, opt, train_names)
-            ckpt.atomic_write(meta_file, json.dumps({"settings": settings, "run_settings": cfg.to_dict(), "epochs_done": epoch + 1, "losses": losses}, indent=2) + "\n")
+            state = json.loads(json.dumps({"settings": settings, "run_settings": cfg.to_dict(), "epochs_done": epoch + 1, "losses": losses}))
+            _save(weights_file, model, opt, train_names, state)
+            ckpt.atomic_write(meta_file, json.dumps(state, indent=2) + "\n")
             if progress:
                 progress("public", epoch + 1, cfg.public_epochs)
     finally:
@@ -157,7 +163,30 @@ def run_second_phase(model: nn.Module, names: list[str], cfg, spec, out: Path, d
     return record
 
 
-def _save(path: Path, model: nn.Module, opt: torch.optim.Optimizer, names: list[str]) -> None:
+def stage1_digest(state: dict) -> str:
+    """SHA-256 of the canonical JSON of ``stage1.json``'s settings, run settings, epochs done and losses."""
+    doc = {k: state.get(k) for k in ("settings", "run_settings", "epochs_done", "losses")}
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(b"gsd-stage1-v1\0" + text.encode()).hexdigest()
+
+
+def _verify(out: Path, saved: dict) -> None:
+    """Refuse a stage 1 whose ``stage1.json`` is not the one its weights were saved with."""
+    wfile = out / STAGE1_WEIGHTS
+    try:
+        info = ckpt.tensor_metadata(wfile)
+    except Exception as e:  # noqa: BLE001 - missing or unreadable: the same user error
+        raise GSDError(f"{wfile}: missing or unreadable ({type(e).__name__}); start a new run with --out") from None
+    if "gsd_digest" not in info:
+        raise GSDError(f"{wfile}: written without the digest of {STAGE1_META} (an older gsd); stage 1 cannot be verified, "
+                       "so the run cannot be resumed; start a new run with --out")
+    if info["gsd_digest"] != stage1_digest(saved):
+        raise GSDError(f"{out}: {STAGE1_META} does not match {STAGE1_WEIGHTS} (epochs done: {saved.get('epochs_done')} in "
+                       f"{STAGE1_META}, {info.get('gsd_epochs_done')} in the weights); the folder was edited or mixes two runs, "
+                       "so it cannot be resumed; start a new run with --out")
+
+
+def _save(path: Path, model: nn.Module, opt: torch.optim.Optimizer, names: list[str], state: dict) -> None:
     from safetensors.torch import save as st_save
 
     params = dict(model.named_parameters())
@@ -168,7 +197,7 @@ def _save(path: Path, model: nn.Module, opt: torch.optim.Optimizer, names: list[
             if key in st:
                 v = st[key]
                 tensors[f"adam.{key}.{n}"] = (v if isinstance(v, torch.Tensor) else torch.tensor(float(v))).detach().cpu().contiguous()
-    ckpt.atomic_write(path, st_save(tensors))
+    ckpt.atomic_write(path, st_save(tensors, metadata={"gsd_digest": stage1_digest(state), "gsd_epochs_done": str(state["epochs_done"])}))
 
 
 def _load(path: Path, model: nn.Module, opt: torch.optim.Optimizer, names: list[str]) -> None:

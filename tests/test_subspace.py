@@ -86,7 +86,7 @@ def test_rank_deficient_raises(m, p):
 def test_zero_and_impossible_k_raise():
     with pytest.raises(GSDError):
         top_k_subspace(torch.zeros(10, 30), 2)
-    with pytest.raises(GSDError):
+    with pytest.raises(GSDError, match="larger"):
         top_k_subspace(torch.randn(4, 50), 5)  # k > m
     with pytest.raises(GSDError):
         top_k_subspace(torch.randn(50, 4), 5)  # k > p

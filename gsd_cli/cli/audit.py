@@ -1,0 +1,86 @@
+"""``gsd audit``: one call of ``gsd_cli.privacy.audit.audit``, its table and ``--json``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .app import app
+from .common import err, out
+from .options import insecure_seed_option
+
+
+@app.command()
+def audit(
+    method: str = typer.Option(..., "--method", help="dpsgd, gep, rgp, topagg, second-phase (its DP-SGD stage 2), dpsgd+rs, gep+rs, or dpgsd."),
+    epsilon: float = typer.Option(2.0, "--epsilon", help="Claimed epsilon: the trainer's sigma is calibrated to it (dpgsd: its epsilon)."),
+    delta: float = typer.Option(1e-5, "--delta", help="Claimed delta (dpgsd is pure DP: unused)."),
+    canaries: int = typer.Option(1000, "--canaries", help="Gradient canaries (dpgsd: draws under each neighbour)."),
+    steps: int = typer.Option(1, "--steps", help="Training steps of the audited run."),
+    sampling_rate: float = typer.Option(1.0, "--sampling-rate", help="Poisson sampling rate q of every step."),
+    examples: int = typer.Option(64, "--examples", help="Real (private or synthetic) examples beside the canaries."),
+    model: Optional[str] = typer.Option(None, "--model", help="Audit this probes model on --private (default: a Linear model on synthetic inputs)."),
+    private: Optional[str] = typer.Option(None, "--private", help="Private dataset whose examples train beside the canaries (with --model)."),
+    public: Optional[str] = typer.Option(None, "--public", help="gep with --model: the public anchor set."),
+    clip: float = typer.Option(1.0, "--clip", help="dpsgd, rgp, topagg: clip norm C; dpgsd: row clip."),
+    clip_embedding: float = typer.Option(2.0, "--clip-embedding", help="gep: S1."),
+    clip_residual: float = typer.Option(0.4, "--clip-residual", help="gep: S2."),
+    k: int = typer.Option(16, "--k", help="gep: anchor subspace dimension."),
+    rgp_rank: int = typer.Option(4, "--rgp-rank", help="rgp: carrier rank r."),
+    topk_fraction: float = typer.Option(0.7, "--topk-fraction", help="topagg: K."),
+    sparsify: float = typer.Option(0.5, "--sparsify", help="+rs methods: final sparsification rate."),
+    accountant: str = typer.Option("rdp", "--accountant", help="rdp or pld."),
+    seed: int = typer.Option(0, "--seed", help="Public randomness: synthetic inputs, anchors, masks, carriers."),
+    insecure_seed: Optional[int] = insecure_seed_option("which canaries are in, the sampling and the noise"),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON to this file."),
+) -> None:
+    """Audit a private trainer or DP-GSD empirically: a lower bound on epsilon at 95% confidence
+    (Steinke, Nasr, Jagielski 2023 one-run canary audit; DP-GSD: a distinguishing test), beside the
+    claimed epsilon. A lower bound above the claim is a privacy bug; one below it proves nothing."""
+    from rich.table import Table
+
+    from ..errors import GSDError
+    from ..privacy.audit import audit as audit_fn
+
+    if private is not None and model is None:
+        raise GSDError("--private needs --model (the model trained on it)")
+    kw: dict = {}
+    if method == "dpgsd":
+        kw = {"clip": clip}
+    else:
+        settings = {"clip": clip, "clip_embedding": clip_embedding, "clip_residual": clip_residual, "k": k, "rgp_rank": rgp_rank,
+                    "rgp_warmup": 0, "topk_fraction": topk_fraction, "accountant": accountant, "seed": seed}
+        if method.endswith("+rs"):
+            settings["sparsify"] = sparsify
+        kw = {"settings": settings, "steps": steps, "sampling_rate": sampling_rate, "examples": examples}
+        if model is not None:
+            from ..privacy.audit import audit_config
+            from ..privacy.audit.setup import real_setup
+
+            if private is None:
+                raise GSDError("--model needs --private (the data it trains on)")
+            cfg = audit_config(method, epsilon, delta, **settings, model=model, private=private, public=public)
+            m, names, data, public_x, classes = real_setup(cfg, examples, insecure_seed)
+            kw.update(model=m, names=names, data=data, public_x=public_x, classes=classes)
+            settings.update(model=model, private=private, public=public)
+    result = audit_fn(method, epsilon, delta, canaries=canaries, insecure_seed=insecure_seed, **kw)
+    table = Table(title="privacy audit (95% confidence)")
+    for col in ("method", "claimed epsilon", "empirical lower bound", "canaries", "correct guesses"):
+        table.add_column(col)
+    table.add_row(result.method, f"{result.claimed_epsilon:.3f}", f"{result.epsilon_lower_bound:.3f}", str(result.canaries),
+                  f"{result.correct}/{result.guesses}")
+    out.print(table)
+    d = result.details or {}
+    if "exact_loss" in d:
+        out.print(f"exact privacy loss of the audited pair (numerical integration): {d['exact_loss']:.4f}")
+    verdict = ("the audit found nothing (a lower bound never proves the claim)" if result.consistent else
+               "PRIVACY BUG: the empirical lower bound exceeds the claimed epsilon")
+    (out if result.consistent else err).print(verdict)
+    if insecure_seed is not None:
+        err.print(f"--insecure-seed {insecure_seed}: repeatable audit (its randomness is not secret)")
+    if json_path is not None:
+        json_path.write_text(json.dumps(result.to_dict(), indent=2, default=float) + "\n")
+        err.print(f"wrote {json_path}")

@@ -1,0 +1,175 @@
+"""Checking the datasets of a run before a long run: ``gsd datasets check``.
+
+:func:`check_datasets` walks every dataset a run would use (the names given; else every dataset of the
+catalogue's jobs; else the default private and public sets) and reports, per dataset:
+
+- ``cannot be used``: the name does not resolve (missing folder or file, unknown name, a loader error);
+- ``absent image``: a listed image file (a CSV row's, a folder's) does not exist;
+- ``unreadable``: an image file that exists but cannot be opened, or is empty (0 bytes);
+- ``hidden file``: macOS / Windows metadata beside the images (``._x.png``, ``.DS_Store``,
+  ``Thumbs.db``: the loaders skip them, but they mean a copied-over folder worth a look);
+- ``empty label cell`` / ``empty image cell``: CSV rows (``file:line``) with an empty cell in the
+  image or label column(s) the loader uses.
+
+Each problem keeps every path; the report shows a count and the first few. Nothing is decoded (only
+the first bytes of each file are read), so a check of ChestX-ray14's 112,120 images takes seconds.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import GSDError
+
+#: the order problems are reported in
+KINDS = ("cannot be used", "absent image", "unreadable", "hidden file", "empty image cell", "empty label cell")
+
+
+@dataclass
+class DatasetCheck:
+    """One dataset: ``examples`` (None when it did not resolve), ``files`` checked, ``problems`` by kind."""
+
+    name: str
+    examples: int | None = None
+    files: int = 0
+    problems: dict[str, list[str]] = field(default_factory=dict)
+
+    def add(self, kind: str, what: str) -> None:
+        self.problems.setdefault(kind, []).append(what)
+
+
+@dataclass
+class CheckReport:
+    """Every dataset checked; ``ok`` when none has a problem."""
+
+    datasets: list[DatasetCheck]
+
+    @property
+    def ok(self) -> bool:
+        return not any(d.problems for d in self.datasets)
+
+    def lines(self, first: int = 3) -> list[str]:
+        """One line per dataset, then one per problem: its count and the first ``first`` paths."""
+        out = []
+        for d in self.datasets:
+            size = "not resolved" if d.examples is None else f"{d.examples} examples, {d.files} files checked"
+            out.append(f"{d.name}: {size}: " + ("ok" if not d.problems else f"{sum(map(len, d.problems.values()))} problem(s)"))
+            for kind in sorted(d.problems, key=lambda k: KINDS.index(k) if k in KINDS else len(KINDS)):
+                items = d.problems[kind]
+                more = f", ... ({len(items) - first} more)" if len(items) > first else ""
+                out.append(f"  {kind}: {len(items)}: " + "; ".join(items[:first]) + more)
+        return out
+
+
+def _targets(names, catalog) -> list[str]:
+    if names:
+        return list(dict.fromkeys(names))
+    if catalog is not None:
+        return list(dict.fromkeys(n for j in catalog.jobs for n in (j.private, *j.candidates)))
+    from ..defaults import DEFAULT_PRIVATE, DEFAULT_PUBLIC
+
+    return [DEFAULT_PRIVATE, *DEFAULT_PUBLIC]
+
+
+def _csv_of(name: str, catalog) -> tuple[Path, dict] | None:
+    """The CSV file behind ``name`` and its column settings, when it is a CSV source."""
+    entry = catalog.datasets.get(name) if catalog is not None else None
+    if entry is not None and entry.source == "csv" and entry.path:
+        return catalog._rel(entry.path), {"image_column": entry.image_column, "label_column": entry.label_column,
+                                          "label_columns": entry.label_columns}
+    if entry is None and name.startswith("csv:"):
+        path = name[4:]
+        for split in (":train", ":test", ":val"):
+            path = path[: -len(split)] if path.endswith(split) else path
+        return Path(path).expanduser(), {}
+    return None
+
+
+def _check_csv(d: DatasetCheck, path: Path, cols: dict) -> set[str]:
+    """Empty image / label cells and absent images of a CSV's rows; returns the image files it names."""
+    from .csvsource import IMAGE_COLUMNS, LABEL_COLUMNS, _pick
+
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.DictReader(f)
+            header = list(reader.fieldnames or [])
+            rows = [(reader.line_num, r) for r in reader]
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        d.add("unreadable", f"{path} ({type(e).__name__})")
+        return set()
+    img = cols.get("image_column") or _pick(header, IMAGE_COLUMNS)
+    labels = list(cols.get("label_columns") or []) or [cols.get("label_column") or _pick([c for c in header if c != img], LABEL_COLUMNS)]
+    files = set()
+    for line, r in rows:
+        if img in header and not (r.get(img) or "").strip():
+            d.add("empty image cell", f"{path}:{line}")
+        elif img in header:
+            p = r[img].strip()
+            files.add(p if Path(p).is_absolute() else str(path.parent / p))
+        for c in labels:
+            if c in header and not (r.get(c) or "").strip():
+                d.add("empty label cell", f"{path}:{line} ({c})")
+                break
+    return files
+
+
+def _check_files(d: DatasetCheck, files: set[str]) -> None:
+    """Absent, unreadable or empty image files, and hidden files in their folders."""
+    folders = set()
+    for f in sorted(files):
+        d.files += 1
+        folders.add(os.path.dirname(f))
+        try:
+            with open(f, "rb") as fh:
+                if not fh.read(16):
+                    d.add("unreadable", f"{f} (empty file)")
+        except FileNotFoundError:
+            d.add("absent image", f)
+        except OSError as e:
+            d.add("unreadable", f"{f} ({e.strerror or type(e).__name__})")
+    from .files import is_hidden
+
+    for folder in sorted(folders):
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            continue
+        d.problems.setdefault("hidden file", []).extend(
+            os.path.join(folder, n) for n in names if is_hidden(n) and os.path.isfile(os.path.join(folder, n)))
+        if not d.problems["hidden file"]:
+            del d.problems["hidden file"]
+
+
+def _check_one(name: str, catalog, data_root, download: bool) -> DatasetCheck:
+    from . import resolve
+
+    d = DatasetCheck(name)
+    files: set[str] = set()
+    try:
+        src = catalog.resolve(name, download) if catalog is not None else resolve(name, root=data_root, download=download)
+    except GSDError as e:
+        d.add("cannot be used", " ".join(str(e).split()))
+    else:
+        d.examples = len(src)
+        if d.examples and src.example_file(0) is not None:
+            files = {src.example_file(i) for i in range(d.examples)}
+    spec = _csv_of(name, catalog)
+    if spec is not None and spec[0].is_file():
+        files |= _check_csv(d, *spec)
+    _check_files(d, files)
+    return d
+
+
+def check_datasets(names: list[str] | None = None, catalog=None, data_root: str | Path | None = None,
+                   download: bool = False) -> CheckReport:
+    """Check ``names`` (catalogue datasets or any name ``gsd rank`` accepts); with none, every dataset
+    of ``catalog``'s jobs (a path or a :class:`gsd_cli.catalog.Catalog`), else the default private and
+    public sets. A bad catalogue raises :class:`GSDError`; a dataset's problems go into the report."""
+    if catalog is not None and not hasattr(catalog, "jobs"):
+        from ..catalog import load_catalog
+
+        catalog = load_catalog(catalog)
+    return CheckReport([_check_one(n, catalog, data_root, download) for n in _targets(names, catalog)])

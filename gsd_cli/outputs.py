@@ -1,0 +1,140 @@
+"""Writing output files, for every command: checks before any work, then one writer.
+
+* ``-`` is standard output; a character device (``/dev/null``, a terminal) or a FIFO is written
+  directly, never renamed over.
+* A regular file or a new path is written atomically: a temporary file in the same folder, then a
+  rename, so an interrupted run never leaves half a file. A symbolic link is followed: its target
+  is replaced and the link stays a link.
+* A new file gets the user's umask (``0666 & ~umask``), a replaced file keeps its mode; ``private``
+  files (a run's secret seed) are created ``0600``.
+* Every ``OSError`` (a full disk, a read-only folder, a name too long) becomes one :class:`GSDError`
+  line naming the path.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import sys
+import tempfile
+from pathlib import Path
+from typing import IO, Callable, Mapping
+
+from .errors import GSDError
+
+STDOUT = "-"
+
+
+def is_stdout(path: str | Path | None) -> bool:
+    return path is not None and str(path) == STDOUT
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _why(e: OSError) -> str:
+    if e.errno == errno.ENAMETOOLONG:
+        return "file name too long; use a shorter name"
+    if e.errno == errno.ENOSPC:
+        return "no space left on the device"
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "permission denied (read-only?)"
+    return e.strerror or str(e)
+
+
+def _name_max(folder: Path) -> int:
+    try:
+        return os.pathconf(folder if folder.exists() else ".", "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        return 255
+
+
+def check_output_path(path: str | Path | None, what: str) -> Path | None:
+    """Fail before any work if ``path`` cannot be written: a folder, a missing or unwritable folder,
+    a name too long. ``-`` (standard output), devices and FIFOs pass."""
+    if path is None:
+        return None
+    if is_stdout(path):
+        return Path(STDOUT)
+    path = Path(path).expanduser()
+    try:
+        target = Path(os.path.realpath(path))
+        if len(os.fsencode(target.name)) > _name_max(target.parent):
+            raise GSDError(f"{what} {str(path)[:60]}...: file name too long ({len(os.fsencode(target.name))} bytes); use a shorter name")
+        if target.is_dir():
+            raise GSDError(f"{what} {path} is a folder; give a file name")
+        if target.exists():
+            mode = target.stat().st_mode
+            if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
+                return path
+            if not stat.S_ISREG(mode):
+                raise GSDError(f"{what} {path} is not a regular file; give a file name")
+        parent = target.parent
+        if not parent.exists():
+            raise GSDError(f"{what} {path}: folder {parent} does not exist; create it first")
+        if not parent.is_dir():
+            raise GSDError(f"{what} {path}: {parent} is a file, not a folder")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise GSDError(f"{what} {path}: folder {parent} is not writable; give another path")
+    except OSError as e:
+        raise GSDError(f"{what} {str(path)[:200]}: {_why(e)}") from None
+    return path
+
+
+def check_distinct(outputs: Mapping[str, str | Path | None]) -> None:
+    """Refuse two options naming the same output (``--json X --csv X``, or ``-`` twice)."""
+    seen: dict[str, str] = {}
+    for option, path in outputs.items():
+        if path is None:
+            continue
+        key = STDOUT if is_stdout(path) else os.path.realpath(Path(path).expanduser())
+        if key in seen:
+            raise GSDError(f"{seen[key]} and {option} both write to {path}; give each output its own file")
+        seen[key] = option
+
+
+def save_output(path: str | Path, save: Callable[[IO], object], binary: bool = False, suffix: str = "",
+                private: bool = False) -> None:
+    """Call ``save(f)`` on a file object for ``path`` (see the module's rules)."""
+    if is_stdout(path):
+        stream = sys.stdout.buffer if binary else sys.stdout
+        save(stream)
+        stream.flush()
+        return
+    shown = Path(path)
+    try:
+        target = Path(os.path.realpath(Path(path).expanduser()))  # a symlink: write its target
+        try:
+            st = os.stat(target)
+        except FileNotFoundError:
+            st = None
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            raise GSDError(f"cannot write {shown}: it is a folder")
+        if st is not None and not stat.S_ISREG(st.st_mode):  # a device, FIFO, ...: write it as a stream
+            with open(target, "wb") if binary else open(target, "w", newline="", encoding="utf-8") as f:
+                save(f)
+            return
+        mode = 0o600 if private else stat.S_IMODE(st.st_mode) if st is not None else 0o666 & ~_umask()
+        fd, tmp = tempfile.mkstemp(prefix=".gsd-", suffix=suffix + ".tmp", dir=target.parent)
+        try:
+            os.fchmod(fd, mode)
+            with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", newline="", encoding="utf-8")) as f:
+                save(f)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as e:
+        raise GSDError(f"cannot write {str(shown)[:200]}: {_why(e)}") from None
+
+
+def write_output(path: str | Path, data: bytes | str, private: bool = False) -> None:
+    """Write ``data`` (text or bytes) to ``path`` by :func:`save_output`."""
+    if isinstance(data, str):
+        save_output(path, lambda f: f.write(data), private=private)
+    else:
+        save_output(path, lambda f: f.write(data), binary=True, private=private)

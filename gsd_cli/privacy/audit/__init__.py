@@ -1,0 +1,43 @@
+"""Empirical privacy audits (issue 20): lower bounds on epsilon, observed, beside the claimed one.
+
+* :func:`audit_training`: the one-run white-box canary audit of Steinke, Nasr and Jagielski (2023)
+  of a trainer (dpsgd, gep, rgp, topagg, second-phase stage 2, ``--sparsify``) through its real
+  transform chain, Poisson sampling, clip and noise (:mod:`.trainers`).
+* :func:`audit_dpgsd`: a distinguishing audit of DP-GSD's exponential mechanism on neighbouring
+  low-dimensional matrices, and the exact privacy loss of the pair (:mod:`.dpgsd`).
+* :mod:`.bound`: the statistics (the one-run bound, Clopper-Pearson).
+
+An audit lower bound can refute a privacy claim (epsilon_emp > claimed: a bug in the code or the
+analysis, at 95% confidence) but never prove one: epsilon_emp <= claimed says only that this
+audit, with these canaries, found nothing.
+"""
+
+from .bound import AuditResult, audit_epsilon, clopper_pearson, distinguishing_epsilon, one_run_epsilon, one_run_p_value
+from .dpgsd import audit_dpgsd, exact_privacy_loss
+from .trainers import BUGS, audit_config, audit_training, inject_bug
+
+METHODS = ("dpsgd", "gep", "rgp", "topagg", "second-phase", "dpsgd+rs", "gep+rs", "dpgsd")
+
+
+def audit(method: str, epsilon: float = 2.0, delta: float = 1e-5, *, canaries: int = 1000, insecure_seed: int | None = None,
+          bug: str | None = None, settings: dict | None = None, **kw) -> AuditResult:
+    """Audit ``method`` (one of :data:`METHODS`) at (``epsilon``, ``delta``): DP-GSD by
+    :func:`audit_dpgsd` (``canaries`` draws per neighbour; pure DP, delta unused), every trainer by
+    :func:`audit_training` with ``settings`` (TrainConfig fields) and ``kw`` (its options)."""
+    from ...errors import GSDError
+    from .. import check_delta, check_epsilon
+
+    if method not in METHODS:
+        raise GSDError(f"unknown --method {method!r}; use one of {', '.join(METHODS)}")
+    check_epsilon(epsilon)
+    if method == "dpgsd":
+        return audit_dpgsd(epsilon, draws=canaries, insecure_seed=insecure_seed, bug=bug, **kw)
+    check_delta(delta)
+    cfg = audit_config(method, epsilon, delta, **(settings or {}))
+    return audit_training(cfg, canaries=canaries, insecure_seed=insecure_seed, bug=bug, **kw)
+
+
+__all__ = [
+    "AuditResult", "BUGS", "METHODS", "audit", "audit_config", "audit_dpgsd", "audit_epsilon", "audit_training", "clopper_pearson",
+    "distinguishing_epsilon", "exact_privacy_loss", "inject_bug", "one_run_epsilon", "one_run_p_value",
+]

@@ -1,0 +1,100 @@
+"""Progress off a terminal (issue 19): plain lines per finished dataset / epoch with elapsed time and an
+estimate of the time left; gsd train --help reads at 80 columns."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+
+from rich.console import Console
+
+from gsd_cli.cli import common
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_train_prints_one_line_per_epoch_with_an_estimate():
+    lines, clock = [], Clock()
+    p = common.plain_progress(lines.append, clock, after=0)
+    p("epoch", 0, 4)
+    for epoch in range(4):
+        for s in range(1, 11):
+            clock.t += 1.0
+            p("step", s, 10)
+        p("epoch", epoch + 1, 4)
+    assert lines[0] == "step 1/10 of the epoch: 1.0s a step, about 9.0s left in it"
+    epochs = [l for l in lines if l.startswith("epoch ")]
+    assert epochs[0] == "epoch 1/4 done in 10s (10s elapsed, about 30s left)"
+    assert epochs[-1] == "epoch 4/4 done in 10s (40s elapsed)" and len(lines) == 5
+
+
+def test_rank_prints_an_estimate_after_the_first_chunk_and_a_line_per_dataset():
+    lines, clock = [], Clock()
+    p = common.plain_progress(lines.append, clock, after=0)
+    for name in ("mnist-a", "digits"):
+        for done in (64, 128, 192, 200):
+            clock.t += 2.0
+            p(name, done, 200)
+    assert lines == [
+        "mnist-a: 64/200 after 2.0s, about 4.2s left",
+        "mnist-a: 200/200 done in 8.0s (8.0s elapsed)",
+        "digits: 64/200 after 2.0s, about 4.2s left",
+        "digits: 200/200 done in 8.0s (16s elapsed)",
+    ]
+
+
+def test_a_short_command_prints_nothing_and_a_resumed_run_counts_from_its_epoch():
+    lines, clock = [], Clock()
+    p = common.plain_progress(lines.append, clock, after=15)
+    p("epoch", 0, 2)
+    clock.t = 5
+    p("epoch", 1, 2)
+    assert lines == []
+    clock.t = 100
+    p("epoch", 2, 2)
+    assert lines == ["epoch 2/2 done in 1m35s (1m40s elapsed)"]
+    lines.clear()
+    p = common.plain_progress(lines.append, Clock(), after=0)
+    p("epoch", 7, 10)  # resumed after epoch 7: no line for the epochs done before
+    assert lines == []
+
+
+def test_progress_bar_off_a_terminal_writes_plain_lines(monkeypatch):
+    buf = io.StringIO()
+    monkeypatch.setattr(common, "err", Console(file=buf, force_terminal=False, width=200))
+    monkeypatch.setattr(common, "PLAIN_AFTER", 0.0)
+    bar, p = common.progress_bar(False)
+    p("digits", 10, 10)
+    bar.stop()
+    assert buf.getvalue().startswith("digits: 10/10 done in ")
+    buf.truncate(0)
+    bar, p = common.progress_bar(True)  # --quiet: nothing
+    p("digits", 10, 10)
+    bar.stop()
+    assert buf.getvalue().strip("\0") == ""
+
+
+def test_train_help_reads_at_80_columns():
+    env = {**os.environ, "COLUMNS": "80", "TERM": "dumb", "NO_COLOR": "1"}
+    text = subprocess.run([sys.executable, "-m", "gsd_cli.cli", "train", "--help"], env=env, capture_output=True,
+                          text=True, check=True).stdout
+    assert "…" not in text and max(len(l) for l in text.splitlines()) <= 80
+    for panel in ("Data", "Privacy", "Model", "Optimisation", "GEP", "Second phase", "Auto-select", "Run folder"):
+        assert f"─ {panel}" in text, panel
+    assert "--data-root" in text
+    # every help text gets a column of at least 28 characters
+    import re
+
+    for line in text.splitlines():
+        m = re.match(r"│ (--[\w-]+).*?  (\S.*\S)\s*│$", line)
+        if m and "<" in line:
+            start = line.index(m.group(2))
+            assert 80 - start >= 28, line
