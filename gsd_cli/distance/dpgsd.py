@@ -52,6 +52,8 @@ class DPGSD(Distance):
         bingham_scale(pv.epsilon, pv.clip)  # validates epsilon > 0 and clip > 0
         if pv.mechanism not in MECHANISMS:
             raise GSDError(f"unknown --mechanism {pv.mechanism!r}; use one of {', '.join(MECHANISMS)}")
+        if pv.mechanism == "matrix" and pv.gibbs_sweeps < 1:  # before any gradient is computed
+            raise GSDError(f"--gibbs-sweeps must be at least 1 (got {pv.gibbs_sweeps})")
         if g.examples is None:
             raise GSDError("--dp needs a number of private examples (-m/--examples): with all of them, the output would reveal the size of the private set")
         check_insecure_seed(pv.insecure_seed)
