@@ -112,6 +112,39 @@ def test_halved_noise_raises_the_bound_but_is_below_one_run_resolution():
     assert bug.epsilon_lower_bound > ok.epsilon_lower_bound + 0.3
 
 
+@pytest.mark.parametrize("method", ["dpsgd", "second-phase"])
+def test_the_step_audit_detects_halved_noise_and_passes_correct_code(method):
+    """The many-trial distinguishing audit of one step is tight where the one-run audit is not:
+    halved noise (and every other bug) is flagged, the correct step stays below its claim."""
+    from gsd_cli.privacy.audit import audit_step
+
+    cfg = audit_config(method, 2.0, 1e-5)
+    ok = audit_step(cfg, insecure_seed=3)
+    assert ok.consistent and ok.epsilon_lower_bound > 0.5, ok  # informative, and below the claim
+    for bug in ("noise-halved", "noise-quartered", "no-clip"):
+        r = audit_step(cfg, insecure_seed=3, bug=bug)
+        assert r.epsilon_lower_bound > r.claimed_epsilon, (bug, r)
+    with pytest.raises(GSDError, match="step audit"):
+        audit_step(audit_config("gep", 2.0, 1e-5))
+    # secret randomness by default: two audits draw different noise
+    a, b = audit_step(cfg, trials=2000), audit_step(cfg, trials=2000)
+    assert a.details["mean_shift_sd"] != b.details["mean_shift_sd"]
+
+
+def test_cli_step_audit(tmp_path, capsys):
+    import json
+
+    from gsd_cli.cli import main
+
+    assert main(["audit", "--method", "dpsgd", "--epsilon", "2", "--step-trials", "5000", "--json", str(tmp_path / "a.json")]) == 0
+    doc = json.loads((tmp_path / "a.json").read_text())
+    assert doc["method"] == "dpsgd (step)" and doc["consistent"] and doc["details"]["trials"] == 5000
+    capsys.readouterr()
+    assert main(["audit", "--method", "rgp", "--step-trials", "5000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and "--step-trials" in err[0]
+
+
 def test_the_audit_runs_the_real_chain_and_refuses_bad_input():
     cfg = audit_config("dpsgd", 1.0, 1e-5)
     with pytest.raises(GSDError, match="free coordinates"):

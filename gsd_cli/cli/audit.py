@@ -35,7 +35,12 @@ def audit(
     accountant: str = typer.Option("rdp", "--accountant", help="rdp or pld."),
     seed: int = typer.Option(0, "--seed", help="Public randomness: synthetic inputs, anchors, masks, carriers."),
     insecure_seed: Optional[int] = insecure_seed_option("which canaries are in, the sampling and the noise"),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON to this file."),
+    step_trials: Optional[int] = typer.Option(
+        None, "--step-trials",
+        help="dpsgd, second-phase: instead of the one-run audit, release one full-batch step this many times on D and on "
+        "D + one canary and bound epsilon by a threshold test (tight enough to flag halved noise; e.g. 200000).",
+    ),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON to this file (- for stdout)."),
 ) -> None:
     """Audit a private trainer or DP-GSD empirically: a lower bound on epsilon at 95% confidence
     (Steinke, Nasr, Jagielski 2023 one-run canary audit; DP-GSD: a distinguishing test), beside the
@@ -45,6 +50,9 @@ def audit(
     from ..errors import GSDError
     from ..privacy.audit import audit as audit_fn
 
+    from ..outputs import check_output_path, write_output
+
+    json_file = check_output_path(json_path, "--json")
     if private is not None and model is None:
         raise GSDError("--private needs --model (the model trained on it)")
     kw: dict = {}
@@ -66,7 +74,15 @@ def audit(
             m, names, data, public_x, classes = real_setup(cfg, examples, insecure_seed)
             kw.update(model=m, names=names, data=data, public_x=public_x, classes=classes)
             settings.update(model=model, private=private, public=public)
-    result = audit_fn(method, epsilon, delta, canaries=canaries, insecure_seed=insecure_seed, **kw)
+    if step_trials is not None:
+        from ..privacy.audit import STEP_METHODS, audit_config, audit_step
+
+        if method not in STEP_METHODS or model is not None:
+            raise GSDError(f"--step-trials audits --method {' or '.join(STEP_METHODS)} on synthetic gradients (no --model)")
+        cfg = audit_config(method, epsilon, delta, clip=clip, accountant=accountant, seed=seed)
+        result = audit_step(cfg, trials=step_trials, insecure_seed=insecure_seed)
+    else:
+        result = audit_fn(method, epsilon, delta, canaries=canaries, insecure_seed=insecure_seed, **kw)
     table = Table(title="privacy audit (95% confidence)")
     for col in ("method", "claimed epsilon", "empirical lower bound", "canaries", "correct guesses"):
         table.add_column(col)
@@ -81,6 +97,6 @@ def audit(
     (out if result.consistent else err).print(verdict)
     if insecure_seed is not None:
         err.print(f"--insecure-seed {insecure_seed}: repeatable audit (its randomness is not secret)")
-    if json_path is not None:
-        json_path.write_text(json.dumps(result.to_dict(), indent=2, default=float) + "\n")
-        err.print(f"wrote {json_path}")
+    if json_file is not None:
+        write_output(json_file, json.dumps(result.to_dict(), indent=2, default=float) + "\n")
+        err.print(f"wrote {json_file}")

@@ -5,6 +5,9 @@
   transform chain, Poisson sampling, clip and noise (:mod:`.trainers`).
 * :func:`audit_dpgsd`: a distinguishing audit of DP-GSD's exponential mechanism on neighbouring
   low-dimensional matrices, and the exact privacy loss of the pair (:mod:`.dpgsd`).
+* :func:`audit_step`: a many-trial distinguishing audit of one full-batch step of dpsgd or
+  second-phase stage 2 (:mod:`.step`), tight enough to flag halved noise, which the one-run audit
+  cannot.
 * :mod:`.bound`: the statistics (the one-run bound, Clopper-Pearson).
 
 An audit lower bound can refute a privacy claim (epsilon_emp > claimed: a bug in the code or the
@@ -14,6 +17,7 @@ audit, with these canaries, found nothing.
 
 from .bound import AuditResult, audit_epsilon, clopper_pearson, distinguishing_epsilon, one_run_epsilon, one_run_p_value
 from .dpgsd import audit_dpgsd, exact_privacy_loss
+from .step import STEP_METHODS, audit_step
 from .trainers import BUGS, audit_config, audit_training, inject_bug
 
 METHODS = ("dpsgd", "gep", "rgp", "topagg", "second-phase", "dpsgd+rs", "gep+rs", "dpgsd")
@@ -38,6 +42,6 @@ def audit(method: str, epsilon: float = 2.0, delta: float = 1e-5, *, canaries: i
 
 
 __all__ = [
-    "AuditResult", "BUGS", "METHODS", "audit", "audit_config", "audit_dpgsd", "audit_epsilon", "audit_training", "clopper_pearson",
+    "AuditResult", "BUGS", "METHODS", "STEP_METHODS", "audit", "audit_config", "audit_dpgsd", "audit_step", "audit_epsilon", "audit_training", "clopper_pearson",
     "distinguishing_epsilon", "exact_privacy_loss", "inject_bug", "one_run_epsilon", "one_run_p_value",
 ]
