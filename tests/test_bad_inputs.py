@@ -182,10 +182,7 @@ CASES = [
 ]
 
 # Cases that belong to a colleague's part of issue 19 and may not pass yet (strict=False).
-PENDING = {
-    "folder-one-class": "loaders (issue 19): a one-class set should get an error that says so; today the rank "
-                        "fails later on the gradients' span",
-}
+PENDING: dict[str, str] = {}
 if not HAS_HF:
     PENDING["hf-missing"] = "the datasets package is not installed"
 

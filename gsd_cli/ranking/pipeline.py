@@ -95,6 +95,9 @@ def rank_once(private, publics: Sequence, config: RankConfig, *, public_seed: in
     num_classes = priv_source.num_classes
     if num_classes < 1:
         raise GSDError(f"{priv_source.name} has no classes; it needs labelled examples")
+    if num_classes < 2 and not priv_source.multilabel:  # one logit: cross-entropy's gradients are all zero
+        raise GSDError(f"{priv_source.name} has one class: a one-class model has no gradients to compare; "
+                       f"give a private set with at least 2 classes (or --classes N)")
     _, net, names, _ = build_model(m.model, num_classes, seed, weights=m.weights, peft=m.peft, params=m.params)
     num_params = sum(dict(net.named_parameters())[n].numel() for n in names)
     if g.k > num_params:
