@@ -41,9 +41,3 @@ def check_ranking(ranking, fail_above: float | None = None, expect_best: str | N
         where = f"ranks {names.index(expect_best) + 1}" if expect_best in names else "is not a candidate"
         failures.append(f"{ranking.private}: expected {expect_best} to rank first, but {best.public} wins ({expect_best} {where})")
     return failures
-
-
-def check_seed(option: str, value) -> None:
-    """A seed is a whole number >= 0 (numpy's seed sequences take no negative numbers)."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise GSDError(f"{option} {value}: give a whole number >= 0")

@@ -26,15 +26,9 @@ def _one_line_error(code, err, what=""):
 
 
 @pytest.fixture
-def declared(tmp_path):
-    """A 4-class private npz that declares its classes, and a public npz of other data."""
-    rng = np.random.default_rng(0)
-    base = rng.uniform(size=(4, 16, 16))
-    y = rng.integers(0, 4, 80)
-    x = np.clip(base[y] + 0.1 * rng.normal(size=(80, 16, 16)), 0, 1)
-    np.savez(tmp_path / "priv.npz", x=(x * 255).astype(np.uint8), y=y, classes=np.array(["a", "b", "c", "d"]))
-    np.savez(tmp_path / "pub.npz", x=(rng.uniform(size=(50, 16, 16)) * 255).astype(np.uint8), y=rng.integers(0, 4, 50))
-    return {"private": f"npz:{tmp_path / 'priv.npz'}", "public": f"npz:{tmp_path / 'pub.npz'}", "dir": tmp_path}
+def declared(tiny, tmp_path):
+    """conftest's ``tiny`` sets (120 examples; the private npz declares its classes) and their folder."""
+    return {**tiny, "dir": tmp_path}
 
 
 def test_two_dp_ranks_with_the_same_arguments_and_seed_differ(tmp_path, capsys):
@@ -97,7 +91,7 @@ def test_dp_rank_never_prints_the_private_set_size(declared):
     """m = min(-m, N) reveals N when the set is smaller than -m: the requested m is printed instead."""
     r = rank(declared["private"], [declared["public"]], **{**KW, "examples": 500}, dp=True, epsilon=5.0)
     assert r.private_examples == 500 and r.privacy["examples"] == 500
-    assert "80" not in json.dumps({k: v for k, v in r.to_dict().items() if k in ("private_examples", "privacy")})
+    assert "120" not in json.dumps({k: v for k, v in r.to_dict().items() if k in ("private_examples", "privacy")})
     with pytest.raises(GSDError, match="examples"):
         rank(declared["private"], [declared["public"]], **{**KW, "examples": None}, dp=True, epsilon=5.0)
 
@@ -184,7 +178,7 @@ def test_nan_pixel_in_a_private_npz_is_refused(declared, capsys):
     x = raw["x"].astype(np.float32) / 255
     x[17, 3, 4] = np.nan
     np.savez(d / "nan.npz", x=x, y=raw["y"], classes=raw["classes"])
-    code = main(["rank", "--private", f"npz:{d / 'nan.npz'}", "--public", "mnist-b", "-m", "80", "-k", "2", "--model", "fmnist-cnn",
+    code = main(["rank", "--private", f"npz:{d / 'nan.npz'}", "--public", "mnist-b", "-m", "120", "-k", "2", "--model", "fmnist-cnn",
                  "--params", "fc*", "-q", "--no-cache"])
     _one_line_error(code, capsys.readouterr().err, "17")
     x[::5, 0, 0] = np.inf  # every fifth example: the first training step meets one

@@ -54,11 +54,6 @@ def compare(
     """
     from ..compare import compare as compare_fn, comparison_table
     from ..train import TrainConfig
-    from ..checks import check_seed
-
-    check_seed("--seed", seed)
-    check_seed("--insecure-seed", insecure_seed)
-
     base = TrainConfig(delta=delta, model=model, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, clip=clip, k=k,
                        public_examples=public_examples, rgp_rank=rgp_rank, rgp_warmup=rgp_warmup, topk_fraction=topk_fraction,
                        weights=weights, peft=peft, public_epochs=public_epochs, public_lr=public_lr,

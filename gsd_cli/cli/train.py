@@ -116,10 +116,6 @@ def train(
     from ..train.checkpoint import load_meta
 
     publics = public_names(public, extra)
-    from ..checks import check_seed
-
-    check_seed("--seed", seed)
-    check_seed("--insecure-seed", insecure_seed)
     if data_root is not None:
         _use_data_root(ctx, data_root)
     fields = dict(

@@ -36,12 +36,18 @@ INSECURE_NOTE = (
 )
 
 
+def check_seed(option: str, value) -> None:
+    """A seed (``--seed``, ``--insecure-seed``) is None or a whole number >= 0 (numpy's seed
+    sequences take no negative numbers)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise GSDError(f"{option} {value}: give a whole number >= 0")
+
+
 def check_insecure_seed(seed: int | None) -> None:
     """``None`` (secret randomness) or a whole number >= 0."""
-    if seed is None:
-        return
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise GSDError(f"--insecure-seed must be a whole number >= 0 (got {seed!r})")
+    check_seed("--insecure-seed", seed)
 
 
 def private_rng(stream: str, insecure_seed: int | None = None, *words: int) -> np.random.Generator:

@@ -20,6 +20,7 @@ from typing import Sequence
 
 from ..errors import GSDError
 from ..gradients import LossFn
+from ..privacy.randomness import check_seed
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,8 @@ class RankConfig:
     distance: str | None = None
 
     def __post_init__(self) -> None:
-        _check_seed("--seed", self.seed)
-        _check_seed("--insecure-seed", self.privacy.insecure_seed)
+        check_seed("--seed", self.seed)
+        check_seed("--insecure-seed", self.privacy.insecure_seed)
 
     @property
     def distance_name(self) -> str:
@@ -113,14 +114,6 @@ class RankConfig:
             out.update({f.name: getattr(getattr(self, g), f.name) for f in dataclasses.fields(getattr(self, g))})
         out.update(seed=self.seed, repeats=self.repeats, distance=self.distance)
         return out
-
-
-def _check_seed(option: str, value) -> None:
-    """A seed is a whole number >= 0 (numpy's seed sequences take no negative numbers)."""
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise GSDError(f"{option} {value}: give a whole number >= 0")
 
 
 def option_names() -> list[str]:

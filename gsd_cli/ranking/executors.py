@@ -88,13 +88,14 @@ def public_subspaces(tasks: Iterable[PublicTask], compute: Callable[[PublicTask]
     out: dict[int, Subspace] = {}
     pending = []
     for i, t in enumerate(tasks):
-        if memo is not None and t.memo_key is not None and t.memo_key in memo:
-            out[i] = memo[t.memo_key][1]
+        kept = recall(memo, t.memo_key)
+        if kept is not None:
+            out[i] = kept
             continue
         key = t.cache_key() if cache is not None else None
         hit = cache.get(key, t.name) if key is not None else None
         if hit is not None:
-            out[i] = _remember(memo, t, hit)
+            out[i] = remember(memo, t.memo_key, t.sample.source, hit)
         else:
             pending.append((i, key))
     where = {id(tasks[i]): (i, key) for i, key in pending}
@@ -102,12 +103,18 @@ def public_subspaces(tasks: Iterable[PublicTask], compute: Callable[[PublicTask]
         i, key = where[id(task)]
         if key is not None:
             cache.put(key, sub)
-        out[i] = _remember(memo, task, sub)
+        out[i] = remember(memo, task.memo_key, task.sample.source, sub)
     return out
 
 
-def _remember(memo: dict | None, task: PublicTask, sub: Subspace) -> Subspace:
-    """Keep ``sub`` in ``memo``; sources are kept alive beside it (their ids are in the key)."""
-    if memo is not None and task.memo_key is not None:
-        memo[task.memo_key] = ([task.sample.source], sub)
+def recall(memo: dict | None, key: tuple | None) -> Subspace | None:
+    """The subspace kept in ``memo`` under ``key``, else None."""
+    return memo[key][1] if memo is not None and key is not None and key in memo else None
+
+
+def remember(memo: dict | None, key: tuple | None, source: gdata.ImageSource, sub: Subspace) -> Subspace:
+    """Keep ``sub`` in ``memo`` under ``key``; its source is kept alive beside it (the source's id is
+    in the key, so it must not be reused while the entry lives)."""
+    if memo is not None and key is not None:
+        memo[key] = ([source], sub)
     return sub

@@ -24,7 +24,7 @@ from ..gradients import resolve_device
 from ..side import LABELS, ROW_NORMS, Progress
 from ..subspace import uniform_baseline
 from .config import RankConfig
-from .executors import PublicTask, public_subspaces
+from .executors import PublicTask, public_subspaces, recall, remember
 from .results import RankResult, Ranking
 
 
@@ -113,12 +113,9 @@ def rank_once(private, publics: Sequence, config: RankConfig, *, public_seed: in
     key = (m.model, m.weights, m.peft, tuple(names), num_classes, g.k, g.labels, g.row_norm, g.dp_sketch, g.loss,
            str(dev), g.examples, seed, g.gram)
     pkey = key + (_memo_key(priv_source), seed, distance.memo_key())
-    if memo is not None and pkey in memo:
-        priv = memo[pkey][1]
-    else:
-        priv = distance.private_side(ctx, priv_sample)
-        if memo is not None:
-            memo[pkey] = ([priv_source], priv)
+    priv = recall(memo, pkey)
+    if priv is None:
+        priv = remember(memo, pkey, priv_source, distance.private_side(ctx, priv_sample))
     if g.engine == "auto" and priv.engine != "ghost":  # measured once on the private sample; the same engine for every candidate
         ctx.common["engine"] = priv.engine
     tasks = [PublicTask(smp, pseed, key + (_memo_key(smp.source), pseed),

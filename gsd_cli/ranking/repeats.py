@@ -173,8 +173,6 @@ def rank_repeats(
         raise GSDError(f"--dp-repeats must be one of {', '.join(DP_REPEATS)} (got {pv.dp_repeats!r})")
     if not publics:
         raise GSDError("give at least one public candidate (--public NAME ...)")
-    if int(seed) < 0:
-        raise GSDError(f"--seed must be >= 0 (got {seed})")
     # resolved once: every repeat reads the same source objects (and the cache keys on them)
     priv_source = gdata.resolve(private)
     pub_sources = [gdata.resolve(p) for p in publics]

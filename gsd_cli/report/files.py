@@ -8,25 +8,15 @@ import io
 import json
 import math
 from pathlib import Path
-from typing import IO, Callable
 
-from ..outputs import check_distinct, check_output_path, save_output  # noqa: F401 - re-exported
+from ..outputs import check_distinct, check_output_path, write_output  # noqa: F401 - re-exported
 from ..ranking import Ranking, RepeatRanking
 
 
-def _atomic_save(path: Path, save: Callable[[IO], object], binary: bool = False, suffix: str = "") -> None:
-    """``save(f)`` onto ``path`` by the one writer, :func:`gsd_cli.outputs.save_output`: atomic for
-    files, direct for ``-`` (stdout), devices and pipes; symlinks followed."""
-    save_output(path, save, binary=binary, suffix=suffix)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    save_output(path, lambda f: f.write(text))
-
-
 def write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` (atomically for a file; ``-`` is standard output)."""
-    _atomic_write(path, text)
+    """Write ``text`` to ``path`` by the one writer, :func:`gsd_cli.outputs.write_output` (atomic for a
+    file; ``-`` is standard output; devices and pipes written directly)."""
+    write_output(path, text)
 
 
 def _fmt(x: float, spec: str = ".4f") -> str:
@@ -78,15 +68,15 @@ def repeats_csv(ranking: RepeatRanking) -> str:
 
 
 def write_json(ranking: Ranking, path: str | Path) -> None:
-    _atomic_write(path, to_json(ranking))
+    write_text(path, to_json(ranking))
 
 
 def write_csv(ranking: Ranking, path: str | Path) -> None:
-    _atomic_write(path, to_csv(ranking))
+    write_text(path, to_csv(ranking))
 
 
 def write_repeats_csv(ranking: RepeatRanking, path: str | Path) -> None:
-    _atomic_write(path, repeats_csv(ranking))
+    write_text(path, repeats_csv(ranking))
 
 
 def jobs_to_csv(rankings: list[tuple[str, Ranking]]) -> str:

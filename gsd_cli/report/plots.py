@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import GSDError
+from ..outputs import save_output
 from ..ranking import Ranking
-from .files import _atomic_save, check_output_path
+from .files import check_output_path
 
 
 def check_plot_path(path: str | Path | None) -> Path | None:
@@ -37,7 +38,7 @@ def write_plot(ranking: Ranking | Sequence[tuple[str, Ranking]], path: str | Pat
     for ax, (job, rk) in zip(axes, panels):
         _plot_ranking(ax, rk, job)
     fig.tight_layout()
-    _atomic_save(path, lambda f: fig.savefig(f, format="png", dpi=120), binary=True, suffix=".png")
+    save_output(path, lambda f: fig.savefig(f, format="png", dpi=120), binary=True, suffix=".png")
 
 
 def _plot_ranking(ax, ranking: Ranking, job: str | None = None) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from .. import data as gdata
 from ..errors import GSDError
 from ..privacy import check_delta, check_epsilon
-from ..privacy.randomness import check_insecure_seed
+from ..privacy.randomness import check_insecure_seed, check_seed
 
 METHODS = ("dpsgd", "gep", "rgp", "topagg", "second-phase")
 SPARSIFIABLE = ("dpsgd", "gep")  # --sparsify (random sparsification, paper 003)
@@ -127,6 +127,7 @@ def validate(cfg: TrainConfig) -> None:
         raise GSDError(f"unknown --method {cfg.method!r}; use one of {', '.join(METHODS)}")
     check_epsilon(cfg.epsilon)
     check_delta(cfg.delta)
+    check_seed("--seed", cfg.seed)
     check_insecure_seed(cfg.insecure_seed)
     if cfg.epochs < 1:
         raise GSDError(f"--epochs must be at least 1 (got {cfg.epochs})")

@@ -59,12 +59,13 @@ from .transforms import Chain, StepContext, chain_step_event
 Progress = Callable[[str, int, int], None]
 
 
-def refuse_shared_public(cfg: TrainConfig, private: Sequence[gdata.ImageSource], catalog=None) -> None:
-    """Raise :class:`GSDError` when the public data the method trains with (GEP's anchors, the
-    second phase's public set) is the private set or shares examples with one of the ``private``
-    parts (by name, path or content): it would enter the model with no noise at all."""
+def refuse_shared_public(cfg: TrainConfig, private: Sequence[gdata.ImageSource], catalog=None) -> gdata.Sample | None:
+    """The public examples the method trains with (GEP's anchors, the second phase's public set;
+    None for a method without public data), after refusing them (:class:`GSDError`) when they are
+    the private set or share examples with one of the ``private`` parts (by name, path or content):
+    they would enter the model with no noise at all."""
     if cfg.method not in ("gep", "second-phase") or not cfg.public:
-        return
+        return None
     from ..ranking import refuse_private_as_public
 
     source = catalog.resolve(cfg.public) if catalog is not None else gdata.resolve(cfg.public)
@@ -72,6 +73,7 @@ def refuse_shared_public(cfg: TrainConfig, private: Sequence[gdata.ImageSource],
     what = "GEP anchor set" if cfg.method == "gep" else "second-phase public set"
     for part in private:
         refuse_private_as_public(part, None, [drawn], what=what)
+    return drawn
 
 
 def _same_event(a, b) -> bool:
@@ -206,7 +208,7 @@ def train(
 
     spec, model, names, model_info = build_model(cfg.model, train_src.num_classes, cfg.seed, weights=cfg.weights, peft=cfg.peft, params=cfg.params)
     model = model.to(dev)
-    refuse_shared_public(cfg, (train_src, test_src), cat)
+    pub_sample = refuse_shared_public(cfg, (train_src, test_src), cat)
     out.mkdir(exist_ok=True)
     stage1 = None
     if cfg.method == "second-phase":
@@ -219,7 +221,6 @@ def train(
 
     anchor = None
     if cfg.method == "gep":
-        pub_sample = gdata.draw(cat.resolve(cfg.public) if cat else gdata.resolve(cfg.public), cfg.public_examples, cfg.seed)
         pub_x = pub_sample.tensor(spec.input_size, spec.channels, dev)
         sizes = [dict(model.named_parameters())[n].numel() for n in names]
         groups = split_groups(names, sizes, parse_groups(cfg.groups, cfg.model))
