@@ -10,6 +10,13 @@ candidate and the rank correlations (Spearman, Kendall) between mean GSD and mea
     python benchmarks/bench_train_gep.py                                   # eps=2, 3 seeds
     python benchmarks/bench_train_gep.py --seeds 0 1 --epochs 10 --json benchmarks/results/train_gep.json
     python benchmarks/bench_train_gep.py --summarize a.json b.json          # runs of several files together
+
+Reusing the anchor basis (issue 21): ``--anchor-variants`` trains GEP once per variant, ``N`` for
+``--anchor-every N`` (cold power iteration) and ``Nw`` for ``--anchor-every N --anchor-warm``, with the
+same private randomness per seed (``deterministic_noise``), so the variants are compared in pairs:
+
+    python benchmarks/bench_train_gep.py --public mnist-b digits --seeds 0 1 2 3 4 --no-gsd \
+        --anchor-variants 1 1w 5 5w 10w --json benchmarks/results/train_gep_anchor_reuse.json
 """
 
 from __future__ import annotations
@@ -67,6 +74,48 @@ def summarize(runs: list[dict], publics: list[str]) -> tuple[list[dict], dict]:
     }
 
 
+def parse_variant(v: str) -> tuple[int, bool]:
+    """``"5"`` -> (5, False), ``"5w"`` -> (5, True): --anchor-every and --anchor-warm."""
+    warm = v.endswith("w")
+    try:
+        every = int(v[:-1] if warm else v)
+    except ValueError:
+        raise SystemExit(f"--anchor-variants: {v!r} is not N or Nw (N >= 1)") from None
+    if every < 1:
+        raise SystemExit(f"--anchor-variants: {v!r} is not N or Nw (N >= 1)")
+    return every, warm
+
+
+def summarize_variants(runs: list[dict], variants: list[str]) -> list[dict]:
+    """Per public set and anchor variant: accuracy mean +- sd over seeds, the paired difference to the
+    first variant (same seed, same private randomness) mean +- sd, and the mean run time."""
+    table = []
+    print("\n| public | variant | accuracy (mean +- sd) | vs " + variants[0] + " (paired, mean +- sd) | residual energy | run time (mean) |"
+          "\n|---|---|---|---|---|---|")
+    for cand in sorted({r["public"] for r in runs if r["public"] != "-"}):
+        base = {r["seed"]: r["accuracy"] for r in runs if r["public"] == cand and r.get("variant", "1") == variants[0]}
+        for v in variants:
+            rs = [r for r in runs if r["public"] == cand and r.get("variant", "1") == v]
+            if not rs:
+                continue
+            accs = [r["accuracy"] for r in rs]
+            diffs = [r["accuracy"] - base[r["seed"]] for r in rs if r["seed"] in base]
+            row = {"public": cand, "variant": v, "n": len(rs), "acc_mean": statistics.mean(accs),
+                   "acc_sd": statistics.stdev(accs) if len(accs) > 1 else None,
+                   "diff_mean": statistics.mean(diffs) if diffs else None,
+                   "diff_sd": statistics.stdev(diffs) if len(diffs) > 1 else None,
+                   "seconds_mean": statistics.mean(r["seconds"] for r in rs),
+                   "residual_energy_mean": statistics.mean(r["residual_energy"] for r in rs) if all(r.get("residual_energy") is not None for r in rs) else None}
+            table.append(row)
+            d = "-" if row["diff_mean"] is None else f"{100 * row['diff_mean']:+.2f} +- {100 * (row['diff_sd'] or 0):.2f}"
+            res = "-" if row["residual_energy_mean"] is None else f"{row['residual_energy_mean']:.3f}"
+            print(f"| {cand} | {v} | {100 * row['acc_mean']:.2f}% +- {100 * (row['acc_sd'] or 0):.2f} | {d} | {res} | {row['seconds_mean']:.0f} s |")
+    dp = [r["accuracy"] for r in runs if r["public"] == "-"]
+    if dp:
+        print(f"| none (DP-SGD) | - | {100 * statistics.mean(dp):.2f}% +- {100 * (statistics.stdev(dp) if len(dp) > 1 else 0):.2f} | - | - | - |")
+    return table
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--private", default="mnist-a")
@@ -83,6 +132,10 @@ def main() -> None:
     ap.add_argument("--clip-residual", type=float, default=0.4)
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--model", default="fmnist-cnn")
+    ap.add_argument("--anchor-variants", nargs="+", default=["1"], metavar="N[w]",
+                    help="GEP anchor reuse variants: N = --anchor-every N, Nw = with --anchor-warm (default: 1, the paper's).")
+    ap.add_argument("--no-gsd", action="store_true", help="Skip the GSD ranking (for comparing anchor variants only).")
+    ap.add_argument("--no-baseline", action="store_true", help="Skip the DP-SGD baseline.")
     ap.add_argument("--json", default=None)
     ap.add_argument("--summarize", nargs="+", default=None, metavar="JSON",
                     help="Only summarise the runs of earlier --json files (several: their runs together, e.g. more seeds).")
@@ -98,29 +151,45 @@ def main() -> None:
                 raise SystemExit(f"{path}: settings differ from the first file's ({', '.join(diff)}); summarise them apart")
             first = same
             runs += doc["runs"]
-        summarize(runs, first["public"])
+        if len(first.get("anchor_variants", ["1"])) > 1 or first.get("no_gsd"):
+            summarize_variants(runs, first.get("anchor_variants", ["1"]))
+        else:
+            summarize(runs, first["public"])
         return
+    variants = [(v, *parse_variant(v)) for v in args.anchor_variants]
     t0 = time.time()
     train_part, _ = private_parts(args.private)
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
-            ranking = rank(train_part, args.public, k=16, examples=2000, seed=seed, model=args.model, device="cpu")
-            dist = {r.public: r.distance for r in ranking.results}
-            print(f"seed {seed}: GSD " + ", ".join(f"{c} {d:.3f}" for c, d in sorted(dist.items(), key=lambda kv: kv[1])), flush=True)
-            for cand in [None, *args.public]:
+            dist = {}
+            if not args.no_gsd:
+                ranking = rank(train_part, args.public, k=16, examples=2000, seed=seed, model=args.model, device="cpu")
+                dist = {r.public: r.distance for r in ranking.results}
+                print(f"seed {seed}: GSD " + ", ".join(f"{c} {d:.3f}" for c, d in sorted(dist.items(), key=lambda kv: kv[1])), flush=True)
+            jobs = ([] if args.no_baseline else [(None, ("-", 1, False))]) + [(c, v) for c in args.public for v in variants]
+            for cand, (variant, every, warm) in jobs:
                 cfg = TrainConfig(
                     private=args.private, public=cand, method="gep" if cand else "dpsgd", epsilon=args.epsilon,
                     delta=args.delta, model=args.model, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                     seed=seed, clip=args.clip, k=args.k, public_examples=args.public_examples,
                     clip_embedding=args.clip_embedding, clip_residual=args.clip_residual, deterministic_noise=True,
-                    public_distance=dist.get(cand),
+                    public_distance=dist.get(cand), anchor_every=every, anchor_warm=warm,
                 )
-                s = train(cfg, os.path.join(tmp, f"{seed}-{cand}"), device="cpu")
+                run_dir = os.path.join(tmp, f"{seed}-{cand}-{variant}")
+                s = train(cfg, run_dir, device="cpu")
+                with open(os.path.join(run_dir, "metrics.jsonl")) as f:  # share of the private gradients outside the basis
+                    residual = [r["residual_energy"] for r in map(json.loads, f) if "residual_energy" in r]
                 runs.append({"seed": seed, "public": cand or "-", "gsd": dist.get(cand), "accuracy": s["test"]["accuracy"],
-                             "epsilon": s["epsilon"], "sigma": s["sigma"], "seconds": s["seconds"]})
-                print(f"  {cand or '- (DP-SGD)':16s} acc {s['test']['accuracy']:.4f}  eps {s['epsilon']:.4f}  {s['seconds']:.0f} s", flush=True)
-    table, corr = summarize(runs, args.public)
+                             "epsilon": s["epsilon"], "sigma": s["sigma"], "seconds": s["seconds"],
+                             **({"variant": variant, "anchor_every": every, "anchor_warm": warm,
+                                 "residual_energy": statistics.mean(residual) if residual else None} if cand else {})})
+                print(f"  {cand or '- (DP-SGD)':16s} {variant if cand else '':4s} acc {s['test']['accuracy']:.4f}  "
+                      f"eps {s['epsilon']:.4f}  {s['seconds']:.0f} s", flush=True)
+    if args.no_gsd or len(variants) > 1:
+        table, corr = summarize_variants(runs, args.anchor_variants), {}
+    else:
+        table, corr = summarize(runs, args.public)
     doc = {
         "settings": vars(args), "runs": runs, "table": table,
         **corr,

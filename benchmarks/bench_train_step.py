@@ -7,10 +7,14 @@ For each model, on the embedded private data (mnist-a) with mnist-b as GEP's pub
 * dpsgd      : per-sample gradients in chunks + clip + sum + noise + SGD step (gsd's DP-SGD step);
 * gep        : the same plus GEP's anchor subspace (per-sample gradients of m public examples at the
                current weights + one power iteration per group) and the embed/residual transforms;
-* gep_anchor : the anchor subspace alone (the part of a GEP step that does not depend on the batch).
+* gep_anchor : the anchor subspace alone (the part of a GEP step that does not depend on the batch);
+* gep_every_N: the GEP step with ``--anchor-every N`` (the basis recomputed every N steps, reused in
+               between; ``--anchor-warm`` for warm-started recomputations), amortised: the time of N
+               consecutive steps (one recomputation) divided by N.
 
     python benchmarks/bench_train_step.py                             # fmnist-cnn and resnet20, B=250
     python benchmarks/bench_train_step.py --batch 1000 --models resnet20 --json benchmarks/results/train_step.json
+    python benchmarks/bench_train_step.py --models fmnist-cnn --anchor-every 1 5 10 20 --anchor-warm
 """
 
 from __future__ import annotations
@@ -50,7 +54,8 @@ def _median_time(fn, dev, repeats):
     return statistics.median(times)
 
 
-def bench(model_name: str, batch: int, m: int, k: int, dev: torch.device, repeats: int) -> dict:
+def bench(model_name: str, batch: int, m: int, k: int, dev: torch.device, repeats: int,
+          every: tuple[int, ...] = (1,), warm: bool = False) -> dict:
     spec = get_model_spec(model_name)
     model = spec.build(num_classes=10, seed=0).to(dev)
     names = select_parameters(model)
@@ -96,10 +101,22 @@ def bench(model_name: str, batch: int, m: int, k: int, dev: torch.device, repeat
     anchor = Anchor(pub, 10, k, groups, 1, 0, grads)
     gep = build_method(TrainConfig(method="gep", public="mnist-b", k=k), 1.0, anchor)
 
-    def gep_step():
+    def gep_step(method=gep):
         step[0] += 1
         ctx = StepContext(step=step[0], model=model, names=names, generator=torch.Generator().manual_seed(step[0]), device=dev)
-        apply(private_step(gep.chain, model, names, batches(), p, ctx)["grad"] / batch)
+        apply(private_step(method.chain, model, names, batches(), p, ctx)["grad"] / batch)
+
+    def gep_window(n: int):
+        """n consecutive steps with the basis recomputed every n steps: exactly one recomputation."""
+        reuse = Anchor(pub, 10, k, groups, 1, 0, grads, every=n, warm=warm)
+        method = build_method(TrainConfig(method="gep", public="mnist-b", k=k, anchor_every=n, anchor_warm=warm), 1.0, reuse)
+
+        def run():
+            done = reuse.refreshes
+            for _ in range(n):
+                gep_step(method)
+            assert reuse.refreshes == done + 1
+        return run
 
     def anchor_only():
         step[0] += 1
@@ -113,6 +130,10 @@ def bench(model_name: str, batch: int, m: int, k: int, dev: torch.device, repeat
     res["dpsgd_over_nonprivate"] = res["dpsgd_s"] / res["nonprivate_s"]
     res["gep_over_nonprivate"] = res["gep_s"] / res["nonprivate_s"]
     res["gep_over_dpsgd"] = res["gep_s"] / res["dpsgd_s"]
+    res["anchor_warm"] = warm
+    for n in every:
+        res[f"gep_every_{n}_s"] = _median_time(gep_window(n), dev, repeats) / n
+        res[f"gep_every_{n}_over_dpsgd"] = res[f"gep_every_{n}_s"] / res["dpsgd_s"]
     return res
 
 
@@ -123,18 +144,23 @@ def main() -> None:
     ap.add_argument("--anchors", type=int, default=2000)
     ap.add_argument("--k", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--anchor-every", type=int, nargs="+", default=[1, 10], metavar="N",
+                    help="GEP steps with the anchor basis recomputed every N steps (amortised step time).")
+    ap.add_argument("--anchor-warm", action="store_true", help="Warm-start the recomputations (--anchor-warm).")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     dev = resolve_device(args.device)
     rows = []
     for name in args.models:
-        r = bench(name, args.batch, args.anchors, args.k, dev, args.repeats)
+        r = bench(name, args.batch, args.anchors, args.k, dev, args.repeats, tuple(args.anchor_every), args.anchor_warm)
         rows.append(r)
         print(
             f"{name:11s} p={r['params']:>7,} B={r['batch']} m={r['anchors']} k={r['k']}: non-private {r['nonprivate_s']:.3f} s, "
             f"DP-SGD {r['dpsgd_s']:.3f} s ({r['dpsgd_over_nonprivate']:.1f}x), GEP {r['gep_s']:.3f} s "
-            f"({r['gep_over_nonprivate']:.1f}x; anchor subspace {r['gep_anchor_s']:.3f} s)",
+            f"({r['gep_over_nonprivate']:.1f}x; anchor subspace {r['gep_anchor_s']:.3f} s); "
+            + ", ".join(f"anchor-every {n}{' warm' if args.anchor_warm else ''}: {r[f'gep_every_{n}_s']:.3f} s "
+                        f"({r[f'gep_every_{n}_over_dpsgd']:.1f}x DP-SGD)" for n in args.anchor_every),
             flush=True,
         )
     doc = {

@@ -1,12 +1,18 @@
 """A disk cache of *public* gradient subspaces, so re-ranking recomputes only what changed.
 
-An entry is keyed by the SHA-256 of everything that changes a public subspace: the content of the
-sampled examples (the model input of the drawn indices, and their labels for the gradients), the
-model's weights w0 and the names of the parameters that get gradients, k, row_norm, the sketch
-dimension and its seed. The engine and the device do not enter (they compute the same thing).
+An entry is keyed by the SHA-256 of everything that changes a public subspace: what the sampled
+examples are made of (:func:`gsd_cli.data.fingerprint.sample_fingerprint`: the source's name and
+kind, the drawn indices, the raw rows of in-memory arrays or the bytes of the drawn files, the
+decoders' versions; never the resized model input, which would cost a second decode and resize),
+the labels the gradients use, the model (its architecture's description, its weights w0) and the
+names of the parameters that get gradients, the input size, channels and transform
+(:data:`gsd_cli.data.transform.TRANSFORM`), k, the labels mode, row_norm, the sketch dimension and
+its seed. The engine and the device do not enter (they compute the same thing). Nothing in the key
+depends on ``id()`` or Python's salted ``hash()``: the same inputs give the same key in every process.
 Entries are safetensors files with a JSON header (schema, key, SHA-256 of the tensors) written
 atomically; one that does not load, has another schema or key, or whose checksum does not match is
-recomputed and replaced, never trusted. The private subspace is never cached.
+recomputed and replaced, never trusted (entries of schema 1, keyed on the resized input, simply miss;
+``clear`` still deletes them). The private subspace is never cached.
 
 A cache that cannot be written (a read-only or full disk, a file where the folder should be) never
 costs the ranking: the first failed write prints one warning on stderr (naming ``--no-cache`` and
@@ -26,16 +32,20 @@ import os
 import re
 import sys
 import tempfile
+import weakref
 from pathlib import Path
 from typing import Callable
 
 import torch
 
+from .data.fingerprint import sample_fingerprint
+from .data.transform import TRANSFORM
 from .side import Subspace, sample_labels
 
-SCHEMA = 1
+#: 2: keyed on what the examples are made of (1: on the resized model input)
+SCHEMA = 2
 #: every schema gsd has written: ``clear`` deletes entries of these only
-KNOWN_SCHEMAS = (1,)
+KNOWN_SCHEMAS = (1, 2)
 ENV = "GSD_CACHE_DIR"
 _ENTRY = re.compile(r"[0-9a-f]{64}\.safetensors")
 _TEMP = re.compile(r"\.[0-9a-f]{16}\..+\.tmp")
@@ -53,8 +63,31 @@ def _tensor_digest(*tensors: torch.Tensor) -> str:
     for t in tensors:
         t = t.detach().to("cpu").contiguous()
         h.update(str((tuple(t.shape), str(t.dtype))).encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")  # reshape: a 0-dim buffer (num_batches_tracked)
     return h.hexdigest()
+
+
+_MODEL_DIGESTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def model_digest(model: torch.nn.Module) -> str:
+    """SHA-256 of a model's description (its ``repr``: layers, their shapes and activations; which
+    modules are in training mode) and of its state (parameters and buffers, by name). Kept per model
+    object while no tensor of it changes (same storage, same in-place version counter), so that the
+    candidates of one ranking hash the weights once."""
+    state = sorted(model.state_dict(keep_vars=True).items())
+    stamp = tuple((n, t.data_ptr(), t._version, tuple(t.shape), str(t.dtype)) for n, t in state)
+    kept = _MODEL_DIGESTS.get(model)
+    if kept is not None and kept[0] == stamp:
+        return kept[1]
+    h = hashlib.sha256()
+    h.update(repr(model).encode())
+    h.update(repr([m.training for m in model.modules()]).encode())
+    h.update(json.dumps([n for n, _ in state]).encode())
+    h.update(_tensor_digest(*[t.detach() for _, t in state]).encode())
+    digest = h.hexdigest()
+    _MODEL_DIGESTS[model] = (stamp, digest)
+    return digest
 
 
 class SubspaceCache:
@@ -74,13 +107,14 @@ class SubspaceCache:
     # -- keys ------------------------------------------------------------------------------------
     @staticmethod
     def key(model, sample, labels: torch.Tensor, settings: dict) -> str:
-        """SHA-256 of the model input and labels of ``sample``, the weights and ``settings``."""
+        """SHA-256 of ``settings``, the fingerprint of ``sample`` (what its drawn examples are made of:
+        :func:`gsd_cli.data.fingerprint.sample_fingerprint`), its ``labels`` and the model (its
+        description and weights: :func:`model_digest`)."""
         h = hashlib.sha256()
-        h.update(json.dumps({"schema": SCHEMA, **settings}, sort_keys=True, default=str).encode())
-        h.update(_tensor_digest(*[p for _, p in sorted(model.state_dict().items())]).encode())
+        doc = {"schema": SCHEMA, **settings, "sample": sample_fingerprint(sample.source, sample.indices),
+               "model_digest": model_digest(model)}
+        h.update(json.dumps(doc, sort_keys=True, default=str).encode())
         h.update(_tensor_digest(labels).encode())
-        for _, x in sample.batches(settings["input_size"], settings["channels"], 256, "cpu"):
-            h.update(_tensor_digest(x).encode())
         return h.hexdigest()
 
     def path(self, key: str) -> Path:
@@ -225,11 +259,14 @@ def public_cache_key(cache: SubspaceCache | None, model, sample, common: dict) -
     which cannot be hashed)."""
     if cache is None or common.get("loss") is not None:
         return None
+    from .model_spec import model_identity
+
     labels = sample_labels(sample, common["labels"], common["num_classes"], common["seed"])
     settings = {
-        "k": common["k"], "names": list(common["names"]), "row_norm": common["row_norm"],
+        "k": common["k"], "names": list(common["names"]), "row_norm": common["row_norm"], "labels": common["labels"],
         "input_size": common["input_size"], "channels": common["channels"], "num_classes": common["num_classes"],
-        "sketch": common.get("sketch_dim"), "sketch_seed": common["seed"] if common.get("sketch_dim") else None,
-        "model": type(model).__name__, "examples": len(sample),
+        "transform": TRANSFORM, "sketch": common.get("sketch_dim"), "subspace_method": common.get("subspace_method", "auto"),
+        "sketch_seed": common["seed"] if common.get("sketch_dim") else None,
+        "model": model_identity(model, weights=False), "examples": len(sample),  # class, code, origin (weights: model_digest)
     }
     return SubspaceCache.key(model, sample, labels, settings)

@@ -15,6 +15,7 @@
     path = "derm/labels.csv"       # generic sources: the file or folder
     image_column = "file"          # csv: columns, when not found by name
     label_column = "diagnosis"     # or label_columns = ["a", "b"] (0/1 columns, multi-label)
+    group_column = "patient_id"    # csv: splits keep a patient's rows together (folder: groups = "file.csv")
 
     [[jobs]]
     name = "chest-ci"              # optional; default: the private dataset's name
@@ -33,7 +34,7 @@ with no ``split`` that ``gsd train`` uses as its private set is split as the dat
 line (:meth:`Catalog.resolve` with ``split``): official or grouped splits are kept.
 
 **Relative paths.** Every relative path written in a catalogue (``data_root``, ``root``, ``path``,
-``weights``) is relative to the folder of the TOML file, never to the working folder and never to
+``weights``, the file of ``model = "net.py:make"``) is relative to the folder of the TOML file, never to the working folder and never to
 ``data_root``. One rule for every key is what a reader of the file can check without knowing which
 key is resolved against which other; it keeps a catalogue and the data beside it movable together
 (and runnable from any folder, in CI); and ``data_root`` keeps its one meaning, the folder where the
@@ -55,18 +56,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import GSDError
+from .model_spec import split_file_reference
 
 #: Options a job may set (the flat options of :class:`gsd_cli.ranking.RankConfig`).
 OPTIONS = ("k", "examples", "seed", "model", "params", "labels", "row_norm", "device", "chunk_size", "engine",
            "dp", "epsilon", "clip", "mechanism", "dp_sketch", "gibbs_sweeps", "gram", "memory_budget",
-           "repeats", "dp_repeats", "weights", "peft", "insecure_seed", "classes")
+           "repeats", "dp_repeats", "weights", "peft", "insecure_seed", "classes", "subspace_method", "batchnorm")
 CHECKS = ("fail_above", "expect_best")
 #: the type each numeric or boolean option (and check) must have in a catalogue
 OPTION_TYPES = {"k": "an integer", "examples": "an integer", "seed": "an integer", "chunk_size": "an integer",
                 "dp_sketch": "an integer", "gibbs_sweeps": "an integer", "repeats": "an integer", "dp": "true or false",
                 "epsilon": "a number", "clip": "a number", "fail_above": "a number", "expect_best": "a string",
-                "dp_repeats": "a string", "gram": "a string", "weights": "a string", "peft": "a string",
-                "insecure_seed": "an integer"}
+                "dp_repeats": "a string", "gram": "a string", "subspace_method": "a string", "weights": "a string", "peft": "a string",
+                "insecure_seed": "an integer", "model": "a string", "batchnorm": "a string"}
 
 
 def _is(value, kind: str) -> bool:
@@ -77,7 +79,8 @@ def _is(value, kind: str) -> bool:
     if kind == "true or false":
         return isinstance(value, bool)
     return isinstance(value, str)
-DATASET_KEYS = ("source", "root", "path", "split", "image_column", "label_column", "label_columns", "notes")
+DATASET_KEYS = ("source", "root", "path", "split", "image_column", "label_column", "label_columns", "group_column",
+                "groups", "frame", "notes")
 
 
 @dataclass
@@ -90,6 +93,9 @@ class DatasetEntry:
     image_column: str | None = None
     label_column: str | None = None
     label_columns: list[str] | None = None
+    group_column: str | None = None  # csv: the column of group (patient) ids; the split keeps a group together
+    groups: str | None = None  # folder: a CSV file,group (relative to the catalogue), gsd_cli.data.groups
+    frame: int | None = None  # folder / csv: the frame read from multi-frame DICOM files
     notes: str = ""
 
 
@@ -138,7 +144,12 @@ class Catalog:
         full = e.source if split is None else f"{e.source}:{split}"
         if e.source == "csv":
             src = csv_source(self._file(e), name=e.name, image_column=e.image_column, label_column=e.label_column,
-                             label_columns=e.label_columns)
+                             label_columns=e.label_columns, group_column=e.group_column, frame=e.frame)
+            return src if split is None else fixed_split(src, split, f"{e.name}:{split}")
+        if e.source == "folder" and (e.groups or e.frame is not None):
+            from .data.files import FolderSource
+
+            src = FolderSource(self._file(e), e.name, self._rel(e.groups) if e.groups else None, e.frame)
             return src if split is None else fixed_split(src, split, f"{e.name}:{split}")
         if e.source == "hf":
             return hf_source(self._file(e), name=e.name, split=split)
@@ -216,6 +227,9 @@ def load_catalog(path: str | Path) -> Catalog:
         w = job.options.get("weights")
         if w and cat._rel(w).is_file():
             job.options["weights"] = str(cat._rel(w))
+        model = split_file_reference(job.options.get("model") or "")  # a user's model file (gsd_cli.model_spec)
+        if model and cat._rel(model[0]).is_file():
+            job.options["model"] = str(cat._rel(model[0])) + job.options["model"][len(model[0]):]
     cat.data_root = str(cat._rel(root)) if root else None
     return cat
 
@@ -271,9 +285,12 @@ class CatalogError(GSDError):
 def run_jobs(catalog: Catalog | str | Path, private: str | None = None, *, download: bool = False,
              overrides: dict | None = None, fail_fast: bool = False, on_job=None, **rank_kwargs) -> CatalogRun:
     """Run the selected jobs, keeping going past a failed one (see the module docstring); returns the
-    :class:`CatalogRun`. ``on_job(run)`` is called after each job, finished or failed. With ``fail_fast``
-    the first failure raises its :class:`GSDError` (every unusable dataset at once, before any job)."""
-    from .ranking import RankConfig, rank
+    :class:`CatalogRun`. ``on_job(run)`` is called after each job, finished or failed, in job order. With
+    ``fail_fast`` the first failure raises its :class:`GSDError` (every unusable dataset at once, before
+    any job). ``executor`` (in ``rank_kwargs``; ``"ray"``, a name or an object) is built once for all
+    jobs; one that computes elsewhere overlaps the jobs (:func:`gsd_cli.ranking.executors.in_turns`)."""
+    from .ranking import RankConfig, get_executor, rank
+    from .ranking.executors import in_turns
 
     if not isinstance(catalog, Catalog):
         catalog = load_catalog(catalog)
@@ -286,19 +303,25 @@ def run_jobs(catalog: Catalog | str | Path, private: str | None = None, *, downl
             run.unusable[name] = _line(e)
     if run.unusable and fail_fast:
         raise GSDError(run.unusable_line())
-    for job in run.jobs:
+    executor = rank_kwargs["executor"] = get_executor(rank_kwargs.get("executor"))  # one for all jobs
+
+    def attempt(job: Job):
         try:
             config = RankConfig.from_options(**{**job.options, **(overrides or {})})
             bad = [n for n in dict.fromkeys((job.private, *job.candidates)) if n in run.unusable]
             if bad:
                 raise GSDError("; ".join(f"dataset {n}: {run.unusable[n]}" for n in bad))
-            rk = rank(sources[job.private], [sources[c] for c in job.candidates], config, **rank_kwargs)
+            return rank(sources[job.private], [sources[c] for c in job.candidates], config, **rank_kwargs), None
         except GSDError as e:
             if fail_fast:
                 raise GSDError(f"job {job.name!r}: {_line(e)}") from None
-            run.errors.append((job, _line(e)))
-        else:
+            return None, _line(e)
+
+    for job, (rk, error) in zip(run.jobs, in_turns(run.jobs, attempt, executor)):
+        if error is None:
             run.results.append((job, rk))
+        else:
+            run.errors.append((job, error))
         if on_job is not None:
             on_job(run)
     return run
@@ -307,7 +330,7 @@ def run_jobs(catalog: Catalog | str | Path, private: str | None = None, *, downl
 def run_catalog(catalog: Catalog | str | Path, private: str | None = None, *, download: bool = False,
                 overrides: dict | None = None, fail_fast: bool = False, **rank_kwargs) -> list[tuple[Job, object]]:
     """Run the selected jobs; returns ``[(job, Ranking), ...]``. ``overrides`` (options given on the
-    command line) win over a job's options; ``rank_kwargs`` (``cache``, ``progress``...) pass through.
+    command line) win over a job's options; ``rank_kwargs`` (``cache``, ``progress``, ``executor``...) pass through.
     When a job fails the others still run, then :class:`CatalogError` (a :class:`GSDError`) names every
     failure and holds the finished jobs in ``.run``; ``fail_fast`` stops at the first failure."""
     run = run_jobs(catalog, private, download=download, overrides=overrides, fail_fast=fail_fast, **rank_kwargs)

@@ -8,8 +8,9 @@ Every method trains with :func:`gsd_cli.train.train` at the same target (epsilon
 model, epochs, batch size and optimizer, for seeds ``seed, seed + 1, ...`` (the seed sets the initial
 weights, the public anchors and the RS masks; with ``deterministic_noise`` also the private sampling
 and noise), each run in its own folder ``OUT/<method>/seed<s>``. ``NAME+rs`` is method NAME (dpsgd or
-gep) with random sparsification at final rate ``sparsify``. The result: per method the test accuracy
-(mean +- sample sd over seeds), the epsilon reached, sigma and time, written to ``OUT/comparison.json``,
+gep) with random sparsification at final rate ``sparsify``. The result: per method the test metric
+that leads for the task (``metric``: macro AUC multi-label, balanced accuracy unbalanced, else
+accuracy; :mod:`gsd_cli.train.evaluate`) and the accuracy (mean +- sample sd over seeds), the epsilon reached, sigma and time, written to ``OUT/comparison.json``,
 ``OUT/comparison.csv`` and ``OUT/comparison.png``. ``OUT`` must not exist (or be empty): nothing is
 overwritten.
 
@@ -118,6 +119,8 @@ def compare(
         run_dir.parent.mkdir(exist_ok=True)
         s = train(cfg, run_dir, device=device)
         row = {"method": label, "seed": cfg.seed, "accuracy": s["test"]["accuracy"], "macro_auc": s["test"].get("macro_auc"),
+               "balanced_accuracy": s["test"].get("balanced_accuracy"), "primary": s["test"].get("primary", "accuracy"),
+               "score": s["test"].get(s["test"].get("primary", "accuracy")),  # the metric that leads (train.evaluate)
                "epsilon": s["epsilon"], "sigma": s["sigma"], "seconds": s["seconds"], "sparsity_reached": s.get("sparsity_reached"),
                "folder": str(run_dir), "budget_epsilon": s["budget"]["total_epsilon"], "budget_delta": s["budget"]["total_delta"],
                "dp": s["dp"]}
@@ -130,8 +133,10 @@ def compare(
     for label, method, rs in specs:
         rows = [r for r in runs if r["method"] == label]
         accs = [r["accuracy"] for r in rows]
+        scores = [r["score"] for r in rows if r["score"] is not None] or accs
         table.append({
             "method": label, "seeds": len(rows), "accuracy_mean": statistics.mean(accs), "accuracy_sd": _sd(accs),
+            "metric": rows[0]["primary"], "score_mean": statistics.mean(scores), "score_sd": _sd(scores),
             "epsilon": max(r["epsilon"] for r in rows), "sigma": rows[0]["sigma"],
             "seconds_mean": statistics.mean(r["seconds"] for r in rows),
             "sparsity_reached": rows[0]["sparsity_reached"],
@@ -166,7 +171,8 @@ def privacy_total(runs: list[dict]) -> dict:
 
 def to_csv(table: list[dict]) -> str:
     buf = io.StringIO()
-    cols = ["method", "seeds", "accuracy_mean", "accuracy_sd", "epsilon", "sigma", "seconds_mean", "sparsity_reached"]
+    cols = ["method", "seeds", "accuracy_mean", "accuracy_sd", "epsilon", "sigma", "seconds_mean", "sparsity_reached",
+            "metric", "score_mean", "score_sd"]  # metric: the one that leads (train.evaluate), score: its value
     w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
     for r in table:
@@ -202,16 +208,22 @@ def plot_comparison(result: dict, path: Path) -> None:
 
 
 def comparison_table(result: dict):
-    """A rich table: method, accuracy mean +- sd, epsilon, sigma, time, sparsity."""
+    """A rich table: method, the leading test metric's mean +- sd (macro AUC, balanced accuracy or
+    accuracy: :mod:`gsd_cli.train.evaluate`), epsilon, sigma, time, sparsity."""
     from rich.table import Table
+
+    from .train.evaluate import LABELS
+
+    metric = (result["table"] or [{}])[0].get("metric", "accuracy")
 
     t = Table(title=f"gsd compare: {result['private']} (public {result['public'] or '-'}), epsilon {result['epsilon']:g}, "
                     f"{len(result['seeds'])} seed(s)")
-    for c in ("method", "accuracy (mean +- sd)", "epsilon", "sigma", "s/run", "sparsity"):
+    for c in ("method", f"{LABELS.get(metric, metric)} (mean +- sd)", "epsilon", "sigma", "s/run", "sparsity"):
         t.add_column(c, justify="left" if c == "method" else "right")
     for r in result["table"]:
-        sd = f" +- {100 * r['accuracy_sd']:.2f}" if r["accuracy_sd"] is not None else ""
-        t.add_row(r["method"], f"{100 * r['accuracy_mean']:.2f}%{sd}", f"{r['epsilon']:.3f}", f"{r['sigma']:.3f}",
+        mean, sd = r.get("score_mean", r["accuracy_mean"]), r.get("score_sd", r["accuracy_sd"])
+        sd = f" +- {100 * sd:.2f}" if sd is not None else ""
+        t.add_row(r["method"], f"{100 * mean:.2f}%{sd}", f"{r['epsilon']:.3f}", f"{r['sigma']:.3f}",
                   f"{r['seconds_mean']:.1f}", "-" if r["sparsity_reached"] is None else f"{r['sparsity_reached']:.2f}")
     tot = result.get("privacy_total")
     if tot:

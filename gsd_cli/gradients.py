@@ -1,34 +1,29 @@
 """Per-sample gradients at fixed weights w0, in chunks, on the chosen device.
 
-Two engines compute the same matrix G (m x p, one row per example):
-
-* ``vmap``: ``torch.func.vmap(torch.func.grad(loss of functional_call))`` over a chunk.
-* ``hooks``: Opacus's ``GradSampleModule``: per-layer grad samplers for the layers Opacus knows
-  (Linear, Conv, GroupNorm, LayerNorm, Embedding...; the convolution one is an unfold + einsum over
-  the layer's captured input and output gradient) and torch.func for any other layer with parameters.
-
-Neither is faster everywhere (``benchmarks/bench_rank.py``: on a 2-core CPU the hooks win on the
-probe network's large-image convolutions, vmap wins on ResNet20's small 3x3 ones), so
-``engine="auto"`` measures: it computes the first chunk with both engines, keeps the faster for the
-rest of the matrix, and reports which it chose (``info["engine"]``).
+Two engines compute the same matrix G (m x p, one row per example): ``vmap`` (torch.func) and
+``hooks`` (Opacus's per-layer samplers), in :mod:`gsd_cli.engines`. ``engine="auto"`` picks one
+once per process and model structure: vmap by rule on a CPU (faster or tied on every model
+measured), measured on a GPU (both warmed up, median of three alternating rounds), and remembered;
+``info["engine"]`` and ``info["engine_choice"]`` say which and how.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 import fnmatch
-import logging
-import warnings
 from typing import Callable, Iterable, Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .engines import ENGINE_CLASSES as _ENGINE_CLASSES  # noqa: F401  (older name, kept for callers)
+from .engines import HooksEngine as _HooksEngine  # noqa: F401
+from .engines import VmapEngine as _VmapEngine  # noqa: F401
+from .engines import LossFn, start_engine
+from .engines import scatter as _scatter  # noqa: F401
 from .errors import GSDError, ModelError
 
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 ENGINES = ("auto", "vmap", "hooks")
 
 
@@ -119,109 +114,6 @@ def _only_trainable(model: nn.Module, names: Sequence[str]):
             p.requires_grad_(saved[n])
 
 
-def _scatter(out: torch.Tensor, grads: Sequence[torch.Tensor]) -> None:
-    """Copy per-sample gradients (n x param shape each) into the columns of ``out`` (n x p)."""
-    col = 0
-    for g in grads:
-        w = g[0].numel()
-        out[:, col : col + w] = g.reshape(out.shape[0], w)
-        col += w
-
-
-class _VmapEngine:
-    def __init__(self, model: nn.Module, names: Sequence[str], loss: LossFn):
-        from torch.func import functional_call, grad, vmap
-
-        params = dict(model.named_parameters())
-        self.names = list(names)
-        frozen = {n: p.detach() for n, p in params.items() if n not in set(names)}
-        buffers = {n: b.detach() for n, b in model.named_buffers()}
-
-        def one(selected, x, y):
-            out = functional_call(model, (selected, frozen, buffers), (x.unsqueeze(0),))
-            return loss(out, y.unsqueeze(0)).sum()
-
-        self._fn = vmap(grad(one), in_dims=(None, 0, 0), randomness="different")
-        self._selected = {n: params[n].detach() for n in names}
-
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor) -> None:
-        g = self._fn(self._selected, x, y)
-        _scatter(out, [g[n] for n in self.names])
-
-    def close(self) -> None:
-        pass
-
-
-class _HooksEngine:
-    def __init__(self, model: nn.Module, names: Sequence[str], loss: LossFn):
-        from opacus import GradSampleModule
-
-        logging.getLogger("opacus").setLevel(logging.ERROR)
-        self.model = model
-        self.loss = loss
-        self.params = [dict(model.named_parameters())[n] for n in names]
-        self.gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum", strict=False)
-
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor) -> None:
-        for p in self.params:
-            p.grad = None
-            p.grad_sample = None
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*Full backward hook is firing.*")
-            self.loss(self.gsm(x), y).sum().backward()
-        # a parameter the loss does not use has no grad_sample: its per-sample gradients are zero
-        _scatter(out, [torch.zeros_like(p).expand(x.shape[0], *p.shape) if p.grad_sample is None else p.grad_sample for p in self.params])
-        for p in self.params:
-            p.grad = None
-            p.grad_sample = None
-
-    def close(self) -> None:
-        self.gsm._close()
-
-
-_ENGINE_CLASSES = {"vmap": _VmapEngine, "hooks": _HooksEngine}
-
-
-def _first_engine(engine, model, names, loss, x, y, out, dev):
-    """Compute the first chunk into ``out``; for ``auto``, with each engine in turn (Opacus' hooks
-    break vmap, so one at a time), timed, keeping the faster. Returns ``(name, engine)`` with the engine open."""
-    if engine != "auto":
-        try:
-            eng = _ENGINE_CLASSES[engine](model, names, loss)
-        except NotImplementedError as e:  # Opacus has no per-layer sampler (e.g. a layer with buffers)
-            raise GSDError(f"--engine {engine}: {str(e).splitlines()[0]}; use --engine vmap") from None
-        eng(x, y, out)
-        return engine, eng
-    times = {}
-    for kind in ("vmap", "hooks"):
-        try:
-            eng = _ENGINE_CLASSES[kind](model, names, loss)
-        except NotImplementedError:  # Opacus refuses the layer (e.g. a trained frozen-statistics BatchNorm)
-            eng = _ENGINE_CLASSES["vmap"](model, names, loss)
-            eng(x, y, out)
-            return "vmap", eng
-        eng(x[:2], y[:2], out[:2])  # warm-up: one-time costs (tracing, kernel selection) are not timed
-        times[kind] = _timed(lambda: eng(x, y, out), dev)
-        if kind == "vmap":
-            eng.close()
-    if times["vmap"] < times["hooks"]:
-        eng.close()
-        eng = _ENGINE_CLASSES["vmap"](model, names, loss)
-        eng(x, y, out)  # the rows of the engine that computes the rest
-        return "vmap", eng
-    return "hooks", eng
-
-
-def _timed(fn, device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - t0
-
-
 def gradient_matrix(
     model: nn.Module,
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
@@ -238,7 +130,8 @@ def gradient_matrix(
 
     ``row_norm="unit"`` scales every row to unit L2 norm (zero rows stay zero) as each chunk
     arrives. Returns float32 on ``device``. The model's parameters are not changed. ``info``, when
-    given, receives ``info["engine"]``: the engine that computed the rows.
+    given, receives ``info["engine"]``: the engine that computed the rows, and
+    ``info["engine_choice"]``: how it was chosen (asked for, rule, measured, remembered).
     """
     if row_norm not in ("unit", "none"):
         raise GSDError(f"--row-norm must be 'unit' or 'none' (got {row_norm!r})")
@@ -263,7 +156,10 @@ def gradient_matrix(
                     raise GSDError(f"more than the announced {m} examples arrived")
                 out = G[row : row + n]
                 if eng is None:
-                    kind, eng = _first_engine(engine, model, names, loss, x, y, out, dev)
+                    try:
+                        kind, eng = start_engine(engine, model, names, loss, x, y, out, dev, info)
+                    except NotImplementedError as e:  # Opacus has no per-layer sampler (e.g. a layer with buffers)
+                        raise GSDError(f"--engine {engine}: {str(e).splitlines()[0]}; use --engine vmap") from None
                 else:
                     eng(x, y, out)
                 if row_norm == "unit":

@@ -158,30 +158,30 @@ def apply_peft(model: nn.Module, spec: str | PeftChoice, *, model_name: str | No
     return model, names, info
 
 
-def build_model(model_name: str, num_classes: int, seed: int = 0, *, weights: str | None = None, peft: str | None = None,
-                params=None):
-    """The model that ``gsd rank`` and ``gsd train`` use: registry model ``model_name`` with initial
-    weights from ``seed``, then ``weights`` (stage 0: pre-trained weights, new head), then ``peft``
+def build_model(model_name, num_classes: int, seed: int = 0, *, weights: str | None = None, peft: str | None = None,
+                params=None, batchnorm: str = "freeze"):
+    """The model that ``gsd rank`` and ``gsd train`` use: ``model_name`` (any model reference of
+    :mod:`gsd_cli.model_spec`: registry name, ``timm:NAME``, ``PATH.py:FACTORY``, ``nn.Module``) with
+    initial weights from ``seed``, then ``weights`` (stage 0: pre-trained weights, new head), its
+    BatchNorm layers made exact by ``batchnorm`` (:mod:`gsd_cli.model_exact`), then ``peft``
     (or the older ``params`` glob selection; not both). Returns ``(spec, model, names, info)``."""
-    from probes import get_model_spec
-
     from .gradients import select_parameters
+    from .model_exact import make_exact
+    from .model_spec import build_spec_model, model_label
 
-    try:
-        spec = get_model_spec(model_name)
-    except KeyError as e:
-        raise ModelError(str(e.args[0])) from None
     if peft is not None and params:
         raise ModelError("give --peft or --params, not both (--peft also accepts parameter patterns)")
-    try:
-        model = spec.build(num_classes=num_classes, seed=seed)
-    except ValueError as e:
-        raise ModelError(f"model {model_name}: {e}") from None
-    info: dict = {"stage0": {"weights": "random initialisation from --seed", "seed": seed}}
+    spec, model = build_spec_model(model_name, num_classes, seed)
+    model_name = model_label(model_name)
+    own = spec.origin.get("kind") == "module"
+    info: dict = {"stage0": {"weights": "the module's own weights" if own else "random initialisation from --seed", "seed": seed}}
     if weights is not None:
         from .weights import load_weights
 
         info["stage0"] = {"weights": "pre-trained", **load_weights(model, weights, model_name)}
+    model, exact = make_exact(model, batchnorm, model_name)
+    if exact is not None:
+        info["batchnorm"] = exact
     if peft is not None:
         model, names, info["peft"] = apply_peft(model, peft, model_name=model_name, presets=spec.presets, seed=seed)
     else:

@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from . import data as gdata
+from .data.loader import AHEAD
 from .errors import GSDError
 from .gradients import LossFn, default_chunk_size, gradient_matrix, resolve_device
 from .subspace import top_k_subspace
@@ -91,6 +92,8 @@ def sample_subspace(
     label_seed: int | None = None,
     gram: str = "materialize",
     memory_budget: int | str | None = None,
+    prefetch: int = AHEAD,
+    subspace_method: str = "auto",
 ) -> Subspace:
     """Per-sample gradients of ``sample`` at the model's weights, then their top-k subspace.
 
@@ -98,7 +101,10 @@ def sample_subspace(
     mechanism of :func:`gsd_cli.dppca.private_top_k_subspace` instead, with the private generator
     ``rng`` for the random labels and the draw (``s`` is then empty: the private singular values are
     never released). ``label_seed`` (default ``seed``) seeds the random labels alone otherwise;
-    ``seed`` also seeds the sketch (public)."""
+    ``seed`` also seeds the sketch (public). ``prefetch``: chunks of model input prepared by a
+    background thread while the current chunk's gradients are computed (0: none; the values are
+    the same either way, :mod:`gsd_cli.data.loader`). ``subspace_method``: how the non-private top-k
+    subspace of the materialised matrix is found (:func:`gsd_cli.subspace.top_k_subspace`)."""
     t0 = time.perf_counter()
     dev = resolve_device(device)
     if k > len(sample):
@@ -112,7 +118,7 @@ def sample_subspace(
     done = 0
 
     def batches():
-        for start, x in sample.batches(input_size, channels, cs, dev):
+        for start, x in sample.batches(input_size, channels, cs, dev, ahead=prefetch):
             yield x, y[start : start + x.shape[0]]
 
     def on_chunk(n: int) -> None:
@@ -126,7 +132,7 @@ def sample_subspace(
         from .ghost import choose_gram, ghost_subspace
 
         if choose_gram(gram, len(sample), p, memory_budget, sketch_dim) == "ghost":
-            bs = lambda c: ((x, y[s : s + x.shape[0]]) for s, x in sample.batches(input_size, channels, c, dev))  # noqa: E731
+            bs = lambda c: ((x, y[s : s + x.shape[0]]) for s, x in sample.batches(input_size, channels, c, dev, ahead=prefetch))  # noqa: E731
             prog = None if progress is None else (lambda d, t: progress(sample.source.name, d, t))
             V, s = ghost_subspace(model, bs, len(sample), names, k, loss=loss, device=dev, row_norm=row_norm,
                                   memory_budget=memory_budget, chunk_size=chunk_size, progress=prog, dp=dp)
@@ -135,7 +141,7 @@ def sample_subspace(
     if sketch_dim:
         G = sketch(G, sketch_dim, seed)
     if dp is None:
-        V, s = top_k_subspace(G, k)
+        V, s = top_k_subspace(G, k, subspace_method)
     else:
         from .dppca import private_top_k_subspace
 

@@ -4,6 +4,9 @@ Top-k subspace. G is m x p. When m <= p, eigh(G G^T) = U diag(s^2) U^T and V_k =
 (the top-k right singular vectors, the same subspace as the SVD's, at O(m^2 p) instead of a full SVD);
 otherwise eigh(G^T G). The Gram matrix is formed in float64: in float32 the subspace is already wrong
 (error ~0.1) when s_k / s_1 is near 1e-4. eigh returns ascending order; the *largest* k are taken.
+That is ``method="exact"``; ``"randomized"`` is block Krylov with a float64 certificate
+(:mod:`gsd_cli.subspace_krylov`: the same V and s, any distance within 1e-7, the exact path when it
+cannot certify that), and ``"auto"`` picks by size (:func:`choose_method`).
 
 Projection metric. Paper 004's Definition 3 is the unnormalised (sum_i sin^2 theta_i)^(1/2) =
 (k - ||V1^T V2||_F^2)^(1/2), in [0, sqrt(k)]; the values in its tables (all below 1 at k=16) fit the
@@ -22,6 +25,12 @@ import math
 import torch
 
 from .errors import GSDError
+from .subspace_krylov import KrylovInfo, krylov_top_k, krylov_top_k_gram
+
+#: How :func:`top_k_subspace` finds the top-k subspace (``--subspace-method``).
+SUBSPACE_METHODS = ("auto", "exact", "randomized")
+#: ``auto`` takes the randomized method from this n = min(m, p) on (measured: benchmarks/bench_subspace.py).
+AUTO_MIN_N = 1000
 
 
 def _rank_tolerance(s_max: float, m: int, p: int) -> float:
@@ -44,11 +53,30 @@ def gram(G: torch.Tensor) -> torch.Tensor:
     return K
 
 
-def top_k_subspace(G: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def check_method(method: str) -> str:
+    """``method`` if it is one of :data:`SUBSPACE_METHODS`, else a one-line :class:`GSDError`."""
+    if method not in SUBSPACE_METHODS:
+        raise GSDError(f"--subspace-method must be one of {', '.join(SUBSPACE_METHODS)} (got {method!r})")
+    return method
+
+
+def choose_method(method: str, m: int, p: int, k: int) -> str:
+    """``exact`` or ``randomized`` for an m x p matrix and k: ``auto`` takes the randomized method when
+    n = min(m, p) >= :data:`AUTO_MIN_N` and the Krylov space (about 7 (k + 16) columns) is at most n / 4."""
+    if check_method(method) != "auto":
+        return method
+    n = min(m, p)
+    return "randomized" if n >= AUTO_MIN_N and 28 * (k + 16) <= n else "exact"
+
+
+def top_k_subspace(G: torch.Tensor, k: int, method: str = "auto", info: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k right singular subspace of G (m x p): ``(V, s)`` with V ``(p, k)`` orthonormal, float64.
 
     ``s`` holds the k largest singular values in descending order. Raises :class:`GSDError` when G
-    has fewer than k numerically independent rows (the k-th singular value is zero).
+    has fewer than k numerically independent rows (the k-th singular value is zero). ``method``:
+    ``exact`` (float64 Gram + eigh), ``randomized`` (certified block Krylov; the exact path when not
+    certified), ``auto`` (by size, :func:`choose_method`). ``info``, when given, receives ``method``
+    (the one that produced the result), ``fallback`` and, for the randomized method, its certificate.
     """
     if G.ndim != 2:
         raise GSDError(f"the gradient matrix must be 2-d (m x p), got shape {tuple(G.shape)}")
@@ -57,6 +85,42 @@ def top_k_subspace(G: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
         raise GSDError(f"k must be at least 1 (got {k})")
     if k > min(m, p):
         raise GSDError(f"k={k} is larger than the {m} examples x {p} parameters allow; use --k <= {min(m, p)} or more examples")
+    info = info if info is not None else {}
+    info.update(method="exact", fallback=False)
+    if choose_method(method, m, p, k) == "randomized":
+        kinfo = KrylovInfo()
+        out = krylov_top_k(G, k, info=kinfo)
+        info.update(krylov=kinfo)
+        if out is not None:
+            _check_rank(out[1], k, m, p)
+            info["method"] = "randomized"
+            return out
+        info["fallback"] = True  # not certified: the exact path, never an uncertain subspace
+    return _exact_top_k(G, k)
+
+
+def top_k_eigh(K: torch.Tensor, k: int, method: str = "auto", info: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k eigenvectors ``U`` (n x k, float64, largest first) of an explicit n x n Gram matrix K = G G^T
+    and ``s`` = the square roots of their eigenvalues: ``exact`` by a full eigh, O(n^3); ``randomized``
+    by certified block Krylov on K, O(n^2 k) (the exact eigh when not certified); ``auto``: randomized
+    from n >= :data:`AUTO_MIN_N` on. The rank check is the caller's (:func:`_check_rank`)."""
+    n = K.shape[0]
+    info = info if info is not None else {}
+    info.update(method="exact", fallback=False)
+    if choose_method(method, n, n, k) == "randomized":
+        kinfo = KrylovInfo()
+        out = krylov_top_k_gram(K, k, info=kinfo)
+        info.update(krylov=kinfo)
+        if out is not None:
+            info["method"] = "randomized"
+            return out
+        info["fallback"] = True
+    evals, U = torch.linalg.eigh(K)
+    return U.flip(1)[:, :k], evals.flip(0)[:k].clamp_min(0).sqrt()
+
+
+def _exact_top_k(G: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    m, p = G.shape
     if m <= p:
         evals, U = torch.linalg.eigh(gram(G))
         evals, U = evals.flip(0)[:k], U.flip(1)[:, :k]

@@ -33,11 +33,14 @@ class ModelSpec:
 
     name: str
     constructor: Callable[..., nn.Module]
-    input_size: int
-    channels: int
+    input_size: int | None  # None: read off the built model (a user's model, gsd_cli.model_spec.settle_spec)
+    channels: int | None  # None: read off the built model (as input_size)
     description: str = ""
     presets: dict[str, tuple[str, ...]] = field(default_factory=dict)
     takes_input_size: bool = False  # the constructor also takes ``input_size`` (ViT's patch grid)
+    #: where the model comes from, for its identity (:func:`gsd_cli.model_spec.model_identity`): empty
+    #: for a registered model; ``{"kind": "timm" | "file" | "module" | "factory", ...}`` otherwise
+    origin: dict = field(default_factory=dict)
 
     def build(self, num_classes: int = 10, seed: int | None = 0) -> nn.Module:
         """Construct the model; its initial weights w0 are a function of ``seed`` alone."""
@@ -60,21 +63,35 @@ def register(spec: ModelSpec) -> ModelSpec:
     return spec
 
 
+def parse_input(name: str) -> tuple[str, int | None, int | None]:
+    """``NAME@SIZE`` or ``NAME@SIZExC`` -> ``(NAME, SIZE, C)`` (None where not given); raises
+    ``KeyError`` for a malformed suffix. ``resnet18@32`` is resnet18 for 32x32 inputs, ``fmnist-cnn@28x3``
+    for 28x28 inputs with 3 channels."""
+    base, at, suffix = name.rpartition("@")
+    if not at:
+        return name, None, None
+    size, x, chans = suffix.partition("x")
+    if not size.isdigit() or not 8 <= int(size) <= 1024 or (x and not (chans.isdigit() and 1 <= int(chans) <= 64)):
+        raise KeyError(f"model {name!r}: the size after '@' must be a whole number of pixels in 8..1024, optionally "
+                       "followed by x CHANNELS (1..64): NAME@32 or NAME@32x1")
+    return base, int(size), int(chans) if x else None
+
+
 def get_model_spec(name: str) -> ModelSpec:
     """Look a model up by name; raises ``KeyError`` listing the known names. ``NAME@SIZE`` (e.g.
-    ``resnet18@32``) is model NAME built for SIZE x SIZE inputs."""
-    base, _, size = name.partition("@")
+    ``resnet18@32``) is model NAME built for SIZE x SIZE inputs, ``NAME@SIZExC`` also for C channels.
+    (``timm:NAME``, ``FILE.py:FACTORY`` and ``nn.Module`` objects: :func:`gsd_cli.model_spec.resolve_model`.)"""
+    base, size, chans = parse_input(name)
     try:
         spec = _REGISTRY[base]
     except KeyError:
-        raise KeyError(f"unknown model {base!r}; known models: {', '.join(sorted(_REGISTRY))}") from None
-    if not size:
+        raise KeyError(f"unknown model {base!r}; known models: {', '.join(sorted(_REGISTRY))} "
+                       "(or timm:NAME, or FILE.py:FACTORY)") from None
+    if size is None:
         return spec
-    if not size.isdigit() or not 8 <= int(size) <= 1024:
-        raise KeyError(f"model {name!r}: the size after '@' must be a whole number of pixels in 8..1024")
     from dataclasses import replace
 
-    return replace(spec, name=name, input_size=int(size))
+    return replace(spec, name=name, input_size=size, channels=spec.channels if chans is None else chans)
 
 
 def list_models() -> list[ModelSpec]:

@@ -11,7 +11,7 @@
   26,000 parameters at 28x28x1).
 
 Neither table names the hidden activation; ReLU is used (the GEP code's choice for its CNNs is tanh,
-which ``activation="tanh"`` gives).
+which ``activation="tanh"`` gives; ``activation="none"`` leaves the identity).
 """
 
 from __future__ import annotations
@@ -21,8 +21,14 @@ from collections import OrderedDict
 import torch.nn as nn
 
 
+#: hidden activations: ReLU (default), tanh (the GEP code's), none (identity: a linear network between poolings)
+ACTIVATIONS = ("relu", "tanh", "none")
+
+
 def _act(name: str) -> nn.Module:
-    return {"relu": nn.ReLU, "tanh": nn.Tanh}[name]()
+    if name not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {name!r}; use one of {', '.join(ACTIVATIONS)}")
+    return {"relu": nn.ReLU, "tanh": nn.Tanh, "none": nn.Identity}[name]()
 
 
 def probe(num_classes: int = 10, in_channels: int = 3, activation: str = "relu") -> nn.Sequential:

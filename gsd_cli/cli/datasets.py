@@ -30,7 +30,8 @@ def datasets_list(data_root: Optional[Path] = data_root_option()) -> None:
         name = r["name"] + (f" ({', '.join(r['aliases'])})" if r["aliases"] else "")
         t.add_row(escape(name), r["kind"], "yes" if r["present"] else "no", escape(r["where"]), escape(r["layout"]))
     out.print(t)
-    out.print("Generic sources: folder:PATH, csv:PATH, npz:PATH, hf:PATH; any NAME:train / NAME:test.")
+    out.print("Generic sources: folder:PATH, csv:PATH, npz:PATH, hf:PATH (DICOM in folder: and csv:; options "
+              "folder:PATH?groups=FILE, csv:PATH?group_column=COL); any NAME:train / NAME:test.")
 
 
 @datasets_app.command("show")
@@ -39,8 +40,11 @@ def datasets_show(
     data_root: Optional[Path] = data_root_option(),
     download: bool = typer.Option(False, "--download", help="Let torchvision download it first."),
 ) -> None:
-    """Layout found, number of examples, classes, multi-label or not, image size."""
+    """Layout found, number of examples, classes, multi-label or not, image size; for a grouped set
+    (patients) the groups in each part, and a warning when the data's own split column puts a group
+    on both sides."""
     from ..data import describe_dataset
+    from ..data.groups import straddle_warning
 
     d = describe_dataset(name, data_root, download)
     for key, value in d.items():
@@ -49,6 +53,9 @@ def datasets_show(
         elif isinstance(value, list):
             value = ", ".join(map(str, value))
         out.print(f"[bold]{key}[/]: {escape(str(value))}")
+    warning = straddle_warning(name, d)
+    if warning:
+        err.print(f"warning: {escape(warning)}", highlight=False, soft_wrap=True)
 
 
 @datasets_app.command("check")

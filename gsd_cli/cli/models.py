@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from .app import app
 from .common import err, out
-from .options import json_option
+from .options import BatchNorm, batchnorm_option, json_option
 
 models_app = typer.Typer(help="Models: the registry, parameter names and counts, PEFT presets.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
@@ -30,16 +30,19 @@ def models_list() -> None:
         t.add_row(r["name"], f"{r['input_size']}x{r['input_size']}x{r['channels']}", ", ".join(r["presets"]) or "-", escape(r["description"]))
     out.print(t)
     out.print("--peft also takes: head, bitfit, lora[:r=8,alpha=8,targets=REGEX], or parameter names/glob patterns.")
+    out.print("--model also takes timm:NAME (pip install 'gsd-cli[timm]') and PATH.py:FACTORY (your nn.Module; loading it runs "
+              "the file), with @SIZE or @SIZExCHANNELS: e.g. timm:resnet10t@64, net.py:make@28x1.", highlight=False)
 
 
 @models_app.command("show")
 def models_show(
-    name: str = typer.Argument(..., help="A model name (gsd models list)."),
+    name: str = typer.Argument(..., help="A model name (gsd models list), timm:NAME or PATH.py:FACTORY."),
     peft: Optional[str] = typer.Option(None, "--peft", help="Mark what this --peft choice trains."),
     classes: int = typer.Option(10, "--classes", help="Size of the head."),
+    batchnorm: BatchNorm = batchnorm_option("freeze"),
     json_path: Optional[Path] = json_option("Write the listing as JSON to this file."),
 ) -> None:
-    """Parameter names, shapes and counts, and each preset's parameters (builds the model; no forward pass)."""
+    """Parameter names, shapes and counts, and each preset's parameters (builds the model: a timm or file model runs one forward pass)."""
     import json as _json
 
     from rich.table import Table
@@ -48,7 +51,7 @@ def models_show(
     from ..report import check_output_path, write_text
 
     json_file = check_output_path(json_path, "--json")
-    d = show_model(name, classes, peft)
+    d = show_model(name, classes, peft, batchnorm.value)
     t = Table(title=f"{escape(d['name'])}: {d['total']:,} parameters ({d['input_size']}x{d['input_size']}x{d['channels']}, {classes} classes)")
     for c in ("parameter", "shape", "count", *(["trained"] if peft else [])):
         t.add_column(c, overflow="fold")
@@ -60,6 +63,8 @@ def models_show(
         out.print(f"[bold]preset {escape(pname)}[/] ({escape(', '.join(pr['patterns']))}): {escape(what)}")
     if peft:
         out.print(f"[bold]--peft {escape(peft)}[/]: trains {d['trainable']:,} of {d['total']:,} parameters")
+    if d.get("batchnorm"):
+        out.print(f"[bold]--batchnorm {d['batchnorm']['policy']}[/]: {d['batchnorm']['layers']} layer(s); {escape(d['batchnorm']['note'])}")
     if json_file:
         write_text(json_file, _json.dumps(d, indent=2) + "\n")
         err.print(f"wrote {json_file}")

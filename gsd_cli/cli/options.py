@@ -19,6 +19,7 @@ Engine = _choices("Engine", "auto", "vmap", "hooks")
 Method = _choices("Method", "gep", "dpsgd", "rgp", "topagg", "second-phase")
 Accountant = _choices("Accountant", "rdp", "pld")
 Schedule = _choices("Schedule", "step", "constant")
+BatchNorm = _choices("BatchNorm", "freeze", "groupnorm", "refuse")
 
 WEIGHTS_HELP = ("Pre-trained weights: a .safetensors file or a PyTorch state dict (loaded with weights_only=True, never an "
                 "arbitrary pickle), or a torchvision weight name such as IMAGENET1K_V1 (downloads; needs internet). The head is "
@@ -32,7 +33,19 @@ CLASSES_HELP = ("The private set's classes, a count (10) or comma-separated name
                 "(npz without a 'classes' array, CSV label values): a private model's shape must not be read off the private labels.")
 ROOT_HELP = "Folder of the built-in datasets. Default: $GSD_DATA_ROOT, else $XDG_DATA_HOME/gsd (~/.local/share/gsd)."
 
+MODEL_FORMS = ("; also timm:NAME (pip install 'gsd-cli[timm]'; pretrained=False, --weights FILE for pre-trained weights) or "
+               "PATH.py:FACTORY (your nn.Module, FACTORY(num_classes=N); loading it runs that file), each with @SIZE or "
+               "@SIZExCHANNELS for its input (gsd_cli.model_spec).")
+BATCHNORM_HELP = ("BatchNorm layers, which mix the examples of a batch and so break exact per-sample gradients: freeze (running "
+                  "statistics, fixed: for pre-trained weights), groupnorm (Opacus's GroupNorm replacement: from scratch), "
+                  "refuse (an error naming them). Default: {default}.")
+
 # Each call makes a fresh typer.Option: one per command that declares it.
+
+
+def batchnorm_option(default: str, panel: str | None = None):
+    return typer.Option(BatchNorm(default), "--batchnorm", metavar="POLICY", help=BATCHNORM_HELP.format(default=default),
+                        rich_help_panel=panel)
 
 
 def device_option():

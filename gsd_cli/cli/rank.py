@@ -13,7 +13,7 @@ from ..errors import GSDError
 from .app import app
 from .common import err, out, print_error, progress_bar, public_names
 from .options import (
-    Device, DpRepeats, Engine, Labels, RowNorm, classes_option, data_root_option, device_option, extra_argument,
+    MODEL_FORMS, BatchNorm, Device, DpRepeats, Engine, Labels, RowNorm, batchnorm_option, classes_option, data_root_option, device_option, extra_argument,
     insecure_seed_option, json_option, peft_option, public_list_option, quiet_option, weights_option,
 )
 
@@ -29,7 +29,8 @@ def rank(
     seed: int = typer.Option(0, "--seed", help="Seed of the public randomness: the initial weights w0, the public examples and their random labels (and, without --dp, the private ones: a non-private ranking is reproducible)."),
     insecure_seed: Optional[int] = insecure_seed_option("with --dp: the private examples drawn, their labels and the DP draw"),
     classes: Optional[str] = classes_option(),
-    model: str = typer.Option("probe", "--model", help="Model: probe (paper 004 Table 7b), fmnist-cnn (Table 7a), resnet20, resnet50 (GroupNorm, 32x32)."),
+    model: str = typer.Option("probe", "--model", help="Model: probe (paper 004 Table 7b), fmnist-cnn (Table 7a), resnet20, resnet50 (GroupNorm, 32x32)" + MODEL_FORMS),
+    batchnorm: BatchNorm = batchnorm_option("freeze"),
     params: Optional[List[str]] = typer.Option(
         None, "--params", help="Glob patterns over parameter names that get gradients, e.g. 'fc.*' (default: all trainable)."
     ),
@@ -90,6 +91,12 @@ def rank(
         "and output gradients (exact, memory independent of m x p); auto: materialize when m x p fits --memory-budget.",
     ),
     memory_budget: str = typer.Option("4G", "--memory-budget", help="Memory the gradient work may use, e.g. 4G or 512M (chooses --gram auto and the ghost path's chunks)."),
+    subspace_method: str = typer.Option(
+        "auto", "--subspace-method",
+        help="Top-k subspace of a materialised gradient matrix: exact (float64 Gram + eigh, O(m^2 p + m^3)); randomized "
+        "(block Krylov in float32, certified in float64 to move a distance by at most 1e-7 per side, else the exact path); "
+        "auto: randomized from min(m, p) >= 1000 on.",
+    ),
     quiet: bool = quiet_option("No progress bar."),
     data_root: Optional[Path] = data_root_option(
         "Folder of the built-in datasets (cifar10, chestxray, ...). Default: $GSD_DATA_ROOT, "
@@ -109,6 +116,20 @@ def rank(
         False, "--no-cache", help="Recompute every public subspace (default: reuse them from the cache, $GSD_CACHE_DIR "
         "else ~/.cache/gsd/subspaces; see gsd cache)."
     ),
+    executor: str = typer.Option(
+        "local", "--executor", help="Where the public subspaces are computed: local (this process) or ray (one Ray task "
+        "per candidate on a Ray cluster; private subspaces stay in this process; pip install 'gsd-cli[ray]')."
+    ),
+    ray_address: Optional[str] = typer.Option(
+        None, "--ray-address", help="With --executor ray: the cluster (HOST:6379, ray://HOST:10001, auto); default "
+        "$RAY_ADDRESS, else a Ray instance started on this machine."
+    ),
+    log: Optional[List[str]] = typer.Option(
+        None, "--log", help="Also send each ranking (with --catalog: each job, as it finishes) to an experiment tracker: "
+        "tensorboard (<log-dir>/tb/<job>-<time>; pip install 'gsd-cli[tensorboard]') or mlflow ($MLFLOW_TRACKING_URI, else "
+        "file:<log-dir>/mlruns; pip install 'gsd-cli[mlflow]'): distances, ranks, settings, a dp tag and the privacy block."
+    ),
+    log_dir: Path = typer.Option(Path("."), "--log-dir", help="With --log: the folder of tb/ and mlruns/ (default: the working folder)."),
     extra: Optional[List[str]] = extra_argument(),
     ctx: typer.Context = typer.Option(None, hidden=True),
 ) -> None:
@@ -123,19 +144,24 @@ def rank(
     from ..checks import EXIT_CHECK_FAILED, EXIT_USAGE, check_options, check_ranking
     from ..outputs import check_distinct, is_stdout
     from ..data import resolve
-    from ..ranking import RankConfig, rank as rank_fn
+    from ..ranking import RankConfig, get_executor, rank as rank_fn
     from ..report import (
         check_output_path, check_plot_path, jobs_to_csv, print_ranking, print_repeats, to_markdown,
         write_csv, write_json, write_plot, write_repeats_csv, write_text,
     )
 
     publics = public_names(public, extra)
+    from ..tracking import check_backends, log_ranking, track_catalog  # gsd_cli.tracking: --log, --log-dir
+
+    log = check_backends(log)  # a missing extra fails before any work
     if not dp and epsilon is not None:
         raise GSDError("--epsilon is only used with --dp; add --dp for DP-GSD")
     if dp_repeats is not None and not dp:
         raise GSDError("--dp-repeats is only used with --dp; add --dp for DP-GSD")
     if insecure_seed is not None and not dp:
         raise GSDError("--insecure-seed seeds DP-GSD's private randomness; it is only used with --dp")
+    if ray_address is not None and executor != "ray":
+        raise GSDError("--ray-address is only used with --executor ray; add --executor ray")
     if catalog is not None and publics:
         raise GSDError("--catalog takes its candidates from the catalogue; drop --public (or drop --catalog)")
 
@@ -147,32 +173,37 @@ def rank(
     check_options(fail_above, expect_best)
     shown_on = err if any(is_stdout(f) for f in (json_file, csv_file, md_file, plot_file)) else out  # stdout is a file
     cache = None if no_cache else SubspaceCache()
+    runner = get_executor(executor, **({"address": ray_address} if ray_address else {}))  # gsd_cli.ranking.get_executor
     bar, progress = progress_bar(quiet)
 
     options = dict(
         k=k, examples=examples, seed=seed, model=model, params=params, labels=labels.value, row_norm=row_norm.value,
         device=device.value, chunk_size=chunk_size, engine=engine.value, dp=dp, epsilon=epsilon, clip=clip,
         mechanism=mechanism, dp_sketch=dp_sketch, gibbs_sweeps=gibbs_sweeps, gram=gram, memory_budget=memory_budget,
+        subspace_method=subspace_method,
         repeats=repeats, dp_repeats=(dp_repeats or DpRepeats.shared).value, insecure_seed=insecure_seed, classes=classes,
     )
-    options.update(weights=weights, peft=peft)
+    options.update(weights=weights, peft=peft, batchnorm=batchnorm.value)
     try:
         if catalog is None:
             sources = [resolve(n, root=data_root, download=download) for n in [private, *(publics or DEFAULT_PUBLIC)]]
             config = RankConfig.from_options(**options)  # the settings, built once and passed whole
             check_options(fail_above, expect_best, [*(publics or DEFAULT_PUBLIC), *(s.name for s in sources[1:])])
-            results = [(private, rank_fn(sources[0], sources[1:], config, progress=progress, cache=cache))]
+            results = [(private, rank_fn(sources[0], sources[1:], config, progress=progress, cache=cache, executor=runner))]
             checks = [{}]
+            log_ranking(results[0][1], private, log, log_dir)
         else:
             given = {o: options[o] for o in OPTIONS if ctx.get_parameter_source(o).name == "COMMANDLINE"}
             picked = private if ctx.get_parameter_source("private").name == "COMMANDLINE" else None
             ran = run_jobs(  # each finished job is kept: the outputs are rewritten after each
-                catalog, picked, download=download, overrides=given, fail_fast=fail_fast, progress=progress, cache=cache,
-                on_job=lambda run: write_partial(run, json_file, csv_file, md_file, fail_above, expect_best))
+                catalog, picked, download=download, overrides=given, fail_fast=fail_fast, progress=progress, cache=cache, executor=runner,
+                on_job=track_catalog(log, log_dir, lambda run: write_partial(run, json_file, csv_file, md_file, fail_above, expect_best)))
             results = [(job.name, rk) for job, rk in ran.results]
             checks = [job.checks for job, _ in ran.results]
     finally:
         bar.stop()
+        if hasattr(runner, "close"):
+            runner.close()
     failures = []
     many = bool(results) and getattr(results[0][1], "repeats", 1) > 1
     for (_, result), job_checks in zip(results, checks):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from functools import partial
 from pathlib import Path
 from typing import List, Optional
 
@@ -13,7 +15,7 @@ from ..errors import GSDError
 from .app import app
 from .common import err, new_run_dir, out, public_names, with_progress
 from .options import (
-    Accountant, Device, Method, Schedule, classes_option, deterministic_noise_option, device_option, extra_argument,
+    MODEL_FORMS, Accountant, BatchNorm, Device, Method, Schedule, batchnorm_option, classes_option, deterministic_noise_option, device_option, extra_argument,
     data_root_option, insecure_seed_option, peft_option, public_list_option, quiet_option, weights_option,
 )
 
@@ -53,7 +55,8 @@ def train(
     epsilon: float = typer.Option(2.0, "--epsilon", help="Target epsilon of the training; sigma is calibrated so the final epsilon is never above it.", rich_help_panel="Privacy"),
     delta: float = typer.Option(1e-5, "--delta", help="Target delta, in (0, 1); use less than 1/N.", rich_help_panel="Privacy"),
     private_test: Optional[str] = typer.Option(None, "--private-test", help="Test set for evaluation (default: the private dataset's test part).", rich_help_panel="Data"),
-    model: str = typer.Option("fmnist-cnn", "--model", help="Model to train: fmnist-cnn (28x28x1), resnet20 (GroupNorm, 32x32x3), probe, or a torchvision backbone (gsd models list).", rich_help_panel="Model"),
+    model: str = typer.Option("fmnist-cnn", "--model", help="Model to train: fmnist-cnn (28x28x1), resnet20 (GroupNorm, 32x32x3), probe, or a torchvision backbone (gsd models list)" + MODEL_FORMS, rich_help_panel="Model"),
+    batchnorm: BatchNorm = batchnorm_option("refuse", "Model"),
     params: Optional[List[str]] = typer.Option(None, "--params", help="Glob patterns of the parameters to train (default: all).", rich_help_panel="Model"),
     weights: Optional[str] = _panel(weights_option(), "Model"),
     peft: Optional[str] = _panel(peft_option(), "Model"),
@@ -75,6 +78,8 @@ def train(
     clip_embedding: float = typer.Option(2.0, "--clip-embedding", help="gep: clip norm S1 of the embedding; noise std sigma*S1.", rich_help_panel="GEP (--method gep)"),
     clip_residual: float = typer.Option(0.4, "--clip-residual", help="gep: clip norm S2 of the residual; noise std sigma*S2 (paper 000 keeps S2 = S1/5).", rich_help_panel="GEP (--method gep)"),
     residual: bool = typer.Option(True, "--residual/--no-residual", help="gep: release the residual (GEP) or drop it (B-GEP, biased).", rich_help_panel="GEP (--method gep)"),
+    anchor_every: int = typer.Option(1, "--anchor-every", help="gep: recompute the anchor subspace every N steps (and at each epoch's first step), reusing it in between; 1 = every step, as paper 000. Same epsilon for any N: the basis is public.", rich_help_panel="GEP (--method gep)"),
+    anchor_warm: bool = typer.Option(False, "--anchor-warm/--anchor-cold", help="gep: start each recomputation's power iteration from the previous basis (subspace tracking; cold at each epoch's first step) instead of a random matrix.", rich_help_panel="GEP (--method gep)"),
     rgp_rank: int = typer.Option(4, "--rgp-rank", help="rgp: rank r of the gradient carriers of each Linear/Conv2d weight (--power-iters: power iterations K).", rich_help_panel="RGP, TopAgg, sparsification"),
     rgp_warmup: int = typer.Option(20, "--rgp-warmup", help="rgp: warm-up steps whose carriers decompose the weight itself; afterwards the historical update W_t - W_0.", rich_help_panel="RGP, TopAgg, sparsification"),
     topk_fraction: float = typer.Option(0.7, "--topk-fraction", help="topagg: K in (0, 1]; NormTopK keeps the largest coordinates while their squared sum is <= K ||g||^2; noise std sqrt(K)*sigma*C.", rich_help_panel="RGP, TopAgg, sparsification"),
@@ -92,7 +97,10 @@ def train(
     rank_examples: int = typer.Option(2000, "--rank-examples", help="--auto-select: examples per dataset in the ranking.", rich_help_panel="Auto-select ranking (--auto-select)"),
     select_epsilon: Optional[float] = typer.Option(None, "--select-epsilon", help="--auto-select with DP-GSD at this epsilon (added to the budget); without it the selection is not private.", rich_help_panel="Auto-select ranking (--auto-select)"),
     device: Device = _panel(device_option(), "Run folder and output"),
+    nproc: int = typer.Option(1, "--nproc", help="Train with N processes on this machine (torch.distributed: gloo on CPU, NCCL with one GPU each), each on its shard of every Poisson subsample; the same mechanism, epsilon and weights (to float rounding) as one process. Under torchrun leave it out: the processes exist already.", rich_help_panel="Run folder and output"),
     quiet: bool = _panel(quiet_option("No progress bars."), "Run folder and output"),
+    log: Optional[List[str]] = typer.Option(None, "--log", help="Also send each metrics.jsonl row, the settings, a dp tag and the final privacy ledger to an experiment tracker: tensorboard (event files in <out>/tb; pip install 'gsd-cli[tensorboard]') or mlflow ($MLFLOW_TRACKING_URI, else file:<out>/mlruns; pip install 'gsd-cli[mlflow]'). Repeat for both. The rows hold test metrics of the private data (not publishable).", rich_help_panel="Run folder and output"),
+    log_dir: Optional[Path] = typer.Option(None, "--log-dir", help="With --log: the folder of <log-dir>/tb and <log-dir>/mlruns instead of the run folder.", rich_help_panel="Run folder and output"),
     extra: Optional[List[str]] = extra_argument(),
 ) -> None:
     """Train privately (DP-SGD, GEP, RGP or TopAgg, optionally with random sparsification, or the
@@ -116,6 +124,18 @@ def train(
     from ..train.checkpoint import load_meta
 
     publics = public_names(public, extra)
+    if log_dir is not None and not log:
+        raise GSDError("--log-dir is only used with --log tensorboard or --log mlflow")
+    if log:  # gsd_cli.tracking.train_tracked: train() plus the trackers; a missing extra fails here, before any work
+        from ..tracking import check_backends, train_tracked
+
+        train_fn = partial(train_tracked, log=check_backends(log), log_dir=log_dir)
+    from ..train.distributed import launched_by_torchrun
+
+    if launched_by_torchrun():  # every process runs this command; process 0 reports
+        if auto_select:
+            raise GSDError("--auto-select under torchrun would rank once per process: rank first (gsd rank), then train with --public, or use --nproc")
+        quiet = quiet or os.environ.get("RANK", "0") != "0"
     if data_root is not None:
         _use_data_root(ctx, data_root)
     fields = dict(
@@ -123,9 +143,10 @@ def train(
         params=list(params) if params else None, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum,
         weight_decay=weight_decay, lr_schedule=lr_schedule.value, seed=seed, clip=clip, k=k,
         public_examples=public_examples, power_iters=power_iters, groups=groups, clip_embedding=clip_embedding,
-        clip_residual=clip_residual, residual=residual, accountant=accountant.value, physical_batch=physical_batch,
+        clip_residual=clip_residual, residual=residual, anchor_every=anchor_every, anchor_warm=anchor_warm,
+        accountant=accountant.value, physical_batch=physical_batch,
         deterministic_noise=deterministic_noise, insecure_seed=insecure_seed, classes=classes, rgp_rank=rgp_rank, rgp_warmup=rgp_warmup, topk_fraction=topk_fraction,
-        sparsify=sparsify, weights=weights, peft=peft, public_epochs=public_epochs,
+        sparsify=sparsify, weights=weights, peft=peft, batchnorm=batchnorm.value, public_epochs=public_epochs,
         public_lr=public_lr, public_batch_size=public_batch_size,
         catalog=str(catalog_path.expanduser().resolve()) if catalog_path is not None else None,
     )
@@ -174,7 +195,7 @@ def train(
 
             rank_opts = dict(k=rank_k, examples=rank_examples, seed=seed, model=rank_model, device=device.value)
             if (weights is not None or peft is not None) and ctx.get_parameter_source("rank_model").name == "DEFAULT":
-                rank_opts.update(model=model, weights=weights, peft=peft)  # GSD on exactly the parameters to be trained
+                rank_opts.update(model=model, weights=weights, peft=peft, batchnorm=batchnorm.value)  # GSD on exactly the parameters to be trained
             if select_epsilon is not None:
                 rank_opts.update(dp=True, epsilon=select_epsilon, insecure_seed=cfg.private_seed)
             if classes is not None:
@@ -187,10 +208,14 @@ def train(
             out.print(f"training with [bold]{escape(best.public)}[/] (GSD {best.distance:.4f})")
 
     summary = with_progress(quiet, lambda pr: train_fn(cfg, run, resume=resume is not None, device=device.value, progress=pr,
-                                                       selection=selection, notify=warn), width=8, eta=True)
+                                                       selection=selection, notify=warn, nproc=nproc), width=8, eta=True)
+    if summary is None:  # a process other than 0 of a distributed run: process 0 writes and reports
+        return
     from ..train.report import print_summary
 
     print_summary(summary, out)
     err.print(f"wrote {run}/summary.json (publishable), private-summary.json, metrics.jsonl, curves.png (not publishable: "
               "test metrics of private data), checkpoint.safetensors"
               + (", stage1.safetensors" if cfg.method == "second-phase" else ""))
+    if log:
+        err.print(f"logged to {' and '.join(dict.fromkeys(log))} under {log_dir or run} (mlflow: $MLFLOW_TRACKING_URI when set)")

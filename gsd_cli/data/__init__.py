@@ -10,6 +10,10 @@ Private data enters through here, so the checks that keep a DP guarantee honest 
 splits decided per example (:mod:`.splits`), declared class lists (:func:`with_classes`,
 :func:`require_declared_classes`), non-finite pixels refused when read (:func:`read_images`), and
 whether a public set shares examples with the private one (:func:`shared_examples`).
+
+Sources also come from DICOM files (:mod:`.dicom`, in ``folder:`` and ``csv:``), with groups of
+examples (patients) kept on one side of a split (:mod:`.groups`), and from a PyTorch dataset
+(:func:`from_torch_dataset`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from ..errors import DatasetError
 from .base import ArraySource, ImageSource, read_images
@@ -27,13 +30,16 @@ from .identity import shared_examples
 from .listing import describe_dataset, list_datasets
 from .registry import builtin_names, dataset_names, register_dataset, register_kind, resolve, source_kinds
 from .roots import data_root, default_data_root
-from .transform import to_model_input
+from .torch_dataset import from_torch_dataset
+
+# ``to_model_input`` (torch) is imported on first use (PEP 562), so that listing datasets
+# (``gsd datasets list``) does not load torch.
 
 __all__ = [
     "ImageSource", "ArraySource", "Sample", "resolve", "draw", "register_dataset", "register_kind",
     "dataset_names", "source_kinds", "to_model_input", "DEFAULT_PRIVATE", "DEFAULT_PUBLIC",
     "builtin_names", "list_datasets", "describe_dataset", "data_root", "default_data_root",
-    "read_images", "with_classes", "require_declared_classes", "shared_examples",
+    "read_images", "with_classes", "require_declared_classes", "shared_examples", "from_torch_dataset",
 ]
 
 
@@ -50,15 +56,16 @@ class Sample:
     def labels(self) -> np.ndarray:
         return self.source.labels(self.indices)
 
-    def batches(self, size: int, channels: int, chunk: int, device: torch.device | str | None = None):
+    def batches(self, size: int, channels: int, chunk: int, device: torch.device | str | None = None, ahead: int = 0):
         """Yield ``(offset, x)`` with x the model input of examples ``offset:offset+chunk`` on ``device``
-        (non-finite pixels refused: :func:`read_images`)."""
-        for start in range(0, len(self.indices), chunk):
-            idx = self.indices[start : start + chunk]
-            yield start, to_model_input(read_images(self.source, idx), size, channels, device)
+        (non-finite pixels refused: :func:`read_images`); ``ahead``: chunks prepared in advance by a
+        background thread (:func:`gsd_cli.data.loader.model_batches`; 0: none)."""
+        from .loader import model_batches
+
+        yield from model_batches(self.source, self.indices, size, channels, chunk, device, ahead)
 
     def tensor(self, size: int, channels: int, device: torch.device | str | None = None) -> torch.Tensor:
-        return to_model_input(read_images(self.source, self.indices), size, channels, device)
+        return _to_model_input()(read_images(self.source, self.indices), size, channels, device)
 
 
 def draw(source: ImageSource | str, m: int | None, seed: int) -> Sample:
@@ -82,3 +89,15 @@ def _stable_hash(text: str) -> int:
     import zlib
 
     return zlib.crc32(text.encode())
+
+
+def _to_model_input():
+    from .transform import to_model_input
+
+    return to_model_input
+
+
+def __getattr__(name: str):
+    if name == "to_model_input":
+        return _to_model_input()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

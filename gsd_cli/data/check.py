@@ -9,7 +9,11 @@ catalogue's jobs; else the default private and public sets) and reports, per dat
 - ``hidden file``: macOS / Windows metadata beside the images (``._x.png``, ``.DS_Store``,
   ``Thumbs.db``: the loaders skip them, but they mean a copied-over folder worth a look);
 - ``empty label cell`` / ``empty image cell``: CSV rows (``file:line``) with an empty cell in the
-  image or label column(s) the loader uses.
+  image or label column(s) the loader uses;
+- ``group across splits``: a grouped source (``group_column``, a folder's ``groups`` file) whose data
+  has its own split column that puts one group (patient) in more than one part (:mod:`.groups`).
+
+A ``.dcm`` file without the DICOM preamble (``DICM`` at byte 128) is ``unreadable``.
 
 Each problem keeps every path; the report shows a count and the first few. Nothing is decoded (only
 the first bytes of each file are read), so a check of ChestX-ray14's 112,120 images takes seconds.
@@ -23,9 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import GSDError
+from .dicom import DICOM_EXTENSIONS
 
 #: the order problems are reported in
-KINDS = ("cannot be used", "absent image", "unreadable", "hidden file", "empty image cell", "empty label cell")
+KINDS = ("cannot be used", "absent image", "unreadable", "hidden file", "empty image cell", "empty label cell",
+         "group across splits")
 
 
 @dataclass
@@ -81,10 +87,18 @@ def _csv_of(name: str, catalog) -> tuple[Path, dict] | None:
         return catalog._rel(entry.path), {"image_column": entry.image_column, "label_column": entry.label_column,
                                           "label_columns": entry.label_columns}
     if entry is None and name.startswith("csv:"):
+        from .spec_options import split_options
+
         path = name[4:]
         for split in (":train", ":test", ":val"):
             path = path[: -len(split)] if path.endswith(split) else path
-        return Path(path).expanduser(), {}
+        try:
+            path, options = split_options("csv", path, name)
+        except GSDError:
+            return None  # the dataset's own resolution reports the bad option
+        for split in (":train", ":test", ":val"):  # csv:PATH:train?options
+            path = path[: -len(split)] if path.endswith(split) else path
+        return Path(path).expanduser(), options
     return None
 
 
@@ -124,8 +138,11 @@ def _check_files(d: DatasetCheck, files: set[str]) -> None:
         folders.add(os.path.dirname(f))
         try:
             with open(f, "rb") as fh:
-                if not fh.read(16):
+                head = fh.read(132)
+                if not head:
                     d.add("unreadable", f"{f} (empty file)")
+                elif f.lower().endswith(DICOM_EXTENSIONS) and head[128:132] != b"DICM":
+                    d.add("unreadable", f"{f} (not DICOM: no 'DICM' preamble)")
         except FileNotFoundError:
             d.add("absent image", f)
         except OSError as e:
@@ -143,6 +160,22 @@ def _check_files(d: DatasetCheck, files: set[str]) -> None:
             del d.problems["hidden file"]
 
 
+def _check_groups(d: DatasetCheck, src) -> None:
+    """Every group that the data's own split column puts in more than one part."""
+    from .groups import straddling
+    from .splits import groups_of
+
+    groups, sides = groups_of(src), getattr(src, "data_split", None)
+    if groups is None or sides is None or len(sides) != len(groups):
+        return
+    column = getattr(src, "data_split_column", "split")
+    parts: dict[str, set] = {}
+    for g, s in zip(groups, sides):
+        parts.setdefault(g, set()).add(s)
+    for g in straddling(groups, sides):
+        d.add("group across splits", f"{g} ({column}: {', '.join(sorted(parts[g]))})")
+
+
 def _check_one(name: str, catalog, data_root, download: bool) -> DatasetCheck:
     from . import resolve
 
@@ -156,6 +189,7 @@ def _check_one(name: str, catalog, data_root, download: bool) -> DatasetCheck:
         d.examples = len(src)
         if d.examples and src.example_file(0) is not None:
             files = {src.example_file(i) for i in range(d.examples)}
+        _check_groups(d, src)
     spec = _csv_of(name, catalog)
     if spec is not None and spec[0].is_file():
         files |= _check_csv(d, *spec)

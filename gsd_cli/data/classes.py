@@ -56,7 +56,7 @@ class ClassedSource(ImageSource):
         self.classes_declared = True
         self.description = parent.description
         self._map = mapping  # parent's class index -> ours (None: the same)
-        for attr in ("layout", "root"):
+        for attr in ("layout", "root", "group_label", "data_split", "data_split_column"):
             if hasattr(parent, attr):
                 setattr(self, attr, getattr(parent, attr))
 
@@ -81,6 +81,10 @@ class ClassedSource(ImageSource):
 
     def example_file(self, index: int) -> str | None:
         return self.parent.example_file(index)
+
+    def example_groups(self, indices: Sequence[int] | None = None) -> list[str] | None:
+        fn = getattr(self.parent, "example_groups", None)
+        return None if fn is None else fn(indices)
 
     def describe(self) -> dict:
         d = {**self.parent.describe(), **super().describe()}

@@ -15,6 +15,12 @@ the label values (the distinct strings, ``max + 1`` of integers, the columns tha
 :func:`gsd_cli.data.with_classes`). An example's identity (for splits) is its image path relative to
 the CSV's folder.
 
+Image paths may name DICOM files (``.dcm``, or files with the ``DICM`` preamble: :mod:`.dicom`;
+``frame`` chooses the frame of multi-frame files). ``group_column`` (e.g. ``patient_id``) gives each
+row a group: the split then hashes the group id, so a patient's rows are never on both sides
+(:mod:`.groups`); a column ``split`` (``partition``, ``subset``, ``fold``) of the CSV is then checked
+for groups on both sides of it (``gsd datasets show``), not used.
+
 ``hf:PATH``: a Hugging Face dataset saved with ``save_to_disk`` (needs the ``hf`` extra:
 ``pip install 'gsd-cli[hf]'``). Its first ``Image`` feature is the image, its first ``ClassLabel``
 feature (else a column ``label``) the label; rows are decoded one index at a time. A ``ClassLabel``'s
@@ -33,6 +39,7 @@ import numpy as np
 from ..errors import DatasetError
 from .base import ImageSource
 from .files import FileListSource, _pil_to_array
+from .groups import SPLIT_COLUMNS, group_cells
 
 IMAGE_COLUMNS = ("path", "image", "image_path", "filepath", "file", "filename", "file_name", "img", "image index", "image_id")
 LABEL_COLUMNS = ("label", "labels", "class", "target", "y", "dx", "category", "finding labels")
@@ -54,8 +61,10 @@ def _empty_cells(name: str, path: Path, rows: list[dict], lines: list[int], colu
 
 
 def csv_source(path: str | Path, name: str | None = None, image_column: str | None = None,
-               label_column: str | None = None, label_columns: Sequence[str] | None = None) -> ImageSource:
-    """The CSV at ``path`` as an :class:`ImageSource` (see the module doc for how columns are found)."""
+               label_column: str | None = None, label_columns: Sequence[str] | None = None,
+               group_column: str | None = None, frame: int | None = None) -> ImageSource:
+    """The CSV at ``path`` as an :class:`ImageSource` (see the module doc for how columns are found;
+    ``group_column``: the column of group ids, e.g. patients; ``frame``: of multi-frame DICOMs)."""
     path = Path(path).expanduser()
     name = name or f"csv:{path}"
     expect = "a CSV with an image path column (path, image, file...) and a label column (label, class...) or 0/1 label columns"
@@ -119,8 +128,18 @@ def csv_source(path: str | Path, name: str | None = None, image_column: str | No
         else:
             classes = sorted(set(raw))
             y = np.asarray([classes.index(v) for v in raw], dtype=np.int64)
-    return FileListSource(name, files, y, classes, f"CSV {path} (images: {img_col!r})", "csv", path.parent,
-                          classes_declared=declared)
+    grouping: dict = {}
+    if group_column:
+        if group_column not in cols:
+            raise DatasetError(f"{name}: no group column {group_column!r} among {cols}; name the column of patient (group) ids")
+        used = {img_col, group_column, label_column, *(label_columns or [])}
+        split_col = _pick([c for c in cols if c not in used], SPLIT_COLUMNS)
+        grouping = dict(groups=group_cells(name, path, rows, lines, group_column), group_label=f"column {group_column!r}",
+                        data_split=[(r.get(split_col) or "").strip() for r in rows] if split_col else None,
+                        data_split_column=split_col or "")
+    grouped = f", grouped by column {group_column!r}" if group_column else ""
+    return FileListSource(name, files, y, classes, f"CSV {path} (images: {img_col!r}{grouped})", "csv", path.parent,
+                          classes_declared=declared, frame=frame, **grouping)
 
 
 class HFSource(ImageSource):

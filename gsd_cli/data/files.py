@@ -6,6 +6,11 @@ dataset's folder, in posix form: it names that example alone, whatever else is i
 Folder listings skip hidden entries (:func:`is_hidden`): macOS's ``._x.png`` resource forks and
 ``.DS_Store``, Windows's ``Thumbs.db`` and ``desktop.ini``, ``__MACOSX`` folders of unzipped archives
 and every dot-file or dot-folder (``.ipynb_checkpoints``): none is an image or a class.
+
+DICOM files (:mod:`.dicom`) are images too: ``.dcm`` / ``.dicom``, and any file without an image
+extension whose bytes 128..131 are ``DICM`` (extension-less or UID-named files; their first 132 bytes
+are read when the folder is listed). Folder and file-list sources take ``groups`` (:mod:`.groups`:
+the split then keeps a group's examples together) and ``frame`` (the frame of multi-frame DICOMs).
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ import numpy as np
 
 from ..errors import DatasetError
 from .base import ArraySource, ImageSource, non_finite_message
+from .dicom import DICOM_EXTENSIONS, is_dicom_file, pydicom_module, read_dicom
+from .groups import read_groups_file
+from .splits import group_summary
 
 
 #: names that are never images or classes, whatever their extension (macOS and Windows folder metadata)
@@ -32,8 +40,9 @@ def is_hidden(name: str) -> bool:
 def list_image_folder(path: Path) -> tuple[list[str], list[tuple[str, int]]]:
     """``(classes, [(file, class index)])`` of ``PATH/<class>/**/<image>`` in torchvision's
     ``ImageFolder`` order (classes sorted, files sorted per folder, links followed), hidden entries
-    (:func:`is_hidden`) skipped at every depth. Raises ``FileNotFoundError`` when there is no class
-    folder or a class folder without an image."""
+    (:func:`is_hidden`) skipped at every depth; images are files with torchvision's image extensions
+    and DICOM files (:func:`gsd_cli.data.dicom.is_dicom_file`). Raises ``FileNotFoundError`` when
+    there is no class folder or a class folder without an image."""
     from torchvision.datasets.folder import IMG_EXTENSIONS
 
     classes = sorted(e.name for e in os.scandir(path) if e.is_dir() and not is_hidden(e.name))
@@ -45,8 +54,8 @@ def list_image_folder(path: Path) -> tuple[list[str], list[tuple[str, int]]]:
         for root, _, names in sorted(os.walk(path / cls, followlinks=True)):
             if any(is_hidden(part) for part in Path(os.path.relpath(root, path / cls)).parts if part != "."):
                 continue
-            samples += [(os.path.join(root, n), c) for n in sorted(names)
-                        if not is_hidden(n) and n.lower().endswith(IMG_EXTENSIONS)]
+            samples += [(os.path.join(root, n), c) for n in sorted(names) if not is_hidden(n) and (
+                n.lower().endswith(IMG_EXTENSIONS) or is_dicom_file(os.path.join(root, n), IMG_EXTENSIONS))]
         if len(samples) == before:  # as ImageFolder: an empty class folder is an error
             raise FileNotFoundError(f"Found no valid file for the class {cls}.")
     return classes, samples
@@ -72,9 +81,12 @@ class FolderSource(ImageSource):
     """``PATH/<class>/<image>`` as torchvision's ``ImageFolder`` reads it; images opened on demand.
 
     Only the examples that are drawn are opened, so a large folder costs one directory scan.
+    ``groups``: a groups file (:func:`gsd_cli.data.groups.read_groups_file`); ``frame``: the frame
+    read from multi-frame DICOM files (None: they are refused).
     """
 
-    def __init__(self, path: str | Path, name: str | None = None):
+    def __init__(self, path: str | Path, name: str | None = None, groups: str | Path | None = None,
+                 frame: int | None = None):
         from types import SimpleNamespace
 
         path = Path(path).expanduser()
@@ -94,6 +106,14 @@ class FolderSource(ImageSource):
         self._targets = np.asarray([c for _, c in samples], dtype=np.int64)
         self.root = str(path)
         self.description = f"image folder {path} ({self.num_classes} classes)"
+        self.frame = check_frame(frame, self.name)
+        if any(not f.lower().endswith(IMAGE_EXTENSIONS) for f, _ in samples):  # DICOM found by the listing
+            pydicom_module(self.name)
+        self._groups = self.data_split = None
+        if groups is not None:
+            self._groups, self.data_split, self.data_split_column, self.group_label = read_groups_file(
+                groups, self.example_keys(), self.name)
+            self.description += f", grouped by {self.group_label}"
 
     def __len__(self) -> int:
         return len(self._folder.samples)
@@ -106,16 +126,44 @@ class FolderSource(ImageSource):
         idx = range(len(self)) if indices is None else indices
         return [relative_key(self.example_file(i), self.root) for i in idx]
 
+    def example_groups(self, indices: Sequence[int] | None = None) -> list[str] | None:
+        """Each example's group id (None: the folder has no groups file)."""
+        return _pick(self._groups, indices)
+
     def labels(self, indices: Sequence[int]) -> np.ndarray:
         return self._targets[np.asarray(indices, dtype=np.int64)]
 
     def images(self, indices: Sequence[int]) -> list[np.ndarray]:
-        return [open_image(self._folder.samples[int(i)][0], self.name) for i in indices]
+        return [open_image(self._folder.samples[int(i)][0], self.name, self.frame) for i in indices]
 
     def describe(self) -> dict:
         d = super().describe()
         d["class_names"] = self.classes
+        d.update(group_summary(self))
         return d
+
+
+#: Extensions PIL reads (torchvision's ``IMG_EXTENSIONS``); anything else is looked at as DICOM.
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def check_frame(frame, name: str) -> int | None:
+    """``frame`` as a non-negative int (None stays None); else a one-line error."""
+    if frame is None:
+        return None
+    try:
+        value = int(frame)
+    except (TypeError, ValueError):
+        value = -1
+    if value < 0 or isinstance(frame, bool) or (isinstance(frame, float) and frame != value):
+        raise DatasetError(f"{name}: frame={frame!r}; give the frame of multi-frame DICOM files as an integer >= 0")
+    return value
+
+
+def _pick(values: list | None, indices: Sequence[int] | None) -> list | None:
+    if values is None:
+        return None
+    return list(values) if indices is None else [values[int(i)] for i in indices]
 
 
 def relative_key(file: str | Path, root: str | Path | None) -> str:
@@ -209,11 +257,16 @@ class FileListSource(ImageSource):
     """Images given as a list of files with their labels; only the files that are drawn are opened.
 
     ``labels`` is int ``(N,)`` (single-label) or 0/1 ``(N, C)`` (multi-label); ``classes`` names them.
+    ``groups``: each example's group id (the split keeps a group together, :mod:`.groups`), described
+    by ``group_label``; ``data_split``: the data's own split value per example (checked, not used);
+    ``frame``: the frame read from multi-frame DICOM files.
     """
 
     def __init__(self, name: str, files: Sequence[str | Path], labels: np.ndarray, classes: Sequence[str],
                  description: str = "", layout: str = "", root: str | Path | None = None,
-                 classes_declared: bool = True, keys: Sequence[str] | None = None):
+                 classes_declared: bool = True, keys: Sequence[str] | None = None,
+                 groups: Sequence[str] | None = None, group_label: str = "", data_split: Sequence[str] | None = None,
+                 data_split_column: str = "", frame: int | None = None):
         labels = np.asarray(labels)
         if len(files) != len(labels):
             raise DatasetError(f"{name}: {len(files)} images but {len(labels)} labels")
@@ -230,6 +283,13 @@ class FileListSource(ImageSource):
         if keys is not None and len(keys) != len(self.files):
             raise DatasetError(f"{name}: {len(keys)} example keys for {len(self.files)} files")
         self._keys = None if keys is None else [str(k) for k in keys]
+        if groups is not None and len(groups) != len(self.files):
+            raise DatasetError(f"{name}: {len(groups)} group ids for {len(self.files)} files")
+        self._groups = None if groups is None else [str(g) for g in groups]
+        self.group_label, self.data_split, self.data_split_column = group_label, data_split, data_split_column
+        self.frame = check_frame(frame, name)
+        if any(f.lower().endswith(DICOM_EXTENSIONS) for f in self.files):
+            pydicom_module(name)
 
     def __len__(self) -> int:
         return len(self.files)
@@ -244,25 +304,33 @@ class FileListSource(ImageSource):
             return [self._keys[int(i)] for i in idx]
         return [relative_key(self.files[int(i)], self.root) for i in idx]
 
+    def example_groups(self, indices: Sequence[int] | None = None) -> list[str] | None:
+        """Each example's group id (None: no groups)."""
+        return _pick(self._groups, indices)
+
     def labels(self, indices: Sequence[int]) -> np.ndarray:
         y = self._labels[np.asarray(indices, dtype=np.int64)]
         return y.astype(np.float32 if self.multilabel else np.int64)
 
     def images(self, indices: Sequence[int]) -> list[np.ndarray]:
-        return [open_image(self.files[int(i)], self.name) for i in indices]
+        return [open_image(self.files[int(i)], self.name, self.frame) for i in indices]
 
     def describe(self) -> dict:
         d = super().describe()
         d.update(class_names=self.classes, layout=self.layout, root=self.root)
         if self.files:
-            d["image_size"] = list(open_image(self.files[0], self.name).shape)
+            d["image_size"] = list(open_image(self.files[0], self.name, self.frame).shape)
+        d.update(group_summary(self))
         return d
 
 
-def open_image(file: str | Path, name: str) -> np.ndarray:
-    """One image file as float32 in [0, 1] (see :func:`_pil_to_array`); unreadable -> DatasetError."""
+def open_image(file: str | Path, name: str, frame: int | None = None) -> np.ndarray:
+    """One image file as float32 in [0, 1]: DICOM (:func:`gsd_cli.data.dicom.read_dicom`, ``frame`` of
+    a multi-frame file) or any image PIL reads (:func:`_pil_to_array`); unreadable -> DatasetError."""
     from PIL import Image, UnidentifiedImageError
 
+    if is_dicom_file(file, IMAGE_EXTENSIONS):
+        return read_dicom(file, name, frame)
     try:
         with Image.open(file) as img:
             return _pil_to_array(img)

@@ -5,11 +5,13 @@ A name is one of
 * an embedded dataset (``mnist-a``, ``digits``, ...), always available;
 * a built-in dataset under the data root (:mod:`.torchvision_sets`: ``cifar10``, ``svhn``, ...;
   :mod:`.published`: ``chestxray``, ``kagchest``, ``ham10000``, ``kagskin``, ``mnist_m``);
-* ``KIND:ARGUMENT`` for a generic source (``folder:PATH``, ``csv:PATH``, ``npz:PATH``, ``hf:PATH``);
+* ``KIND:ARGUMENT`` for a generic source (``folder:PATH``, ``csv:PATH``, ``npz:PATH``, ``hf:PATH``),
+  with options where the kind takes them (``folder:PATH?groups=FILE``: :mod:`.spec_options`);
 
 optionally followed by ``:train``, ``:test`` (or ``:val`` where published): see :mod:`.splits`. A
 plain name means all its examples. New kinds plug in with :func:`register_kind`, new named datasets
-with :func:`register_dataset`.
+with :func:`register_dataset`. A map-style ``torch.utils.data.Dataset`` passed instead of a name is
+wrapped by :func:`gsd_cli.data.torch_dataset.from_torch_dataset`.
 """
 
 from __future__ import annotations
@@ -25,14 +27,15 @@ from .embedded import EMBEDDED
 from .files import FolderSource, npz_source
 from .published import PUBLISHED, PUBLISHED_ALIASES
 from .roots import data_root
+from .spec_options import join_options, split_options
 from .splits import SPLITS, fixed_split
 from .torchvision_sets import TORCHVISION, TORCHVISION_ALIASES, torchvision_source
 
 _NAMED: dict[str, Callable[[], ImageSource]] = dict(EMBEDDED)
-_KINDS: dict[str, Callable[[str, str], ImageSource]] = {
-    "folder": lambda arg, name: FolderSource(arg, name=name),
+_KINDS: dict[str, Callable[..., ImageSource]] = {  # (arg, name, **options of spec_options.KIND_OPTIONS)
+    "folder": lambda arg, name, **options: FolderSource(arg, name=name, **options),
     "npz": lambda arg, name: npz_source(arg, name=name),
-    "csv": lambda arg, name: csv_source(arg, name=name),
+    "csv": lambda arg, name, **options: csv_source(arg, name=name, **options),
 }
 
 
@@ -78,6 +81,10 @@ def resolve(spec: str | ImageSource, *, root: str | Path | None = None, download
     """
     if isinstance(spec, ImageSource):
         return spec
+    if not isinstance(spec, str) and hasattr(spec, "__getitem__") and hasattr(spec, "__len__"):
+        from .torch_dataset import from_torch_dataset
+
+        return from_torch_dataset(spec)
     if not isinstance(spec, str) or not spec:
         raise DatasetError(f"a dataset is named by a string, got {spec!r}")
     if spec in _NAMED:
@@ -97,11 +104,14 @@ def resolve(spec: str | ImageSource, *, root: str | Path | None = None, download
         path, split = _split_suffix(arg)
         if split is not None and Path(arg).expanduser().exists():
             path, split = arg, None  # a file really named like 'x:train'
+        path, options = split_options(kind, path, spec)
+        if options and split is None:  # the split written before the options: folder:PATH:train?groups=FILE
+            path, split = _split_suffix(path)
         if kind == "hf":
             return hf_source(path, name=spec, split=split)
         if split is None:
-            return _KINDS[kind](path, spec)
-        return fixed_split(_KINDS[kind](path, f"{kind}:{path}"), split, spec)
+            return _KINDS[kind](path, spec, **options)
+        return fixed_split(_KINDS[kind](path, f"{kind}:{join_options(path, options)}", **options), split, spec)
     others = [*builtin_names(), *TORCHVISION_ALIASES, *PUBLISHED_ALIASES]
     close = difflib.get_close_matches(base, list(_NAMED), n=1) or difflib.get_close_matches(base, others, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""

@@ -12,6 +12,10 @@ set of two neighbouring datasets differs in many examples and no differential-pr
 about one example holds. Decided per example, adding or removing one example moves no other; and
 with no salt from the dataset's name, a set splits the same whether named on the command line or in
 a catalogue. The test part is about, not exactly, 20% (and not stratified by class).
+
+A source with groups (patients: :mod:`.groups`, ``example_groups``) is split by the hash of each
+example's *group id* instead: a group's examples are all on one side, and adding or removing a group
+(or an example) moves no other example. About 20% of the groups, not of the examples, are in test.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import numpy as np
 
 from ..errors import DatasetError
 from .base import ImageSource
+from .groups import SHOWN, straddling
 
 #: Split names understood after ``NAME:``.
 SPLITS = ("train", "val", "test")
@@ -58,7 +63,7 @@ class SubsetSource(ImageSource):
         self.multilabel = parent.multilabel
         self.classes_declared = parent.classes_declared
         self.description = description or parent.description
-        for attr in ("classes", "layout", "root"):
+        for attr in ("classes", "layout", "root", "group_label"):
             if hasattr(parent, attr):
                 setattr(self, attr, getattr(parent, attr))
 
@@ -78,9 +83,15 @@ class SubsetSource(ImageSource):
     def example_file(self, index: int) -> str | None:
         return self.parent.example_file(int(self.indices[int(index)]))
 
+    def example_groups(self, indices: Sequence[int] | None = None) -> list[str] | None:
+        idx = self.indices if indices is None else self.indices[np.asarray(indices, dtype=np.int64)]
+        return groups_of(self.parent, idx)
+
     def describe(self) -> dict:
         d = {**self.parent.describe(), **super().describe()}
         d["split_of"] = self.parent.name
+        if groups_of(self) is not None:  # this part's groups (the parent's own split column checks stay)
+            d.update({k: v for k, v in group_summary(self).items() if not k.startswith("data_split")})
         return d
 
 
@@ -92,6 +103,7 @@ def fixed_split(source: ImageSource, split: str, name: str | None = None) -> Ima
             f"(each example in test iff a hash of its identity is below {TEST_FRACTION}), not :{split}"
         )
     name = name or f"{source.name}:{split}"
+    grouped = groups_of(source) is not None
     test = _test_mask_of(source)
     keep = np.flatnonzero(test if split == "test" else ~test)
     if not len(keep):
@@ -100,16 +112,61 @@ def fixed_split(source: ImageSource, split: str, name: str | None = None) -> Ima
             f"probability {TEST_FRACTION}, and here {'none' if split == 'test' else 'all'} did); "
             f"name the train and test sets explicitly"
         )
+    rule = "per-group hash split, ~{}% of groups in test" if grouped else "per-example hash split, ~{}% test"
     return SubsetSource(
-        source, keep, name,
-        description=f"{source.description} [{split}: per-example hash split, ~{int(TEST_FRACTION * 100)}% test]",
+        source, keep, name, description=f"{source.description} [{split}: {rule.format(int(TEST_FRACTION * 100))}]",
     )
 
 
+def groups_of(source: ImageSource, indices: Sequence[int] | None = None) -> list[str] | None:
+    """The group ids of ``source``'s examples ``indices`` (None: all), or None for a source without groups."""
+    fn = getattr(source, "example_groups", None)
+    return None if fn is None else fn(indices)
+
+
 def _test_mask_of(source: ImageSource) -> np.ndarray:
-    """:func:`split_mask` of all of ``source``'s example keys, kept on the source (train and test both need it)."""
+    """:func:`split_mask` of all of ``source``'s group ids, else of its example keys, kept on the source
+    (train and test both need it). Each distinct group is hashed once."""
     mask = source.__dict__.get("_split_test_mask")
     if mask is None or len(mask) != len(source):
-        mask = split_mask(source.example_keys())
+        groups = groups_of(source)
+        if groups is None:
+            mask = split_mask(source.example_keys())
+        else:
+            test = {g: in_test(g) for g in set(groups)}
+            mask = np.fromiter((test[g] for g in groups), dtype=bool, count=len(groups))
         source._split_test_mask = mask
     return mask
+
+
+def group_summary(source) -> dict:
+    """What ``gsd datasets show`` reports about ``source``'s groups ({} when it has none).
+
+    ``groups`` (count) and ``grouped_by``; ``groups_train`` / ``groups_test`` and ``examples_train`` /
+    ``examples_test`` of the per-group hash split (:func:`gsd_cli.data.splits.in_test` of the group
+    id); ``groups_on_both_sides``: groups with examples in both parts (0 by construction: checked);
+    and where the data has its own split column, ``data_split_column`` and
+    ``groups_across_data_split`` (how many groups it puts in more than one part, the first few named)."""
+    groups = groups_of(source)
+    if groups is None:
+        return {}
+    test_of = {g: in_test(g) for g in set(groups)}
+    test = np.fromiter((test_of[g] for g in groups), dtype=bool, count=len(groups))
+    out = {
+        "groups": len(test_of),
+        "grouped_by": getattr(source, "group_label", "") or "groups",
+        "groups_train": sum(not t for t in test_of.values()),
+        "groups_test": sum(test_of.values()),
+        "examples_train": int((~test).sum()),
+        "examples_test": int(test.sum()),
+        "groups_on_both_sides": len(straddling(groups, test)),
+        "split_rule": f"per-group hash split, ~{int(TEST_FRACTION * 100)}% of groups in test",
+    }
+    data_split = getattr(source, "data_split", None)
+    if data_split is not None:
+        across = straddling(groups, data_split)
+        out["data_split_column"] = getattr(source, "data_split_column", "split")
+        out["groups_across_data_split"] = len(across)
+        if across:
+            out["groups_across_data_split_first"] = across[:SHOWN]
+    return out

@@ -20,7 +20,6 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
-from unittest import mock
 
 import numpy as np
 
@@ -83,6 +82,8 @@ def _presence_only(cls):
     if not hasattr(module, "check_integrity"):
         yield
         return
+    from unittest import mock  # here, not at the top: it imports asyncio (~25 ms on every `gsd` start)
+
     with _lock, mock.patch.object(module, "check_integrity", lambda fpath, md5=None: os.path.isfile(fpath)):
         yield
 

@@ -1,4 +1,14 @@
-"""Images at native size -> model input: resize, channel count, normalisation."""
+"""Images at native size -> model input: resize, channel count, normalisation.
+
+Each image is resized once, on as few channels as it has: a grey image is resized (and normalised) on
+its one channel and only then repeated to the model's three. Bilinear interpolation treats channels
+independently, so this is the tensor the other order (repeat, then resize) gives, bit for bit
+(``tests/test_input_pipeline.py``), at a third of the work. A colour image for a one-channel model
+becomes grey before it is resized, for the same reason.
+
+:data:`TRANSFORM` describes what this module computes; the cache of public subspaces keys on it, so
+a change to the output here must change it.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +20,11 @@ import torch.nn.functional as F
 
 #: Inputs are mapped from [0, 1] to [-1, 1]: (x - 0.5) / 0.5 per channel.
 MEAN, STD = 0.5, 0.5
+#: What :func:`to_model_input` computes (part of the public-subspace cache key): bump ``version``
+#: whenever its output changes for some input.
+TRANSFORM = {"resize": "bilinear", "antialias": True, "align_corners": False, "mean": MEAN, "std": STD,
+             "grey": "itu-r-601 luma (0.299, 0.587, 0.114)", "version": 1}
+_LUMA = (0.299, 0.587, 0.114)
 
 
 def to_model_input(
@@ -18,30 +33,42 @@ def to_model_input(
     """Stack images (H x W or H x W x C in [0, 1]) into a float tensor ``(n, channels, size, size)``.
 
     Images are resized with antialiased bilinear interpolation (one call per group of equal shape);
-    grey images are repeated to 3 channels, colour images become grey by ITU-R 601 luma weights.
-    The images travel to ``device`` at their native size and are resized there.
+    grey images are repeated to 3 channels after resizing, colour images become grey by ITU-R 601 luma
+    weights before. The images travel to ``device`` at their native size and are resized there.
     """
     out = torch.empty(len(images), channels, size, size, device=device)
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, img in enumerate(images):
         groups.setdefault(img.shape, []).append(i)
-    for shape, idx in groups.items():
+    for idx in groups.values():
         batch = torch.from_numpy(np.stack([images[i] for i in idx]).astype(np.float32, copy=False)).to(device)
         batch = batch.unsqueeze(1) if batch.ndim == 3 else batch.permute(0, 3, 1, 2)
-        batch = _channels(batch, channels)
+        _check_channels(batch.shape[1], channels)
+        if batch.shape[1] > channels:  # colour -> grey first: resize one channel, not three
+            batch = _channels(batch, channels)
         if batch.shape[-2:] != (size, size):
             batch = F.interpolate(batch, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
-        out[torch.tensor(idx, device=out.device)] = batch
-    return (out - MEAN) / STD
+        batch = _channels(batch.sub_(MEAN).div_(STD), channels)  # in place (batch is ours); grey -> colour last
+        if len(idx) == len(images):  # one shape (the usual case): no index_put
+            out.copy_(batch)
+        else:
+            out[torch.tensor(idx, device=out.device)] = batch
+    return out
+
+
+def _check_channels(c: int, channels: int) -> None:
+    if not (c == channels or c == 1 or (channels == 1 and c == 3)):
+        raise ValueError(f"cannot map {c} channels to {channels}")
 
 
 def _channels(batch: torch.Tensor, channels: int) -> torch.Tensor:
+    """``batch`` with ``channels`` channels: grey repeated (a view), colour to grey by luma weights."""
     c = batch.shape[1]
     if c == channels:
         return batch
     if c == 1:
         return batch.expand(-1, channels, -1, -1)
     if channels == 1 and c == 3:
-        w = torch.tensor([0.299, 0.587, 0.114], device=batch.device).view(1, 3, 1, 1)
+        w = torch.tensor(_LUMA, device=batch.device).view(1, 3, 1, 1)
         return (batch * w).sum(1, keepdim=True)
     raise ValueError(f"cannot map {c} channels to {channels}")

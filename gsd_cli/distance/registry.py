@@ -47,6 +47,8 @@ class Distance(ABC):
     name: str = ""
     #: whether the private side is released under differential privacy
     private: bool = False
+    #: whether public sides are gradient subspaces that the disk cache of public subspaces may keep
+    disk_cache: bool = True
 
     def __init__(self, config) -> None:
         self.config = config
@@ -73,6 +75,10 @@ class Distance(ABC):
         """What, beyond the shared settings, a cached private side depends on."""
         return (self.name,)
 
+    def public_key(self) -> tuple:
+        """What, beyond the shared settings, a public side depends on (GSD and DP-GSD share theirs)."""
+        return ()
+
     def report(self, ctx: SideContext, rows: list) -> tuple[dict | None, list[str], bool]:
         """``(privacy block, warnings, dp)`` of the finished ranking: what the private side spent."""
         return None, [], False
@@ -85,6 +91,11 @@ def register_distance(name: str) -> Callable[[type[Distance]], type[Distance]]:
 
 def distance_names() -> list[str]:
     return _DISTANCES.names()
+
+
+def distance_reading(name: str) -> str:
+    """How to read the values of the registered distance ``name`` (its ``reading``; "" for GSD's own)."""
+    return getattr(_DISTANCES.get(name), "reading", "") if name in _DISTANCES else ""
 
 
 def is_private(name: str) -> bool:

@@ -24,9 +24,11 @@ DESIGN.md, "GEP"). The residual-free variant (B-GEP) releases the embedding alon
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import dp_accounting as dpa
 from dp_accounting import dp_event as ev
@@ -90,12 +92,23 @@ def _accountant(kind: str):
     raise GSDError(f"unknown --accountant {kind!r}; use one of {', '.join(ACCOUNTANTS)}")
 
 
+#: (repr of the event, delta, accountant) -> epsilon: the accountant is deterministic, and a trainer
+#: asks for the same epsilon up to three times (calibration check, the run's total, the last epoch's)
+_EPSILONS: dict[tuple, float] = {}
+
+
 def epsilon_of(event: ev.DpEvent, delta: float, accountant: str = "rdp") -> float:
-    """Epsilon of ``event`` at ``delta`` by dp-accounting's RDP or PLD accountant."""
+    """Epsilon of ``event`` at ``delta`` by dp-accounting's RDP or PLD accountant (remembered in this
+    process: an event's ``repr`` holds its every field, floats exactly)."""
     check_delta(delta)
-    acc = _accountant(accountant)
-    acc.compose(event)
-    return float(acc.get_epsilon(delta))
+    key = (repr(event), float(delta), accountant)
+    if key not in _EPSILONS:  # (an unknown accountant is never stored: _accountant refuses it)
+        acc = _accountant(accountant)
+        acc.compose(event)
+        if len(_EPSILONS) >= 1024:
+            _EPSILONS.clear()
+        _EPSILONS[key] = float(acc.get_epsilon(delta))
+    return _EPSILONS[key]
 
 
 def check_epsilon(epsilon: float, what: str = "--epsilon") -> None:
@@ -115,35 +128,70 @@ def calibrate_noise(
     sampling_rate: float,
     steps: int,
     accountant: str = "rdp",
+    cache: bool | str | Path = True,
 ) -> float:
     """The smallest noise multiplier sigma for which ``steps`` Poisson-subsampled releases
     ``make_step(sigma)`` are (target_epsilon, delta)-DP, by dp-accounting's
     ``calibrate_dp_mechanism`` (Brent's method). The returned sigma is checked: its epsilon is never
-    above the target (it is raised by 0.01% steps if rounding put it a hair above)."""
+    above the target (it is raised by 0.01% steps if rounding put it a hair above).
+
+    ``cache``: ``True`` keeps the answer on disk (:mod:`gsd_cli.privacy.calibration_cache`, under the
+    cache folder), a path keeps it there, ``False`` does not; a cached sigma is used only after one
+    accountant evaluation confirms its epsilon is at most (and within 0.1% of) the target."""
     check_epsilon(target_epsilon)
     check_delta(delta)
     if steps < 1:
         raise GSDError(f"training needs at least one step (got {steps}); raise --epochs")
+    if accountant not in ACCOUNTANTS:
+        _accountant(accountant)  # the error naming the accountants
 
     def event(sigma: float) -> ev.DpEvent:
         return training_event(make_step(sigma), sampling_rate, steps)
 
+    store, key = None, None
+    if cache is not False:
+        from .calibration_cache import CalibrationCache
+
+        store = CalibrationCache(None if cache is True else cache)
+        key = calibration_key(make_step, target_epsilon, delta, sampling_rate, steps, accountant)
+        hit = store.get(key, lambda s: epsilon_of(event(s), delta, accountant), target_epsilon)
+        if hit is not None:
+            return hit
+
     if accountant == "pld":
         # PLD is tighter than RDP (its sigma is smaller) but needs a bracket away from tiny sigmas,
         # whose privacy-loss distributions do not fit in memory: search below the RDP answer.
-        upper = calibrate_noise(make_step, target_epsilon, delta, sampling_rate, steps, "rdp")
+        upper = calibrate_noise(make_step, target_epsilon, delta, sampling_rate, steps, "rdp", cache)
         bracket = dpa.ExplicitBracketInterval(upper / 4, upper)
         tol = 1e-5 * upper
     else:
-        _accountant(accountant)  # validates the name
         bracket, tol = dpa.LowerEndpointAndGuess(1e-3, 1.0), 1e-7
     sigma = dpa.calibrate_dp_mechanism(
         lambda: _accountant(accountant), event, float(target_epsilon), float(delta), bracket, tol=tol,
     )
     sigma = float(sigma)
-    while epsilon_of(event(sigma), delta, accountant) > target_epsilon:
+    while (eps := epsilon_of(event(sigma), delta, accountant)) > target_epsilon:
         sigma *= 1.0001
+    if store is not None:
+        store.put(key, sigma, eps)
     return sigma
+
+
+#: version of the calibration procedure (bracket, tolerance, the final check): part of the cache key
+CALIBRATION_VERSION = 1
+
+
+def calibration_key(make_step, target_epsilon, delta, sampling_rate, steps, accountant) -> dict:
+    """Every input of :func:`calibrate_noise`, floats exactly (``repr``): the per-step event is
+    written at sigma 1 and 2, which fixes it for the mechanisms here (each multiplier linear in sigma)."""
+    from .calibration_cache import dp_accounting_version
+
+    return {
+        "target_epsilon": repr(float(target_epsilon)), "delta": repr(float(delta)),
+        "sampling_rate": repr(float(sampling_rate)), "steps": int(steps), "accountant": accountant,
+        "step_at_1": repr(make_step(1.0)), "step_at_2": repr(make_step(2.0)),
+        "rdp_orders": hashlib.sha256(repr(RDP_ORDERS).encode()).hexdigest()[:16], "calibration": CALIBRATION_VERSION, "dp_accounting": dp_accounting_version(),
+    }
 
 
 @dataclass

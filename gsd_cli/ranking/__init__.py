@@ -13,13 +13,14 @@ by a distance of :mod:`gsd_cli.distance`.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from .. import data as gdata
 from ..distance import gradient_subspace_distance
 from ..side import Progress, Subspace, sample_labels, sample_subspace
 from .config import GradientSettings, ModelSettings, PrivacySettings, RankConfig, option_names
 from .executors import Executor, LocalExecutor, PublicTask, executor_names, get_executor, register_executor
+from . import ray_executor  # noqa: F401,E402  (registers "ray"; imports Ray only when that executor is built)
 from .pipeline import rank_once, refuse_private_as_public
 from .repeats import holm, paired_tie_test, rank_repeats, repeat_seed, summarise, t_interval, total_epsilon
 from .results import DP_REPEATS, LEVEL, TIE_ALPHA, TIE_TEST, RankResult, Ranking, RepeatRanking, RepeatResult
@@ -35,7 +36,7 @@ __all__ = [
 
 def rank(
     private: str | gdata.ImageSource = gdata.DEFAULT_PRIVATE,
-    publics: Sequence[str | gdata.ImageSource] = gdata.DEFAULT_PUBLIC,
+    publics: Sequence[str | gdata.ImageSource] | Mapping = gdata.DEFAULT_PUBLIC,
     config: RankConfig | None = None,
     *,
     progress: Progress | None = None,
@@ -50,12 +51,16 @@ def rank(
     ``config``: a :class:`RankConfig`, built whole by the CLI and catalogues; the flat keyword
     ``options`` of 0.1 (``k=16, examples=2000, seed=0, model="probe", params, labels, row_norm,
     device, chunk_size, engine, loss, dp, epsilon, clip, mechanism, dp_sketch, gibbs_sweeps,
-    repeats, dp_repeats, gram, memory_budget, weights, peft, insecure_seed, classes, distance``)
-    build one, or override a given one. The rest are how it runs, not what it computes: ``progress``
+    repeats, dp_repeats, gram, memory_budget, weights, peft, insecure_seed, classes, distance,
+    subspace_method, batchnorm``) build one, or override a given one. ``model`` is a registry name,
+    ``timm:NAME``, ``PATH.py:FACTORY``, an ``nn.Module`` (copied; its own weights are w0) or a factory
+    ``f(num_classes=N)`` (:mod:`gsd_cli.model_spec`); ``batchnorm`` (``freeze``, ``groupnorm``,
+    ``refuse``) keeps its per-sample gradients exact (:mod:`gsd_cli.model_exact`). The rest are how it runs, not what it computes: ``progress``
     (``progress(name, done, total)`` after every chunk), ``memo`` (a dict in which subspaces are kept
     and reused when the same settings recur), ``cache`` (a :class:`gsd_cli.cache.SubspaceCache`: the
     *public* subspaces on disk), ``executor`` (where public subspaces are computed: ``"local"``, the
-    default, or a registered or given :class:`Executor`), ``public_seed`` (default ``seed``: seeds the
+    default, ``"ray"`` (one Ray task per candidate: :mod:`.ray_executor`), or a registered or given
+    :class:`Executor`), ``public_seed`` (default ``seed``: seeds the
     public examples and labels alone).
 
     Every dataset contributes ``min(examples, size)`` examples drawn with ``seed``; the model's
@@ -72,7 +77,11 @@ def rank(
     labels. A public candidate that is the private set or shares examples with it is refused, DP or
     not. ``gram``: ``materialize`` stacks the m x p per-sample gradient matrix; ``ghost`` forms only
     m x m Gram matrices (:mod:`gsd_cli.ghost`), streamed within ``memory_budget`` bytes; ``auto``
-    materialises when m x p float32 fits the budget. ``dp_sketch=D`` first projects every gradient
+    materialises when m x p float32 fits the budget. ``subspace_method``: how the top-k subspace of a
+    materialised matrix is found (:func:`gsd_cli.subspace.top_k_subspace`): ``exact`` (float64 Gram +
+    eigh), ``randomized`` (block Krylov certified in float64: distances within 2e-7 of exact, else the
+    exact path) or ``auto`` (randomized from min(m, p) >= 1000 on); the DP draw never uses it.
+    ``dp_sketch=D`` first projects every gradient
     matrix, private and public alike, by one data-independent Gaussian matrix to D dimensions.
     ``weights`` and ``peft`` build the model exactly as ``gsd train`` does
     (:func:`gsd_cli.peft.build_model`), so the distance is computed on the parameters to be trained.
@@ -80,9 +89,16 @@ def rank(
     ``repeats=R`` > 1: R independent repeats with means, intervals, win fractions and ties, by
     :func:`rank_repeats` (returns a :class:`RepeatRanking`; under DP, ``dp_repeats`` = ``shared``
     or ``fresh`` says what the repeats spend).
+
+    ``private`` and each public may also be a map-style ``torch.utils.data.Dataset`` (wrapped by
+    :func:`gsd_cli.data.torch_dataset.from_torch_dataset`, used as given), and ``publics`` a mapping
+    ``{name: dataset or source}`` that names them.
     """
+    from ..data.torch_dataset import as_sources
+
+    private, publics = as_sources(private, publics)
     config = RankConfig.from_options(**options) if config is None else config.replace(**options)
-    run = dict(progress=progress, memo=memo, cache=cache, executor=executor)
+    run = dict(progress=progress, memo=memo, cache=cache, executor=get_executor(executor))  # one executor for every draw
     if config.repeats != 1:
         return rank_repeats(private, publics, config, **run)
     return rank_once(private, publics, config, public_seed=public_seed, **run)

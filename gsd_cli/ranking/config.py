@@ -27,11 +27,12 @@ from ..privacy.randomness import check_seed
 class ModelSettings:
     """The model whose gradients are compared, at its initial weights w0 (from the ranking's seed)."""
 
-    model: str = "probe"  # a registry name (gsd models list)
+    model: object = "probe"  # a registry name (gsd models list), timm:NAME, PATH.py:FACTORY, or an nn.Module (gsd_cli.model_spec)
     params: Sequence[str] | str | None = None  # glob patterns of the parameters that get gradients
     weights: str | None = None  # pre-trained weights (new head), as gsd train --weights
     peft: str | None = None  # the trainable set, as gsd train --peft
     classes: int | str | None = None  # the private set's classes where its source declares none
+    batchnorm: str = "freeze"  # BatchNorm layers: freeze, groupnorm or refuse (gsd_cli.model_exact)
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class GradientSettings:
     gram: str = "auto"  # materialize, ghost, auto
     memory_budget: int | str | None = None
     dp_sketch: int | None = None  # project every gradient (both sides) to this many dimensions first
+    subspace_method: str = "auto"  # top-k of a materialised matrix: exact, randomized, auto (gsd_cli.subspace)
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,12 @@ from typing import Sequence
 from .. import data as gdata
 from ..cache import public_cache_key
 from ..distance import SideContext, make_distance
-from ..errors import GSDError, ModelError
+from ..errors import GSDError
 from ..gradients import resolve_device
 from ..side import LABELS, ROW_NORMS, Progress
-from ..subspace import uniform_baseline
+from ..subspace import check_method, uniform_baseline
 from .config import RankConfig
-from .executors import PublicTask, public_subspaces, recall, remember
+from .executors import PublicSide, PublicTask, public_subspaces, recall, remember
 from .results import RankResult, Ranking
 
 
@@ -51,6 +51,7 @@ def _check(config: RankConfig, publics) -> None:
         raise GSDError(f"--row-norm must be one of {', '.join(ROW_NORMS)} (got {g.row_norm!r})")
     if g.labels not in LABELS:
         raise GSDError(f"--labels must be one of {', '.join(LABELS)} (got {g.labels!r})")
+    check_method(g.subspace_method)
     if not publics:
         raise GSDError("give at least one public candidate (--public NAME ...)")
 
@@ -62,17 +63,13 @@ def _memo_key(source: gdata.ImageSource) -> tuple:
 def rank_once(private, publics: Sequence, config: RankConfig, *, public_seed: int | None = None,
               progress: Progress | None = None, memo: dict | None = None, cache=None, executor=None) -> Ranking:
     """One draw of a ranking (``config.repeats`` is not looked at): see :func:`gsd_cli.ranking.rank`."""
-    from probes import get_model_spec
-
+    from ..model_spec import model_label, resolve_model
     from ..peft import build_model
 
     t0 = time.perf_counter()
     _check(config, publics)
     m, g, seed = config.model, config.gradients, config.seed
-    try:
-        spec = get_model_spec(m.model)
-    except KeyError as e:
-        raise ModelError(str(e.args[0])) from None
+    resolve_model(m.model)  # a bad --model fails before any data is read
     dev = resolve_device(g.device)
     priv_source = gdata.resolve(private)
     if m.classes is not None:
@@ -98,7 +95,7 @@ def rank_once(private, publics: Sequence, config: RankConfig, *, public_seed: in
     if num_classes < 2 and not priv_source.multilabel:  # one logit: cross-entropy's gradients are all zero
         raise GSDError(f"{priv_source.name} has one class: a one-class model has no gradients to compare; "
                        f"give a private set with at least 2 classes (or --classes N)")
-    _, net, names, _ = build_model(m.model, num_classes, seed, weights=m.weights, peft=m.peft, params=m.params)
+    spec, net, names, _ = build_model(m.model, num_classes, seed, weights=m.weights, peft=m.peft, params=m.params, batchnorm=m.batchnorm)
     num_params = sum(dict(net.named_parameters())[n].numel() for n in names)
     if g.k > num_params:
         raise GSDError(f"k={g.k} is larger than the {num_params} selected parameters; use a smaller --k")
@@ -108,20 +105,22 @@ def rank_once(private, publics: Sequence, config: RankConfig, *, public_seed: in
         sketch_dim=g.dp_sketch, k=g.k, input_size=spec.input_size, channels=spec.channels, num_classes=num_classes,
         names=names, labels=g.labels, row_norm=g.row_norm, seed=seed, loss=g.loss, engine=g.engine, device=dev,
         chunk_size=g.chunk_size, progress=progress, gram=g.gram, memory_budget=g.memory_budget,
+        subspace_method=g.subspace_method,
     ))
     # everything a subspace depends on beyond its sample (sources are keyed by identity, kept alive in the memo)
-    key = (m.model, m.weights, m.peft, tuple(names), num_classes, g.k, g.labels, g.row_norm, g.dp_sketch, g.loss,
-           str(dev), g.examples, seed, g.gram)
+    key = (model_label(m.model), m.batchnorm, m.weights, m.peft, tuple(names), num_classes, g.k, g.labels, g.row_norm, g.dp_sketch, g.loss,
+           str(dev), g.examples, seed, g.gram, g.subspace_method)
     pkey = key + (_memo_key(priv_source), seed, distance.memo_key())
     priv = recall(memo, pkey)
     if priv is None:
         priv = remember(memo, pkey, priv_source, distance.private_side(ctx, priv_sample))
     if g.engine == "auto" and priv.engine != "ghost":  # measured once on the private sample; the same engine for every candidate
         ctx.common["engine"] = priv.engine
-    tasks = [PublicTask(smp, pseed, key + (_memo_key(smp.source), pseed),
+    tasks = [PublicTask(smp, pseed, key + (_memo_key(smp.source), pseed) + distance.public_key(),
                         lambda smp=smp: public_cache_key(cache, net, smp, {**ctx.common, "seed": pseed}))
              for smp in pub_samples]
-    subs = public_subspaces(tasks, lambda t: distance.public_side(ctx, t.sample, t.seed), executor=executor, memo=memo, cache=cache)
+    subs = public_subspaces(tasks, PublicSide(distance, ctx), executor=executor, memo=memo,
+                            cache=cache if distance.disk_cache else None)  # a baseline's sides are no subspaces
     rows = []
     for i, smp in enumerate(pub_samples):
         pub = subs[i]
@@ -134,13 +133,13 @@ def rank_once(private, publics: Sequence, config: RankConfig, *, public_seed: in
         r.winner = i == 1
     privacy, notes, dp = distance.report(ctx, rows)
     return Ranking(
-        privacy=privacy, warnings=notes, dp=dp,
-        private=priv_source.name, model=m.model, k=g.k, examples=g.examples if g.examples is not None else -1,
+        privacy=privacy, warnings=notes, dp=dp, metric=distance.name,
+        private=priv_source.name, model=model_label(m.model), k=g.k, examples=g.examples if g.examples is not None else -1,
         seed=seed, labels=g.labels, row_norm=g.row_norm,
         params=None if m.params is None else ([m.params] if isinstance(m.params, str) else list(m.params)),
         num_params=num_params, device=str(dev), engine=priv.engine,
         # under DP the requested m: min(m, N) would reveal N
         private_examples=int(g.examples) if distance.private else priv.examples,
         uniform_baseline=uniform_baseline(g.k, ctx.dims), results=rows, sketch=g.dp_sketch, weights=m.weights, peft=m.peft,
-        seconds=round(time.perf_counter() - t0, 3),
+        seconds=round(time.perf_counter() - t0, 3), subspace_method=g.subspace_method,
     )

@@ -245,7 +245,7 @@ def summarise(runs: Sequence[Ranking], seeds: Sequence[int], dp_repeats: str | N
     warnings = list(dict.fromkeys(w for run in runs for w in run.warnings))
     base = {f: getattr(first, f) for f in (
         "private", "model", "k", "examples", "labels", "row_norm", "params", "num_params", "device", "engine",
-        "private_examples", "uniform_baseline", "sketch", "weights", "peft", "dp")}
+        "private_examples", "uniform_baseline", "sketch", "weights", "peft", "dp", "subspace_method", "metric")}
     return RepeatRanking(
         **base, seed=seeds[0], results=rows, seconds=round(seconds, 3), privacy=privacy, warnings=warnings,
         repeats=R, repeat_seeds=[int(s) for s in seeds], dp_repeats=dp_repeats, runs=list(runs),

@@ -61,6 +61,8 @@ class Ranking:
     weights: str | None = None  # --weights (pre-trained backbone), when given
     peft: str | None = None  # --peft (the trainable set), when given
     dp: bool = False  # whether this output is differentially private (DP-GSD with secret randomness)
+    metric: str = "gsd"  # the registered distance that produced it (gsd, dp-gsd, otdd, frechet, task2vec, logme)
+    subspace_method: str = "auto"  # --subspace-method: how the non-private top-k subspaces were found
 
     def __len__(self) -> int:
         return len(self.results)

@@ -30,7 +30,7 @@ def to_json(ranking: Ranking) -> str:
 def to_csv(ranking: Ranking) -> str:
     buf = io.StringIO()
     cols = ["rank", "public", "distance", "examples", "private", "model", "k", "seed", "labels", "row_norm", "min_angle_deg",
-            "max_angle_deg", "dp"]
+            "max_angle_deg", "dp", "metric"]
     w = csv.DictWriter(buf, fieldnames=cols)
     w.writeheader()
     for r in ranking:
@@ -38,8 +38,9 @@ def to_csv(ranking: Ranking) -> str:
             "rank": r.rank, "public": r.public, "distance": f"{r.distance:.6f}", "examples": r.examples,
             "private": ranking.private, "model": ranking.model, "k": ranking.k, "seed": ranking.seed,
             "labels": ranking.labels, "row_norm": ranking.row_norm,
-            "min_angle_deg": r.principal_angles_deg[0], "max_angle_deg": r.principal_angles_deg[-1],
-            "dp": str(bool(getattr(ranking, "dp", False))).lower(),
+            "min_angle_deg": r.principal_angles_deg[0] if r.principal_angles_deg else None,
+            "max_angle_deg": r.principal_angles_deg[-1] if r.principal_angles_deg else None,
+            "dp": str(bool(getattr(ranking, "dp", False))).lower(), "metric": getattr(ranking, "metric", "gsd"),
         })
     return buf.getvalue()
 
@@ -50,7 +51,7 @@ def repeats_csv(ranking: RepeatRanking) -> str:
     buf = io.StringIO()
     reps = [f"distance_repeat_{i}" for i in range(ranking.repeats)]
     cols = ["rank", "public", "mean", "sd", "ci_low", "ci_high", "win_fraction", "tied", "p_value_holm", "examples",
-            *reps, "repeats", "private", "model", "k", "seed", "labels", "row_norm", "total_epsilon", "dp"]
+            *reps, "repeats", "private", "model", "k", "seed", "labels", "row_norm", "total_epsilon", "dp", "metric"]
     w = csv.DictWriter(buf, fieldnames=cols)
     w.writeheader()
     for r in ranking:
@@ -62,7 +63,7 @@ def repeats_csv(ranking: RepeatRanking) -> str:
             "repeats": ranking.repeats, "private": ranking.private, "model": ranking.model, "k": ranking.k,
             "seed": ranking.seed, "labels": ranking.labels, "row_norm": ranking.row_norm,
             "total_epsilon": "" if not ranking.privacy else f"{ranking.privacy['total_epsilon']:g}",
-            "dp": str(bool(getattr(ranking, "dp", False))).lower(),
+            "dp": str(bool(getattr(ranking, "dp", False))).lower(), "metric": getattr(ranking, "metric", "gsd"),
         })
     return buf.getvalue()
 

@@ -12,9 +12,20 @@ from ..ranking.results import TIE_TEST
 from .files import _fmt
 
 
+def _baseline(ranking: Ranking) -> str | None:
+    """The metric's name when the ranking is by a baseline (not GSD or DP-GSD), else None."""
+    m = getattr(ranking, "metric", "gsd")
+    return None if m in ("gsd", "dp-gsd") else m
+
+
+def _kind(ranking: Ranking) -> str:
+    m = _baseline(ranking)
+    return "GSD (not DP)" if m is None else f"{m} (not DP: a non-private metric on the private data)"
+
+
 def ranking_table(ranking: Ranking) -> Table:
     pv = ranking.privacy
-    kind = "GSD (not DP)"
+    kind = _kind(ranking)
     if pv:
         kind = f"DP-GSD (epsilon={pv['epsilon']:g}" + (")" if pv["exact"] else ", no proven guarantee)")
         if pv.get("insecure_seed") is not None:
@@ -41,14 +52,14 @@ def ranking_table(ranking: Ranking) -> Table:
         name = f"[bold green]{escape(r.public)}[/]" if r.winner else escape(r.public)
         t.add_row(
             f"[bold green]★ {r.rank}[/]" if r.winner else str(r.rank), name, f"{r.distance:.4f}", bar,
-            f"{r.principal_angles_deg[0]:.0f}°..{r.principal_angles_deg[-1]:.0f}°", str(r.examples),
+            f"{r.principal_angles_deg[0]:.0f}°..{r.principal_angles_deg[-1]:.0f}°" if r.principal_angles_deg else "-", str(r.examples),
         )
     return t
 
 
 def repeats_table(ranking: RepeatRanking) -> Table:
     pv = ranking.privacy
-    kind = "GSD (not DP)"
+    kind = _kind(ranking)
     if pv:
         kind = f"DP-GSD (total epsilon={pv['total_epsilon']:g}" + (")" if pv["exact"] else ", no proven guarantee)")
         if pv.get("insecure_seed") is not None:
@@ -81,6 +92,11 @@ def repeats_table(ranking: RepeatRanking) -> Table:
 
 
 def how_to_read(ranking: Ranking) -> str:
+    m = _baseline(ranking)
+    if m is not None:
+        from ..distance.registry import distance_reading
+
+        return f"--metric {m}: {distance_reading(m) or 'lower is closer'}. ★ marks the best candidate."
     return (
         f"Lower is closer: 0 = the same top-{ranking.k} gradient subspace as the private data, 1 = orthogonal; "
         f"a uniformly random {ranking.k}-dim subspace would score about {ranking.uniform_baseline:.4f}. "

@@ -14,6 +14,11 @@ seed, and a checkpoint of format 1 (written before the digest existed, so it can
 privacy statement of the resumed run would rest on an unverifiable epoch and seed). The metadata holds
 no secret and not the private set's size: the seed enters only through the digest (128 random bits:
 it cannot be recovered from it).
+
+A run of several processes (:mod:`gsd_cli.train.distributed`) writes its checkpoints from process 0
+alone, and they hold nothing about the processes: the weights, momentum and secret seed are those of
+the one mechanism, so ``--resume`` works with the same or another number of processes (process 0
+reads the folder and broadcasts its state: :meth:`~gsd_cli.train.distributed.World.load_state`).
 """
 
 from __future__ import annotations

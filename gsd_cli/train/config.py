@@ -8,10 +8,12 @@ trainer, :mod:`gsd_cli.train.loop` runs it.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass
 
 from .. import data as gdata
 from ..errors import GSDError
+from ..model_exact import POLICIES
 from ..privacy import check_delta, check_epsilon
 from ..privacy.randomness import check_insecure_seed, check_seed
 
@@ -43,10 +45,11 @@ class TrainConfig:
     public_distance: float | None = None  # distance of ``public`` in the ranking that chose it (recorded only)
 
     # --- model and trainable parameters ---
-    model: str = "fmnist-cnn"  # model to train (a probes model name, ``gsd models list``)
+    model: str = "fmnist-cnn"  # model to train: a registry name (gsd models list), timm:NAME, PATH.py:FACTORY or an nn.Module (gsd_cli.model_spec)
     params: list[str] | None = None  # glob patterns of the parameters to train (None: all)
     weights: str | None = None  # initial weights (--weights: safetensors or a weights-only state dict)
     peft: str | None = None  # parameter-efficient subset to train (--peft: preset or patterns, gsd_cli.peft)
+    batchnorm: str = "refuse"  # BatchNorm layers: refuse, freeze or groupnorm (gsd_cli.model_exact)
 
     # --- optimisation: SGD on Poisson-subsampled steps ---
     epochs: int = 20  # epochs; one epoch is round(N / batch_size) steps
@@ -74,6 +77,8 @@ class TrainConfig:
     clip_embedding: float = 2.0  # clip norm S1 of the embedding
     clip_residual: float = 0.4  # clip norm S2 of the residual
     residual: bool = True  # release the residual (GEP) or drop it (B-GEP)
+    anchor_every: int = 1  # recompute the anchor subspace every N steps and at each epoch's start (1: every step, paper 000)
+    anchor_warm: bool = False  # start each recomputation's power iteration from the previous basis (cold at epoch starts)
 
     # --- RGP (paper 001) ---
     rgp_rank: int = 4  # rank r of the gradient carriers of each Linear/Conv2d weight
@@ -91,7 +96,15 @@ class TrainConfig:
     public_batch_size: int = 64  # minibatch size of stage 1
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The settings as JSON values; a source object given as a dataset (a Python API user's
+        ``from_torch_dataset(...)``) is recorded by its name."""
+        named = {f.name: getattr(self, f.name).name for f in dataclasses.fields(self)
+                 if isinstance(getattr(self, f.name), gdata.ImageSource)}
+        if not isinstance(self.model, str):  # an nn.Module or factory of the Python API: its label (and digest)
+            from ..model_spec import model_label
+
+            named["model"] = model_label(self.model)
+        return {**dataclasses.asdict(dataclasses.replace(self, **dict.fromkeys(named))), **named}
 
     @property
     def private_seed(self) -> int | None:
@@ -121,10 +134,19 @@ def lr_at(cfg: TrainConfig, epoch: int) -> float:
     return cfg.lr
 
 
+def check_anchor_every(every) -> None:
+    """``--anchor-every`` must be a whole number >= 1 (1: the paper's basis at every step)."""
+    if isinstance(every, bool) or not isinstance(every, numbers.Integral) or every < 1:
+        raise GSDError(f"--anchor-every must be a whole number of steps, at least 1 (got {every!r}); "
+                       "1 recomputes the GEP anchor subspace at every step")
+
+
 def validate(cfg: TrainConfig) -> None:
     """User errors in the settings, before any data is touched."""
     if cfg.method not in METHODS:
         raise GSDError(f"unknown --method {cfg.method!r}; use one of {', '.join(METHODS)}")
+    if cfg.batchnorm not in POLICIES:
+        raise GSDError(f"--batchnorm must be one of {', '.join(POLICIES)} (got {cfg.batchnorm!r})")
     check_epsilon(cfg.epsilon)
     check_delta(cfg.delta)
     check_seed("--seed", cfg.seed)
@@ -168,3 +190,4 @@ def validate(cfg: TrainConfig) -> None:
             raise GSDError("--method gep needs public data: --public NAME (or --auto-select with candidates)")
         if cfg.k < 1 or cfg.public_examples < 1 or cfg.power_iters < 1:
             raise GSDError("--k, --public-examples and --power-iters must be at least 1")
+    check_anchor_every(cfg.anchor_every)

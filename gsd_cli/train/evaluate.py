@@ -1,7 +1,25 @@
-"""Test metrics: accuracy, and macro AUC (one-vs-rest, or per finding for multi-label sets), as
-paper 004 reports for ChestX-ray14 and HAM10000."""
+"""Test metrics, and which one leads: the metrics users report for their task.
+
+* Multi-label (a 0/1 matrix of findings, ChestX-ray14): the AUC of every finding (``auc_per_finding``,
+  ``None`` for a finding whose test examples are all positive or all negative), their mean
+  (``macro_auc``, over the findings that have an AUC), and the accuracy over all (example, finding)
+  pairs at threshold 0.5. **Macro AUC leads**: with rare findings that accuracy mostly counts true
+  negatives (a model that says "no finding" everywhere scores high).
+* Single-label: accuracy of the arg-max, balanced accuracy (the mean recall over the classes present
+  in the test set, ``sklearn.metrics.balanced_accuracy_score``) and macro AUC one-vs-rest (over the
+  classes present, when there are at least two). **Balanced accuracy leads** when the test set is
+  unbalanced: its largest class has more than :data:`IMBALANCE` (1.5) times the examples of its
+  smallest present class (``class_ratio``); otherwise accuracy leads.
+
+``primary`` names the leading metric. All of these are statistics of the private test set, outside
+the privacy guarantee (which one leads says something about its class balance, too): they go to
+``metrics.jsonl`` and ``private-summary.json``, never to ``summary.json`` (:mod:`gsd_cli.train.release`).
+AUCs are ``sklearn.metrics.roc_auc_score``, as paper 004 reports for ChestX-ray14 and HAM10000.
+"""
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import torch
@@ -9,17 +27,82 @@ import torch
 from ..data import ImageSource, read_images, to_model_input
 from ..gradients import default_loss
 
+#: a single-label test set whose largest class has more than this many times the examples of its
+#: smallest (present) class is unbalanced: balanced accuracy leads
+IMBALANCE = 1.5
+#: how each metric is written in tables and summary lines
+LABELS = {"macro_auc": "macro AUC", "balanced_accuracy": "balanced accuracy", "accuracy": "accuracy"}
+
+
+def finding_names(source: ImageSource, width: int) -> list[str]:
+    """The names of the ``width`` findings (or classes) of ``source``: its declared class names when
+    they fit, else ``"0"``, ``"1"``..."""
+    names = [str(c) for c in (getattr(source, "classes", None) or [])]
+    return names if len(names) == width and len(set(names)) == width else [str(i) for i in range(width)]
+
+
+def per_finding_auc(targets: np.ndarray, scores: np.ndarray, names: list[str]) -> dict[str, float | None]:
+    """ROC AUC of each column of ``scores`` against the 0/1 column of ``targets`` (None where that
+    column has no positive or no negative example)."""
+    from sklearn.metrics import roc_auc_score
+
+    out = {}
+    for c, name in enumerate(names):
+        t = targets[:, c] > 0.5
+        out[name] = float(roc_auc_score(t, scores[:, c])) if 0 < t.sum() < len(t) else None
+    return out
+
+
+def mean_or_none(values) -> float | None:
+    got = [v for v in values if v is not None]
+    return float(np.mean(got)) if got else None
+
+
+def class_ratio(labels: np.ndarray) -> float:
+    """Largest over smallest class count among the classes present in ``labels`` (1.0 for one class)."""
+    counts = np.unique(labels, return_counts=True)[1]
+    return float(counts.max() / counts.min()) if len(counts) else 1.0
+
+
+def primary_metric(result: dict, multilabel: bool) -> str:
+    """The metric that leads (module docstring): ``macro_auc`` for a multi-label set (``accuracy``
+    when no finding has an AUC), ``balanced_accuracy`` for an unbalanced single-label set, else
+    ``accuracy``."""
+    if multilabel:
+        return "macro_auc" if result.get("macro_auc") is not None else "accuracy"
+    return "balanced_accuracy" if result.get("class_ratio", 1.0) > IMBALANCE else "accuracy"
+
+
+def score(scores: np.ndarray, targets: np.ndarray, multilabel: bool, names: list[str] | None = None) -> dict:
+    """The metrics of the module docstring from predicted probabilities ``scores`` (n x classes:
+    sigmoid for multi-label, softmax otherwise) and ``targets`` (0/1 n x classes, or class indices)."""
+    from sklearn.metrics import balanced_accuracy_score, roc_auc_score
+
+    s, t = np.asarray(scores, dtype=np.float64), np.asarray(targets)
+    result: dict = {}
+    if multilabel:
+        names = names or [str(i) for i in range(t.shape[1])]
+        result["accuracy"] = float(((s > 0.5) == (t > 0.5)).mean())
+        result["auc_per_finding"] = per_finding_auc(t, s, names)
+        result["macro_auc"] = mean_or_none(result["auc_per_finding"].values())
+    else:
+        pred = s.argmax(1)
+        result["accuracy"] = float((pred == t).mean())
+        with warnings.catch_warnings():  # "y_pred contains classes not in y_true": expected, those recalls are not defined
+            warnings.simplefilter("ignore")
+            result["balanced_accuracy"] = float(balanced_accuracy_score(t, pred))
+        result["class_ratio"] = class_ratio(t)
+        present = [c for c in range(s.shape[1]) if 0 < (t == c).sum() < len(t)]
+        result["macro_auc"] = float(np.mean([roc_auc_score(t == c, s[:, c]) for c in present])) if len(present) >= 2 else None
+    result["primary"] = primary_metric(result, multilabel)
+    return result
+
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, source: ImageSource, input_size: int, channels: int, device, batch: int = 256) -> dict:
-    """``{"loss", "accuracy", "macro_auc"}`` of ``model`` on every example of ``source``.
-
-    Single-label: accuracy of the arg-max, macro AUC one-vs-rest over the classes present.
-    Multi-label: accuracy over all (example, finding) pairs at threshold 0.5, macro AUC over the
-    findings that have both positives and negatives. ``macro_auc`` is None when no class qualifies.
-    An image with a NaN or infinite value is a one-line error (:func:`gsd_cli.data.read_images`)."""
-    from sklearn.metrics import roc_auc_score
-
+    """``{"loss", "examples", "accuracy", "macro_auc", "primary", ...}`` of ``model`` on every example
+    of ``source`` (module docstring; :func:`score`). An image with a NaN or infinite value is a
+    one-line error (:func:`gsd_cli.data.read_images`)."""
     was = model.training
     model.eval()
     n = len(source)
@@ -37,15 +120,31 @@ def evaluate(model: torch.nn.Module, source: ImageSource, input_size: int, chann
         model.train(was)
     s = torch.cat(scores).numpy()
     t = torch.cat(targets).numpy()
-    result = {"loss": float(torch.cat(losses).mean()), "examples": int(n)}
-    if source.multilabel:
-        result["accuracy"] = float(((s > 0.5) == (t > 0.5)).mean())
-        cols = [c for c in range(t.shape[1]) if 0 < t[:, c].sum() < len(t)]
-        result["macro_auc"] = float(np.mean([roc_auc_score(t[:, c], s[:, c]) for c in cols])) if cols else None
-    else:
-        result["accuracy"] = float((s.argmax(1) == t).mean())
-        present = [c for c in range(s.shape[1]) if 0 < (t == c).sum() < len(t)]
-        result["macro_auc"] = (
-            float(np.mean([roc_auc_score(t == c, s[:, c]) for c in present])) if len(present) >= 2 else None
-        )
-    return result
+    names = finding_names(source, s.shape[1]) if source.multilabel else None
+    return {"loss": float(torch.cat(losses).mean()), "examples": int(n), **score(s, t, source.multilabel, names)}
+
+
+def metric_row(test: dict) -> dict:
+    """The test fields of one ``metrics.jsonl`` row (all ``test_*``: not DP)."""
+    row = {"test_loss": test["loss"], "test_accuracy": test["accuracy"], "test_macro_auc": test.get("macro_auc")}
+    for key in ("balanced_accuracy", "class_ratio", "auc_per_finding"):
+        if key in test:
+            row[f"test_{key}"] = test[key]
+    row["test_primary"] = test.get("primary", "accuracy")
+    return row
+
+
+def summary_block(row: dict) -> dict:
+    """The ``test`` block of a run's summary from its last ``metrics.jsonl`` row: every test metric,
+    ``primary`` (the one that leads) and ``primary_value``."""
+    out = {k[len("test_"):]: v for k, v in row.items() if k.startswith("test_")}
+    out.setdefault("primary", "accuracy")
+    out["primary_value"] = out.get(out["primary"])
+    return out
+
+
+def lead(test: dict) -> tuple[str, float | None]:
+    """``(label, value)`` of the metric that leads in a summary's ``test`` block (older summaries
+    without ``primary``: accuracy)."""
+    key = test.get("primary", "accuracy")
+    return LABELS.get(key, key), test.get(key)

@@ -14,6 +14,25 @@ The private per-sample gradients G (n x p) are then split (Algorithm 1, lines 4-
 W = G B^T (the groups' embeddings concatenated, n x sum k_g) and the residual R = G - W B, computed
 from the *unclipped* W; both are clipped and noised by the generic transforms, and the noisy sums are
 mapped back, v = w~ B + r~ (line 8; the residual is dropped for B-GEP).
+
+Reusing the basis (``every`` > 1, ``warm``; issue 21). Paper 000 recomputes the anchor gradients and
+B at every step (Algorithm 2, line 4), which makes a GEP step many times a DP-SGD step: per-sample
+gradients of m anchors plus 2mkp multiply-adds per power iteration (Sec. 3.3). :class:`Anchor` can
+instead recompute B every ``every`` steps (always at an epoch's first step, so a run resumed from an
+epoch checkpoint recomputes exactly the bases an uninterrupted run used) and keep it in between, and
+with ``warm`` start each recomputation's power iteration from the previous basis instead of a Gaussian
+matrix (subspace tracking: the iterations accumulate across refreshes; cold again at each epoch's
+first step, for the same reason). ``every=1, warm=False`` is the paper's algorithm, bit for bit.
+
+Privacy: neither choice changes the accounting. B is a function of the public anchors, their seeded
+random labels and the current weights only; the weights are the post-processing of earlier noisy
+releases. Paper 000 Sec. 3.1: "All these matrices are publishable because D^(a) is non-sensitive",
+and the proof of Theorem 3.1 bounds the sensitivities by the clipping alone, for any given B
+(max ||w - w'|| = max ||W_n,:|| <= S1, max ||r - r'|| <= S2); Theorem 3.2 then composes the T steps by
+RDP composition, which holds for adaptively chosen mechanisms. A stale or warm-started B is such a
+given B: it is built from nothing but the previous basis (itself public) and public data, never from
+a private gradient, embedding or residual. So every step is the same subsampled Gaussian whatever
+``every`` and ``warm`` are.
 """
 
 from __future__ import annotations
@@ -27,6 +46,7 @@ import numpy as np
 import torch
 
 from ..errors import GSDError
+from .config import check_anchor_every, parse_groups
 from .transforms import Parts, StepContext, Transform
 
 
@@ -64,12 +84,20 @@ def share_quota(k: int, group_sizes: Sequence[int], m: int) -> list[int]:
     return [max(1, min(int(k * r / total), m, p)) for r, p in zip(roots, group_sizes)]
 
 
-def power_basis(G: torch.Tensor, k: int, iters: int, generator: torch.Generator) -> torch.Tensor:
+def power_basis(G: torch.Tensor, k: int, iters: int, generator: torch.Generator | None,
+                start: torch.Tensor | None = None) -> torch.Tensor:
     """Algorithm 1 stage 1 on one group: orthonormal rows B (k x p) spanning approximately the top-k
     right singular subspace of G (m x p). The products run in G's precision (the basis is an
     approximation by design); the orthonormalisation (QR of the p x k matrix) in float64, so that
-    B B^T = I to rounding and B-GEP's reconstruction is a projection."""
-    B = torch.randn(k, G.shape[1], generator=generator, dtype=torch.float64).to(G.device, G.dtype)
+    B B^T = I to rounding and B-GEP's reconstruction is a projection. ``start``: a k x p matrix to
+    start from (a warm start: the previous basis) instead of a Gaussian one from ``generator``.
+    Everything stays on G's device."""
+    if start is not None:
+        if tuple(start.shape) != (k, G.shape[1]):
+            raise ValueError(f"warm start of shape {tuple(start.shape)}, expected {(k, G.shape[1])}")
+        B = start.to(G.device, G.dtype)
+    else:
+        B = torch.randn(k, G.shape[1], generator=generator, dtype=torch.float64).to(G.device, G.dtype)
     for _ in range(max(1, iters)):
         A = G @ B.T  # m x k
         B = A.T @ G  # k x p
@@ -86,7 +114,10 @@ def _as_index(cols: list[int]):
 
 
 class Anchor:
-    """The per-step anchor basis: public gradients at the current weights -> one basis per group."""
+    """The anchor basis: public gradients at the current weights -> one basis per group, recomputed
+    every ``every`` steps and at each epoch's first step (``every=1``: every step, as paper 000), each
+    recomputation warm-started from the previous basis when ``warm`` (see the module docstring).
+    ``refreshes`` counts the recomputations."""
 
     def __init__(
         self,
@@ -98,7 +129,10 @@ class Anchor:
         seed: int,
         gradients: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, Sequence[str]], torch.Tensor],
         multilabel: bool = False,
+        every: int = 1,
+        warm: bool = False,
     ):
+        check_anchor_every(every)
         self.x = public_x
         self.num_classes = num_classes
         self.groups = [_as_index(list(g)) for g in groups]
@@ -108,8 +142,13 @@ class Anchor:
         self.seed = seed
         self.gradients = gradients
         self.multilabel = multilabel
+        self.every = int(every)
+        self.warm = bool(warm)
         self.bases: list[torch.Tensor] = []
-        self.step = -1
+        self.step = -1  # the step whose basis is held
+        self.refreshed_at = -1  # the step whose anchor gradients made the held basis
+        self.epoch = -1  # the epoch of that step
+        self.refreshes = 0
 
     @property
     def k(self) -> int:
@@ -123,16 +162,33 @@ class Anchor:
             return torch.randint(0, 2, (m, self.num_classes), generator=gen).float()
         return torch.randint(0, self.num_classes, (m,), generator=gen)
 
+    def settings(self) -> dict:
+        """The basis settings, for the run's summary."""
+        return {"power_iters": self.power_iters, "anchor_every": self.every, "anchor_warm": self.warm}
+
+    def due(self, ctx: StepContext) -> bool:
+        """Whether step ``ctx.step`` recomputes the basis: no basis yet, a new epoch, or ``every``
+        steps since the last recomputation."""
+        return (not self.bases or ctx.epoch != self.epoch or not 0 <= ctx.step - self.refreshed_at < self.every)
+
     def compute(self, ctx: StepContext) -> None:
+        """The basis of step ``ctx.step``: recomputed when :meth:`due`, else the held one."""
         if self.step == ctx.step:
             return
+        if not self.due(ctx):
+            self.step = ctx.step
+            return
+        # Only public inputs: the anchors, their labels from (seed, step), the current weights and, for
+        # a warm start, the previous basis (made of the same). No private gradient reaches B.
+        starts = self.bases if self.warm and self.bases and ctx.epoch == self.epoch else [None] * len(self.ks)
         G = self.gradients(ctx.model, self.x, self.labels(ctx.step), ctx.names)
         gen = torch.Generator().manual_seed(int(np.random.default_rng([self.seed, ctx.step, 11]).integers(2**62)))
-        self.bases = []
-        for idx, kg in zip(self.groups, self.ks):
-            self.bases.append(power_basis(G[:, self._on(idx, G)], kg, self.power_iters, gen))
+        self.bases = [power_basis(G[:, self._on(idx, G)], kg, self.power_iters, gen, start)
+                      for idx, kg, start in zip(self.groups, self.ks, starts)]
         del G
-        self.step = ctx.step
+        self.step = self.refreshed_at = ctx.step
+        self.epoch = ctx.epoch
+        self.refreshes += 1
 
     @staticmethod
     def _on(idx, t: torch.Tensor):
@@ -195,3 +251,22 @@ class GEPReconstruct(Transform):
             v = v + parts.pop("residual")
         parts["grad"] = v
         return parts
+
+
+def anchor_for(cfg, public_x: torch.Tensor, model: torch.nn.Module, names: Sequence[str], num_classes: int,
+               multilabel: bool, chunk: int, device: torch.device) -> Anchor:
+    """The :class:`Anchor` of a ``gsd train`` run (``cfg``: its :class:`~gsd_cli.train.config.TrainConfig`):
+    the public examples ``public_x`` (on ``device``), the groups of ``cfg.groups``, per-sample anchor
+    gradients in chunks of ``chunk`` on ``device`` (the basis then lives there too), and
+    ``cfg.anchor_every`` / ``cfg.anchor_warm``."""
+    from ..gradients import gradient_matrix
+
+    params = dict(model.named_parameters())
+    groups = split_groups(names, [params[n].numel() for n in names], parse_groups(cfg.groups, cfg.model))
+
+    def anchor_grads(model_, x, y, names_):
+        batches = ((x[i : i + chunk], y[i : i + chunk]) for i in range(0, x.shape[0], chunk))
+        return gradient_matrix(model_, batches, x.shape[0], names_, None, "vmap", device, "none")
+
+    return Anchor(public_x, num_classes, cfg.k, groups, cfg.power_iters, cfg.seed, anchor_grads, multilabel,
+                  every=cfg.anchor_every, warm=cfg.anchor_warm)

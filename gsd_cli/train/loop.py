@@ -43,18 +43,20 @@ import torch
 
 from .. import data as gdata
 from ..data.published import notes_of
-from ..errors import GSDError, ModelError
+from ..errors import GSDError
 from ..privacy.randomness import INSECURE_NOTE, randomness_statement
-from ..gradients import default_chunk_size, gradient_matrix, resolve_device
+from ..gradients import default_chunk_size, resolve_device
 from ..privacy import Ledger, calibrate_noise, effective_noise_multiplier, epsilon_of, training_event
 from . import checkpoint as ckpt
-from .config import TrainConfig, lr_at, parse_groups, validate
-from .evaluate import evaluate
-from .gep import Anchor, split_groups
+from .config import TrainConfig, lr_at, validate
+from .evaluate import evaluate, metric_row, summary_block
+from .gep import anchor_for
 from .methods import build_method
 from .release import PRIVATE_SUMMARY, not_dp_fields, split_summary
 from .splits import private_parts
-from .transforms import Chain, StepContext, chain_step_event
+from .distributed import current_world
+from .step import flat_to_grads as _flat_to_grads, private_randomness, private_step  # noqa: F401 (re-exported)
+from .transforms import StepContext, chain_step_event
 
 Progress = Callable[[str, int, int], None]
 
@@ -80,52 +82,6 @@ def _same_event(a, b) -> bool:
     return abs(effective_noise_multiplier(a) - effective_noise_multiplier(b)) <= 1e-12 * max(1.0, effective_noise_multiplier(b))
 
 
-def _seed_words(value: int) -> list[int]:
-    return [(value >> (32 * i)) & 0xFFFFFFFF for i in range(4)]
-
-
-def private_randomness(n: int, q: float, noise_seed: int, step: int) -> tuple[np.ndarray, torch.Generator]:
-    """Step ``step``'s Poisson subsample (every one of ``n`` examples independently with probability
-    ``q``) and its noise generator, both from the secret ``noise_seed``: a resumed run replays them."""
-    rng = np.random.default_rng([*_seed_words(noise_seed), step])
-    idx = np.flatnonzero(rng.random(n) < q)
-    gen = torch.Generator().manual_seed(int(rng.integers(2**63)))
-    return idx, gen
-
-
-def private_step(chain: Chain, model: torch.nn.Module, names: Sequence[str], batches, num_params: int, ctx: StepContext,
-                 per_sample: Callable | None = None) -> dict:
-    """One private release: ``chain`` over the per-sample gradients of the ``(x, y)`` chunks of one
-    Poisson subsample (virtual steps), summed, then noised. Returns the parts of the release
-    (``"grad"``: the noisy sum, p). An empty subsample still releases noise. ``per_sample``: the
-    method's own per-sample gradients (:attr:`~gsd_cli.train.methods.Method.per_sample`), full gradients by default."""
-    chain.begin_step(ctx)
-    sums = None
-    for x, y in batches:
-        if per_sample is not None:
-            parts = chain.per_example(per_sample(model, names, x, y, ctx), ctx)
-        else:
-            G = gradient_matrix(model, [(x, y)], x.shape[0], names, None, "vmap", ctx.device, "none")
-            parts = chain.per_example({"grad": G}, ctx)
-        chunk_sums = {k: v.sum(0) for k, v in parts.items()}
-        sums = chunk_sums if sums is None else {k: sums[k] + chunk_sums[k] for k in sums}
-    if sums is None:
-        width = getattr(per_sample, "width", num_params) if per_sample is not None else num_params
-        parts = chain.per_example({"grad": torch.zeros(0, width, device=ctx.device)}, ctx)
-        sums = {k: v.sum(0) for k, v in parts.items()}
-    return chain.aggregated(sums, ctx)
-
-
-def _flat_to_grads(model: torch.nn.Module, names: Sequence[str], v: torch.Tensor) -> None:
-    params = dict(model.named_parameters())
-    col = 0
-    for n in names:
-        p = params[n]
-        w = p.numel()
-        p.grad = v[col : col + w].view_as(p).to(p.dtype)
-        col += w
-
-
 def train(
     config: TrainConfig,
     out: str | Path,
@@ -135,7 +91,8 @@ def train(
     progress: Progress | None = None,
     selection: dict | None = None,
     notify: Callable[[str], None] | None = None,
-) -> dict:
+    nproc: int = 1,
+) -> dict | None:
     """Train ``config.model`` on ``config.private`` with ``config.method`` under (epsilon, delta)-DP.
 
     Writes checkpoints, ``metrics.jsonl``, ``summary.json`` (publishable), ``private-summary.json``
@@ -148,19 +105,32 @@ def train(
     kind ``"epoch"`` or ``"step"``. ``notify(message)`` gets each warning about the private data (a
     dataset with listed images missing, ``delta >= 1/N``) before training; they name private facts (N),
     so they also go to ``private-summary.json`` (and ``"private_notes"``), never to ``summary.json``.
+
+    Several processes (:mod:`gsd_cli.train.distributed`: the same mechanism, accounting and result
+    as one process): ``nproc=N`` starts N on this machine; under ``torchrun`` or in an initialised
+    torch.distributed process group the run uses that group. Process 0 writes and returns the
+    summary; the others write nothing and return None.
     """
-    from probes import get_model_spec
+    from ..model_spec import model_label, resolve_model
 
     cfg = config
     validate(cfg)
-    out = ckpt.prepare_run_dir(Path(out), resume, create=False)  # created once the model is built: a bad
-    # --peft, --weights or dataset leaves no empty folder behind
+    if nproc != 1:  # N processes of one process group, each running this function (launch.py)
+        from .launch import check_nproc, spawn
+
+        check_nproc(nproc, resolve_device(device))
+        ckpt.prepare_run_dir(Path(out), resume, create=False)
+        return spawn(train, nproc, (cfg, out), dict(resume=resume, device=device, selection=selection),
+                     device=resolve_device(device), progress=progress, notify=notify)
+    world = current_world(resolve_device(device))  # torchrun's or an initialised process group, else one process
+    out = world.from_main(lambda: ckpt.prepare_run_dir(Path(out), resume, create=False))  # created once the model
+    # is built: a bad --peft, --weights or dataset leaves no empty folder behind
     meta = None
     if resume:
         from .second_phase import run_settings
 
-        meta = ckpt.load_meta(out) if (out / ckpt.CKPT_META).is_file() else None  # None: stopped in stage 1
-        saved = meta.get("settings", {}) if meta is not None else run_settings(out)
+        meta = world.from_main(lambda: ckpt.load_meta(out) if (out / ckpt.CKPT_META).is_file() else None)  # None: in stage 1
+        saved = meta.get("settings", {}) if meta is not None else world.from_main(lambda: run_settings(out))
         defaults = TrainConfig().to_dict()  # a setting added after the run started has its default there
         diff = sorted(k for k, v in cfg.to_dict().items() if saved.get(k, defaults.get(k)) != v)
         if diff:
@@ -173,11 +143,8 @@ def train(
         ledger.add_selection(selection["privacy"])  # refuses a selection with no proven guarantee, before any work
         selection_dp = bool(selection.get("dp", True))  # False: drawn with --insecure-seed
     t_start = time.perf_counter()
-    dev = resolve_device(device)
-    try:
-        spec = get_model_spec(cfg.model)
-    except KeyError as e:
-        raise ModelError(str(e.args[0])) from None
+    dev = world.device
+    resolve_model(cfg.model)  # a bad --model fails before any data is read
 
     cat = None
     if cfg.catalog:
@@ -196,7 +163,7 @@ def train(
                        "a classifier needs examples of at least 2 classes (as a public candidate of gsd rank it is fine)")
     private_notes = notes_of(train_src) + ([f"--delta {cfg.delta:g} is at or above 1/N = {1 / n_train:.3g} for the N = {n_train} private "
                                             "training examples: delta should be well below 1/N"] if cfg.delta >= 1 / n_train else [])
-    for note in private_notes if notify else ():
+    for note in private_notes if notify and world.is_main else ():
         notify(note)
     q = cfg.batch_size / n_train
     if q > 1:
@@ -206,48 +173,45 @@ def train(
 
     from ..peft import build_model
 
-    spec, model, names, model_info = build_model(cfg.model, train_src.num_classes, cfg.seed, weights=cfg.weights, peft=cfg.peft, params=cfg.params)
+    spec, model, names, model_info = build_model(cfg.model, train_src.num_classes, cfg.seed, weights=cfg.weights, peft=cfg.peft, params=cfg.params,
+                                                batchnorm=cfg.batchnorm)
     model = model.to(dev)
     pub_sample = refuse_shared_public(cfg, (train_src, test_src), cat)
-    out.mkdir(exist_ok=True)
+    if world.is_main:  # the only process that writes
+        out.mkdir(exist_ok=True)
     stage1 = None
-    if cfg.method == "second-phase":
+    if cfg.method == "second-phase" and world.is_main:  # stage 1 on process 0, its weights to the others
         from .second_phase import run_second_phase
 
         stage1 = run_second_phase(model, names, cfg, spec, out, dev, num_classes=train_src.num_classes,
                                   multilabel=train_src.multilabel, catalog=cat, progress=progress)
+    world.broadcast_module(model)
     num_params = sum(dict(model.named_parameters())[n].numel() for n in names)
     chunk = cfg.physical_batch or default_chunk_size(dev, num_params)
 
     anchor = None
-    if cfg.method == "gep":
-        pub_x = pub_sample.tensor(spec.input_size, spec.channels, dev)
-        sizes = [dict(model.named_parameters())[n].numel() for n in names]
-        groups = split_groups(names, sizes, parse_groups(cfg.groups, cfg.model))
-
-        def anchor_grads(model_, x, y, names_):
-            batches = ((x[i : i + chunk], y[i : i + chunk]) for i in range(0, x.shape[0], chunk))
-            return gradient_matrix(model_, batches, x.shape[0], names_, None, "vmap", dev, "none")
-
-        anchor = Anchor(pub_x, train_src.num_classes, cfg.k, groups, cfg.power_iters, cfg.seed, anchor_grads, train_src.multilabel)
+    if cfg.method == "gep":  # public anchors; reusing their basis (--anchor-every, --anchor-warm) costs no privacy (gep.py)
+        anchor = anchor_for(cfg, pub_sample.tensor(spec.input_size, spec.channels, dev), model, names,
+                            train_src.num_classes, train_src.multilabel, chunk, dev)
 
     # sigma: the smallest noise multiplier meeting (epsilon, delta) over all T steps
     probe_method = build_method(cfg, 1.0, anchor, model=model, names=names)
-    sigma = calibrate_noise(probe_method.step_event, cfg.epsilon, cfg.delta, q, total_steps, cfg.accountant)
+    sigma = world.from_main(lambda: calibrate_noise(probe_method.step_event, cfg.epsilon, cfg.delta, q, total_steps, cfg.accountant))
     method = build_method(cfg, sigma, anchor, model=model, names=names, rgp=probe_method.details.get("rgp_state"))
     declared = chain_step_event(method.chain)
     if not _same_event(declared, method.step_event(sigma)):
         raise GSDError("internal: the method's noise does not match its accounted event; refusing to train")
     event = training_event(method.step_event(sigma), q, total_steps)
-    final_eps = epsilon_of(event, cfg.delta, cfg.accountant)
+    final_eps = world.from_main(lambda: epsilon_of(event, cfg.delta, cfg.accountant))  # once, by process 0
+    world.distribute(method, anchor)  # GEP: anchor gradients sharded, bases broadcast (no change to the mechanism)
 
     opt = torch.optim.SGD([dict(model.named_parameters())[n] for n in names], lr=cfg.lr,
                           momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     if meta is not None:
-        ckpt.load_state(out, model, opt)
+        world.load_state(out, model, opt)
         noise_seed = int(meta["secret"]["noise_seed"])
         start_epoch = int(meta["epoch"])
-        rows = ckpt.read_metrics(out, start_epoch)
+        rows = ckpt.read_metrics(out, start_epoch) if world.is_main else []
     else:
         noise_seed = (
             int(np.random.default_rng([cfg.private_seed, 0x5EC2E7]).integers(2**63)) if cfg.private_seed is not None
@@ -255,6 +219,7 @@ def train(
         )
         start_epoch = 0
         rows = []
+    noise_seed = world.share_seed(noise_seed)  # process 0's secret: every process draws the same subsamples
 
     privacy_static = {
         "accountant": cfg.accountant,
@@ -274,12 +239,13 @@ def train(
     settings = cfg.to_dict()
 
     def save_checkpoint(epochs_done: int, steps_done: int, spent: float) -> None:
-        ckpt.save(out, model, opt, {
-            "settings": settings, "epoch": epochs_done, "step": steps_done,
-            "privacy": {**privacy_static, "steps_done": steps_done, "epsilon_spent": spent},
-            "secret": {"noise_seed": str(noise_seed), "note": "seed of the private randomness: keep this file private"},
-            "selection": selection,
-        })
+        if world.is_main:
+            ckpt.save(out, model, opt, {
+                "settings": settings, "epoch": epochs_done, "step": steps_done,
+                "privacy": {**privacy_static, "steps_done": steps_done, "epsilon_spent": spent},
+                "secret": {"noise_seed": str(noise_seed), "note": "seed of the private randomness: keep this file private"},
+                "selection": selection,
+            })
 
     if stage1 is not None and meta is None:  # theta_0 is the run's first checkpoint: --resume never redoes stage 1
         save_checkpoint(0, 0, 0.0)
@@ -296,13 +262,13 @@ def train(
             idx, gen = private_randomness(n_train, q, noise_seed, step)
             ctx = StepContext(step=step, model=model, names=names, generator=gen, device=dev, info=info, epoch=epoch, epochs=cfg.epochs)
 
-            def batches(idx=idx):
+            def batches(idx=world.shard(idx)):  # this process's examples of the subsample
                 for start in range(0, len(idx), chunk):
                     part = idx[start : start + chunk]
                     x = gdata.to_model_input(gdata.read_images(train_src, part), spec.input_size, spec.channels, dev)
                     yield x, torch.as_tensor(train_src.labels(part)).to(dev)
 
-            noisy = private_step(method.chain, model, names, batches(), num_params, ctx, method.per_sample)
+            noisy = private_step(method.chain, model, names, batches(), num_params, ctx, method.per_sample, world=world)
             _flat_to_grads(model, names, noisy["grad"] / cfg.batch_size)
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -310,11 +276,14 @@ def train(
             if progress:
                 progress("step", s + 1, steps_per_epoch)
         done = (epoch + 1) * steps_per_epoch
+        world.reduce_info(info)  # each process counted its shard's examples (fraction clipped...)
+        if not world.is_main:  # process 0 evaluates and writes; the others go on
+            continue
         spent = epsilon_of(training_event(method.step_event(sigma), q, done), cfg.delta, cfg.accountant)
         test = evaluate(model, test_src, spec.input_size, spec.channels, dev)
         row = {
             "epoch": epoch + 1, "step": done, "lr": lr_at(cfg, epoch), "epsilon_spent": spent,
-            "test_loss": test["loss"], "test_accuracy": test["accuracy"], "test_macro_auc": test["macro_auc"],
+            **metric_row(test),
             "mean_batch": float(np.mean(sizes_seen)),
         }
         for key, (a, b) in ((k, v) for k, v in info.items() if k.startswith("clipped_")):
@@ -330,6 +299,8 @@ def train(
         save_checkpoint(epoch + 1, done, spent)
         if progress:
             progress("epoch", epoch + 1, cfg.epochs)
+    if not world.is_main:
+        return None
     if cfg.method not in ("gep", "second-phase") and cfg.public:
         notes_unused = [f"--public {cfg.public} is not used by --method {cfg.method}"]
     else:
@@ -356,10 +327,10 @@ def train(
         "public": cfg.public if cfg.method in ("gep", "second-phase") else None,
         "public_distance": cfg.public_distance,
         "public_examples": anchor.x.shape[0] if anchor else 0,
-        "model": cfg.model,
+        "model": model_label(cfg.model),
         "num_params": num_params,
         "gep": (
-            {"k": anchor.k, "k_per_group": anchor.ks, "groups": len(anchor.ks), "power_iters": cfg.power_iters,
+            {"k": anchor.k, "k_per_group": anchor.ks, "groups": len(anchor.ks), **anchor.settings(),
              "clip_embedding": cfg.clip_embedding, "clip_residual": cfg.clip_residual, "residual": cfg.residual}
             if anchor else None
         ),
@@ -376,10 +347,11 @@ def train(
         "privacy": privacy_static,
         "budget": ledger.to_dict(),
         "notes": notes,
-        "test": {"accuracy": last["test_accuracy"], "macro_auc": last["test_macro_auc"], "loss": last["test_loss"]},
+        "test": summary_block(last),
         "settings": settings,
         "selection": selection,
         "seconds": round(time.perf_counter() - t_start, 2),
+        "processes": world.size,
     }
     from .second_phase import stages
 

@@ -40,7 +40,8 @@ PRIVACY = {
     "dpsgd": "each step clips every per-sample gradient to C and adds N(0, (sigma C)^2 I) to the sum of a Poisson subsample: "
              "a subsampled Gaussian with multiplier sigma",
     "gep": "embedding (clip S1, noise sigma S1) and residual (clip S2, noise sigma S2) of one Poisson subsample: one subsampled "
-           "Gaussian with multiplier sigma / sqrt(2); the public anchors cost nothing",
+           "Gaussian with multiplier sigma / sqrt(2); the public anchors cost nothing, and neither does reusing their basis "
+           "(--anchor-every, --anchor-warm: it is built from public data and released weights only)",
     "rgp": "the per-sample gradients of the low-rank carriers (and of the parameters not reparametrized) are clipped to C as one "
            "vector and N(0, (sigma C)^2 I) is added to their sum: a subsampled Gaussian with multiplier sigma; the carriers come "
            "from released weights only",

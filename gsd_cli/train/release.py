@@ -4,7 +4,9 @@ A run releases one thing with a privacy guarantee: the sequence of noisy updates
 weights, at the (epsilon, delta) of its accountant, under add/remove-one-example neighbours. Anything
 else computed from the private data is *not* covered by that guarantee:
 
-* the test metrics (accuracy, AUC, loss on the private test part: exact statistics of private data);
+* the test metrics (accuracy, balanced accuracy, AUC per finding and macro AUC, loss on the private
+  test part: exact statistics of private data), and which of them leads (it reflects the test set's
+  class balance, :mod:`gsd_cli.train.evaluate`);
 * the exact size N of the private set and the sampling rate q = batch_size / N that reveals it;
 * per-step statistics of the private gradients: the fraction clipped, GEP's residual energy,
   TopAgg's kept fraction, the realised (Poisson) batch sizes;
@@ -27,7 +29,7 @@ NON_DP_SUMMARY_FIELDS = ("private_train_examples", "private_test_examples", "sam
 NON_DP_PRIVACY_FIELDS = ("sampling_rate",)
 #: Fields of a ``metrics.jsonl`` row that are not DP (and prefixes of such fields).
 NON_DP_METRICS = ("test_loss", "test_accuracy", "test_macro_auc", "mean_batch", "residual_energy", "topk_fraction_kept")
-NON_DP_METRIC_PREFIXES = ("fraction_clipped_",)
+NON_DP_METRIC_PREFIXES = ("fraction_clipped_", "test_")  # every test metric (balanced accuracy, AUC per finding...)
 
 PRIVATE_SUMMARY = "private-summary.json"
 

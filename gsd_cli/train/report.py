@@ -15,6 +15,25 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def result_line(test: dict) -> str:
+    """The test result in one line, led by the metric that fits the task (:mod:`gsd_cli.train.evaluate`):
+    macro AUC for a multi-label set, balanced accuracy for an unbalanced single-label one, else accuracy."""
+    from .evaluate import LABELS, lead
+
+    label, value = lead(test)
+    head = f"{label} {_fmt(value)}"
+    key = test.get("primary", "accuracy")
+    if key == "macro_auc" and test.get("auc_per_finding"):
+        got = sum(v is not None for v in test["auc_per_finding"].values())
+        head += f" (mean over {got} of {len(test['auc_per_finding'])} findings)"
+    elif key == "balanced_accuracy" and test.get("class_ratio") is not None:
+        head += f" (classes {test['class_ratio']:.3g}:1 in the test set)"
+    rest = [f"{LABELS[k]} {_fmt(test[k])}" for k in ("accuracy", "balanced_accuracy", "macro_auc") if k != key and test.get(k) is not None]
+    if key == "macro_auc" and rest:
+        rest[0] += " over (example, finding) pairs, mostly true negatives"
+    return head + (f"; {', '.join(rest)}" if rest else "")
+
+
 def print_summary(summary: dict, console: Console) -> None:
     """A two-column table of what was trained, what it reached and what it spent."""
     t = Table(title=f"gsd train: {summary['method']} on {escape(summary['private'])}", show_header=False)
@@ -61,8 +80,9 @@ def print_summary(summary: dict, console: Console) -> None:
         t.add_row("privacy (total)", f"epsilon={b['total_epsilon']:.4f}, delta={b['total_delta']:g} ({b['composition']})")
     t.add_row("differentially private", "yes" if summary.get("dp", True) else "[bold red]NO[/] (see the warnings below)")
     test = summary["test"]
-    t.add_row(f"test ({summary['private_test_examples']} examples)",
-              f"accuracy {test['accuracy']:.4f}" + (f", macro AUC {test['macro_auc']:.4f}" if test.get("macro_auc") is not None else ""))
+    t.add_row(f"test ({summary['private_test_examples']} examples)", escape(result_line(test)))
+    if test.get("auc_per_finding"):
+        t.add_row("AUC per finding", escape(", ".join(f"{k} {_fmt(v)}" for k, v in test["auc_per_finding"].items())))
     console.print(t)
     for n in summary.get("notes", []):
         console.print(f"[yellow]warning:[/] {escape(n)}")

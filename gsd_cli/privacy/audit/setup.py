@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...errors import GSDError, ModelError
+from ...errors import GSDError
 
 
 def real_setup(cfg, examples: int, insecure_seed: int | None = None, catalog=None):
@@ -14,17 +14,13 @@ def real_setup(cfg, examples: int, insecure_seed: int | None = None, catalog=Non
     examples of ``cfg.private`` (drawn with private randomness), and ``cfg.public_examples`` anchors
     of ``cfg.public`` for GEP (drawn with ``cfg.seed``, public)."""
     import torch
-    from probes import get_model_spec
-
     from ... import data as gdata
+    from ...model_spec import resolve_model
     from ...peft import build_model
     from ...train.splits import private_parts
     from ..randomness import private_rng
 
-    try:
-        get_model_spec(cfg.model)
-    except KeyError as e:
-        raise ModelError(str(e.args[0])) from None
+    resolve_model(cfg.model)  # a bad --model fails before any data is read
     train_src, _ = private_parts(cfg.private, cfg.private_test, catalog)
     if cfg.classes is not None:
         train_src = gdata.with_classes(train_src, cfg.classes)
@@ -33,7 +29,8 @@ def real_setup(cfg, examples: int, insecure_seed: int | None = None, catalog=Non
         raise GSDError("the audit supports single-label private sets only")
     n = min(examples, len(train_src))
     idx = np.sort(private_rng("audit-examples", insecure_seed).choice(len(train_src), n, replace=False))
-    spec, model, names, _ = build_model(cfg.model, train_src.num_classes, cfg.seed, weights=cfg.weights, peft=cfg.peft, params=cfg.params)
+    spec, model, names, _ = build_model(cfg.model, train_src.num_classes, cfg.seed, weights=cfg.weights, peft=cfg.peft, params=cfg.params,
+                                       batchnorm=cfg.batchnorm)
     x = gdata.to_model_input(gdata.read_images(train_src, idx), spec.input_size, spec.channels, "cpu")
     y = torch.as_tensor(train_src.labels(idx))
     public_x = None

@@ -1,0 +1,349 @@
+"""End to end, as ratios: what `gsd rank` and `gsd train` cost against the floor of the same work.
+
+In one run (figures are seconds and ratios; the JSON keeps both):
+
+* rank   : the examples of the default ``gsd rank`` (the private set and the six default public sets,
+           ``--m`` each, random labels, the probe network at 224x224), one set in memory at a time:
+           - floor: one plain batched forward+backward over them (no per-sample anything);
+           - per-sample gradients alone: torch.func vmap written by hand (the same chunks), gsd's
+             ``vmap`` and ``hooks`` engines, and the API's default (``per_sample_gradients``, engine
+             ``auto``, decided once per process);
+           - ``gsd rank -m M`` end to end in a fresh process: cold (an empty cache folder) and warm
+             (the same folder again: public subspaces cached, the private one recomputed);
+* train  : one step of each ``gsd train`` method on the default model (fmnist-cnn), a batch of
+           ``--batch`` mnist-a examples, against one non-private step (forward + backward + SGD):
+           dpsgd, gep (``--anchors`` public anchors, k=100), rgp, sparsify (dpsgd --sparsify 0.5 at its
+           final rate), topagg, second-phase (its private stage: DP-SGD on the trained parameters);
+           median of ``--repeats`` after one warm-up;
+* cli    : ``gsd train --method dpsgd --epochs 1`` in a fresh process, cold and warm cache (the noise
+           calibration is cached), and ``gsd --help`` / ``gsd datasets list`` start-up (wall and CPU
+           seconds: the CPU seconds are steadier on a busy machine);
+* engines: (``--engines``) both per-sample engines per chunk, interleaved: the evidence for
+           ``engine="auto"``'s rule on this device (:mod:`gsd_cli.engines`).
+
+It measures whatever the tree contains (input pipeline, top-k, engines). Record the load: figures
+taken while other work runs on the machine are slower and noisier (``loadavg`` in the JSON).
+
+    python benchmarks/bench_end_to_end.py                     # m=2000 (7 x 2000 at 224x224): minutes on a CPU
+    nice -n 10 python benchmarks/bench_end_to_end.py --m 200 --threads 1 --json benchmarks/results/end_to_end_cpu_m200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from gsd_cli.data import DEFAULT_PRIVATE, DEFAULT_PUBLIC, draw, resolve
+from gsd_cli.engines import engine_choices, forget_engine_choices
+from gsd_cli.gradients import default_chunk_size, gradient_matrix, per_sample_gradients, resolve_device, select_parameters
+from probes import get_model_spec
+
+
+def _sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _timed(fn, dev) -> float:
+    _sync(dev)
+    t0 = time.perf_counter()
+    fn()
+    _sync(dev)
+    return time.perf_counter() - t0
+
+
+def _chunks(x, y, cs):
+    return [(x[i : i + cs], y[i : i + cs]) for i in range(0, x.shape[0], cs)]
+
+
+# ----------------------------------------------------------------------------------------- rank
+def rank_parts(m: int, model_name: str, dev: torch.device) -> dict:
+    """Seconds of the floor and of each per-sample gradient path over the default rank's examples."""
+    from torch.func import functional_call, grad, vmap
+
+    spec = get_model_spec(model_name)
+    model = spec.build(num_classes=10, seed=0).to(dev)
+    model.train()
+    names = select_parameters(model)
+    p = sum(q.numel() for q in model.parameters())
+    cs = default_chunk_size(dev, p)
+    params = {n: q.detach() for n, q in model.named_parameters()}
+
+    def one(prm, xi, yi):
+        return F.cross_entropy(functional_call(model, prm, (xi.unsqueeze(0),)), yi.unsqueeze(0))
+
+    direct_fn = vmap(grad(one), in_dims=(None, 0, 0))
+
+    def floor(x, y):
+        for xb, yb in _chunks(x, y, cs):
+            model.zero_grad(set_to_none=True)
+            F.cross_entropy(model(xb), yb, reduction="sum").backward()
+        model.zero_grad(set_to_none=True)
+
+    def direct(x, y):
+        rows = []
+        for xb, yb in _chunks(x, y, cs):
+            g = direct_fn(params, xb, yb)
+            rows.append(torch.cat([g[n].reshape(xb.shape[0], -1) for n in names], 1))
+        return torch.cat(rows)
+
+    paths = {
+        "floor (plain forward+backward)": floor,
+        "per-sample: vmap by hand (torch.func)": direct,
+        "per-sample: gsd vmap": lambda x, y: gradient_matrix(model, _chunks(x, y, cs), x.shape[0], names, None, "vmap", dev),
+        "per-sample: gsd hooks": lambda x, y: gradient_matrix(model, _chunks(x, y, cs), x.shape[0], names, None, "hooks", dev),
+        "per-sample: API default (auto)": lambda x, y: per_sample_gradients(model, x, y, device=dev),
+    }
+    seconds = dict.fromkeys(paths, 0.0)
+    forget_engine_choices()  # the API's first call decides, as in a fresh process
+    g = torch.Generator().manual_seed(1)
+    for i, name in enumerate([DEFAULT_PRIVATE, *DEFAULT_PUBLIC]):
+        x = draw(resolve(name), m, 0).tensor(spec.input_size, spec.channels, dev)
+        y = torch.randint(0, 10, (x.shape[0],), generator=g).to(dev)
+        if i == 0:  # warm-up on a slice: one-time costs (kernels, torch.func's first call) are not timed
+            for k, fn in paths.items():
+                if k != "per-sample: API default (auto)":
+                    fn(x[:4], y[:4])
+        order = list(paths) if i % 2 == 0 else list(reversed(paths))  # alternate: drift in load hits all
+        for k in order:
+            seconds[k] += _timed(lambda: paths[k](x, y), dev)
+        del x
+    choice = next(iter(engine_choices().values()), {})
+    return {"model": model_name, "params": p, "sets": 1 + len(DEFAULT_PUBLIC), "m": m, "chunk": cs,
+            "seconds": seconds, "api_engine": choice.get("engine"), "api_engine_choice": choice.get("how")}
+
+
+#: CPU seconds (user + system) of each gsd process run by _run_cli, by the label it was timed under
+CPU_SECONDS: dict[str, float] = {}
+
+
+def _run_cli(args: list[str], env: dict, label: str = "") -> float:
+    """Wall seconds of ``gsd ARGS`` in a fresh process; its CPU seconds go to CPU_SECONDS[label]
+    (steadier than the wall time on a machine busy with other jobs)."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "gsd_cli.cli", *args], env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise SystemExit(f"gsd {' '.join(args)} failed ({done.returncode}): {done.stderr[-1500:]}")
+    CPU_SECONDS[label or " ".join(args)] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall
+
+
+def rank_cli(m: int, device: str) -> dict:
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "GSD_CACHE_DIR": cache}
+        args = ["rank", "-m", str(m), "--quiet", "--device", device]
+        cold, warm = "gsd rank cold (empty cache)", "gsd rank warm (same cache)"
+        return {cold: _run_cli(args, env, cold), warm: _run_cli(args, env, warm)}
+
+
+# ---------------------------------------------------------------------------------------- train
+def train_steps(batch: int, anchors: int, repeats: int, dev: torch.device, model_name: str = "fmnist-cnn") -> dict:
+    """Median seconds of one step of each method and of a non-private step."""
+    import dataclasses
+
+    from gsd_cli.peft import build_model
+    from gsd_cli.train import StepContext, TrainConfig, build_method, private_step
+
+    src = resolve(f"{DEFAULT_PRIVATE}:train")
+    base = TrainConfig(model=model_name, batch_size=batch)
+    out: dict = {"model": model_name, "batch": batch, "anchors": anchors, "seconds": {}}
+    configs = {
+        "dpsgd": dataclasses.replace(base, method="dpsgd"),
+        "gep": dataclasses.replace(base, method="gep", public=DEFAULT_PUBLIC[0], public_examples=anchors),
+        "rgp": dataclasses.replace(base, method="rgp"),
+        "sparsify (dpsgd, 0.5)": dataclasses.replace(base, method="dpsgd", sparsify=0.5),
+        "topagg": dataclasses.replace(base, method="topagg"),
+        "second-phase (private stage)": dataclasses.replace(base, method="second-phase", public=DEFAULT_PUBLIC[0]),
+    }
+    spec, model, names, _ = build_model(model_name, src.num_classes, 0)
+    model = model.to(dev)
+    sample = draw(src, batch, 0)
+    x = sample.tensor(spec.input_size, spec.channels, dev)
+    y = torch.as_tensor(sample.labels()).to(dev)
+    chunk = default_chunk_size(dev, sum(q.numel() for q in model.parameters()))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6, momentum=0.9)
+
+    def median(fn):
+        fn()
+        return statistics.median(_timed(fn, dev) for _ in range(repeats))
+
+    def nonprivate():
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    out["seconds"]["non-private step"] = median(nonprivate)
+    for label, cfg in configs.items():
+        spec_, m_, names_, _ = build_model(model_name, src.num_classes, 0, peft=cfg.peft, params=cfg.params)
+        m_ = m_.to(dev)
+        anchor = None
+        if cfg.method == "gep":
+            pub = draw(resolve(cfg.public), cfg.public_examples, 0).tensor(spec.input_size, spec.channels, dev)
+            anchor = _anchor(cfg, pub, m_, names_, src.num_classes, chunk, dev)
+        method = build_method(cfg, 1.0, anchor, model=m_, names=names_)
+        p_ = sum(dict(m_.named_parameters())[n].numel() for n in names_)
+        opt_ = torch.optim.SGD([dict(m_.named_parameters())[n] for n in names_], lr=1e-6, momentum=0.9)
+        step = [0]
+
+        def run(method=method, m_=m_, names_=names_, p_=p_, opt_=opt_):
+            step[0] += 1
+            ctx = StepContext(step=step[0], model=m_, names=names_, generator=torch.Generator().manual_seed(step[0]),
+                              device=dev, epoch=1, epochs=2)  # the last epoch: sparsification at its final rate
+            noisy = private_step(method.chain, m_, names_, _chunks(x, y, chunk), p_, ctx, method.per_sample)
+            col = 0
+            for n in names_:
+                prm = dict(m_.named_parameters())[n]
+                prm.grad = (noisy["grad"][col : col + prm.numel()] / batch).view_as(prm)
+                col += prm.numel()
+            opt_.step()
+
+        out["seconds"][label] = median(run)
+    return out
+
+
+def _anchor(cfg, pub, model, names, num_classes, chunk, dev):
+    """GEP's anchor as ``gsd train`` builds it (``gsd_cli.train.gep.anchor_for`` when the tree has it)."""
+    from gsd_cli.train import gep
+
+    if hasattr(gep, "anchor_for"):
+        return gep.anchor_for(cfg, pub, model, names, num_classes, False, chunk, dev)
+    from gsd_cli.train.config import parse_groups
+
+    params = dict(model.named_parameters())
+    groups = gep.split_groups(names, [params[n].numel() for n in names], parse_groups(cfg.groups, cfg.model))
+
+    def grads(model_, xa, ya, names_):
+        return gradient_matrix(model_, _chunks(xa, ya, chunk), xa.shape[0], names_, None, "vmap", dev, "none")
+
+    return gep.Anchor(pub, num_classes, cfg.k, groups, cfg.power_iters, cfg.seed, grads)
+
+
+# -------------------------------------------------------------------------------------- engines
+def engine_rounds(models: list[str], chunks: list[int], rounds: int, dev: torch.device) -> list[dict]:
+    """The evidence for ``auto``'s rule: per chunk, both engines in interleaved rounds (one warm-up
+    round, then alternating order), median seconds and how often vmap was the faster."""
+    from gsd_cli.engines import ENGINE_CLASSES
+    from gsd_cli.gradients import default_loss
+
+    rows = []
+    for name in models:
+        spec = get_model_spec(name)
+        model = spec.build(num_classes=10, seed=0).to(dev)
+        model.train()
+        names = select_parameters(model)
+        p = sum(q.numel() for q in model.parameters())
+        for cs in chunks:
+            x = torch.randn(cs, spec.channels, spec.input_size, spec.input_size, device=dev)
+            y = torch.randint(0, 10, (cs,), device=dev)
+            out = torch.empty(cs, p, device=dev)
+            t: dict = {"vmap": [], "hooks": []}
+            for r in range(rounds + 1):
+                for kind in ("vmap", "hooks") if r % 2 else ("hooks", "vmap"):
+                    eng = ENGINE_CLASSES[kind](model, names, default_loss)
+                    try:
+                        dt = _timed(lambda: eng(x, y, out), dev)
+                    finally:
+                        eng.close()
+                    if r:
+                        t[kind].append(dt)
+            mv, mh = statistics.median(t["vmap"]), statistics.median(t["hooks"])
+            rows.append({"model": name, "chunk": cs, "vmap_s": mv, "hooks_s": mh, "hooks_over_vmap": mh / mv,
+                         "vmap_faster_rounds": sum(a < b for a, b in zip(t["vmap"], t["hooks"])), "rounds": rounds})
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ cli
+def cli_times(device: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "GSD_CACHE_DIR": str(Path(tmp) / "cache")}
+        train = ["train", "--method", "dpsgd", "--epochs", "1", "--device", device, "--out"]
+        runs = {
+            "gsd --help": ["--help"],
+            "gsd datasets list": ["datasets", "list"],
+            "gsd train --method dpsgd --epochs 1, cold": [*train, str(Path(tmp) / "a")],
+            "gsd train --method dpsgd --epochs 1, warm": [*train, str(Path(tmp) / "b")],
+        }
+        return {label: _run_cli(args, env, label) for label, args in runs.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--m", type=int, default=2000, help="Examples per dataset of the rank part (gsd rank -m).")
+    ap.add_argument("--model", default="probe", help="Model of the rank part.")
+    ap.add_argument("--batch", type=int, default=250, help="Batch of the train steps.")
+    ap.add_argument("--anchors", type=int, default=None, help="GEP's public anchors (default: --m).")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads here and OMP_NUM_THREADS of the gsd processes (default: torch's); 1 is "
+                         "steadier on a machine busy with other jobs")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["rank", "rank-cli", "train", "cli"])
+    ap.add_argument("--engines", action="store_true",
+                    help="Also time the two engines per chunk (probe, resnet20, fmnist-cnn; chunks of 8, 64, 128) "
+                         "in 11 interleaved rounds: the evidence for auto's rule on this device.")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+        os.environ["OMP_NUM_THREADS"] = str(a.threads)  # inherited by the gsd processes
+    dev = resolve_device(a.device)
+    doc = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else f"cpu ({os.cpu_count()} cores)",
+           "torch": torch.__version__, "threads": torch.get_num_threads(), "platform": platform.platform(),
+           "argv": sys.argv[1:], "loadavg_start": os.getloadavg()}
+    if "rank" not in a.skip:
+        r = rank_parts(a.m, a.model, dev)
+        if "rank-cli" not in a.skip:
+            r["seconds"].update(rank_cli(a.m, str(dev.type)))
+        floor = r["seconds"]["floor (plain forward+backward)"]
+        r["ratio_to_floor"] = {k: v / floor for k, v in r["seconds"].items()}
+        doc["rank"] = r
+        print(f"rank: {r['model']} (p={r['params']:,}), {r['sets']} sets x {r['m']} examples, chunk {r['chunk']}; "
+              f"API engine: {r['api_engine']} ({r['api_engine_choice']})")
+        for k, v in r["seconds"].items():
+            cpu = f"  (CPU {CPU_SECONDS[k]:.2f} s)" if k in CPU_SECONDS else ""
+            print(f"  {k:<42} {v:8.2f} s  {r['ratio_to_floor'][k]:6.2f}x floor{cpu}")
+    if "train" not in a.skip:
+        t = train_steps(a.batch, a.anchors or a.m, a.repeats, dev)
+        base = t["seconds"]["non-private step"]
+        t["ratio_to_nonprivate"] = {k: v / base for k, v in t["seconds"].items()}
+        doc["train"] = t
+        print(f"train steps: {t['model']}, batch {t['batch']}, GEP anchors {t['anchors']} (median of {a.repeats})")
+        for k, v in t["seconds"].items():
+            print(f"  {k:<42} {v:8.3f} s  {t['ratio_to_nonprivate'][k]:6.1f}x non-private")
+    if a.engines:
+        doc["engines"] = engine_rounds(["fmnist-cnn", "resnet20", "probe"], [8, 64, 128], 11, dev)
+        print("engines per chunk (median of 11 interleaved rounds):")
+        for e in doc["engines"]:
+            print(f"  {e['model']:<10} chunk {e['chunk']:>3}: vmap {e['vmap_s']:.4f} s, hooks {e['hooks_s']:.4f} s, "
+                  f"hooks/vmap {e['hooks_over_vmap']:.2f}, vmap faster in {e['vmap_faster_rounds']}/{e['rounds']} rounds")
+    if "cli" not in a.skip:
+        c = cli_times(str(dev.type))
+        doc["cli_seconds"] = c
+        print("cli (fresh processes):")
+        for k, v in c.items():
+            print(f"  {k:<42} {v:8.2f} s  (CPU {CPU_SECONDS[k]:.2f} s)")
+    doc["cli_cpu_seconds"] = dict(CPU_SECONDS)
+    doc["loadavg_end"] = os.getloadavg()
+    print(f"load average at start {doc['loadavg_start'][0]:.1f}, at end {doc['loadavg_end'][0]:.1f}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(doc, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

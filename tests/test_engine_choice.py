@@ -1,0 +1,162 @@
+"""engine="auto" decides once per process and model structure (issue 21): by rule on a CPU, by a
+robust measurement (warm-up, alternating rounds, median) elsewhere; the rows never depend on it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from gsd_cli import engines
+from gsd_cli.gradients import default_loss, gradient_matrix, per_sample_gradients
+
+
+@pytest.fixture(autouse=True)
+def _fresh_choices():
+    engines.forget_engine_choices()
+    yield
+    engines.forget_engine_choices()
+
+
+def _chunks(x, y, cs):
+    return [(x[i : i + cs], y[i : i + cs]) for i in range(0, x.shape[0], cs)]
+
+
+class _NoHooks:
+    """Stands in for the hooks engine: opening it fails the test."""
+
+    name = "hooks"
+
+    def __init__(self, *a, **k):
+        raise AssertionError("the hooks engine was opened")
+
+
+class _ScriptedTimer:
+    """A fake timer: runs the engine, returns the next scripted time for the engine that ran (the
+    engines are wrapped to say which, by ``track``)."""
+
+    def __init__(self, script: dict[str, list[float]]):
+        self.script = {k: list(v) for k, v in script.items()}
+        self.calls = 0
+        self.ran: list[str] = []
+
+    def track(self, monkeypatch):
+        for kind, cls in list(engines.ENGINE_CLASSES.items()):
+            monkeypatch.setitem(engines.ENGINE_CLASSES, kind, type(cls.__name__, (cls,), {"__call__": self._wrap(cls)}))
+        return self
+
+    def _wrap(self, cls):
+        def call(eng, x, y, out):
+            self.ran.append(eng.name)
+            cls.__call__(eng, x, y, out)
+        return call
+
+    def __call__(self, fn, device):
+        fn()
+        self.calls += 1
+        return self.script[self.ran[-1]].pop(0)
+
+
+def test_auto_on_cpu_is_vmap_by_rule_without_opening_hooks(monkeypatch, make_all_layers, small_batch, brute_force):
+    monkeypatch.setitem(engines.ENGINE_CLASSES, "hooks", _NoHooks)
+    model = make_all_layers(seed=0)
+    x, y = small_batch
+    info: dict = {}
+    G = gradient_matrix(model, _chunks(x, y, 5), 13, device="cpu", info=info)
+    assert info["engine"] == "vmap" and info["engine_choice"].startswith("rule")
+    ref = brute_force(model, x, y, [n for n, _ in model.named_parameters()])
+    torch.testing.assert_close(G, ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max()))
+    (choice,) = engines.engine_choices().values()
+    assert choice["engine"] == "vmap"
+
+
+def test_measurement_takes_the_median_and_ignores_the_warm_up(monkeypatch, make_all_layers, small_batch, brute_force):
+    """hooks: a slow warm-up and one outlier among fast runs; vmap: steady. The median picks hooks
+    (the mean, or the warm-up, would pick vmap), and ``out`` holds rows of the engine left open."""
+    model = make_all_layers(seed=1)
+    model.train()
+    x, y = small_batch
+    names = [n for n, _ in model.named_parameters()]
+    out = torch.empty(13, sum(p.numel() for p in model.parameters()))
+    ref = brute_force(model, x, y, names)
+    timer = _ScriptedTimer({"hooks": [50.0, 0.1, 9.0, 0.1], "vmap": [0.2, 0.2, 0.2, 0.2]}).track(monkeypatch)
+    name, eng, seconds = engines.measure_engines(model, names, default_loss, x, y, out, torch.device("cpu"), timer=timer)
+    try:
+        assert name == "hooks" and eng.name == "hooks"
+        assert seconds == {"hooks": [0.1, 9.0, 0.1], "vmap": [0.2, 0.2, 0.2]}
+        assert timer.calls == 2 * (engines.ROUNDS + 1)
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max()))
+    finally:
+        eng.close()
+    # the other way round: vmap wins; the last round ran hooks, so vmap recomputes the rows
+    out.zero_()
+    timer = _ScriptedTimer({"hooks": [0.1, 0.3, 0.3, 0.3], "vmap": [9.0, 0.2, 0.2, 0.2]}).track(monkeypatch)
+    name, eng, _ = engines.measure_engines(model, names, default_loss, x, y, out, torch.device("cpu"), timer=timer)
+    eng.close()
+    assert name == "vmap" and eng.name == "vmap"
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max()))
+    for mod in model.modules():  # no Opacus hook left behind
+        assert not mod._forward_hooks and not mod._backward_hooks
+
+
+def test_the_decision_is_made_once_per_structure(monkeypatch, make_all_layers, small_batch, brute_force):
+    """Measured (as on a GPU) on the first call; the same structure with other weights reuses it;
+    another chunk size or parameter selection decides again."""
+    monkeypatch.setattr(engines, "MEASURE_ON_CPU", True)
+    timer = _ScriptedTimer({"hooks": [1.0] + [0.1] * 3 + [1.0] + [0.1] * 3, "vmap": [1.0] + [0.5] * 3 + [1.0] + [0.5] * 3})
+    timer.track(monkeypatch)
+    monkeypatch.setattr(engines, "timed", timer)
+    x, y = small_batch
+    info: dict = {}
+    a = make_all_layers(seed=2)
+    G = gradient_matrix(a, _chunks(x, y, 5), 13, device="cpu", info=info)
+    assert info["engine"] == "hooks" and info["engine_choice"].startswith("measured: vmap 0.5 s, hooks 0.1 s")
+    assert timer.calls == 8
+    b = make_all_layers(seed=3)  # other weights, same structure
+    G2 = gradient_matrix(b, _chunks(x, y, 5), 13, device="cpu", info=info)
+    assert info["engine"] == "hooks" and info["engine_choice"].startswith("remembered")
+    assert timer.calls == 8  # not measured again
+    for model, M in ((a, G), (b, G2)):
+        ref = brute_force(model, x, y, [n for n, _ in model.named_parameters()])
+        torch.testing.assert_close(M, ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max()))
+    gradient_matrix(b, _chunks(x, y, 4), 13, device="cpu", info=info)  # another chunk shape
+    assert info["engine_choice"].startswith("measured") and timer.calls == 16
+    assert len(engines.engine_choices()) == 2
+
+
+def test_the_key_follows_structure_not_weights(make_all_layers, small_batch):
+    x, _ = small_batch
+    cpu = torch.device("cpu")
+    a, b = make_all_layers(seed=0), make_all_layers(seed=9)
+    names = [n for n, _ in a.named_parameters()]
+    key = engines.choice_key(a, names, default_loss, x[:5], cpu)
+    assert key == engines.choice_key(b, names, default_loss, x[:5], cpu)
+    assert key != engines.choice_key(a, names[:-1], default_loss, x[:5], cpu)
+    assert key != engines.choice_key(a, names, default_loss, x[:4], cpu)
+    assert key != engines.choice_key(a, names, default_loss, x[:5].double(), cpu)
+    assert key != engines.choice_key(make_all_layers(seed=0, num_classes=5), names, default_loss, x[:5], cpu)
+
+
+class _Scaled(nn.Module):
+    """A layer with a buffer: Opacus refuses it (NotImplementedError), vmap handles it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 3)
+        self.w = nn.Parameter(torch.ones(3))
+        self.register_buffer("scale", torch.full((3,), 2.0))
+
+    def forward(self, x):
+        return self.fc(x) * self.w * self.scale
+
+
+def test_a_model_opacus_refuses_gets_vmap_when_measured(monkeypatch):
+    monkeypatch.setattr(engines, "MEASURE_ON_CPU", True)
+    torch.manual_seed(0)
+    model = _Scaled()
+    x, y = torch.randn(7, 6), torch.randint(0, 3, (7,))
+    ref = per_sample_gradients(model, x, y, chunk_size=3, engine="vmap", device="cpu")
+    G = per_sample_gradients(model, x, y, chunk_size=3, device="cpu")
+    torch.testing.assert_close(G, ref)
+    (choice,) = engines.engine_choices().values()
+    assert choice["engine"] == "vmap" and "Opacus refuses" in choice["how"]
