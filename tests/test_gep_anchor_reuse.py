@@ -220,3 +220,31 @@ def test_accounting_is_the_same_for_any_anchor_every_and_resume_is_exact(tiny, t
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     with pytest.raises(GSDError, match="anchor_every"):
         train(_cfg(tiny, anchor_every=3, anchor_warm=True), tmp_path / "resumed", resume=True)
+
+
+def test_a_run_saved_before_anchor_reuse_resumes_with_the_papers_schedule(tiny, tmp_path, interrupt, capsys):
+    """A checkpoint without anchor_every / anchor_warm was made with the basis at every step, cold:
+    ``gsd train --resume`` goes on that way (not with today's defaults), and the library refuses
+    today's defaults for it."""
+    from safetensors.torch import load_file, save_file
+
+    from gsd_cli.train import checkpoint as ckpt
+    from gsd_cli.train.config import SAVED_BEFORE
+
+    assert SAVED_BEFORE == {"anchor_every": 1, "anchor_warm": False}
+    assert (TrainConfig().anchor_every, TrainConfig().anchor_warm) != (1, False)  # else this test tests nothing
+    old = _cfg(tiny, anchor_every=1, anchor_warm=False)
+    run = tmp_path / "old"
+    with pytest.raises(interrupt.error):
+        train(old, run, progress=interrupt("epoch", 1))
+    meta = json.loads((run / "checkpoint.json").read_text())
+    for key in SAVED_BEFORE:
+        del meta["settings"][key]
+    (run / "checkpoint.json").write_text(json.dumps(meta))
+    wfile = run / "checkpoint.safetensors"  # as such a run's own weights would be: with its digest
+    save_file(load_file(str(wfile)), str(wfile), metadata={**ckpt.tensor_metadata(wfile), "gsd_digest": ckpt.state_digest(meta)})
+    with pytest.raises(GSDError, match="anchor_every: run has 1"):
+        train(_cfg(tiny, anchor_every=TrainConfig().anchor_every, anchor_warm=TrainConfig().anchor_warm), run, resume=True)
+    assert main(["train", "--resume", str(run), "-q"]) == 0, capsys.readouterr().err
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["gep"]["anchor_every"] == 1 and summary["gep"]["anchor_warm"] is False and summary["epochs"] == 2

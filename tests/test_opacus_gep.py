@@ -21,7 +21,7 @@ from gsd_cli.train.gep import anchor_for
 from gsd_cli.train.step import flat_to_grads, private_randomness, private_step
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "opacus_gep.py"
-GEP = dict(k=6, clip_embedding=1.0, clip_residual=0.3, seed=5)
+GEP = dict(k=6, clip_embedding=1.0, clip_residual=0.3, seed=5, anchor_every=1, anchor_warm=False)  # the basis recomputed every step on both sides
 
 
 def _net():

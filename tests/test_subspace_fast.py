@@ -195,12 +195,16 @@ def test_auto_choice_and_bad_method():
 
 
 def test_small_n_takes_the_exact_path():
-    """n too small for a Krylov space of two blocks: exact, no error."""
+    """n too small for a Krylov space of two blocks, or for the refinements a near tie needs (the
+    basis never grows past n): the exact path, no error."""
     G = torch.randn(40, 300)
     info = {}
     V, _ = top_k_subspace(G, 4, "randomized", info)
     assert info["method"] == "exact" and info["fallback"]
     assert projection_metric(V, _exact_top_k(G, 4)[0]) == 0.0
+    G, _ = spectrum_matrix(120, 600, 8, 1.0)  # a tie: would refine up to 6 x 32 columns, n = 120
+    kinfo = KrylovInfo()
+    assert krylov_top_k(G, 8, info=kinfo) is None and kinfo.dim <= 120 and kinfo.passes64 == 3
 
 
 # ------------------------------------------------------------------------------ settings, JSON, cache, DP

@@ -27,6 +27,21 @@ def _rho_tau(x, y) -> tuple[float, float]:
     return float(spearmanr(x, y).statistic), float(kendalltau(x, y).statistic)
 
 
+def rho_tau_rows(X: np.ndarray, Y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Spearman rho (Pearson of average ranks) and Kendall tau-b of every row pair of X and Y (B x C),
+    vectorised for the bootstrap; NaN where a row is constant (as scipy)."""
+    from scipy.stats import rankdata
+
+    rx, ry = rankdata(X, axis=1), rankdata(Y, axis=1)
+    rx, ry = rx - rx.mean(1, keepdims=True), ry - ry.mean(1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rho = (rx * ry).sum(1) / np.sqrt((rx**2).sum(1) * (ry**2).sum(1))
+        i, j = np.triu_indices(X.shape[1], 1)
+        sx, sy = np.sign(X[:, i] - X[:, j]), np.sign(Y[:, i] - Y[:, j])
+        tau = (sx * sy).sum(1) / np.sqrt((sx != 0).sum(1) * (sy != 0).sum(1))
+    return rho, tau
+
+
 def truth(runs: list[dict], task: str, method: str) -> tuple[dict[str, dict[int, float]], dict[int, float]]:
     """``({candidate: {seed: accuracy}}, {seed: DP-SGD accuracy})`` of one task and method."""
     acc: dict[str, dict[int, float]] = {}
@@ -54,14 +69,11 @@ def score(pred: dict[int, dict], acc: dict[str, dict[int, float]], none: dict[in
     pv, av = P.mean(0), A.mean(0)
     rho, tau = _rho_tau(pv, av)
     rng = np.random.default_rng(seed)
-    boot_r, boot_t = [], []
-    for _ in range(BOOT):
-        pb = P[rng.integers(0, len(P), len(P))].mean(0)
-        ab = A[rng.integers(0, len(A), len(A))].mean(0)
-        r, t = _rho_tau(pb, ab)
-        if r == r:
-            boot_r.append(r)
-            boot_t.append(t)
+    pb = P[rng.integers(0, len(P), (BOOT, len(P)))].mean(1)  # BOOT x C
+    ab = A[rng.integers(0, len(A), (BOOT, len(A)))].mean(1)
+    br, bt = rho_tau_rows(pb, ab)
+    ok = ~np.isnan(br)
+    boot_r, boot_t = br[ok].tolist(), bt[ok].tolist()
     first = int(np.argmin(pv))
     none_mean = float(np.mean([none[s] for s in tseeds if s in none])) if none else float("nan")
     per_seed = [_rho_tau(P[i], av)[0] for i in range(len(P))]

@@ -120,6 +120,12 @@ def rank(
         "local", "--executor", help="Where the public subspaces are computed: local (this process) or ray (one Ray task "
         "per candidate on a Ray cluster; private subspaces stay in this process; pip install 'gsd-cli[ray]')."
     ),
+    metric: str = typer.Option(
+        "gsd", "--metric", help="What ranks the candidates: gsd (default; DP-GSD with --dp), or a baseline beside it, "
+        "not private and refused with --dp: otdd (optimal-transport dataset distance; pip install 'gsd-cli[ot]'), "
+        "frechet (Frechet distance of the model's penultimate features), task2vec (Fisher embedding distance), "
+        "logme (-LogME of the private labels on features trained on each public set). See gsd_cli.distance.baselines."
+    ),
     ray_address: Optional[str] = typer.Option(
         None, "--ray-address", help="With --executor ray: the cluster (HOST:6379, ray://HOST:10001, auto); default "
         "$RAY_ADDRESS, else a Ray instance started on this machine."
@@ -164,6 +170,11 @@ def rank(
         raise GSDError("--ray-address is only used with --executor ray; add --executor ray")
     if catalog is not None and publics:
         raise GSDError("--catalog takes its candidates from the catalogue; drop --public (or drop --catalog)")
+    from ..distance.registry import metric_distance
+
+    distance = metric_distance(metric, dp)  # gsd_cli.rank(..., distance=NAME); a baseline is refused with --dp
+    if distance is not None and catalog is not None:
+        raise GSDError("--metric with --catalog is not supported; rank one private set with --private and --public")
 
     plot_file = check_plot_path(plot_path)
     json_file = check_output_path(json_path, "--json")
@@ -184,6 +195,8 @@ def rank(
         repeats=repeats, dp_repeats=(dp_repeats or DpRepeats.shared).value, insecure_seed=insecure_seed, classes=classes,
     )
     options.update(weights=weights, peft=peft, batchnorm=batchnorm.value)
+    if distance is not None:
+        options.update(distance=distance)
     try:
         if catalog is None:
             sources = [resolve(n, root=data_root, download=download) for n in [private, *(publics or DEFAULT_PUBLIC)]]

@@ -78,8 +78,8 @@ def train(
     clip_embedding: float = typer.Option(2.0, "--clip-embedding", help="gep: clip norm S1 of the embedding; noise std sigma*S1.", rich_help_panel="GEP (--method gep)"),
     clip_residual: float = typer.Option(0.4, "--clip-residual", help="gep: clip norm S2 of the residual; noise std sigma*S2 (paper 000 keeps S2 = S1/5).", rich_help_panel="GEP (--method gep)"),
     residual: bool = typer.Option(True, "--residual/--no-residual", help="gep: release the residual (GEP) or drop it (B-GEP, biased).", rich_help_panel="GEP (--method gep)"),
-    anchor_every: int = typer.Option(1, "--anchor-every", help="gep: recompute the anchor subspace every N steps (and at each epoch's first step), reusing it in between; 1 = every step, as paper 000. Same epsilon for any N: the basis is public.", rich_help_panel="GEP (--method gep)"),
-    anchor_warm: bool = typer.Option(False, "--anchor-warm/--anchor-cold", help="gep: start each recomputation's power iteration from the previous basis (subspace tracking; cold at each epoch's first step) instead of a random matrix.", rich_help_panel="GEP (--method gep)"),
+    anchor_every: int = typer.Option(2, "--anchor-every", help="gep: recompute the anchor subspace every N steps (and at each epoch's first step), reusing it in between; 1 = every step, as paper 000. Same epsilon for any N: the basis is public.", rich_help_panel="GEP (--method gep)"),
+    anchor_warm: bool = typer.Option(True, "--anchor-warm/--anchor-cold", help="gep: start each recomputation's power iteration from the previous basis (subspace tracking; cold at each epoch's first step); --anchor-cold: from a random matrix, as paper 000.", rich_help_panel="GEP (--method gep)"),
     rgp_rank: int = typer.Option(4, "--rgp-rank", help="rgp: rank r of the gradient carriers of each Linear/Conv2d weight (--power-iters: power iterations K).", rich_help_panel="RGP, TopAgg, sparsification"),
     rgp_warmup: int = typer.Option(20, "--rgp-warmup", help="rgp: warm-up steps whose carriers decompose the weight itself; afterwards the historical update W_t - W_0.", rich_help_panel="RGP, TopAgg, sparsification"),
     topk_fraction: float = typer.Option(0.7, "--topk-fraction", help="topagg: K in (0, 1]; NormTopK keeps the largest coordinates while their squared sum is <= K ||g||^2; noise std sqrt(K)*sigma*C.", rich_help_panel="RGP, TopAgg, sparsification"),
@@ -163,7 +163,9 @@ def train(
         explicit = {n for n, src in sources.items() if src is not None and src.name in ("COMMANDLINE", "ENVIRONMENT")}
         if publics:
             explicit.add("public")
-        cfg_dict = dict(saved)
+        from ..train.config import SAVED_BEFORE
+
+        cfg_dict = {**SAVED_BEFORE, **saved}  # a run saved before a setting's default changed keeps its old value
         for n in explicit:
             cfg_dict[n] = fields[n] if n != "public" else publics[0]
         cfg = TrainConfig(**{k_: v for k_, v in cfg_dict.items() if k_ in TrainConfig.__dataclass_fields__})

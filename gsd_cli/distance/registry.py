@@ -19,6 +19,7 @@ from typing import Callable
 import torch.nn as nn
 
 from .. import data as gdata
+from ..errors import GSDError
 from ..registry import Registry
 from ..side import Subspace, sample_subspace
 from ..subspace import principal_angles, projection_metric
@@ -96,6 +97,21 @@ def distance_names() -> list[str]:
 def distance_reading(name: str) -> str:
     """How to read the values of the registered distance ``name`` (its ``reading``; "" for GSD's own)."""
     return getattr(_DISTANCES.get(name), "reading", "") if name in _DISTANCES else ""
+
+
+def metric_distance(metric: str | None, dp: bool) -> str | None:
+    """The ``distance`` of a ranking for ``gsd rank --metric NAME`` (None: GSD, or DP-GSD with ``--dp``).
+    A metric that is not private is refused with ``--dp``; an unknown one lists the known ones."""
+    if metric in (None, "gsd", "dp-gsd"):
+        if metric == "dp-gsd" and not dp:
+            raise GSDError("--metric dp-gsd needs --dp (and --epsilon); or drop --metric for the non-private GSD")
+        return None
+    if metric not in _DISTANCES:
+        raise GSDError(f"unknown --metric {metric!r}; use one of {', '.join(n for n in distance_names() if n != 'dp-gsd')}")
+    if dp and not _DISTANCES.get(metric).private:
+        raise GSDError(f"--metric {metric} is not differentially private and cannot run with --dp; "
+                       f"drop --dp, or use --metric gsd --dp for DP-GSD")
+    return metric
 
 
 def is_private(name: str) -> bool:

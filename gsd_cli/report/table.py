@@ -158,10 +158,20 @@ def _print_notes(ranking: Ranking, console: Console, privacy_lines: list[str]) -
         console.print(f"[bold yellow]warning:[/] {escape(w)}")
 
 
+def _validity(ranking: Ranking, console: Console) -> None:
+    """The measured worth of GSD's order (gsd_cli/report/validity.json), under a GSD ranking."""
+    from .validity import validity_line
+
+    line = validity_line(getattr(ranking, "metric", "gsd"))
+    if line:
+        console.print(f"[dim]{escape(line)}[/]")
+
+
 def print_ranking(ranking: Ranking, console: Console | None = None) -> None:
     console = console or Console()
     console.print(ranking_table(ranking))
     console.print(how_to_read(ranking))
+    _validity(ranking, console)
     line = privacy_line(ranking)
     _print_notes(ranking, console, [line] if line else [])
 
@@ -170,6 +180,7 @@ def print_repeats(ranking: RepeatRanking, console: Console | None = None) -> Non
     console = console or Console()
     console.print(repeats_table(ranking))
     console.print(how_to_read(ranking))
+    _validity(ranking, console)
     console.print(escape(tie_line(ranking)))
     line = privacy_line(ranking)
     lines = [line.replace("spent once for all candidates", "per release"), dp_repeats_line(ranking)] if line else []

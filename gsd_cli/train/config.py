@@ -77,8 +77,8 @@ class TrainConfig:
     clip_embedding: float = 2.0  # clip norm S1 of the embedding
     clip_residual: float = 0.4  # clip norm S2 of the residual
     residual: bool = True  # release the residual (GEP) or drop it (B-GEP)
-    anchor_every: int = 1  # recompute the anchor subspace every N steps and at each epoch's start (1: every step, paper 000)
-    anchor_warm: bool = False  # start each recomputation's power iteration from the previous basis (cold at epoch starts)
+    anchor_every: int = 2  # recompute the anchor subspace every N steps and at each epoch's start (1: every step, paper 000)
+    anchor_warm: bool = True  # start each recomputation's power iteration from the previous basis (cold at epoch starts)
 
     # --- RGP (paper 001) ---
     rgp_rank: int = 4  # rank r of the gradient carriers of each Linear/Conv2d weight
@@ -112,6 +112,11 @@ class TrainConfig:
         if self.insecure_seed is not None:
             return int(self.insecure_seed)
         return int(self.seed) if self.deterministic_noise else None
+
+
+# Settings whose default changed after runs were saved without them: a checkpoint that lacks one was
+# made with this value, so --resume goes on with it (not with today's default).
+SAVED_BEFORE = {"anchor_every": 1, "anchor_warm": False}  # 0.x runs: paper 000's basis at every step
 
 
 def parse_groups(spec: str, model: str) -> list[list[str]] | None:

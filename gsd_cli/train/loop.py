@@ -48,7 +48,7 @@ from ..privacy.randomness import INSECURE_NOTE, randomness_statement
 from ..gradients import default_chunk_size, resolve_device
 from ..privacy import Ledger, calibrate_noise, effective_noise_multiplier, epsilon_of, training_event
 from . import checkpoint as ckpt
-from .config import TrainConfig, lr_at, validate
+from .config import SAVED_BEFORE, TrainConfig, lr_at, validate
 from .evaluate import evaluate, metric_row, summary_block
 from .gep import anchor_for
 from .methods import build_method
@@ -131,7 +131,7 @@ def train(
 
         meta = world.from_main(lambda: ckpt.load_meta(out) if (out / ckpt.CKPT_META).is_file() else None)  # None: in stage 1
         saved = meta.get("settings", {}) if meta is not None else world.from_main(lambda: run_settings(out))
-        defaults = TrainConfig().to_dict()  # a setting added after the run started has its default there
+        defaults = {**TrainConfig().to_dict(), **SAVED_BEFORE}  # a setting added after the run started has its default there
         diff = sorted(k for k, v in cfg.to_dict().items() if saved.get(k, defaults.get(k)) != v)
         if diff:
             shown = ", ".join(f"{k}: run has {saved.get(k, defaults.get(k))!r}, asked {getattr(cfg, k)!r}" for k in diff[:4])
