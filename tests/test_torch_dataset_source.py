@@ -150,3 +150,16 @@ def test_train_settings_record_a_source_by_name():
 
     d = TrainConfig(private=from_torch_dataset(Images(), "mine", num_classes=3)).to_dict()
     assert d["private"] == "mine" and d["private_test"] is None
+
+
+def test_gep_training_with_a_public_source_object_records_its_name(tiny, tmp_path):
+    """TrainConfig(public=<ImageSource>) trains and writes summary.json (it crashed in json.dumps)."""
+    import json
+
+    from gsd_cli.train import TrainConfig, train
+
+    public = resolve(tiny["public"])
+    s = train(TrainConfig(private=tiny["private"], public=public, method="gep", epsilon=3.0, epochs=1, batch_size=30,
+                          k=4, public_examples=10, insecure_seed=1, physical_batch=64), tmp_path / "run")
+    assert s["public"] == public.name
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["public"] == public.name

@@ -324,7 +324,7 @@ def train(
         "private_train_examples": n_train,
         "private_test": test_src.name,
         "private_test_examples": len(test_src),
-        "public": cfg.public if cfg.method in ("gep", "second-phase") else None,
+        "public": cfg.to_dict()["public"] if cfg.method in ("gep", "second-phase") else None,  # a source object: its name
         "public_distance": cfg.public_distance,
         "public_examples": anchor.x.shape[0] if anchor else 0,
         "model": model_label(cfg.model),
