@@ -193,7 +193,7 @@ def main() -> None:
     doc = {
         "settings": vars(args), "runs": runs, "table": table,
         **corr,
-        "torch": torch.__version__, "platform": platform.platform(), "loadavg": os.getloadavg(),
+        "torch": torch.__version__, "threads": torch.get_num_threads(), "platform": platform.platform(), "loadavg": os.getloadavg(),
         "seconds": round(time.time() - t0, 1),
     }
     if args.json:
