@@ -29,8 +29,9 @@ from .subspace_krylov import KrylovInfo, krylov_top_k, krylov_top_k_gram
 
 #: How :func:`top_k_subspace` finds the top-k subspace (``--subspace-method``).
 SUBSPACE_METHODS = ("auto", "exact", "randomized")
-#: ``auto`` takes the randomized method from this n = min(m, p) on (measured: benchmarks/bench_subspace.py).
-AUTO_MIN_N = 1000
+#: ``auto`` takes the randomized method from this n = min(m, p) on: on 2 CPU cores (p = 30202, k = 16,
+#: benchmarks/bench_subspace.py) exact was faster at m = 1000, randomized 2.5-6x faster at m = 2000.
+AUTO_MIN_N = 1500
 
 
 def _rank_tolerance(s_max: float, m: int, p: int) -> float:

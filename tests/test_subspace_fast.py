@@ -186,6 +186,7 @@ def test_auto_choice_and_bad_method():
     assert choose_method("auto", 2000, 30202, 16) == "randomized"
     assert choose_method("auto", 8000, 30202, 16) == "randomized"
     assert choose_method("auto", 500, 30202, 16) == "exact"
+    assert choose_method("auto", 1000, 30202, 16) == "exact"
     assert choose_method("auto", 30202, 500, 16) == "exact"  # n = min(m, p)
     assert choose_method("auto", 2000, 30202, 200) == "exact"  # Krylov space too large for n
     assert choose_method("exact", 8000, 30202, 16) == "exact"

@@ -95,7 +95,7 @@ def rank(
         "auto", "--subspace-method",
         help="Top-k subspace of a materialised gradient matrix: exact (float64 Gram + eigh, O(m^2 p + m^3)); randomized "
         "(block Krylov in float32, certified in float64 to move a distance by at most 1e-7 per side, else the exact path); "
-        "auto: randomized from min(m, p) >= 1000 on.",
+        "auto: randomized from min(m, p) >= 1500 on.",
     ),
     quiet: bool = quiet_option("No progress bar."),
     data_root: Optional[Path] = data_root_option(

@@ -80,7 +80,7 @@ def rank(
     materialises when m x p float32 fits the budget. ``subspace_method``: how the top-k subspace of a
     materialised matrix is found (:func:`gsd_cli.subspace.top_k_subspace`): ``exact`` (float64 Gram +
     eigh), ``randomized`` (block Krylov certified in float64: distances within 2e-7 of exact, else the
-    exact path) or ``auto`` (randomized from min(m, p) >= 1000 on); the DP draw never uses it.
+    exact path) or ``auto`` (randomized from min(m, p) >= 1500 on); the DP draw never uses it.
     ``dp_sketch=D`` first projects every gradient
     matrix, private and public alike, by one data-independent Gaussian matrix to D dimensions.
     ``weights`` and ``peft`` build the model exactly as ``gsd train`` does
