@@ -12,7 +12,8 @@ candidate and the rank correlations (Spearman, Kendall) between mean GSD and mea
     python benchmarks/bench_train_gep.py --summarize a.json b.json          # runs of several files together
 
 Reusing the anchor basis (issue 21): ``--anchor-variants`` trains GEP once per variant, ``N`` for
-``--anchor-every N`` (cold power iteration) and ``Nw`` for ``--anchor-every N --anchor-warm``, with the
+``--anchor-every N`` (cold power iteration), ``Nw`` for ``--anchor-every N --anchor-warm`` and ``Nw/B``
+for those with ``--anchor-batch B`` (B of the public examples drawn per recomputation), with the
 same private randomness per seed (``deterministic_noise``), so the variants are compared in pairs:
 
     python benchmarks/bench_train_gep.py --public mnist-b digits --seeds 0 1 2 3 4 --no-gsd \
@@ -74,16 +75,19 @@ def summarize(runs: list[dict], publics: list[str]) -> tuple[list[dict], dict]:
     }
 
 
-def parse_variant(v: str) -> tuple[int, bool]:
-    """``"5"`` -> (5, False), ``"5w"`` -> (5, True): --anchor-every and --anchor-warm."""
-    warm = v.endswith("w")
+def parse_variant(v: str) -> tuple[int, bool, int | None]:
+    """``"5"`` -> (5, False, None), ``"5w"`` -> (5, True, None), ``"2w/500"`` -> (2, True, 500):
+    --anchor-every, --anchor-warm and --anchor-batch."""
+    head, _, tail = v.partition("/")
+    warm = head.endswith("w")
     try:
-        every = int(v[:-1] if warm else v)
+        every = int(head[:-1] if warm else head)
+        batch = int(tail) if tail else None
     except ValueError:
-        raise SystemExit(f"--anchor-variants: {v!r} is not N or Nw (N >= 1)") from None
-    if every < 1:
-        raise SystemExit(f"--anchor-variants: {v!r} is not N or Nw (N >= 1)")
-    return every, warm
+        raise SystemExit(f"--anchor-variants: {v!r} is not N, Nw, N/B or Nw/B (N, B >= 1)") from None
+    if every < 1 or (batch is not None and batch < 1):
+        raise SystemExit(f"--anchor-variants: {v!r} is not N, Nw, N/B or Nw/B (N, B >= 1)")
+    return every, warm, batch
 
 
 def summarize_variants(runs: list[dict], variants: list[str]) -> list[dict]:
@@ -132,8 +136,8 @@ def main() -> None:
     ap.add_argument("--clip-residual", type=float, default=0.4)
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--model", default="fmnist-cnn")
-    ap.add_argument("--anchor-variants", nargs="+", default=["1"], metavar="N[w]",
-                    help="GEP anchor reuse variants: N = --anchor-every N, Nw = with --anchor-warm (default: 1, the paper's).")
+    ap.add_argument("--anchor-variants", nargs="+", default=["1"], metavar="N[w][/B]",
+                    help="GEP anchor reuse variants: N = --anchor-every N, Nw = with --anchor-warm, /B = --anchor-batch B (default: 1, the paper's).")
     ap.add_argument("--no-gsd", action="store_true", help="Skip the GSD ranking (for comparing anchor variants only).")
     ap.add_argument("--no-baseline", action="store_true", help="Skip the DP-SGD baseline.")
     ap.add_argument("--json", default=None)
@@ -167,22 +171,22 @@ def main() -> None:
                 ranking = rank(train_part, args.public, k=16, examples=2000, seed=seed, model=args.model, device="cpu")
                 dist = {r.public: r.distance for r in ranking.results}
                 print(f"seed {seed}: GSD " + ", ".join(f"{c} {d:.3f}" for c, d in sorted(dist.items(), key=lambda kv: kv[1])), flush=True)
-            jobs = ([] if args.no_baseline else [(None, ("-", 1, False))]) + [(c, v) for c in args.public for v in variants]
-            for cand, (variant, every, warm) in jobs:
+            jobs = ([] if args.no_baseline else [(None, ("-", 1, False, None))]) + [(c, v) for c in args.public for v in variants]
+            for cand, (variant, every, warm, abatch) in jobs:
                 cfg = TrainConfig(
                     private=args.private, public=cand, method="gep" if cand else "dpsgd", epsilon=args.epsilon,
                     delta=args.delta, model=args.model, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                     seed=seed, clip=args.clip, k=args.k, public_examples=args.public_examples,
                     clip_embedding=args.clip_embedding, clip_residual=args.clip_residual, deterministic_noise=True,
-                    public_distance=dist.get(cand), anchor_every=every, anchor_warm=warm,
+                    public_distance=dist.get(cand), anchor_every=every, anchor_warm=warm, anchor_batch=abatch,
                 )
-                run_dir = os.path.join(tmp, f"{seed}-{cand}-{variant}")
+                run_dir = os.path.join(tmp, f"{seed}-{cand}-{variant}".replace("/", "b"))
                 s = train(cfg, run_dir, device="cpu")
                 with open(os.path.join(run_dir, "metrics.jsonl")) as f:  # share of the private gradients outside the basis
                     residual = [r["residual_energy"] for r in map(json.loads, f) if "residual_energy" in r]
                 runs.append({"seed": seed, "public": cand or "-", "gsd": dist.get(cand), "accuracy": s["test"]["accuracy"],
                              "epsilon": s["epsilon"], "sigma": s["sigma"], "seconds": s["seconds"],
-                             **({"variant": variant, "anchor_every": every, "anchor_warm": warm,
+                             **({"variant": variant, "anchor_every": every, "anchor_warm": warm, "anchor_batch": abatch,
                                  "residual_energy": statistics.mean(residual) if residual else None} if cand else {})})
                 print(f"  {cand or '- (DP-SGD)':16s} {variant if cand else '':4s} acc {s['test']['accuracy']:.4f}  "
                       f"eps {s['epsilon']:.4f}  {s['seconds']:.0f} s", flush=True)

@@ -59,7 +59,7 @@ def _median_time(fn, dev, repeats):
 
 
 def bench(model_name: str, batch: int, m: int, k: int, dev: torch.device, repeats: int,
-          every: tuple[int, ...] = (1,), warm: bool = False) -> dict:
+          every: tuple[int, ...] = (1,), warm: bool = False, anchor_batch: int | None = None) -> dict:
     spec = get_model_spec(model_name)
     model = spec.build(num_classes=10, seed=0).to(dev)
     names = select_parameters(model)
@@ -112,8 +112,9 @@ def bench(model_name: str, batch: int, m: int, k: int, dev: torch.device, repeat
 
     def gep_window(n: int):
         """n consecutive steps with the basis recomputed every n steps: exactly one recomputation."""
-        reuse = Anchor(pub, 10, k, groups, 1, 0, grads, every=n, warm=warm)
-        method = build_method(TrainConfig(method="gep", public="mnist-b", k=k, anchor_every=n, anchor_warm=warm), 1.0, reuse)
+        reuse = Anchor(pub, 10, k, groups, 1, 0, grads, every=n, warm=warm, batch=anchor_batch)
+        method = build_method(TrainConfig(method="gep", public="mnist-b", k=k, anchor_every=n, anchor_warm=warm,
+                                          anchor_batch=anchor_batch), 1.0, reuse)
 
         def run():
             done = reuse.refreshes
@@ -135,6 +136,7 @@ def bench(model_name: str, batch: int, m: int, k: int, dev: torch.device, repeat
     res["gep_over_nonprivate"] = res["gep_s"] / res["nonprivate_s"]
     res["gep_over_dpsgd"] = res["gep_s"] / res["dpsgd_s"]
     res["anchor_warm"] = warm
+    res["anchor_batch"] = anchor_batch
     for n in every:
         res[f"gep_every_{n}_s"] = _median_time(gep_window(n), dev, repeats) / n
         res[f"gep_every_{n}_over_dpsgd"] = res[f"gep_every_{n}_s"] / res["dpsgd_s"]
@@ -151,6 +153,8 @@ def main() -> None:
     ap.add_argument("--anchor-every", type=int, nargs="+", default=[1, 2, 10], metavar="N",
                     help="GEP steps with the anchor basis recomputed every N steps (amortised step time).")
     ap.add_argument("--anchor-warm", action="store_true", help="Warm-start the recomputations (--anchor-warm).")
+    ap.add_argument("--anchor-batch", type=int, default=None,
+                    help="Anchors drawn per recomputation in the anchor-every steps (--anchor-batch; default: all --anchors).")
     ap.add_argument("--clock", choices=sorted(CLOCK), default="wall",
                     help="wall: elapsed time; cpu: this process's CPU time, steadier on a CPU shared with other work (use with 1 thread).")
     ap.add_argument("--device", default="auto")
@@ -161,7 +165,7 @@ def main() -> None:
     clock = CLOCK[args.clock]
     rows = []
     for name in args.models:
-        r = bench(name, args.batch, args.anchors, args.k, dev, args.repeats, tuple(args.anchor_every), args.anchor_warm)
+        r = bench(name, args.batch, args.anchors, args.k, dev, args.repeats, tuple(args.anchor_every), args.anchor_warm, args.anchor_batch)
         rows.append(r)
         print(
             f"{name:11s} p={r['params']:>7,} B={r['batch']} m={r['anchors']} k={r['k']}: non-private {r['nonprivate_s']:.3f} s, "

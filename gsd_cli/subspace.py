@@ -63,11 +63,11 @@ def check_method(method: str) -> str:
 
 def choose_method(method: str, m: int, p: int, k: int) -> str:
     """``exact`` or ``randomized`` for an m x p matrix and k: ``auto`` takes the randomized method when
-    n = min(m, p) >= :data:`AUTO_MIN_N` and the Krylov space (about 7 (k + 16) columns) is at most n / 4."""
+    n = min(m, p) >= :data:`AUTO_MIN_N` and the Krylov space (about 9 (k + 16) columns) is at most n / 4."""
     if check_method(method) != "auto":
         return method
     n = min(m, p)
-    return "randomized" if n >= AUTO_MIN_N and 28 * (k + 16) <= n else "exact"
+    return "randomized" if n >= AUTO_MIN_N and 36 * (k + 16) <= n else "exact"
 
 
 def top_k_subspace(G: torch.Tensor, k: int, method: str = "auto", info: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,7 +4,7 @@ The exact path (:func:`gsd_cli.subspace.top_k_subspace`, ``method="exact"``) for
 matrix of the m x p gradient matrix G, O(m^2 p), then eigh, O(m^3). Here K = A A^T with A = G when
 m <= p (n = m, N = p), else A = G^T (n = p, N = m), and K is only ever applied to thin blocks:
 
-1. Rough phase, float32. A block Krylov space [X0, K X0, ..., K^q X0] from a Gaussian start X0
+1. Rough phase, float32. A block Krylov space [X0, K X0, ..., K^q X0] (q = :data:`DEPTH`) from a Gaussian start X0
    (n x b, b = k + oversample), each product K X = A (A^T X) in float32, each block orthonormalised in
    float64 against the earlier ones; Rayleigh-Ritz there keeps the top ``keep`` Ritz vectors Q.
    X0 comes from a fixed generator (``START_SEED``): the start is data-independent and the result
@@ -40,6 +40,11 @@ from dataclasses import dataclass
 
 import torch
 
+#: Float32 Krylov steps (depth + 1 passes over G). Measured on the six default candidates' probe gradients
+#: (m = 2000, k = 16; benchmarks/bench_krylov_depth.py): depth 6 certified five of them after 2 float64
+#: passes and gave up on the sixth (s16/s17 = 1.015) after 6, so that one also took the exact path;
+#: depth 8 certified all six (the sixth after 5) in less CPU time in all; 10 and more cost more.
+DEPTH = 8
 #: Seed of the Gaussian start block (fixed, public: reproducible results, no private randomness).
 START_SEED = 20_260_521
 #: Bound on the change of a projection-metric distance, per subspace, that certifies convergence.
@@ -166,7 +171,7 @@ def krylov_eig(
     k: int,
     *,
     oversample: int = 16,
-    depth: int = 6,
+    depth: int = DEPTH,
     keep: int | None = None,
     max_refine: int = 5,
     tol: float = TOL,

@@ -1,4 +1,5 @@
-"""GEP's anchor basis reused across steps (issue 21): ``--anchor-every N`` and ``--anchor-warm``.
+"""GEP's anchor basis reused across steps (issue 21): ``--anchor-every N``, ``--anchor-warm`` and
+``--anchor-batch B`` (B of the anchors drawn per recomputation).
 
 anchor-every 1 is paper 000's algorithm bit for bit; a warm-started power iteration finds the same
 subspace as a cold one; the basis is recomputed only every N steps (and at each epoch's first step,
@@ -231,7 +232,7 @@ def test_a_run_saved_before_anchor_reuse_resumes_with_the_papers_schedule(tiny, 
     from gsd_cli.train import checkpoint as ckpt
     from gsd_cli.train.config import SAVED_BEFORE
 
-    assert SAVED_BEFORE == {"anchor_every": 1, "anchor_warm": False}
+    assert SAVED_BEFORE == {"anchor_every": 1, "anchor_warm": False, "anchor_batch": None}
     assert (TrainConfig().anchor_every, TrainConfig().anchor_warm) != (1, False)  # else this test tests nothing
     old = _cfg(tiny, anchor_every=1, anchor_warm=False)
     run = tmp_path / "old"
@@ -248,3 +249,59 @@ def test_a_run_saved_before_anchor_reuse_resumes_with_the_papers_schedule(tiny, 
     assert main(["train", "--resume", str(run), "-q"]) == 0, capsys.readouterr().err
     summary = json.loads((run / "summary.json").read_text())
     assert summary["gep"]["anchor_every"] == 1 and summary["gep"]["anchor_warm"] is False and summary["epochs"] == 2
+
+
+def test_anchor_batch_draws_b_distinct_anchors_per_recomputation_from_the_public_seed():
+    model = _tiny_model()
+    names, p = _names(model), sum(w.numel() for w in model.parameters())
+    x = torch.randn(40, 12, generator=torch.Generator().manual_seed(3))
+    seen = []
+
+    def grads(model_, xa, ya, names_):
+        seen.append((xa.clone(), ya.clone()))
+        return _grads(model_, xa, ya, names_)
+
+    anchor = Anchor(x, 3, 4, [list(range(p))], 1, 9, grads, every=1, warm=True, batch=15)
+    draws = []
+    for step in range(6):
+        anchor.compute(StepContext(step=step, model=model, names=names, epoch=0))
+        rows = anchor.rows(step)
+        assert rows.shape == (15,) and len(set(rows.tolist())) == 15 and torch.equal(rows, rows.sort().values)
+        assert 0 <= int(rows.min()) and int(rows.max()) < 40
+        xa, ya = seen[-1]  # the gradients were taken at exactly those anchors, with their labels of this step
+        assert torch.equal(xa, x[rows]) and torch.equal(ya, anchor.labels(step)[rows])
+        draws.append(rows)
+    assert len({tuple(r.tolist()) for r in draws}) == 6  # a new draw at every recomputation
+    union = set().union(*(set(r.tolist()) for r in draws))
+    assert len(union) > 30  # over the steps the draws cover most of the pool
+    again = Anchor(x, 3, 4, [list(range(p))], 1, 9, grads, batch=15)
+    assert all(torch.equal(again.rows(t), draws[t]) for t in range(6))  # from (seed, step): reproducible, public
+    other = Anchor(x, 3, 4, [list(range(p))], 1, 10, grads, batch=15)
+    assert not torch.equal(other.rows(0), draws[0])
+    assert Anchor(x, 3, 4, [list(range(p))], 1, 9, grads, batch=40).rows(0) is None  # all of them: no draw
+    assert Anchor(x, 3, 4, [list(range(p))], 1, 9, grads, batch=400).batch == 40
+    assert Anchor(x, 3, 30, [list(range(p))], 1, 9, grads, batch=15).ks == [15]  # k_g <= the anchors used
+
+
+def test_anchor_batch_is_validated(capsys, tmp_path):
+    for bad in (0, -1, 2.5, True, "5"):
+        with pytest.raises(GSDError, match="--anchor-batch must be a whole number") as e:
+            validate(TrainConfig(public="mnist-b", anchor_batch=bad))
+        assert "\n" not in str(e.value)
+        with pytest.raises(GSDError, match="--anchor-batch"):
+            Anchor(torch.zeros(2, 3), 2, 1, [[0, 1]], 1, 0, _grads, batch=bad)
+    validate(TrainConfig(public="mnist-b", anchor_batch=500))
+    code = main(["train", "--public", "mnist-b", "--anchor-batch", "0", "--out", str(tmp_path / "run"), "-q"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(err) == 1 and "--anchor-batch must be a whole number" in err[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_anchor_batch_leaves_the_accounting_unchanged(tiny, tmp_path):
+    """The draw is public (seed, step): the same sigma, epsilon and ledger as all anchors; the option
+    acts (another model) and is recorded in the summary."""
+    ref = train(_cfg(tiny), tmp_path / "all")
+    s = train(_cfg(tiny, anchor_batch=12), tmp_path / "some")
+    assert s["sigma"] == ref["sigma"] and s["epsilon"] == ref["epsilon"] and s["privacy"] == ref["privacy"]
+    assert s["gep"]["anchor_batch"] == 12 and ref["gep"]["anchor_batch"] == 40
+    assert s["test"]["loss"] != ref["test"]["loss"]

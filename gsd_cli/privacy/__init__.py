@@ -6,18 +6,21 @@ says what that costs (:func:`epsilon_of`) and which noise multiplier meets a tar
 (:func:`calibrate_noise`).
 """
 
-from .accountant import (
-    ACCOUNTANTS,
-    check_delta,
-    check_epsilon,
-    Ledger,
-    calibrate_noise,
-    dpsgd_step_event,
-    effective_noise_multiplier,
-    epsilon_of,
-    gep_step_event,
-    training_event,
+# Loaded on first use (PEP 562): importing dp-accounting pulls in scipy (about 2 s), which a non-DP
+# ``gsd rank`` that only needs :mod:`.randomness` should not pay.
+_ACCOUNTANT_NAMES = (
+    "ACCOUNTANTS", "check_delta", "check_epsilon", "Ledger", "calibrate_noise", "dpsgd_step_event",
+    "effective_noise_multiplier", "epsilon_of", "gep_step_event", "training_event",
 )
+
+
+def __getattr__(name: str):
+    if name in _ACCOUNTANT_NAMES:
+        from . import accountant
+
+        return getattr(accountant, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ACCOUNTANTS", "Ledger", "check_delta", "check_epsilon", "calibrate_noise", "dpsgd_step_event", "effective_noise_multiplier", "epsilon_of",

@@ -79,6 +79,7 @@ class TrainConfig:
     residual: bool = True  # release the residual (GEP) or drop it (B-GEP)
     anchor_every: int = 2  # recompute the anchor subspace every N steps and at each epoch's start (1: every step, paper 000)
     anchor_warm: bool = True  # start each recomputation's power iteration from the previous basis (cold at epoch starts)
+    anchor_batch: int | None = None  # anchors per recomputation, drawn from the public_examples (None: all of them)
 
     # --- RGP (paper 001) ---
     rgp_rank: int = 4  # rank r of the gradient carriers of each Linear/Conv2d weight
@@ -116,7 +117,7 @@ class TrainConfig:
 
 # Settings whose default changed after runs were saved without them: a checkpoint that lacks one was
 # made with this value, so --resume goes on with it (not with today's default).
-SAVED_BEFORE = {"anchor_every": 1, "anchor_warm": False}  # 0.x runs: paper 000's basis at every step
+SAVED_BEFORE = {"anchor_every": 1, "anchor_warm": False, "anchor_batch": None}  # 0.x runs: paper 000's basis at every step, from all anchors
 
 
 def parse_groups(spec: str, model: str) -> list[list[str]] | None:
@@ -144,6 +145,15 @@ def check_anchor_every(every) -> None:
     if isinstance(every, bool) or not isinstance(every, numbers.Integral) or every < 1:
         raise GSDError(f"--anchor-every must be a whole number of steps, at least 1 (got {every!r}); "
                        "1 recomputes the GEP anchor subspace at every step")
+
+
+def check_anchor_batch(batch) -> None:
+    """``--anchor-batch`` must be None (all anchors) or a whole number >= 1."""
+    if batch is None:
+        return
+    if isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or batch < 1:
+        raise GSDError(f"--anchor-batch must be a whole number of anchors, at least 1 (got {batch!r}); "
+                       "leave it out to use all --public-examples at each recomputation")
 
 
 def validate(cfg: TrainConfig) -> None:
@@ -196,3 +206,4 @@ def validate(cfg: TrainConfig) -> None:
         if cfg.k < 1 or cfg.public_examples < 1 or cfg.power_iters < 1:
             raise GSDError("--k, --public-examples and --power-iters must be at least 1")
     check_anchor_every(cfg.anchor_every)
+    check_anchor_batch(cfg.anchor_batch)
