@@ -92,7 +92,7 @@ def sample_subspace(
     label_seed: int | None = None,
     gram: str = "materialize",
     memory_budget: int | str | None = None,
-    prefetch: int = AHEAD,
+    prefetch: int | None = None,
     subspace_method: str = "auto",
 ) -> Subspace:
     """Per-sample gradients of ``sample`` at the model's weights, then their top-k subspace.
@@ -103,7 +103,9 @@ def sample_subspace(
     never released). ``label_seed`` (default ``seed``) seeds the random labels alone otherwise;
     ``seed`` also seeds the sketch (public). ``prefetch``: chunks of model input prepared by a
     background thread while the current chunk's gradients are computed (0: none; the values are
-    the same either way, :mod:`gsd_cli.data.loader`). ``subspace_method``: how the non-private top-k
+    the same either way, :mod:`gsd_cli.data.loader`); ``None``: ``AHEAD`` on an accelerator, 0 on a
+    CPU, where the loader and the gradients compete for the same cores (measured with
+    benchmarks/bench_end_to_end.py: no gain on 2 cores, and more variance). ``subspace_method``: how the non-private top-k
     subspace of the materialised matrix is found (:func:`gsd_cli.subspace.top_k_subspace`)."""
     t0 = time.perf_counter()
     dev = resolve_device(device)
@@ -113,6 +115,8 @@ def sample_subspace(
                       rng=None if dp is None else dp["rng"])
     p = sum(dict(model.named_parameters())[n].numel() for n in names)
     cs = chunk_size if chunk_size is not None else default_chunk_size(dev, p)
+    if prefetch is None:
+        prefetch = AHEAD if dev.type != "cpu" else 0
     if cs < 1:
         raise GSDError(f"--chunk-size must be at least 1 (got {cs})")
     done = 0

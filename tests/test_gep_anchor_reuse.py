@@ -280,18 +280,22 @@ def test_anchor_batch_draws_b_distinct_anchors_per_recomputation_from_the_public
     assert not torch.equal(other.rows(0), draws[0])
     assert Anchor(x, 3, 4, [list(range(p))], 1, 9, grads, batch=40).rows(0) is None  # all of them: no draw
     assert Anchor(x, 3, 4, [list(range(p))], 1, 9, grads, batch=400).batch == 40
-    assert Anchor(x, 3, 30, [list(range(p))], 1, 9, grads, batch=15).ks == [15]  # k_g <= the anchors used
+    assert Anchor(x, 3, 4, [list(range(p))], 1, 9, grads, batch=0).rows(0) is None  # 0: all, as the paper
+    wide = Anchor(x, 3, 30, [list(range(p))], 1, 9, grads, batch=15)  # never fewer anchors than k
+    assert wide.batch == 30 and wide.ks == [30] and wide.rows(0).shape == (30,)
 
 
 def test_anchor_batch_is_validated(capsys, tmp_path):
-    for bad in (0, -1, 2.5, True, "5"):
+    for bad in (-1, 2.5, True, "5"):
         with pytest.raises(GSDError, match="--anchor-batch must be a whole number") as e:
             validate(TrainConfig(public="mnist-b", anchor_batch=bad))
         assert "\n" not in str(e.value)
         with pytest.raises(GSDError, match="--anchor-batch"):
             Anchor(torch.zeros(2, 3), 2, 1, [[0, 1]], 1, 0, _grads, batch=bad)
     validate(TrainConfig(public="mnist-b", anchor_batch=500))
-    code = main(["train", "--public", "mnist-b", "--anchor-batch", "0", "--out", str(tmp_path / "run"), "-q"])
+    validate(TrainConfig(public="mnist-b", anchor_batch=0))
+    assert TrainConfig().anchor_batch == 250
+    code = main(["train", "--public", "mnist-b", "--anchor-batch", "-5", "--out", str(tmp_path / "run"), "-q"])
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 2 and len(err) == 1 and "--anchor-batch must be a whole number" in err[0]
     assert not (tmp_path / "run").exists()

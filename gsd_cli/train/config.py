@@ -79,7 +79,7 @@ class TrainConfig:
     residual: bool = True  # release the residual (GEP) or drop it (B-GEP)
     anchor_every: int = 2  # recompute the anchor subspace every N steps and at each epoch's start (1: every step, paper 000)
     anchor_warm: bool = True  # start each recomputation's power iteration from the previous basis (cold at epoch starts)
-    anchor_batch: int | None = None  # anchors per recomputation, drawn from the public_examples (None: all of them)
+    anchor_batch: int | None = 250  # anchors per recomputation (at least k), drawn from the public_examples (None or 0: all)
 
     # --- RGP (paper 001) ---
     rgp_rank: int = 4  # rank r of the gradient carriers of each Linear/Conv2d weight
@@ -148,12 +148,12 @@ def check_anchor_every(every) -> None:
 
 
 def check_anchor_batch(batch) -> None:
-    """``--anchor-batch`` must be None (all anchors) or a whole number >= 1."""
+    """``--anchor-batch`` must be None or 0 (all anchors) or a whole number >= 1."""
     if batch is None:
         return
-    if isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or batch < 1:
-        raise GSDError(f"--anchor-batch must be a whole number of anchors, at least 1 (got {batch!r}); "
-                       "leave it out to use all --public-examples at each recomputation")
+    if isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or batch < 0:
+        raise GSDError(f"--anchor-batch must be a whole number of anchors (got {batch!r}); "
+                       "0 uses all --public-examples at each recomputation, as paper 000")
 
 
 def validate(cfg: TrainConfig) -> None:
