@@ -10,8 +10,11 @@ renames or removes under the runs folder (``writes-rank1.txt``, through an audit
 Tolerance: the two runs see the same subsamples, clips and noise; the sums are accumulated in float64
 in both, but over other chunks (a per-sample gradient of a one-example chunk can differ in its last
 bit from the same row in a larger chunk) and added in another order, so the float32 weights agree
-to float rounding, not bit for bit: |a - b| <= 1e-6 + 1e-6 |b| after 6 steps (the differences seen
-are ~1e-7).
+to float rounding, not bit for bit: |a - b| <= 1e-6 + 1e-6 |b| after 6 steps for DP-SGD (the
+differences seen are ~1e-7). GEP gets 1e-5: its anchor gradients are computed in shards and
+all-gathered, and the warm-started power iteration and QR amplify their last-bit differences by the
+inverse eigengap; repeated runs of the same launch differed by up to 2.3e-6 (a wrong sample, clip or
+noise moves the weights by 1e-3 and more, which the test checks is far above the tolerance).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from gsd_cli.train import TrainConfig, train
 from gsd_cli.train.distributed import World
 
 RTOL = ATOL = 1e-6
+TOL = {"dpsgd": 1e-6, "gep": 1e-5}  # per method, see the module docstring
 
 
 class Interrupted(Exception):
@@ -97,10 +101,10 @@ def _weights(run: Path) -> dict:
     return load_file(str(run / "checkpoint.safetensors"))
 
 
-def _close(a: dict, b: dict) -> None:
+def _close(a: dict, b: dict, tol: float = ATOL) -> None:
     assert a.keys() == b.keys()
     for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=RTOL, atol=ATOL, msg=lambda m: f"{k}: {m}")
+        torch.testing.assert_close(a[k], b[k], rtol=tol, atol=tol, msg=lambda m: f"{k}: {m}")
 
 
 @pytest.fixture(scope="module")
@@ -145,10 +149,10 @@ def runs(tmp_path_factory):
 def test_two_processes_train_the_same_weights_as_one(runs, method):
     d = runs["dir"]
     two, one = _weights(d / f"two-{method}"), _weights(d / f"one-{method}")
-    _close(two, one)
+    _close(two, one, TOL[method])
     # not vacuous: the tolerance is far below the difference between two trained models (the other method's)
     other = _weights(d / f"one-{'gep' if method == 'dpsgd' else 'dpsgd'}")
-    assert max(float((one[k] - other[k]).abs().max()) for k in one if k.startswith("model.")) > 100 * ATOL
+    assert max(float((one[k] - other[k]).abs().max()) for k in one if k.startswith("model.")) > 100 * TOL[method]
 
 
 @pytest.mark.parametrize("method", ["dpsgd", "gep"])
