@@ -127,6 +127,9 @@ def rank_parts(m: int, model_name: str, dev: torch.device) -> dict:
 
 #: CPU seconds (user + system) of each gsd process run by _run_cli, by the label it was timed under
 CPU_SECONDS: dict[str, float] = {}
+#: its system seconds and minor page faults (the allocator's share: gsd_cli.allocator)
+SYS_SECONDS: dict[str, float] = {}
+MINOR_FAULTS: dict[str, int] = {}
 
 
 def _run_cli(args: list[str], env: dict, label: str = "") -> float:
@@ -141,7 +144,10 @@ def _run_cli(args: list[str], env: dict, label: str = "") -> float:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise SystemExit(f"gsd {' '.join(args)} failed ({done.returncode}): {done.stderr[-1500:]}")
-    CPU_SECONDS[label or " ".join(args)] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    label = label or " ".join(args)
+    CPU_SECONDS[label] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    SYS_SECONDS[label] = after.ru_stime - before.ru_stime
+    MINOR_FAULTS[label] = after.ru_minflt - before.ru_minflt
     return wall
 
 
@@ -305,15 +311,26 @@ def main() -> None:
     ap.add_argument("--engines", action="store_true",
                     help="Also time the two engines per chunk (probe, resnet20, fmnist-cnn; chunks of 8, 64, 128) "
                          "in 11 interleaved rounds: the evidence for auto's rule on this device.")
+    ap.add_argument("--malloc", choices=["gsd", "system"], default="gsd",
+                    help="gsd (default): this process (floor and per-sample paths included) runs with gsd's "
+                         "allocator setting, as the gsd command does (gsd_cli.allocator); system: glibc's "
+                         "defaults here and GSD_MALLOC=system for the gsd processes")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    if a.malloc == "gsd":
+        from gsd_cli.allocator import keep_freed_memory
+
+        malloc = "gsd (keep_freed_memory: " + ("on" if keep_freed_memory() else "not available here") + ")"
+    else:
+        os.environ["GSD_MALLOC"] = "system"  # inherited by the gsd processes
+        malloc = "system"
     if a.threads:
         torch.set_num_threads(a.threads)
         os.environ["OMP_NUM_THREADS"] = str(a.threads)  # inherited by the gsd processes
     dev = resolve_device(a.device)
     doc = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else f"cpu ({os.cpu_count()} cores)",
            "torch": torch.__version__, "threads": torch.get_num_threads(), "platform": platform.platform(),
-           "argv": sys.argv[1:], "loadavg_start": os.getloadavg()}
+           "argv": sys.argv[1:], "malloc": malloc, "loadavg_start": os.getloadavg()}
     if "rank" not in a.skip:
         r = rank_parts(a.m, a.model, dev)
         if "rank-cli" not in a.skip:
@@ -324,7 +341,7 @@ def main() -> None:
         print(f"rank: {r['model']} (p={r['params']:,}), {r['sets']} sets x {r['m']} examples, chunk {r['chunk']}; "
               f"API engine: {r['api_engine']} ({r['api_engine_choice']})")
         for k, v in r["seconds"].items():
-            cpu = f"  (CPU {CPU_SECONDS[k]:.2f} s)" if k in CPU_SECONDS else ""
+            cpu = f"  (CPU {CPU_SECONDS[k]:.2f} s, sys {SYS_SECONDS[k]:.2f} s)" if k in CPU_SECONDS else ""
             print(f"  {k:<42} {v:8.2f} s  {r['ratio_to_floor'][k]:6.2f}x floor{cpu}")
     if "train" not in a.skip:
         t = train_steps(a.batch, a.anchors or a.m, a.repeats, dev)
@@ -347,7 +364,10 @@ def main() -> None:
         for k, v in c.items():
             print(f"  {k:<42} {v:8.2f} s  (CPU {CPU_SECONDS[k]:.2f} s)")
     doc["cli_cpu_seconds"] = dict(CPU_SECONDS)
+    doc["cli_sys_seconds"] = dict(SYS_SECONDS)
+    doc["cli_minor_faults"] = dict(MINOR_FAULTS)
     doc["loadavg_end"] = os.getloadavg()
+    print(f"malloc: {malloc}")
     print(f"load average at start {doc['loadavg_start'][0]:.1f}, at end {doc['loadavg_end'][0]:.1f}")
     if a.json:
         Path(a.json).write_text(json.dumps(doc, indent=2) + "\n")

@@ -26,7 +26,7 @@ _EXPORTS = {
     "gradient_subspace_distance": "ranking", "rank": "ranking", "RankConfig": "ranking", "Ranking": "ranking",
     "RankResult": "ranking", "rank_repeats": "ranking", "RepeatRanking": "ranking", "RepeatResult": "ranking",
     "private_top_k_subspace": "dppca", "sample_sequential": "dppca", "sample_matrix_gibbs": "dppca",
-    "bingham_dense": "dppca",
+    "bingham_dense": "dppca", "keep_freed_memory": "allocator",
 }
 
 __all__ = ["__version__", *_EXPORTS]

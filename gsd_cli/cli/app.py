@@ -10,6 +10,7 @@ import traceback
 import typer
 
 from .. import __version__
+from ..allocator import keep_freed_memory
 from ..errors import GSDError
 from .common import err, out, print_error
 
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     system error (disk full, read-only folder) is a user error too; anything else is a bug: one line
     ``error: internal error: ...`` and exit 3 (the traceback with ``--debug`` or ``GSD_DEBUG=1``)."""
     _debug["on"] = False
+    keep_freed_memory()  # glibc: no page fault per large CPU tensor (gsd_cli.allocator; GSD_MALLOC=system: off)
     try:
         _check_encoding(sys.argv[1:] if argv is None else argv)
         rc = app(args=argv, standalone_mode=False)  # click returns a typer.Exit's code here
