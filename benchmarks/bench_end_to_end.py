@@ -125,6 +125,28 @@ def rank_parts(m: int, model_name: str, dev: torch.device) -> dict:
             "seconds": seconds, "api_engine": choice.get("engine"), "api_engine_choice": choice.get("how")}
 
 
+def floor_seconds(m: int, model_name: str, dev: torch.device) -> float:
+    """Seconds of the floor alone (as in :func:`rank_parts`): for the pairs of ``--cold-repeats``."""
+    spec = get_model_spec(model_name)
+    model = spec.build(num_classes=10, seed=0).to(dev)
+    model.train()
+    cs = default_chunk_size(dev, sum(q.numel() for q in model.parameters()))
+    g = torch.Generator().manual_seed(1)
+    total = 0.0
+    for name in [DEFAULT_PRIVATE, *DEFAULT_PUBLIC]:
+        x = draw(resolve(name), m, 0).tensor(spec.input_size, spec.channels, dev)
+        y = torch.randint(0, 10, (x.shape[0],), generator=g).to(dev)
+
+        def floor():
+            for xb, yb in _chunks(x, y, cs):
+                model.zero_grad(set_to_none=True)
+                F.cross_entropy(model(xb), yb, reduction="sum").backward()
+            model.zero_grad(set_to_none=True)
+
+        total += _timed(floor, dev)
+    return total
+
+
 #: CPU seconds (user + system) of each gsd process run by _run_cli, by the label it was timed under
 CPU_SECONDS: dict[str, float] = {}
 #: its system seconds and minor page faults (the allocator's share: gsd_cli.allocator)
@@ -311,6 +333,10 @@ def main() -> None:
     ap.add_argument("--engines", action="store_true",
                     help="Also time the two engines per chunk (probe, resnet20, fmnist-cnn; chunks of 8, 64, 128) "
                          "in 11 interleaved rounds: the evidence for auto's rule on this device.")
+    ap.add_argument("--cold-repeats", type=int, default=1,
+                    help="After the first run, N-1 more pairs (floor, then cold and warm gsd rank) taken back to back: "
+                         "the cold/floor and cold/warm ratios are reported per pair and as medians (the machine's "
+                         "speed drifts between a floor and a gsd process taken minutes apart)")
     ap.add_argument("--malloc", choices=["gsd", "system"], default="gsd",
                     help="gsd (default): this process (floor and per-sample paths included) runs with gsd's "
                          "allocator setting, as the gsd command does (gsd_cli.allocator); system: glibc's "
@@ -337,12 +363,30 @@ def main() -> None:
             r["seconds"].update(rank_cli(a.m, str(dev.type)))
         floor = r["seconds"]["floor (plain forward+backward)"]
         r["ratio_to_floor"] = {k: v / floor for k, v in r["seconds"].items()}
+        if "rank-cli" not in a.skip:
+            cold, warm = "gsd rank cold (empty cache)", "gsd rank warm (same cache)"
+            pairs = [{"floor": floor, "cold": r["seconds"][cold], "warm": r["seconds"][warm]}]
+            for _ in range(a.cold_repeats - 1):
+                f = floor_seconds(a.m, a.model, dev)
+                c = rank_cli(a.m, str(dev.type))
+                pairs.append({"floor": f, "cold": c[cold], "warm": c[warm]})
+            for q in pairs:
+                q["cold_over_floor"], q["cold_over_warm"] = q["cold"] / q["floor"], q["cold"] / q["warm"]
+            r["pairs"] = pairs
+            r["median_cold_over_floor"] = statistics.median(q["cold_over_floor"] for q in pairs)
+            r["median_cold_over_warm"] = statistics.median(q["cold_over_warm"] for q in pairs)
         doc["rank"] = r
         print(f"rank: {r['model']} (p={r['params']:,}), {r['sets']} sets x {r['m']} examples, chunk {r['chunk']}; "
               f"API engine: {r['api_engine']} ({r['api_engine_choice']})")
         for k, v in r["seconds"].items():
             cpu = f"  (CPU {CPU_SECONDS[k]:.2f} s, sys {SYS_SECONDS[k]:.2f} s)" if k in CPU_SECONDS else ""
             print(f"  {k:<42} {v:8.2f} s  {r['ratio_to_floor'][k]:6.2f}x floor{cpu}")
+        if "pairs" in r:
+            print("  pairs (floor, cold, warm): " + "; ".join(
+                f"{q['floor']:.2f}/{q['cold']:.2f}/{q['warm']:.2f} s = {q['cold_over_floor']:.2f}x floor, "
+                f"cold/warm {q['cold_over_warm']:.2f}" for q in r["pairs"]))
+            print(f"  median over {len(r['pairs'])} pairs: cold {r['median_cold_over_floor']:.2f}x floor, "
+                  f"cold/warm {r['median_cold_over_warm']:.2f}")
     if "train" not in a.skip:
         t = train_steps(a.batch, a.anchors or a.m, a.repeats, dev)
         base = t["seconds"]["non-private step"]

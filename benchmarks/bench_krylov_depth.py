@@ -6,6 +6,8 @@ keeps every gradient matrix with at least ``--min-rows`` rows (the private set a
 ``-m`` examples), then runs :func:`~gsd_cli.subspace_krylov.krylov_top_k` on each for each depth and
 records the float32 / float64 passes, whether it was certified (else ``gsd`` takes the exact path,
 whose CPU time is recorded too) and the CPU seconds (steadier than wall time on a shared machine).
+Each ``--depths`` value is a fixed depth (``adaptive=False``); the row ``adaptive`` is the default:
+at most ``DEPTH`` steps, stopping when the float32 certificate reaches its floor.
 
     python benchmarks/bench_krylov_depth.py --depths 6 8 10 12 --json benchmarks/results/cpu_krylov_depth.json
 """
@@ -47,7 +49,10 @@ def default_rank_matrices(m: int, min_rows: int) -> list[tuple[int, int]]:
 
 def main() -> None:
     from gsd_cli.subspace import _exact_top_k
-    from gsd_cli.subspace_krylov import KrylovInfo, krylov_top_k
+    from gsd_cli.allocator import keep_freed_memory
+    from gsd_cli.subspace_krylov import DEPTH, KrylovInfo, krylov_top_k
+
+    keep_freed_memory()  # as the gsd command runs
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-m", type=int, default=2000)
@@ -64,19 +69,20 @@ def main() -> None:
         _exact_top_k(G, args.k)
         exact_cpu.append(time.process_time() - t)
     rows = []
-    for depth in args.depths:
+    for depth in [*args.depths, "adaptive"]:
         runs = []
         for G in mats:
             info = KrylovInfo()
             t = time.process_time()
-            out = krylov_top_k(G, args.k, depth=depth, info=info)
+            opts = {"depth": DEPTH} if depth == "adaptive" else {"depth": depth, "adaptive": False}
+            out = krylov_top_k(G, args.k, info=info, **opts)
             cpu = time.process_time() - t
-            runs.append({"passes32": info.passes32, "passes64": info.passes64, "certified": out is not None,
+            runs.append({"depth": info.depth, "passes32": info.passes32, "passes64": info.passes64, "certified": out is not None,
                          "bound": info.bound, "cpu_s": round(cpu, 3),
                          "gap": info.values[args.k - 1] / info.values[args.k] if len(info.values) > args.k else None})
         with_fallback = sum(r["cpu_s"] + (0 if r["certified"] else e) for r, e in zip(runs, exact_cpu))
         rows.append({"depth": depth, "runs": runs, "cpu_s_with_fallback": round(with_fallback, 2)})
-        print(f"depth {depth:2d}: CPU {with_fallback:6.1f} s with fallbacks; passes (f32/f64) "
+        print(f"depth {depth!s:>8}: CPU {with_fallback:6.1f} s with fallbacks; passes (f32/f64) "
               + ", ".join(f"{r['passes32']}/{r['passes64']}{'' if r['certified'] else ' not certified'}" for r in runs), flush=True)
     print(f"exact path: CPU {sum(exact_cpu):.1f} s")
     if args.json:

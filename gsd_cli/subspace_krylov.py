@@ -40,11 +40,20 @@ from dataclasses import dataclass
 
 import torch
 
-#: Float32 Krylov steps (depth + 1 passes over G). Measured on the six default candidates' probe gradients
-#: (m = 2000, k = 16; benchmarks/bench_krylov_depth.py): depth 6 certified five of them after 2 float64
-#: passes and gave up on the sixth (s16/s17 = 1.015) after 6, so that one also took the exact path;
-#: depth 8 certified all six (the sixth after 5) in less CPU time in all; 10 and more cost more.
-DEPTH = 8
+#: Float32 Krylov steps, at most (depth + 1 passes over G). With ``adaptive`` (the default) the phase
+#: stops earlier, once the float32 Ritz certificate is below :data:`ROUGH_TOL` or stalls (measured on the
+#: six default candidates' probe gradients, m = 2000, k = 16, ``benchmarks/bench_krylov_depth.py``: that
+#: certificate reaches the float32 floor, 2e-6 to 7e-6, after 5 or 6 steps where s16/s17 >= 1.038,
+#: and after 9 where s16/s17 = 1.015, the near tie; a fixed depth of 8 spent 2 or 3 steps too many on
+#: five of them and was just enough on the sixth).
+DEPTH = 12
+#: Float32 steps before the first check (the certificate is infinite before about k / b + 2 steps).
+MIN_DEPTH = 3
+#: Float32 certificate (:func:`certificate` of the float32 Ritz pairs) at which the rough phase stops:
+#: near float32's floor for these matrices, so the float64 phase starts from the best float32 can give.
+ROUGH_TOL = 1e-5
+#: ... or when a step improves the certificate by less than this factor (it has reached its floor).
+STALL = 0.5
 #: Ritz vectors carried into float64 beyond k (also the width of each refinement): k + 16 took 20% less
 #: CPU than 2k + 16 on the same six matrices, with at most one more float64 pass.
 KEEP_EXTRA = 16
@@ -67,12 +76,14 @@ ROUGH_BLOCK = 8192
 class KrylovInfo:
     """How the randomized method went: ``converged`` (certified), ``bound`` (on ||sin Theta||_F /
     sqrt(k), the most a distance can move), passes over G in float32 and float64, final basis size,
-    and the top k+1 Ritz values (eigenvalues of G G^T: squared singular values)."""
+    and the top k+1 Ritz values (eigenvalues of G G^T: squared singular values); ``depth``: the float32
+    Krylov steps taken."""
 
     converged: bool = False
     bound: float = math.inf
     passes32: int = 0
     passes64: int = 0
+    depth: int = 0
     dim: int = 0
     values: tuple = ()
 
@@ -196,6 +207,7 @@ def krylov_eig(
     seed: int = START_SEED,
     info: KrylovInfo | None = None,
     keep_w: int = 0,
+    adaptive: bool = True,
 ):
     """The top-k eigenpairs of the operator's K, certified (module docstring): ``(theta, U, Y, Ws)``
     with theta the Ritz values (descending), U = Q Y the Ritz vectors of the final basis Q, and Ws the
@@ -203,8 +215,10 @@ def krylov_eig(
     ``tol`` within ``max_refine`` float64 refinements or when n is too small for a Krylov space of
     ``depth`` >= 1 blocks.
 
-    ``oversample``: start block b = k + oversample; ``depth``: float32 Krylov steps; ``keep``: Ritz
-    vectors carried into float64 (default k + :data:`KEEP_EXTRA`), also the width of each refinement."""
+    ``oversample``: start block b = k + oversample; ``depth``: float32 Krylov steps, at most (``adaptive``:
+    fewer when the float32 phase has converged as far as float32 allows, see :data:`ROUGH_TOL`) or
+    exactly (``adaptive=False``); ``keep``: Ritz vectors carried into float64 (default k +
+    :data:`KEEP_EXTRA`), also the width of each refinement."""
     info = info if info is not None else KrylovInfo()
     n = op.n
     b = k + oversample
@@ -215,12 +229,23 @@ def krylov_eig(
     gen = torch.Generator().manual_seed(seed)
     blocks = [orthonormalise(torch.randn(n, b, generator=gen, dtype=torch.float64).to(op.device))]
     images = []
+    last = math.inf
     for i in range(depth + 1):
         images.append(op.rough(blocks[-1]))
         info.passes32 += 1
+        Q = torch.cat(blocks, 1)
+        if adaptive and MIN_DEPTH <= i < depth:
+            # stop when the Ritz vectors of the space so far are as good as float32 makes them:
+            # the certificate from the float32 products (no extra pass) is below ROUGH_TOL or stalls
+            theta, Y = _ritz(Q, torch.cat(images, 1))
+            R = torch.cat(images, 1) @ Y[:, : k + 1] - (Q @ Y[:, : k + 1]) * theta[: k + 1]
+            bound = certificate(theta, R, k)
+            if bound <= ROUGH_TOL or bound > STALL * last:
+                break
+            last = bound
         if i < depth:
-            blocks.append(orthonormalise(images[-1], torch.cat(blocks, 1)))
-    Q = torch.cat(blocks, 1)
+            blocks.append(orthonormalise(images[-1], Q))
+    info.depth = len(images) - 1
     theta, Y = _ritz(Q, torch.cat(images, 1))
     Q = orthonormalise(Q @ Y[:, :keep])
     del blocks, images

@@ -155,6 +155,33 @@ def test_certificate_against_a_direct_computation():
     assert certificate(theta, R * 10, 2) == math.inf
 
 
+def test_adaptive_depth_stops_early_on_a_clear_gap_and_goes_deeper_near_a_tie():
+    """The float32 phase stops once its own Ritz certificate reaches float32's floor: few steps where
+    s_k / s_{k+1} is large, more where it is small; both certified and equal to the exact answer."""
+    from gsd_cli.subspace_krylov import DEPTH, MIN_DEPTH
+
+    depths = {}
+    for ratio in (1.5, 1.01):
+        G, _ = spectrum_matrix(1500, 3000, 16, ratio, decay=0.3)
+        V, s = top_k_subspace(G, 16, "randomized", info := {})
+        kinfo = info["krylov"]
+        assert info["method"] == "randomized" and kinfo.converged
+        assert kinfo.passes32 == kinfo.depth + 1 and MIN_DEPTH <= kinfo.depth <= DEPTH
+        V0, _ = _exact_top_k(G, 16)
+        for P in probes(V0, 3000, 16):
+            assert abs(projection_metric(V, P) - projection_metric(V0, P)) <= 1e-6
+        depths[ratio] = kinfo.depth
+    assert depths[1.5] < depths[1.01]
+    assert depths[1.5] < DEPTH  # stopped before the cap
+
+
+def test_fixed_depth_takes_every_step():
+    G, _ = spectrum_matrix(1500, 3000, 16, 1.5, decay=0.3)
+    info = KrylovInfo()
+    assert krylov_top_k(G, 16, depth=7, adaptive=False, info=info) is not None
+    assert info.depth == 7 and info.passes32 == 8
+
+
 # ------------------------------------------------------------------------------ rank, determinism, choice
 
 
