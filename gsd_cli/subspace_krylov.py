@@ -4,7 +4,9 @@ The exact path (:func:`gsd_cli.subspace.top_k_subspace`, ``method="exact"``) for
 matrix of the m x p gradient matrix G, O(m^2 p), then eigh, O(m^3). Here K = A A^T with A = G when
 m <= p (n = m, N = p), else A = G^T (n = p, N = m), and K is only ever applied to thin blocks:
 
-1. Rough phase, float32. A block Krylov space [X0, K X0, ..., K^q X0] (q = :data:`DEPTH`) from a Gaussian start X0
+1. Rough phase, float32. A block Krylov space [X0, K X0, ..., K^q X0] (q at most :data:`DEPTH`; the phase
+   stops once the Ritz pairs of the space so far, certified as below but from the float32 products, reach
+   :data:`ROUGH_TOL` or stop improving: float32 rounding allows no better) from a Gaussian start X0
    (n x b, b = k + oversample), each product K X = A (A^T X) in float32, each block orthonormalised in
    float64 against the earlier ones; Rayleigh-Ritz there keeps the top ``keep`` Ritz vectors Q.
    X0 comes from a fixed generator (``START_SEED``): the start is data-independent and the result

