@@ -19,7 +19,8 @@ library session should return memory, do not call it. It is what the ``MALLOC_MM
 ``MALLOC_TRIM_THRESHOLD_`` environment variables do, set from inside the process; jemalloc or tcmalloc
 (``LD_PRELOAD``), which the PyTorch CPU tuning guides recommend for the same reason, do as well.
 
-The ``gsd`` command calls it at start-up; ``GSD_MALLOC=system`` leaves the C library's defaults (as
+The ``gsd`` command calls it at start-up, and the training processes that ``gsd train --nproc N``
+spawns take the setting of the process that spawns them; ``GSD_MALLOC=system`` leaves the C library's defaults (as
 does any platform without glibc: macOS and Windows allocators are left alone). Library users call it
 themselves (``gsd_cli.keep_freed_memory()``) or set the environment variables above. No torch import.
 """
@@ -49,6 +50,12 @@ def _libc():
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     except OSError:
         return None
+
+
+def applied() -> bool:
+    """Whether :func:`keep_freed_memory` is in effect in this process (the processes that
+    ``gsd train --nproc`` spawns take the setting of the process that spawns them)."""
+    return _STATE["applied"]
 
 
 def keep_freed_memory() -> bool:

@@ -83,3 +83,21 @@ def test_opt_out_leaves_glibc_defaults(value):
 def test_repeated_calls_are_harmless():
     r = _probe("from gsd_cli.allocator import keep_freed_memory\napplied = [keep_freed_memory() for _ in range(3)]")
     assert r["applied"] == [True, True, True]
+
+
+def _worker_state():
+    from gsd_cli.allocator import applied
+
+    return applied()
+
+
+def test_training_processes_take_the_parents_setting(monkeypatch):
+    """``gsd train --nproc N`` spawns its processes from the gsd command: they keep freed memory when
+    the command does, and not otherwise."""
+    from gsd_cli import allocator
+    from gsd_cli.train.launch import spawn
+
+    monkeypatch.setitem(allocator._STATE, "applied", True)  # as after the gsd command's start-up
+    assert spawn(_worker_state, 2, device="cpu") is True
+    monkeypatch.setitem(allocator._STATE, "applied", False)
+    assert spawn(_worker_state, 2, device="cpu") is False

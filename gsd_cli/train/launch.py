@@ -42,8 +42,13 @@ def check_nproc(nproc, device: torch.device) -> None:
                        f"use --nproc {torch.cuda.device_count()} or --device cpu")
 
 
-def _worker(rank, nproc, init_file, backend, threads, fn, args, kwargs, forward, messages):
+def _worker(rank, nproc, init_file, backend, threads, fn, args, kwargs, forward, messages, malloc=False):
     import torch.distributed as dist
+
+    if malloc:  # the parent (the gsd command) keeps freed memory: so do its training processes
+        from ..allocator import keep_freed_memory
+
+        keep_freed_memory()
 
     torch.set_num_threads(threads)
     if backend == "nccl":
@@ -83,6 +88,7 @@ def spawn(fn: Callable, nproc: int, args: tuple = (), kwargs: dict | None = None
     backend = backend_for(dev)
     forward = {k for k, v in (("progress", progress), ("notify", notify)) if v is not None}
     threads = max(1, torch.get_num_threads() // nproc) if dev.type == "cpu" else 1
+    from ..allocator import applied
     ctx = mp.get_context("spawn")
     messages = ctx.Queue()
     folder = tempfile.mkdtemp(prefix="gsd-rendezvous-")
@@ -105,7 +111,7 @@ def spawn(fn: Callable, nproc: int, args: tuple = (), kwargs: dict | None = None
                 state["result"], state["got"] = value, True
 
     procs = mp.start_processes(_worker, nprocs=nproc, join=False, start_method="spawn",
-                               args=(nproc, os.path.join(folder, "store"), backend, threads, fn, args, kwargs, forward, messages))
+                               args=(nproc, os.path.join(folder, "store"), backend, threads, fn, args, kwargs, forward, messages, applied()))
     try:
         while not procs.join(timeout=0.05):
             drain()
