@@ -23,9 +23,14 @@ In one run (figures are seconds and ratios; the JSON keeps both):
            ``engine="auto"``'s rule on this device (:mod:`gsd_cli.engines`).
 
 It measures whatever the tree contains (input pipeline, top-k, engines). Record the load: figures
-taken while other work runs on the machine are slower and noisier (``loadavg`` in the JSON).
+taken while other work runs on the machine are slower and noisier (``loadavg`` in the JSON). A
+machine's speed can drift by 10-20% within minutes: ``--cold-repeats 3`` times the floor and the cold
+and warm rank in back-to-back pairs and reports the medians of their ratios. This process runs with
+the ``gsd`` command's allocator setting (``--malloc gsd``, :mod:`gsd_cli.allocator`), so the floor and
+the command are measured alike; ``--malloc system`` measures both with glibc's defaults.
 
     python benchmarks/bench_end_to_end.py                     # m=2000 (7 x 2000 at 224x224): minutes on a CPU
+    python benchmarks/bench_end_to_end.py --m 2000 --repeats 5 --cold-repeats 3 --json benchmarks/results/end_to_end_cpu_m2000.json
     nice -n 10 python benchmarks/bench_end_to_end.py --m 200 --threads 1 --json benchmarks/results/end_to_end_cpu_m200.json
 """
 
