@@ -48,6 +48,8 @@ SCHEMA = 2
 KNOWN_SCHEMAS = (1, 2)
 ENV = "GSD_CACHE_DIR"
 _ENTRY = re.compile(r"[0-9a-f]{64}\.safetensors")
+#: The subfolder where gsd keeps noise calibrations (:mod:`gsd_cli.privacy.calibration_cache`).
+CALIBRATION_SUBFOLDER = "calibration"
 _TEMP = re.compile(r"\.[0-9a-f]{16}\..+\.tmp")
 
 
@@ -196,8 +198,10 @@ class SubspaceCache:
 
     def scan(self) -> dict:
         """What the folder holds: ``entries`` (gsd's), ``temporary`` (gsd's unfinished writes), ``other``
-        (everything else, never touched), each a list of paths; ``problem`` when it is not a folder."""
-        found: dict = {"entries": [], "temporary": [], "other": [], "problem": None}
+        (everything else, never touched), each a list of paths; ``calibrations``: the number of noise
+        calibrations in ``calibration/`` (:mod:`gsd_cli.privacy.calibration_cache`; gsd's, kept by
+        :meth:`clear`); ``problem`` when it is not a folder."""
+        found: dict = {"entries": [], "temporary": [], "other": [], "calibrations": 0, "problem": None}
         if not self.directory.exists():
             return found
         if not self.directory.is_dir():
@@ -209,7 +213,9 @@ class SubspaceCache:
             found["problem"] = f"cannot be read ({e.strerror or e})"
             return found
         for f in files:
-            if self.is_entry(f):
+            if f.name == CALIBRATION_SUBFOLDER and f.is_dir() and not f.is_symlink():  # gsd's noise calibrations: kept
+                found["calibrations"] = _count_json(f)
+            elif self.is_entry(f):
                 found["entries"].append(f)
             elif _TEMP.fullmatch(f.name) and f.is_file() and not f.is_symlink():
                 found["temporary"].append(f)
@@ -218,21 +224,24 @@ class SubspaceCache:
         return found
 
     def info(self) -> dict:
-        """Where the cache is; how many gsd entries and bytes it holds, and how many other files it
-        leaves alone (``other``, ``other_names``: the first few)."""
+        """Where the cache is; how many gsd entries and bytes it holds, how many noise calibrations
+        (``calibrations``), and how many other files it leaves alone (``other``, ``other_names``: the
+        first few)."""
         found = self.scan()
         return {"directory": str(self.directory), "entries": len(found["entries"]),
                 "bytes": sum(_size(f) for f in found["entries"]), "temporary": len(found["temporary"]),
                 "other": len(found["other"]), "other_names": [f.name for f in found["other"][:5]],
-                "problem": found["problem"]}
+                "calibrations": found["calibrations"], "problem": found["problem"]}
 
     def clear(self) -> dict:
         """Delete gsd's entries and temporary files, nothing else. Returns ``deleted`` (entries),
         ``bytes`` (theirs), ``temporary``, ``left`` (other files kept), ``left_names`` (the first few),
+        ``calibrations`` (noise calibrations, kept: they are checked on every use and cheap to keep),
         ``failed`` (entries that could not be deleted) and ``problem`` (the folder is not one)."""
         found = self.scan()
         done = {"directory": str(self.directory), "deleted": 0, "bytes": 0, "temporary": 0, "failed": [],
-                "left": len(found["other"]), "left_names": [f.name for f in found["other"][:5]], "problem": found["problem"]}
+                "left": len(found["other"]), "left_names": [f.name for f in found["other"][:5]],
+                "calibrations": found["calibrations"], "problem": found["problem"]}
         for kind, files in (("deleted", found["entries"]), ("temporary", found["temporary"])):
             for f in files:
                 size = _size(f)
@@ -244,6 +253,13 @@ class SubspaceCache:
                 done[kind] += 1
                 done["bytes"] += size if kind == "deleted" else 0
         return done
+
+
+def _count_json(folder: Path) -> int:
+    try:
+        return sum(1 for f in folder.iterdir() if f.suffix == ".json" and f.is_file())
+    except OSError:
+        return 0
 
 
 def _size(f: Path) -> int:

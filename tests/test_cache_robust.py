@@ -131,3 +131,23 @@ def test_clear_of_a_missing_folder(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GSD_CACHE_DIR", str(tmp_path / "never"))
     assert main(["cache", "clear"]) == 0 and "deleted 0 entries" in capsys.readouterr().out
     assert not (tmp_path / "never").exists()
+
+
+def test_noise_calibrations_are_gsds_own_and_kept(tmp_path, monkeypatch, capsys):
+    """``calibration/`` (gsd train's cached noise multipliers) is reported as gsd's, not as a file of
+    someone else's, and ``gsd cache clear`` keeps it, as documented."""
+    d = tmp_path / "c"
+    monkeypatch.setenv("GSD_CACHE_DIR", str(d))
+    SubspaceCache().put(KEY, _sub())
+    (d / "calibration").mkdir()
+    for name in ("a" * 64, "b" * 64):
+        (d / "calibration" / f"{name}.json").write_text("{}")
+    (d / "notes.txt").write_text("mine")
+    assert main(["cache", "info"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "1 entries" in text and "2 noise calibration(s) in calibration/" in text and "also 1 other file(s)" in text
+    assert "calibration)" not in text.split("also")[-1]  # not listed among the other files
+    assert main(["cache", "clear"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "deleted 1 entries" in text and "kept 2 noise calibration(s)" in text and "left alone 1 other file(s), not gsd cache entries (notes.txt)" in text
+    assert len(list((d / "calibration").iterdir())) == 2 and (d / "notes.txt").exists()

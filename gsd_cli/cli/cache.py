@@ -24,9 +24,13 @@ def _left(n: int, names: list[str]) -> str:
     return f"; left alone {n} other file(s), not gsd cache entries ({shown})"
 
 
+def _calibrations(n: int) -> str:
+    return f", {n} noise calibration(s) in calibration/ (kept by gsd cache clear)" if n else ""
+
+
 @cache_app.command("info")
 def cache_info() -> None:
-    """Where the cache is and what it holds: gsd's entries (count, size), and other files it leaves alone."""
+    """Where the cache is and what it holds: gsd's entries (count, size), its noise calibrations, and other files it leaves alone."""
     from ..cache import SubspaceCache
 
     i = SubspaceCache().info()
@@ -34,13 +38,13 @@ def cache_info() -> None:
         out.print(escape(f"{i['directory']}: {i['problem']}; set GSD_CACHE_DIR to a folder, or rank with --no-cache"), highlight=False, soft_wrap=True)
         return
     temp = f", {i['temporary']} unfinished temporary file(s)" if i["temporary"] else ""
-    text = f"{i['directory']}: {i['entries']} entries, {_mib(i['bytes'])}{temp}"
+    text = f"{i['directory']}: {i['entries']} entries, {_mib(i['bytes'])}{temp}{_calibrations(i['calibrations'])}"
     out.print(escape(text + _left(i["other"], i["other_names"]).replace("left alone", "also")), highlight=False, soft_wrap=True)
 
 
 @cache_app.command("clear")
 def cache_clear() -> None:
-    """Delete gsd's cached public subspaces (and its unfinished temporary files); other files in the folder are left alone."""
+    """Delete gsd's cached public subspaces (and its unfinished temporary files); noise calibrations and other files in the folder are left alone."""
     from ..cache import SubspaceCache
     from ..errors import GSDError
 
@@ -49,6 +53,8 @@ def cache_clear() -> None:
         raise GSDError(f"cache {c['directory']}: {c['problem']}; nothing deleted")
     temp = f" and {c['temporary']} temporary file(s)" if c["temporary"] else ""
     text = f"deleted {c['deleted']} entries ({_mib(c['bytes'])}){temp} from {c['directory']}"
+    if c["calibrations"]:
+        text += f"; kept {c['calibrations']} noise calibration(s) in calibration/ (delete that folder to drop them)"
     out.print(escape(text + _left(c["left"], c["left_names"])), highlight=False, soft_wrap=True)
     if c["failed"]:
         raise GSDError(f"could not delete {len(c['failed'])} entries: {', '.join(c['failed'][:5])}")

@@ -29,16 +29,15 @@ from pathlib import Path
 from typing import Callable
 
 SCHEMA = 1
-SUBFOLDER = "calibration"
 #: a cached sigma is used only when its epsilon is in [target * (1 - TIGHT), target]
 TIGHT = 1e-3
 
 
 def calibration_dir() -> Path:
     """``calibration/`` under the cache folder of :func:`gsd_cli.cache.default_cache_dir`."""
-    from ..cache import default_cache_dir
+    from ..cache import CALIBRATION_SUBFOLDER, default_cache_dir
 
-    return default_cache_dir() / SUBFOLDER
+    return default_cache_dir() / CALIBRATION_SUBFOLDER
 
 
 def dp_accounting_version() -> str:
