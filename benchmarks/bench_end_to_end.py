@@ -19,7 +19,7 @@ In one run (figures are seconds and ratios; the JSON keeps both):
 * cli    : ``gsd train --method dpsgd --epochs 1`` in a fresh process, cold and warm cache (the noise
            calibration is cached), and ``gsd --help`` / ``gsd datasets list`` start-up (wall and CPU
            seconds: the CPU seconds are steadier on a busy machine);
-* engines: (``--engines``) both per-sample engines per chunk, interleaved: the evidence for
+* engines: (``--engines``) the three per-sample engines per chunk, interleaved: the evidence for
            ``engine="auto"``'s rule on this device (:mod:`gsd_cli.engines`).
 
 It measures whatever the tree contains (input pipeline, top-k, engines). Record the load: figures
@@ -109,6 +109,7 @@ def rank_parts(m: int, model_name: str, dev: torch.device) -> dict:
         "per-sample: vmap by hand (torch.func)": direct,
         "per-sample: gsd vmap": lambda x, y: gradient_matrix(model, _chunks(x, y, cs), x.shape[0], names, None, "vmap", dev),
         "per-sample: gsd hooks": lambda x, y: gradient_matrix(model, _chunks(x, y, cs), x.shape[0], names, None, "hooks", dev),
+        "per-sample: gsd layers": lambda x, y: gradient_matrix(model, _chunks(x, y, cs), x.shape[0], names, None, "layers", dev),
         "per-sample: API default (auto)": lambda x, y: per_sample_gradients(model, x, y, device=dev),
     }
     seconds = dict.fromkeys(paths, 0.0)
@@ -277,11 +278,13 @@ def _anchor(cfg, pub, model, names, num_classes, chunk, dev):
 
 # -------------------------------------------------------------------------------------- engines
 def engine_rounds(models: list[str], chunks: list[int], rounds: int, dev: torch.device) -> list[dict]:
-    """The evidence for ``auto``'s rule: per chunk, both engines in interleaved rounds (one warm-up
-    round, then alternating order), median seconds and how often vmap was the faster."""
+    """The evidence for ``auto``'s rule: per chunk, every engine in interleaved rounds (one warm-up
+    round, then alternating order), median seconds, each engine's median over vmap's, and in how many
+    rounds ``layers`` was the fastest."""
     from gsd_cli.engines import ENGINE_CLASSES
     from gsd_cli.gradients import default_loss
 
+    kinds = ("vmap", "hooks", "layers")
     rows = []
     for name in models:
         spec = get_model_spec(name)
@@ -293,19 +296,27 @@ def engine_rounds(models: list[str], chunks: list[int], rounds: int, dev: torch.
             x = torch.randn(cs, spec.channels, spec.input_size, spec.input_size, device=dev)
             y = torch.randint(0, 10, (cs,), device=dev)
             out = torch.empty(cs, p, device=dev)
-            t: dict = {"vmap": [], "hooks": []}
+            t: dict = {k: [] for k in kinds}
+            # vmap and layers stay open (they leave nothing on the model between calls; layers' one-time
+            # independence check runs in the warm-up round); hooks is opened and closed each round, since
+            # its hooks would stay on the model
+            kept = {k: ENGINE_CLASSES[k](model, names, default_loss) for k in ("vmap", "layers")}
             for r in range(rounds + 1):
-                for kind in ("vmap", "hooks") if r % 2 else ("hooks", "vmap"):
-                    eng = ENGINE_CLASSES[kind](model, names, default_loss)
+                for kind in kinds if r % 2 else tuple(reversed(kinds)):
+                    eng = kept.get(kind) or ENGINE_CLASSES[kind](model, names, default_loss)
                     try:
                         dt = _timed(lambda: eng(x, y, out), dev)
                     finally:
-                        eng.close()
+                        if kind not in kept:
+                            eng.close()
                     if r:
                         t[kind].append(dt)
-            mv, mh = statistics.median(t["vmap"]), statistics.median(t["hooks"])
-            rows.append({"model": name, "chunk": cs, "vmap_s": mv, "hooks_s": mh, "hooks_over_vmap": mh / mv,
-                         "vmap_faster_rounds": sum(a < b for a, b in zip(t["vmap"], t["hooks"])), "rounds": rounds})
+            med = {k: statistics.median(v) for k, v in t.items()}
+            rows.append({"model": name, "chunk": cs, **{f"{k}_s": v for k, v in med.items()},
+                         **{f"{k}_over_vmap": med[k] / med["vmap"] for k in kinds[1:]},
+                         "vmap_faster_rounds": sum(a < b for a, b in zip(t["vmap"], t["hooks"])),
+                         "layers_fastest_rounds": sum(c < min(a, b) for a, b, c in zip(t["vmap"], t["hooks"], t["layers"])),
+                         "rounds": rounds})
     return rows
 
 
@@ -336,7 +347,7 @@ def main() -> None:
                          "steadier on a machine busy with other jobs")
     ap.add_argument("--skip", nargs="*", default=[], choices=["rank", "rank-cli", "train", "cli"])
     ap.add_argument("--engines", action="store_true",
-                    help="Also time the two engines per chunk (probe, resnet20, fmnist-cnn; chunks of 8, 64, 128) "
+                    help="Also time the three engines per chunk (probe, resnet20, fmnist-cnn; chunks of 8, 64, 128) "
                          "in 11 interleaved rounds: the evidence for auto's rule on this device.")
     ap.add_argument("--cold-repeats", type=int, default=1,
                     help="After the first run, N-1 more pairs (floor, then cold and warm gsd rank) taken back to back: "
@@ -405,7 +416,8 @@ def main() -> None:
         print("engines per chunk (median of 11 interleaved rounds):")
         for e in doc["engines"]:
             print(f"  {e['model']:<10} chunk {e['chunk']:>3}: vmap {e['vmap_s']:.4f} s, hooks {e['hooks_s']:.4f} s, "
-                  f"hooks/vmap {e['hooks_over_vmap']:.2f}, vmap faster in {e['vmap_faster_rounds']}/{e['rounds']} rounds")
+                  f"layers {e['layers_s']:.4f} s; hooks/vmap {e['hooks_over_vmap']:.2f}, layers/vmap "
+                  f"{e['layers_over_vmap']:.2f}, layers fastest in {e['layers_fastest_rounds']}/{e['rounds']} rounds")
     if "cli" not in a.skip:
         c = cli_times(str(dev.type))
         doc["cli_seconds"] = c

@@ -1,29 +1,36 @@
-"""The two per-sample gradient engines, and the choice between them made once per process.
+"""The per-sample gradient engines, and the choice between them made once per process.
 
-Both compute the same rows (one per example, the selected parameters flattened in
+All compute the same rows (one per example, the selected parameters flattened in
 ``model.named_parameters()`` order) into a preallocated ``out`` (n x p):
 
 * ``vmap``: ``torch.func.vmap(torch.func.grad(loss of functional_call))`` over a chunk.
 * ``hooks``: Opacus's ``GradSampleModule``: per-layer grad samplers for the layers Opacus knows
   (Linear, Conv, GroupNorm, LayerNorm, Embedding...; the convolution one is an unfold + einsum over
   the layer's captured input and output gradient) and torch.func for any other layer with parameters.
+* ``layers`` (:mod:`gsd_cli.engine_layers`): one batched forward, one backward to the outputs of the
+  layers that own selected parameters (no summed parameter gradient), then each layer's per-sample
+  gradients from its input and output gradient (gsd's rules for Conv2d and Linear, with the chunk in
+  channels-last order on a CPU; Opacus's samplers for the other layer types). It refuses a model whose
+  examples interact in a batch, or with a layer it has no rule for.
 
 ``engine="auto"`` (:func:`start_engine`) decides **once per process and model structure** (model
 class, parameter names, shapes and dtypes, the selected names, the loss, the device, the chunk's
 shape and dtype) and remembers the decision (:func:`engine_choices`):
 
-* on a CPU, by rule: ``vmap``. Measured on a 2-core CPU (``benchmarks/bench_end_to_end.py
-  --engines``: 11 interleaved rounds per chunk of 8, 64 and 128 examples, 1 and 2 threads): vmap is
-  1.1-1.6x faster on the probe network and 1.2-1.5x on ResNet20, each in 10-11 of 11 rounds; the
-  FMNIST CNN is a tie (hooks/vmap 0.93-1.15, each faster in about half the rounds). Timing one chunk
-  per call instead flipped under load (hooks for the probe in 3 of 5 calls at load 3) and cost more
-  than it saved (``per_sample_gradients`` of 256 inputs: 1.7x a plain vmap call).
-* on a GPU, by measurement: both engines warmed up on the first chunk, then three rounds in
-  alternating order, and the lower median wins (on an H100 hooks won on ResNet20, 1.4x, and tied on
-  the probe). The measurement costs about 2 x 4 chunks, once.
+* on a CPU, by rule: ``layers`` where it accepts the model (checked when it opens and on the first
+  chunk), else ``vmap``. Measured on a 2-core CPU (``benchmarks/bench_end_to_end.py --engines``:
+  interleaved rounds per chunk of 8, 64 and 128 examples): see the README's Speed section for the
+  figures of each model. Between the other two, vmap is 1.1-1.6x faster than hooks on the probe
+  network and 1.2-1.5x on ResNet20, each in 10-11 of 11 rounds; the FMNIST CNN is a tie. Timing one
+  chunk per call instead flipped under load (hooks for the probe in 3 of 5 calls at load 3) and cost
+  more than it saved (``per_sample_gradients`` of 256 inputs: 1.7x a plain vmap call).
+* on a GPU, by measurement: every engine that accepts the model warmed up on the first chunk, then
+  three rounds in alternating order, and the lowest median wins (on an H100, before ``layers``
+  existed, hooks won on ResNet20, 1.4x, and tied on the probe). The measurement costs about 3 x 4
+  chunks, once.
 
-A model Opacus cannot handle (``NotImplementedError``: e.g. a layer with buffers it refuses) gets
-``vmap``.
+An engine that refuses a model (``NotImplementedError``: Opacus refusing a layer with buffers, ``layers``
+refusing a BatchNorm) is left out; ``vmap`` accepts every model.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ from typing import Callable, Sequence
 
 import torch
 import torch.nn as nn
+
+from .engine_layers import LayersEngine
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 #: timed rounds per engine when ``auto`` measures (after one untimed warm-up round)
@@ -113,7 +122,9 @@ class HooksEngine:
         self.gsm._close()
 
 
-ENGINE_CLASSES = {"vmap": VmapEngine, "hooks": HooksEngine}
+ENGINE_CLASSES = {"vmap": VmapEngine, "hooks": HooksEngine, "layers": LayersEngine}
+#: the engines ``auto`` measures (on a GPU), in the order of their first round
+MEASURED = ("vmap", "hooks", "layers")
 
 #: choice key -> {"engine", "how", "seconds"}: the decisions ``auto`` made in this process
 _CHOICES: dict[tuple, dict] = {}
@@ -150,36 +161,72 @@ def timed(fn: Callable[[], None], device: torch.device) -> float:
 
 
 def _open(kind: str, model, names, loss):
-    """The engine ``kind``; Opacus's refusal (``NotImplementedError``) gives ``None``."""
+    """The engine ``kind``; a refusal (``NotImplementedError``) gives ``None``."""
     try:
         return ENGINE_CLASSES[kind](model, names, loss)
     except NotImplementedError:
         return None
 
 
-def measure_engines(model, names, loss, x, y, out, device, rounds: int = ROUNDS, timer=None):
-    """Time both engines on the chunk ``(x, y)``: one untimed warm-up round, then ``rounds`` rounds
-    in alternating order (so a change of load hits both), one engine open at a time. Returns
-    ``(name, engine, seconds)``: the engine with the lower median, **open**, with ``out`` holding its
-    rows, and the timings (``seconds[kind]``: the timed runs). ``timer(fn, device)`` times one run
+def _first(kind: str, model, names, loss, x, y, out):
+    """Open ``kind`` and compute the chunk into ``out``: ``(engine, None)``, or ``(None, reason)`` when it
+    refuses the model on opening or on this first chunk (the ``layers`` engine's independence check)."""
+    eng = None
+    try:
+        eng = ENGINE_CLASSES[kind](model, names, loss)
+        eng(x, y, out)
+        return eng, None
+    except NotImplementedError as e:
+        if eng is not None:
+            eng.close()
+        return None, str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def measure_engines(model, names, loss, x, y, out, device, rounds: int = ROUNDS, timer=None, kinds=MEASURED):
+    """Time the engines ``kinds`` on the chunk ``(x, y)``: one untimed warm-up round (where an engine
+    that refuses the model drops out), then ``rounds`` rounds in alternating order (so a change of load
+    hits all), one engine open at a time. Returns ``(name, engine, seconds)``: the engine with the lowest
+    median (ties: the earlier in ``kinds``), **open**, with ``out`` holding its rows, and the timings
+    (``seconds[kind]``: the timed runs; empty for one that refused). ``timer(fn, device)`` times one run
     (default :func:`timed`)."""
     timer = timer or timed
-    seconds: dict[str, list[float]] = {"vmap": [], "hooks": []}
+    kinds = list(kinds)
+    seconds: dict[str, list[float]] = {k: [] for k in kinds}
+    live = []
     last = None
     try:
-        for r in range(rounds + 1):
-            for kind in ("vmap", "hooks") if r % 2 == 0 else ("hooks", "vmap"):
+        for kind in kinds:  # warm-up round: who accepts the model
+            if last is not None:
+                last.close()
+            last = None
+            eng = _open(kind, model, names, loss)
+            if eng is None:
+                continue
+            last = eng
+            try:
+                timer(lambda: eng(x, y, out), device)
+            except NotImplementedError:
+                last.close()
+                last = None
+                continue
+            live.append(kind)
+        if "vmap" not in live:  # vmap accepts every model
+            live.insert(0, "vmap")
+        if len(live) == 1:
+            if last is None or last.name != live[0]:
                 if last is not None:
                     last.close()
-                last = _open(kind, model, names, loss)
-                if last is None:  # Opacus refuses the model: vmap, without more timing
-                    last = VmapEngine(model, names, loss)
-                    last(x, y, out)
-                    return "vmap", last, {"vmap": [], "hooks": []}
-                t = timer(lambda: last(x, y, out), device)
-                if r:
-                    seconds[kind].append(t)
-        best = min(("vmap", "hooks"), key=lambda k: (statistics.median(seconds[k]), k != "vmap"))
+                last = VmapEngine(model, names, loss)
+                last(x, y, out)
+            return live[0], last, seconds
+        for r in range(rounds):
+            for kind in (live if r % 2 else list(reversed(live))):
+                if last is not None:
+                    last.close()
+                last = None
+                last = ENGINE_CLASSES[kind](model, names, loss)
+                seconds[kind].append(timer(lambda: last(x, y, out), device))
+        best = min(live, key=lambda k: (statistics.median(seconds[k]), kinds.index(k)))
         if last.name != best:  # the rows in ``out`` must come from the engine that computes the rest
             last.close()
             last = None
@@ -195,9 +242,9 @@ def measure_engines(model, names, loss, x, y, out, device, rounds: int = ROUNDS,
 def start_engine(engine: str, model, names, loss, x, y, out, device, info: dict | None = None, measure: bool | None = None):
     """Open the engine for a gradient matrix and compute its first chunk ``(x, y)`` into ``out``.
 
-    ``engine``: ``vmap``, ``hooks`` or ``auto`` (the decision described in the module docstring,
-    remembered per :func:`choice_key`). ``measure``, for ``auto``: ``None`` = by rule on a CPU
-    (unless :data:`MEASURE_ON_CPU`) and measured elsewhere; ``True`` = measure; ``False`` = vmap.
+    ``engine``: ``vmap``, ``hooks``, ``layers`` or ``auto`` (the decision described in the module
+    docstring, remembered per :func:`choice_key`). ``measure``, for ``auto``: ``None`` = by rule on a
+    CPU (unless :data:`MEASURE_ON_CPU`) and measured elsewhere; ``True`` = measure; ``False`` = vmap.
     ``info`` receives ``engine_choice``: how the engine was chosen. Returns ``(name, engine)``, the
     engine open."""
     if engine != "auto":
@@ -209,18 +256,29 @@ def start_engine(engine: str, model, names, loss, x, y, out, device, info: dict 
         known = _CHOICES.get(key)
         if known is not None:
             engine, how = known["engine"], f"remembered ({known['how']})"
-            eng = _open(engine, model, names, loss) or VmapEngine(model, names, loss)
-            eng(x, y, out)
-        elif not ((device.type != "cpu" or MEASURE_ON_CPU) if measure is None else measure):
-            how = "rule: vmap on a CPU" if measure is None else "vmap (measure=False)"
+            eng, _ = _first(engine, model, names, loss, x, y, out)
+            if eng is None:  # the same structure, but this model's first chunk was refused (layers' check)
+                eng = VmapEngine(model, names, loss)
+                eng(x, y, out)
+        elif measure is False:
+            how = "vmap (measure=False)"
             engine, eng = "vmap", VmapEngine(model, names, loss)
             eng(x, y, out)
             _CHOICES[key] = {"engine": "vmap", "how": how, "seconds": {}}
+        elif measure is None and device.type == "cpu" and not MEASURE_ON_CPU:
+            eng, why = _first("layers", model, names, loss, x, y, out)
+            if eng is not None:
+                engine, how = "layers", "rule: layers on a CPU"
+            else:
+                engine, how = "vmap", f"rule: vmap on a CPU (layers refused: {why})"
+                eng = VmapEngine(model, names, loss)
+                eng(x, y, out)
+            _CHOICES[key] = {"engine": engine, "how": how, "seconds": {}}
         else:
             engine, eng, seconds = measure_engines(model, names, loss, x, y, out, device)
             med = {k: statistics.median(v) for k, v in seconds.items() if v}
             how = ("measured: " + ", ".join(f"{k} {v:.4g} s" for k, v in med.items())
-                   + f" per chunk of {x.shape[0]} (median of {ROUNDS})") if med else "vmap: Opacus refuses a layer"
+                   + f" per chunk of {x.shape[0]} (median of {ROUNDS})") if med else "vmap: the other engines refuse a layer"
             _CHOICES[key] = {"engine": engine, "how": how, "seconds": seconds}
         engine = eng.name
     if info is not None:

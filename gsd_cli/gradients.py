@@ -1,10 +1,11 @@
 """Per-sample gradients at fixed weights w0, in chunks, on the chosen device.
 
-Two engines compute the same matrix G (m x p, one row per example): ``vmap`` (torch.func) and
-``hooks`` (Opacus's per-layer samplers), in :mod:`gsd_cli.engines`. ``engine="auto"`` picks one
-once per process and model structure: vmap by rule on a CPU (faster or tied on every model
-measured), measured on a GPU (both warmed up, median of three alternating rounds), and remembered;
-``info["engine"]`` and ``info["engine_choice"]`` say which and how.
+Three engines compute the same matrix G (m x p, one row per example): ``vmap`` (torch.func),
+``hooks`` (Opacus's ``GradSampleModule``) and ``layers`` (one batched forward, one backward to the layer
+outputs, per-layer rules), in :mod:`gsd_cli.engines`. ``engine="auto"`` picks one once per process and
+model structure: on a CPU by rule (layers where it accepts the model, else vmap), on a GPU by
+measurement (each warmed up, median of three alternating rounds), and remembered; ``info["engine"]``
+and ``info["engine_choice"]`` say which and how.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from .engines import LossFn, start_engine
 from .engines import scatter as _scatter  # noqa: F401
 from .errors import GSDError, ModelError
 
-ENGINES = ("auto", "vmap", "hooks")
+ENGINES = ("auto", "vmap", "hooks", "layers")
 
 
 def default_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

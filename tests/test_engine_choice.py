@@ -57,17 +57,52 @@ class _ScriptedTimer:
         return self.script[self.ran[-1]].pop(0)
 
 
-def test_auto_on_cpu_is_vmap_by_rule_without_opening_hooks(monkeypatch, make_all_layers, small_batch, brute_force):
+def test_auto_on_cpu_is_layers_by_rule_without_opening_hooks(monkeypatch, make_all_layers, small_batch, brute_force):
     monkeypatch.setitem(engines.ENGINE_CLASSES, "hooks", _NoHooks)
     model = make_all_layers(seed=0)
     x, y = small_batch
     info: dict = {}
     G = gradient_matrix(model, _chunks(x, y, 5), 13, device="cpu", info=info)
-    assert info["engine"] == "vmap" and info["engine_choice"].startswith("rule")
+    assert info["engine"] == "layers" and info["engine_choice"] == "rule: layers on a CPU"
     ref = brute_force(model, x, y, [n for n, _ in model.named_parameters()])
     torch.testing.assert_close(G, ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max()))
     (choice,) = engines.engine_choices().values()
-    assert choice["engine"] == "vmap"
+    assert choice["engine"] == "layers"
+
+
+class _Centred(nn.Module):
+    """Subtracts the batch mean of a hidden layer: the examples of a batch interact (no buffer, no
+    BatchNorm: only layers' independence check on the first chunk can tell)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 5)
+        self.out = nn.Linear(5, 3)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return self.out(torch.tanh(h - 0.5 * h.mean(0, keepdim=True)))
+
+
+def test_auto_on_cpu_is_vmap_where_layers_refuses(monkeypatch):
+    """layers refuses on the first chunk, auto takes vmap by rule and says why, and the rows are
+    vmap's (each example a batch of its own), for this and every later chunk."""
+    monkeypatch.setitem(engines.ENGINE_CLASSES, "hooks", _NoHooks)
+    torch.manual_seed(0)
+    model = _Centred()
+    x, y = torch.randn(9, 6), torch.randint(0, 3, (9,))
+    info: dict = {}
+    G = gradient_matrix(model, _chunks(x, y, 4), 9, device="cpu", info=info)
+    assert info["engine"] == "vmap"
+    assert info["engine_choice"].startswith("rule: vmap on a CPU (layers refused: the examples of a batch interact")
+    ref = per_sample_gradients(model, x, y, chunk_size=4, engine="vmap", device="cpu")
+    torch.testing.assert_close(G, ref)
+    # not vacuous: without the check, the batched rows of the first chunk would differ from vmap's
+    eng = engines.LayersEngine(model, [n for n, _ in model.named_parameters()], default_loss)
+    eng.checked = True
+    batched = torch.empty(4, ref.shape[1])
+    eng(x[:4], y[:4], batched)
+    assert not torch.allclose(batched, ref[:4], rtol=1e-3, atol=1e-5)
 
 
 def test_measurement_takes_the_median_and_ignores_the_warm_up(monkeypatch, make_all_layers, small_batch, brute_force):
@@ -80,7 +115,8 @@ def test_measurement_takes_the_median_and_ignores_the_warm_up(monkeypatch, make_
     out = torch.empty(13, sum(p.numel() for p in model.parameters()))
     ref = brute_force(model, x, y, names)
     timer = _ScriptedTimer({"hooks": [50.0, 0.1, 9.0, 0.1], "vmap": [0.2, 0.2, 0.2, 0.2]}).track(monkeypatch)
-    name, eng, seconds = engines.measure_engines(model, names, default_loss, x, y, out, torch.device("cpu"), timer=timer)
+    name, eng, seconds = engines.measure_engines(model, names, default_loss, x, y, out, torch.device("cpu"), timer=timer,
+                                                 kinds=("vmap", "hooks"))
     try:
         assert name == "hooks" and eng.name == "hooks"
         assert seconds == {"hooks": [0.1, 9.0, 0.1], "vmap": [0.2, 0.2, 0.2]}
@@ -91,7 +127,8 @@ def test_measurement_takes_the_median_and_ignores_the_warm_up(monkeypatch, make_
     # the other way round: vmap wins; the last round ran hooks, so vmap recomputes the rows
     out.zero_()
     timer = _ScriptedTimer({"hooks": [0.1, 0.3, 0.3, 0.3], "vmap": [9.0, 0.2, 0.2, 0.2]}).track(monkeypatch)
-    name, eng, _ = engines.measure_engines(model, names, default_loss, x, y, out, torch.device("cpu"), timer=timer)
+    name, eng, _ = engines.measure_engines(model, names, default_loss, x, y, out, torch.device("cpu"), timer=timer,
+                                           kinds=("vmap", "hooks"))
     eng.close()
     assert name == "vmap" and eng.name == "vmap"
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max()))
@@ -103,24 +140,25 @@ def test_the_decision_is_made_once_per_structure(monkeypatch, make_all_layers, s
     """Measured (as on a GPU) on the first call; the same structure with other weights reuses it;
     another chunk size or parameter selection decides again."""
     monkeypatch.setattr(engines, "MEASURE_ON_CPU", True)
-    timer = _ScriptedTimer({"hooks": [1.0] + [0.1] * 3 + [1.0] + [0.1] * 3, "vmap": [1.0] + [0.5] * 3 + [1.0] + [0.5] * 3})
+    timer = _ScriptedTimer({"hooks": [1.0] + [0.1] * 3 + [1.0] + [0.1] * 3, "vmap": [1.0] + [0.5] * 3 + [1.0] + [0.5] * 3,
+                            "layers": [1.0] + [0.3] * 3 + [1.0] + [0.3] * 3})
     timer.track(monkeypatch)
     monkeypatch.setattr(engines, "timed", timer)
     x, y = small_batch
     info: dict = {}
     a = make_all_layers(seed=2)
     G = gradient_matrix(a, _chunks(x, y, 5), 13, device="cpu", info=info)
-    assert info["engine"] == "hooks" and info["engine_choice"].startswith("measured: vmap 0.5 s, hooks 0.1 s")
-    assert timer.calls == 8
+    assert info["engine"] == "hooks" and info["engine_choice"].startswith("measured: vmap 0.5 s, hooks 0.1 s, layers 0.3 s")
+    assert timer.calls == 12
     b = make_all_layers(seed=3)  # other weights, same structure
     G2 = gradient_matrix(b, _chunks(x, y, 5), 13, device="cpu", info=info)
     assert info["engine"] == "hooks" and info["engine_choice"].startswith("remembered")
-    assert timer.calls == 8  # not measured again
+    assert timer.calls == 12  # not measured again
     for model, M in ((a, G), (b, G2)):
         ref = brute_force(model, x, y, [n for n, _ in model.named_parameters()])
         torch.testing.assert_close(M, ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max()))
     gradient_matrix(b, _chunks(x, y, 4), 13, device="cpu", info=info)  # another chunk shape
-    assert info["engine_choice"].startswith("measured") and timer.calls == 16
+    assert info["engine_choice"].startswith("measured") and timer.calls == 24
     assert len(engines.engine_choices()) == 2
 
 
@@ -138,7 +176,8 @@ def test_the_key_follows_structure_not_weights(make_all_layers, small_batch):
 
 
 class _Scaled(nn.Module):
-    """A layer with a buffer: Opacus refuses it (NotImplementedError), vmap handles it."""
+    """A layer with a buffer and a parameter of the model itself: Opacus refuses the buffer, layers the
+    parameter outside a leaf layer (NotImplementedError each); vmap handles it."""
 
     def __init__(self):
         super().__init__()
@@ -150,7 +189,7 @@ class _Scaled(nn.Module):
         return self.fc(x) * self.w * self.scale
 
 
-def test_a_model_opacus_refuses_gets_vmap_when_measured(monkeypatch):
+def test_a_model_the_other_engines_refuse_gets_vmap_when_measured(monkeypatch):
     monkeypatch.setattr(engines, "MEASURE_ON_CPU", True)
     torch.manual_seed(0)
     model = _Scaled()
@@ -159,4 +198,4 @@ def test_a_model_opacus_refuses_gets_vmap_when_measured(monkeypatch):
     G = per_sample_gradients(model, x, y, chunk_size=3, device="cpu")
     torch.testing.assert_close(G, ref)
     (choice,) = engines.engine_choices().values()
-    assert choice["engine"] == "vmap" and "Opacus refuses" in choice["how"]
+    assert choice["engine"] == "vmap" and "the other engines refuse" in choice["how"]

@@ -10,7 +10,7 @@ import torch.nn as nn
 from gsd_cli import GSDError, ModelError, per_sample_gradients, select_parameters
 from probes import get_model_spec
 
-ENGINES = ["vmap", "hooks"]
+ENGINES = ["vmap", "hooks", "layers"]
 
 
 def assert_rows_close(G, ref):

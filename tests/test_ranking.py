@@ -54,7 +54,7 @@ def gsd_batch(make_all_layers):
     return make_all_layers(seed=8), x, y
 
 
-@pytest.mark.parametrize("engine", ["vmap", "hooks"])
+@pytest.mark.parametrize("engine", ["vmap", "hooks", "layers"])
 def test_gsd_of_a_batch_to_itself_is_zero(gsd_batch, engine):
     model, x, y = gsd_batch
     for row_norm in ("unit", "none"):
@@ -181,7 +181,7 @@ def test_rank_is_deterministic_and_seeded():
     assert r1.winner.public == "mnist-b"
     # auto engine: whichever it picks, the same numbers up to float rounding
     r5 = gsd_cli.rank("mnist-a", ["mnist-b", "noise"], **{**kw, "engine": "auto"})
-    assert r5.engine in ("vmap", "hooks")
+    assert r5.engine in ("vmap", "hooks", "layers")
     for n, d in _distances(r5).items():
         assert d == pytest.approx(_distances(r1)[n], abs=1e-6)
 

@@ -1,0 +1,201 @@
+"""The ``layers`` engine (issue 21): one batched forward, one backward to the layer outputs, per-layer
+rules. Its rows equal per-example autograd; it refuses what it cannot treat exactly; it needs neither
+torch.func nor Opacus for Conv2d / Linear models."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gsd_cli import engine_layers
+from gsd_cli.engine_layers import LayersEngine, conv2d_grouped, conv2d_patches, conv2d_per_sample
+from gsd_cli.errors import GSDError
+from gsd_cli.gradients import default_loss, per_sample_gradients
+
+
+def _per_example_conv_grads(layer: nn.Conv2d, x: torch.Tensor, g: torch.Tensor):
+    """Brute force: for each example, autograd of <conv(x_i), g_i> w.r.t. weight and bias."""
+    ws, bs = [], []
+    for i in range(x.shape[0]):
+        w, b = torch.autograd.grad((layer(x[i : i + 1]) * g[i : i + 1]).sum(), [layer.weight, layer.bias])
+        ws.append(w)
+        bs.append(b)
+    return torch.stack(ws), torch.stack(bs)
+
+
+@pytest.mark.parametrize("rule", [conv2d_patches, conv2d_grouped, conv2d_per_sample])
+@pytest.mark.parametrize("shape", [
+    # in, out, kernel, stride, padding, dilation, size
+    (3, 5, 4, 3, 0, 1, 14),
+    (1, 4, 5, 2, 3, 1, 11),
+    (17, 3, 3, 1, 1, 1, 7),
+    (4, 6, (3, 2), (2, 1), (1, 2), (2, 1), 9),
+])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_conv2d_rules_match_per_example_autograd(rule, shape, layout):
+    cin, cout, k, s, p, d, size = shape
+    torch.manual_seed(0)
+    layer = nn.Conv2d(cin, cout, k, stride=s, padding=p, dilation=d)
+    x = torch.randn(5, cin, size, size + 1)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        g = torch.randn_like(layer(x))
+    ref_w, ref_b = _per_example_conv_grads(layer, x, g)
+    got = rule(layer, x, g)
+    torch.testing.assert_close(got[layer.weight], ref_w, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[layer.bias], ref_b, rtol=1e-5, atol=1e-5)
+
+
+def test_conv2d_rule_choice_follows_the_input_channels(monkeypatch):
+    calls = []
+    monkeypatch.setattr(engine_layers, "conv2d_grouped", lambda *a: calls.append("grouped") or {})
+    monkeypatch.setattr(engine_layers, "conv2d_patches", lambda *a: calls.append("patches") or {})
+    for c in (engine_layers.GROUPED_MIN_CHANNELS - 1, engine_layers.GROUPED_MIN_CHANNELS):
+        layer = nn.Conv2d(c, 2, 3)
+        engine_layers.conv2d_per_sample(layer, torch.zeros(2, c, 5, 5), torch.zeros(2, 2, 3, 3))
+    assert calls == ["patches", "grouped"]
+
+
+class _Shared(nn.Module):
+    """One Linear applied twice (shared weights) on 3-d inputs (a middle dimension to sum over)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Linear(4, 4)
+        self.head = nn.Linear(4 * 3, 3)
+
+    def forward(self, x):
+        h = torch.tanh(self.emb(torch.tanh(self.emb(x))))
+        return self.head(h.flatten(1))
+
+
+def test_a_layer_called_twice_sums_its_calls(brute_force):
+    torch.manual_seed(0)
+    model = _Shared()
+    x, y = torch.randn(7, 3, 4), torch.randint(0, 3, (7,))
+    names = [n for n, _ in model.named_parameters()]
+    G = per_sample_gradients(model, x, y, chunk_size=4, engine="layers", device="cpu")
+    torch.testing.assert_close(G, brute_force(model, x, y, names), rtol=1e-5, atol=1e-6)
+
+
+class _InPlace(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(5, 4)
+        self.out = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.out(F.relu(self.fc(x), inplace=True))
+
+
+class _Dropout(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(5, 8)
+        self.drop = nn.Dropout(0.5)
+        self.out = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.out(self.drop(torch.tanh(self.fc(x))))
+
+
+class _WithBatchNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(5, 4)
+        self.bn = nn.BatchNorm1d(4)
+        self.out = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.out(self.bn(self.fc(x)))
+
+
+class _BareParameter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(5, 3)
+        self.scale = nn.Parameter(torch.ones(3))
+
+    def forward(self, x):
+        return self.fc(x) * self.scale
+
+
+class _Odd(nn.Module):
+    """A parameterised leaf layer no rule knows."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(5))
+
+    def forward(self, x):
+        return x * self.w
+
+
+@pytest.mark.parametrize("make, says", [
+    (_InPlace, "changed in place"),
+    (_Dropout, "the examples of a batch interact"),
+    (_WithBatchNorm, "layer bn is a BatchNorm"),
+    (_BareParameter, "parameter scale belongs to the model"),
+    (lambda: nn.Sequential(_Odd(), nn.Linear(5, 3)), "no per-sample rule for layer type _Odd"),
+])
+def test_what_layers_refuses_is_a_one_line_error_naming_vmap(make, says):
+    torch.manual_seed(0)
+    model = make()
+    x, y = torch.randn(6, 5), torch.randint(0, 3, (6,))
+    with pytest.raises(GSDError) as e:
+        per_sample_gradients(model, x, y, chunk_size=3, engine="layers", device="cpu")
+    msg = str(e.value)
+    assert says in msg and msg.endswith("use --engine vmap") and "\n" not in msg
+    for mod in model.modules():  # no hook left behind
+        assert not mod._forward_hooks
+
+
+def test_auto_takes_vmap_for_dropout_and_inplace_models():
+    for make in (_Dropout, _InPlace):
+        torch.manual_seed(0)
+        model = make()
+        x, y = torch.randn(6, 5), torch.randint(0, 3, (6,))
+        info: dict = {}
+        from gsd_cli.gradients import gradient_matrix
+
+        gradient_matrix(model, [(x[:3], y[:3]), (x[3:], y[3:])], 6, device="cpu", info=info)
+        assert info["engine"] == "vmap" and "layers refused" in info["engine_choice"]
+
+
+def test_the_check_runs_once_and_only_with_two_or_more_examples(monkeypatch):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3))
+    eng = LayersEngine(model, [n for n, _ in model.named_parameters()], default_loss)
+    checks = []
+    real = eng._check
+    monkeypatch.setattr(eng, "_check", lambda *a: checks.append(a[0].shape[0]) or real(*a))
+    out = torch.empty(4, 4 * 5 + 4 + 3 * 4 + 3)
+    eng(torch.randn(1, 5), torch.randint(0, 3, (1,)), out[:1])  # one example: nothing to interact with
+    eng(torch.randn(4, 5), torch.randint(0, 3, (4,)), out)
+    eng(torch.randn(4, 5), torch.randint(0, 3, (4,)), out)
+    assert checks == [4] and eng.checked
+
+
+def test_the_probe_needs_neither_torch_func_nor_opacus():
+    """The default rank's model takes no 1.2 s torch._dynamo import (torch.func's first call) and no
+    1.4 s Opacus import: a fresh interpreter computes its rows with layers and has imported neither."""
+    code = (
+        "import sys, torch\n"
+        "from probes.cnn import probe\n"
+        "from gsd_cli.gradients import per_sample_gradients, gradient_matrix\n"
+        "m = probe(10)\n"
+        "x, y = torch.randn(3, 3, 224, 224), torch.randint(0, 10, (3,))\n"
+        "info = {}\n"
+        "G = gradient_matrix(m, [(x, y)], 3, device='cpu', info=info)\n"
+        "assert G.shape == (3, 30202) and info['engine'] == 'layers', info\n"
+        "print(sorted(k for k in ('torch._dynamo', 'opacus') if k in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
