@@ -199,3 +199,34 @@ def test_the_probe_needs_neither_torch_func_nor_opacus():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_dp_gsd_private_side_takes_vmap_under_auto_and_the_public_sides_keep_auto(declared_pair, monkeypatch):
+    """Under DP the clip bounds each example's own gradient only if the rows are per-example by
+    construction: ``auto`` gives the private side vmap, the public sides (no privacy at stake) layers."""
+    from gsd_cli import side
+    from gsd_cli.ranking import rank
+
+    private, public = declared_pair
+    used = []
+    real = side.gradient_matrix
+
+    def spy(model, batches, m, names, loss, engine, *a, **k):
+        info = a[-1] if a else k.get("info")
+        G = real(model, batches, m, names, loss, engine, *a, **k)
+        used.append((engine, info.get("engine") if info is not None else None))
+        return G
+
+    monkeypatch.setattr(side, "gradient_matrix", spy)
+    r = rank(private, [public], k=2, examples=30, model="fmnist-cnn", dp=True, epsilon=5.0, device="cpu")
+    monkeypatch.undo()
+    assert r.dp and r.engine == "vmap"
+    assert used[0] == ("vmap", "vmap") and used[1] == ("auto", "layers")
+    r = rank(private, [public], k=2, examples=30, model="fmnist-cnn", device="cpu")  # without DP: layers for both
+    assert r.engine == "layers"
+
+
+@pytest.fixture
+def declared_pair(tiny):
+    """A private and a public source from the ``tiny`` fixture's files."""
+    return tiny["private"], tiny["public"]

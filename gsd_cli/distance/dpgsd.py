@@ -66,7 +66,13 @@ class DPGSD(Distance):
         return gdata.Sample(sample.source, self.rng.choice(n, size=len(sample), replace=False))
 
     def private_side(self, ctx: SideContext, sample: gdata.Sample) -> Subspace:
-        return ctx.subspace(sample, dp={**self.settings, "rng": self.rng})
+        # The clip bounds each example's own gradient (its sensitivity) only if each row is that example's
+        # gradient alone. ``vmap`` computes every example as a batch of its own, so that holds by
+        # construction; the faster ``layers`` engine holds it only for models whose examples do not
+        # interact, which it checks on one example of the first chunk. So ``auto`` means vmap here; the
+        # public sides (no privacy at stake) keep ``auto``. An engine asked for by name is used as asked.
+        engine = "vmap" if ctx.common.get("engine", "auto") == "auto" else ctx.common["engine"]
+        return ctx.subspace(sample, dp={**self.settings, "rng": self.rng}, engine=engine)
 
     def memo_key(self) -> tuple:
         return (self.name, tuple(sorted(self.settings.items())), self.config.privacy.insecure_seed)

@@ -114,7 +114,7 @@ def rank_once(private, publics: Sequence, config: RankConfig, *, public_seed: in
     priv = recall(memo, pkey)
     if priv is None:
         priv = remember(memo, pkey, priv_source, distance.private_side(ctx, priv_sample))
-    if g.engine == "auto" and priv.engine != "ghost":  # measured once on the private sample; the same engine for every candidate
+    if g.engine == "auto" and priv.engine != "ghost" and not distance.private:  # chosen once on the private sample; the same engine for every candidate (under DP the private side takes vmap: DPGSD.private_side)
         ctx.common["engine"] = priv.engine
     tasks = [PublicTask(smp, pseed, key + (_memo_key(smp.source), pseed) + distance.public_key(),
                         lambda smp=smp: public_cache_key(cache, net, smp, {**ctx.common, "seed": pseed}))
