@@ -140,14 +140,13 @@ def _opacus_samplers() -> dict:
     return GradSampleModule.GRAD_SAMPLERS
 
 
-def _rule(layer: nn.Module, opacus_ok: bool):
-    """``fn(layer, args, g) -> {param: per-example grads}`` for ``layer``, or ``None``."""
+def _rule(layer: nn.Module):
+    """``fn(layer, args, g) -> {param: per-example grads}`` for ``layer`` (gsd's own rules first, then
+    Opacus's samplers), or ``None``."""
     if conv2d_rule_applies(layer):
         return lambda m, args, g: conv2d_per_sample(m, args[0], g)
     if type(layer) is nn.Linear:
         return lambda m, args, g: linear_per_sample(m, args[0], g)
-    if not opacus_ok:
-        return None
     sampler = _opacus_samplers().get(type(layer))
     if sampler is None:
         return None
@@ -182,7 +181,7 @@ class LayersEngine:
         self.layers = list(layers.values())
         self.rules = []
         for mod in self.layers:
-            rule = _rule(mod, opacus_ok=False) or _rule(mod, opacus_ok=True)
+            rule = _rule(mod)
             if rule is None:
                 raise NotImplementedError(f"no per-sample rule for layer type {type(mod).__name__}")
             self.rules.append(rule)

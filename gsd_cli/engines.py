@@ -44,9 +44,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn as nn
 
-from .engine_layers import LayersEngine
-
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+from .engine_layers import LayersEngine, LossFn
 #: timed rounds per engine when ``auto`` measures (after one untimed warm-up round)
 ROUNDS = 3
 #: measure on a CPU too instead of the rule (tests; a CPU where the rule may not hold)
@@ -183,8 +181,8 @@ def _first(kind: str, model, names, loss, x, y, out):
 
 
 def measure_engines(model, names, loss, x, y, out, device, rounds: int = ROUNDS, timer=None, kinds=MEASURED):
-    """Time the engines ``kinds`` on the chunk ``(x, y)``: one untimed warm-up round (where an engine
-    that refuses the model drops out), then ``rounds`` rounds in alternating order (so a change of load
+    """Time the engines ``kinds`` on the chunk ``(x, y)``: one untimed warm-up round (:func:`_first`;
+    an engine that refuses the model drops out), then ``rounds`` rounds in alternating order (so a change of load
     hits all), one engine open at a time. Returns ``(name, engine, seconds)``: the engine with the lowest
     median (ties: the earlier in ``kinds``), **open**, with ``out`` holding its rows, and the timings
     (``seconds[kind]``: the timed runs; empty for one that refused). ``timer(fn, device)`` times one run
@@ -195,21 +193,12 @@ def measure_engines(model, names, loss, x, y, out, device, rounds: int = ROUNDS,
     live = []
     last = None
     try:
-        for kind in kinds:  # warm-up round: who accepts the model
+        for kind in kinds:  # untimed warm-up round: who accepts the model
             if last is not None:
                 last.close()
-            last = None
-            eng = _open(kind, model, names, loss)
-            if eng is None:
-                continue
-            last = eng
-            try:
-                timer(lambda: eng(x, y, out), device)
-            except NotImplementedError:
-                last.close()
-                last = None
-                continue
-            live.append(kind)
+            last, _ = _first(kind, model, names, loss, x, y, out)
+            if last is not None:
+                live.append(kind)
         if "vmap" not in live:  # vmap accepts every model
             live.insert(0, "vmap")
         if len(live) == 1:
