@@ -17,17 +17,22 @@ All compute the same rows (one per example, the selected parameters flattened in
 class, parameter names, shapes and dtypes, the selected names, the loss, the device, the chunk's
 shape and dtype) and remembers the decision (:func:`engine_choices`):
 
-* on a CPU, by rule: ``layers`` where it accepts the model (checked when it opens and on the first
-  chunk), else ``vmap``. Measured on a 2-core CPU (``benchmarks/bench_end_to_end.py --engines``:
-  interleaved rounds per chunk of 8, 64 and 128 examples): see the README's Speed section for the
-  figures of each model. Between the other two, vmap is 1.1-1.6x faster than hooks on the probe
-  network and 1.2-1.5x on ResNet20, each in 10-11 of 11 rounds; the FMNIST CNN is a tie. Timing one
-  chunk per call instead flipped under load (hooks for the probe in 3 of 5 calls at load 3) and cost
-  more than it saved (``per_sample_gradients`` of 256 inputs: 1.7x a plain vmap call).
-* on a GPU, by measurement: every engine that accepts the model warmed up on the first chunk, then
-  three rounds in alternating order, and the lowest median wins (on an H100, before ``layers``
-  existed, hooks won on ResNet20, 1.4x, and tied on the probe). The measurement costs about 3 x 4
-  chunks, once.
+* by rule, on every device: ``layers`` where it accepts the model (checked when it opens and on the
+  first chunk), else ``vmap``. The evidence (``benchmarks/bench_end_to_end.py --engines``: the three
+  engines per chunk of 8, 64 and 128 examples in 11 interleaved rounds, the probe network, ResNet20
+  and the FMNIST CNN): ``layers`` was the fastest in 97 of 99 rounds on a 2-core CPU and in 98 of 99
+  on an H100 (0.33-0.55x vmap's time there); the README's Speed section has the figures. Between the
+  other two, vmap is 1.1-1.6x faster than hooks on a CPU and hooks 1.0-1.7x faster on an H100.
+  The rule imports neither Opacus nor torch.func's compiler stack for a Conv2d/Linear model (3.4 s
+  and 3 s of a fresh process on the H100 machine, more than all the GPU work of a default rank).
+* by measurement, when asked (``measure=True``, or :data:`MEASURE`): every engine that accepts the
+  model warmed up on the first chunk, then three rounds in alternating order, and the lowest median
+  wins. Before the rule, ``auto`` measured on a GPU; the 3-round measurement of one chunk picked
+  hooks for the probe on an H100 where 11 interleaved rounds show ``layers`` 1.7x faster, because
+  each round opened a fresh ``layers`` engine and timed its one-time independence check (now the
+  vmap and ``layers`` engines stay open across the rounds). Timing one chunk per call instead
+  flipped under load on a CPU (hooks for the probe in 3 of 5 calls at load 3) and cost more than it
+  saved (``per_sample_gradients`` of 256 inputs: 1.7x a plain vmap call).
 
 An engine that refuses a model (``NotImplementedError``: Opacus refusing a layer with buffers, ``layers``
 refusing a BatchNorm) is left out; ``vmap`` accepts every model.
@@ -47,8 +52,8 @@ import torch.nn as nn
 from .engine_layers import LayersEngine, LossFn
 #: timed rounds per engine when ``auto`` measures (after one untimed warm-up round)
 ROUNDS = 3
-#: measure on a CPU too instead of the rule (tests; a CPU where the rule may not hold)
-MEASURE_ON_CPU = False
+#: measure instead of the rule, on every device (tests; a device where the rule may not hold)
+MEASURE = False
 
 
 def scatter(out: torch.Tensor, grads: Sequence[torch.Tensor]) -> None:
@@ -123,6 +128,8 @@ class HooksEngine:
 ENGINE_CLASSES = {"vmap": VmapEngine, "hooks": HooksEngine, "layers": LayersEngine}
 #: the engines ``auto`` measures (on a GPU), in the order of their first round
 MEASURED = ("vmap", "hooks", "layers")
+#: engines that leave nothing on the model between calls (kept open across measurement rounds)
+_STAY_OPEN = ("vmap", "layers")
 
 #: choice key -> {"engine", "how", "seconds"}: the decisions ``auto`` made in this process
 _CHOICES: dict[tuple, dict] = {}
@@ -183,57 +190,67 @@ def _first(kind: str, model, names, loss, x, y, out):
 def measure_engines(model, names, loss, x, y, out, device, rounds: int = ROUNDS, timer=None, kinds=MEASURED):
     """Time the engines ``kinds`` on the chunk ``(x, y)``: one untimed warm-up round (:func:`_first`;
     an engine that refuses the model drops out), then ``rounds`` rounds in alternating order (so a change of load
-    hits all), one engine open at a time. Returns ``(name, engine, seconds)``: the engine with the lowest
-    median (ties: the earlier in ``kinds``), **open**, with ``out`` holding its rows, and the timings
-    (``seconds[kind]``: the timed runs; empty for one that refused). ``timer(fn, device)`` times one run
-    (default :func:`timed`)."""
+    hits all). Returns ``(name, engine, seconds)``: the engine with the lowest median (ties: the earlier
+    in ``kinds``), **open**, with ``out`` holding its rows, and the timings (``seconds[kind]``: the timed
+    runs; empty for one that refused). ``timer(fn, device)`` times one run (default :func:`timed`).
+
+    The vmap and ``layers`` engines leave nothing on the model between calls: the ones opened in the
+    warm-up stay open through the rounds, so that what is timed is what every later chunk costs (a
+    fresh ``layers`` engine would repeat its one-time independence check). The hooks engine puts
+    Opacus's hooks on the model, so it is opened and closed around each of its runs, with no other
+    engine running meanwhile."""
     timer = timer or timed
     kinds = list(kinds)
     seconds: dict[str, list[float]] = {k: [] for k in kinds}
+    kept: dict[str, object] = {}  # open across the rounds
     live = []
-    last = None
+    last_ran = None
     try:
         for kind in kinds:  # untimed warm-up round: who accepts the model
-            if last is not None:
-                last.close()
-            last, _ = _first(kind, model, names, loss, x, y, out)
-            if last is not None:
-                live.append(kind)
+            eng, _ = _first(kind, model, names, loss, x, y, out)
+            if eng is None:
+                continue
+            live.append(kind)
+            last_ran = kind
+            if kind in _STAY_OPEN:
+                kept[kind] = eng
+            else:
+                eng.close()
         if "vmap" not in live:  # vmap accepts every model
             live.insert(0, "vmap")
-        if len(live) == 1:
-            if last is None or last.name != live[0]:
-                if last is not None:
-                    last.close()
-                last = VmapEngine(model, names, loss)
-                last(x, y, out)
-            return live[0], last, seconds
-        for r in range(rounds):
-            for kind in (live if r % 2 else list(reversed(live))):
-                if last is not None:
-                    last.close()
-                last = None
-                last = ENGINE_CLASSES[kind](model, names, loss)
-                seconds[kind].append(timer(lambda: last(x, y, out), device))
-        best = min(live, key=lambda k: (statistics.median(seconds[k]), kinds.index(k)))
-        if last.name != best:  # the rows in ``out`` must come from the engine that computes the rest
-            last.close()
-            last = None
-            last = ENGINE_CLASSES[best](model, names, loss)
-            last(x, y, out)
-        return best, last, seconds
-    except BaseException:
-        if last is not None:  # no Opacus hook may stay on the model
-            last.close()
-        raise
+            kept["vmap"] = VmapEngine(model, names, loss)
+            kept["vmap"](x, y, out)
+            last_ran = "vmap"
+        if len(live) > 1:
+            for r in range(rounds):
+                for kind in (live if r % 2 else list(reversed(live))):
+                    eng = kept.get(kind) or ENGINE_CLASSES[kind](model, names, loss)
+                    try:
+                        seconds[kind].append(timer(lambda: eng(x, y, out), device))
+                    finally:
+                        if kind not in kept:
+                            eng.close()
+                    last_ran = kind
+        best = min(live, key=lambda k: (statistics.median(seconds[k]) if seconds[k] else 0.0, kinds.index(k)))
+        eng = kept.pop(best, None) or ENGINE_CLASSES[best](model, names, loss)
+        if last_ran != best:  # the rows in ``out`` must come from the engine that computes the rest
+            try:
+                eng(x, y, out)
+            except BaseException:
+                eng.close()
+                raise
+        return best, eng, seconds
+    finally:
+        for eng in kept.values():
+            eng.close()
 
 
 def start_engine(engine: str, model, names, loss, x, y, out, device, info: dict | None = None, measure: bool | None = None):
     """Open the engine for a gradient matrix and compute its first chunk ``(x, y)`` into ``out``.
 
     ``engine``: ``vmap``, ``hooks``, ``layers`` or ``auto`` (the decision described in the module
-    docstring, remembered per :func:`choice_key`). ``measure``, for ``auto``: ``None`` = by rule on a
-    CPU (unless :data:`MEASURE_ON_CPU`) and measured elsewhere; ``True`` = measure; ``False`` = vmap.
+    docstring, remembered per :func:`choice_key`). ``measure``, for ``auto``: ``True`` = measure,
+    ``False`` = the rule, ``None`` = the rule unless :data:`MEASURE`.
     ``info`` receives ``engine_choice``: how the engine was chosen. Returns ``(name, engine)``, the
     engine open."""
     if engine != "auto":
@@ -249,17 +266,12 @@ def start_engine(engine: str, model, names, loss, x, y, out, device, info: dict 
             if eng is None:  # the same structure, but this model's first chunk was refused (layers' check)
                 eng = VmapEngine(model, names, loss)
                 eng(x, y, out)
-        elif measure is False:
-            how = "vmap (measure=False)"
-            engine, eng = "vmap", VmapEngine(model, names, loss)
-            eng(x, y, out)
-            _CHOICES[key] = {"engine": "vmap", "how": how, "seconds": {}}
-        elif measure is None and device.type == "cpu" and not MEASURE_ON_CPU:
+        elif not (MEASURE if measure is None else measure):
             eng, why = _first("layers", model, names, loss, x, y, out)
             if eng is not None:
-                engine, how = "layers", "rule: layers on a CPU"
+                engine, how = "layers", "rule: layers"
             else:
-                engine, how = "vmap", f"rule: vmap on a CPU (layers refused: {why})"
+                engine, how = "vmap", f"rule: vmap (layers refused: {why})"
                 eng = VmapEngine(model, names, loss)
                 eng(x, y, out)
             _CHOICES[key] = {"engine": engine, "how": how, "seconds": {}}

@@ -3,8 +3,8 @@
 Three engines compute the same matrix G (m x p, one row per example): ``vmap`` (torch.func),
 ``hooks`` (Opacus's ``GradSampleModule``) and ``layers`` (one batched forward, one backward to the layer
 outputs, per-layer rules), in :mod:`gsd_cli.engines`. ``engine="auto"`` picks one once per process and
-model structure: on a CPU by rule (layers where it accepts the model, else vmap), on a GPU by
-measurement (each warmed up, median of three alternating rounds), and remembered; ``info["engine"]``
+model structure, by rule on every device (layers where it accepts the model, else vmap; a measurement
+when asked, :func:`gsd_cli.engines.start_engine`), and remembered; ``info["engine"]``
 and ``info["engine_choice"]`` say which and how.
 """
 

@@ -153,10 +153,11 @@ def _check_rank(s: torch.Tensor, k: int, m: int, p: int) -> None:
 def _cross(V1: torch.Tensor, V2: torch.Tensor) -> torch.Tensor:
     if V1.ndim != 2 or V2.ndim != 2 or V1.shape != V2.shape:
         raise GSDError(f"subspace bases must both be p x k with the same shape, got {tuple(V1.shape)} and {tuple(V2.shape)}")
-    # by row blocks: a float32 basis of a large model (p x k) is never copied whole to float64
+    # by row blocks: a float32 basis of a large model (p x k) is never copied whole to float64; on
+    # V1's device (a cached public basis is loaded on the CPU, the private one may be on a GPU)
     C = torch.zeros(V1.shape[1], V2.shape[1], dtype=torch.float64, device=V1.device)
     for i in range(0, V1.shape[0], 1 << 20):
-        C += V1[i : i + (1 << 20)].to(torch.float64).T @ V2[i : i + (1 << 20)].to(torch.float64)
+        C += V1[i : i + (1 << 20)].to(torch.float64).T @ V2[i : i + (1 << 20)].to(V1.device, torch.float64)
     return C
 
 

@@ -46,7 +46,7 @@ def rank(
     ),
     device: Device = device_option(),
     chunk_size: Optional[int] = typer.Option(None, "--chunk-size", help="Examples per per-sample-gradient chunk (default: 64 on CPU, 256 on CUDA)."),
-    engine: Engine = typer.Option(Engine.auto, "--engine", help="Per-sample gradients: layers (one batched backward to the layer outputs, per-layer rules), vmap (torch.func), hooks (Opacus GradSampleModule); auto: layers where it accepts the model on a CPU, measured on a GPU."),
+    engine: Engine = typer.Option(Engine.auto, "--engine", help="Per-sample gradients: layers (one batched backward to the layer outputs, per-layer rules), vmap (torch.func), hooks (Opacus GradSampleModule); auto: layers where it accepts the model, else vmap."),
     json_path: Optional[Path] = json_option("Write the ranking as JSON to this file."),
     csv_path: Optional[Path] = typer.Option(None, "--csv", help="Write the ranking as CSV to this file."),
     dp: bool = typer.Option(

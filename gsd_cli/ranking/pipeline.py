@@ -96,6 +96,7 @@ def rank_once(private, publics: Sequence, config: RankConfig, *, public_seed: in
         raise GSDError(f"{priv_source.name} has one class: a one-class model has no gradients to compare; "
                        f"give a private set with at least 2 classes (or --classes N)")
     spec, net, names, _ = build_model(m.model, num_classes, seed, weights=m.weights, peft=m.peft, params=m.params, batchnorm=m.batchnorm)
+    net = net.to(dev)  # every side runs on the device (a baseline's features too, not only the gradients)
     num_params = sum(dict(net.named_parameters())[n].numel() for n in names)
     if g.k > num_params:
         raise GSDError(f"k={g.k} is larger than the {num_params} selected parameters; use a smaller --k")
