@@ -280,7 +280,8 @@ def _anchor(cfg, pub, model, names, num_classes, chunk, dev):
 def engine_rounds(models: list[str], chunks: list[int], rounds: int, dev: torch.device) -> list[dict]:
     """The evidence for ``auto``'s rule: per chunk, every engine in interleaved rounds (one warm-up
     round, then alternating order), median seconds, each engine's median over vmap's, and in how many
-    rounds ``layers`` was the fastest."""
+    rounds ``layers`` was the fastest. An engine that refuses the model (Opacus refuses BatchNorm) is
+    left out of that model's rows (``None``)."""
     from gsd_cli.engines import ENGINE_CLASSES
     from gsd_cli.gradients import default_loss
 
@@ -300,9 +301,19 @@ def engine_rounds(models: list[str], chunks: list[int], rounds: int, dev: torch.
             # vmap and layers stay open (they leave nothing on the model between calls; layers' one-time
             # independence check runs in the warm-up round); hooks is opened and closed each round, since
             # its hooks would stay on the model
-            kept = {k: ENGINE_CLASSES[k](model, names, default_loss) for k in ("vmap", "layers")}
+            kept, live = {}, []
+            for k in kinds:
+                try:
+                    eng = ENGINE_CLASSES[k](model, names, default_loss)
+                except NotImplementedError:
+                    continue
+                live.append(k)
+                if k in ("vmap", "layers"):
+                    kept[k] = eng
+                else:
+                    eng.close()
             for r in range(rounds + 1):
-                for kind in kinds if r % 2 else tuple(reversed(kinds)):
+                for kind in live if r % 2 else tuple(reversed(live)):
                     eng = kept.get(kind) or ENGINE_CLASSES[kind](model, names, default_loss)
                     try:
                         dt = _timed(lambda: eng(x, y, out), dev)
@@ -311,12 +322,14 @@ def engine_rounds(models: list[str], chunks: list[int], rounds: int, dev: torch.
                             eng.close()
                     if r:
                         t[kind].append(dt)
-            med = {k: statistics.median(v) for k, v in t.items()}
+            med = {k: statistics.median(v) if v else None for k, v in t.items()}
+            others = [k for k in ("vmap", "hooks") if t[k]]
             rows.append({"model": name, "chunk": cs, **{f"{k}_s": v for k, v in med.items()},
-                         **{f"{k}_over_vmap": med[k] / med["vmap"] for k in kinds[1:]},
-                         "vmap_faster_rounds": sum(a < b for a, b in zip(t["vmap"], t["hooks"])),
-                         "layers_fastest_rounds": sum(c < min(a, b) for a, b, c in zip(t["vmap"], t["hooks"], t["layers"])),
+                         **{f"{k}_over_vmap": med[k] / med["vmap"] if med[k] else None for k in kinds[1:]},
+                         "vmap_faster_rounds": sum(a < b for a, b in zip(t["vmap"], t["hooks"])) if t["hooks"] else None,
+                         "layers_fastest_rounds": sum(c < min(o) for c, *o in zip(t["layers"], *(t[k] for k in others))) if t["layers"] else None,
                          "rounds": rounds})
+            del out
     return rows
 
 
@@ -349,6 +362,10 @@ def main() -> None:
     ap.add_argument("--engines", action="store_true",
                     help="Also time the three engines per chunk (probe, resnet20, fmnist-cnn; chunks of 8, 64, 128) "
                          "in 11 interleaved rounds: the evidence for auto's rule on this device.")
+    ap.add_argument("--engine-models", nargs="+", default=["fmnist-cnn", "resnet20", "probe"],
+                    help="Models of --engines (registered names, at their input size).")
+    ap.add_argument("--engine-chunks", nargs="+", type=int, default=[8, 64, 128], help="Chunk sizes of --engines.")
+    ap.add_argument("--engine-rounds", type=int, default=11, help="Timed rounds of --engines (after one warm-up round).")
     ap.add_argument("--cold-repeats", type=int, default=1,
                     help="After the first run, N-1 more pairs (floor, then cold and warm gsd rank) taken back to back: "
                          "the cold/floor and cold/warm ratios are reported per pair and as medians (the machine's "
@@ -412,12 +429,13 @@ def main() -> None:
         for k, v in t["seconds"].items():
             print(f"  {k:<42} {v:8.3f} s  {t['ratio_to_nonprivate'][k]:6.1f}x non-private")
     if a.engines:
-        doc["engines"] = engine_rounds(["fmnist-cnn", "resnet20", "probe"], [8, 64, 128], 11, dev)
-        print("engines per chunk (median of 11 interleaved rounds):")
+        doc["engines"] = engine_rounds(a.engine_models, a.engine_chunks, a.engine_rounds, dev)
+        print(f"engines per chunk (median of {a.engine_rounds} interleaved rounds):")
+        f = lambda v, spec: "refused" if v is None else format(v, spec)  # noqa: E731
         for e in doc["engines"]:
-            print(f"  {e['model']:<10} chunk {e['chunk']:>3}: vmap {e['vmap_s']:.4f} s, hooks {e['hooks_s']:.4f} s, "
-                  f"layers {e['layers_s']:.4f} s; hooks/vmap {e['hooks_over_vmap']:.2f}, layers/vmap "
-                  f"{e['layers_over_vmap']:.2f}, layers fastest in {e['layers_fastest_rounds']}/{e['rounds']} rounds")
+            print(f"  {e['model']:<10} chunk {e['chunk']:>3}: vmap {f(e['vmap_s'], '.4f')} s, hooks {f(e['hooks_s'], '.4f')} s, "
+                  f"layers {f(e['layers_s'], '.4f')} s; hooks/vmap {f(e['hooks_over_vmap'], '.2f')}, layers/vmap "
+                  f"{f(e['layers_over_vmap'], '.2f')}, layers fastest in {e['layers_fastest_rounds']}/{e['rounds']} rounds")
     if "cli" not in a.skip:
         c = cli_times(str(dev.type))
         doc["cli_seconds"] = c

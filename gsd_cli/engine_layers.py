@@ -25,6 +25,10 @@ on). So the engine
      channels-first input (its ``unfold2d``): fed a channels-last chunk it needs a copy, and the
      probe's chunk took 75-79 ms with it against 59-65 ms here;
    * ``nn.Linear``: dL_i/dW = sum_t g_i[t] x_i[t]^T (t over any middle dimensions), dL_i/db = sum_t g_i[t];
+   * a frozen BatchNorm (eval mode, ``--batchnorm freeze``, the registered backbones'
+     ``FrozenBatchNorm2d``: running statistics, torch's own forward): y = x_hat w + b per channel with
+     x_hat = (x - running_mean) / sqrt(running_var + eps), so dL_i/dw = sum_t g_i[t] x_hat_i[t] and
+     dL_i/db = sum_t g_i[t] (Opacus has no sampler for BatchNorm: it refuses the layer);
    * every other layer type Opacus has a per-layer grad sampler for (GroupNorm, LayerNorm, Embedding,
      Conv1d/3d, grouped convolutions, RMSNorm, ...): that sampler, on the same captured tensors.
      Opacus is imported only then (``import opacus`` takes 1.4 s on the 2-core CPU, more than the
@@ -37,7 +41,7 @@ Per-chunk time on the probe (chunk of 64 at 224 x 224, 2 threads, ``benchmarks/b
 
 The engine refuses (``NotImplementedError``, so ``engine="auto"`` takes ``vmap``) a model it cannot
 treat exactly: a selected parameter owned by a layer without a rule or by a non-leaf module, a
-BatchNorm layer in training mode (it mixes the examples of a batch), a layer whose output is changed
+BatchNorm layer in training mode that is not frozen (it mixes the examples of a batch), a layer whose output is changed
 in place during the forward (the captured output would no longer be the layer's), and, checked on the
 first chunk with two or more examples, a model where the first example's row changes when the other
 examples of its batch do (any other way the examples of a batch interact, e.g. a functional batch
@@ -134,6 +138,38 @@ def linear_per_sample(layer: nn.Linear, x: torch.Tensor, g: torch.Tensor) -> dic
     return out
 
 
+def frozen_batchnorm(layer: nn.Module) -> bool:
+    """A BatchNorm that normalises every example with its running statistics (eval mode, or gsd's frozen
+    classes: ``--batchnorm freeze``, the registered backbones' ``FrozenBatchNorm2d``) and whose forward is
+    torch's own: each example's output depends on that example alone."""
+    from probes.backbones import FrozenBatchNorm2d
+
+    from .model_exact import is_frozen
+
+    if not isinstance(layer, nn.modules.batchnorm._BatchNorm) or layer.running_mean is None or layer.running_var is None:
+        return False
+    fwd = type(layer).forward
+    if fwd is FrozenBatchNorm2d.forward:
+        return True
+    return fwd is nn.modules.batchnorm._BatchNorm.forward and (layer.training is False or is_frozen(layer))
+
+
+def batchnorm_per_sample(layer: nn.Module, x: torch.Tensor, g: torch.Tensor) -> dict[nn.Parameter, torch.Tensor]:
+    """Per-example gradients of a frozen BatchNorm (:func:`frozen_batchnorm`): y = x_hat w + b per
+    channel (dimension 1), x_hat = (x - running_mean) / sqrt(running_var + eps), so example i's
+    gradients are the sums over its other dimensions of g x_hat (weight) and g (bias)."""
+    shape = (1, -1) + (1,) * (x.dim() - 2)
+    dims = tuple(range(2, x.dim()))
+    out = {}
+    if layer.weight is not None and layer.weight.requires_grad:
+        xhat = (x.to(g.dtype) - layer.running_mean.view(shape)) * torch.rsqrt(layer.running_var.view(shape) + layer.eps)
+        gx = g * xhat
+        out[layer.weight] = gx.sum(dims) if dims else gx
+    if layer.bias is not None and layer.bias.requires_grad:
+        out[layer.bias] = g.sum(dims) if dims else g
+    return out
+
+
 def _opacus_samplers() -> dict:
     from opacus.grad_sample.grad_sample_module import GradSampleModule
 
@@ -147,6 +183,8 @@ def _rule(layer: nn.Module):
         return lambda m, args, g: conv2d_per_sample(m, args[0], g)
     if type(layer) is nn.Linear:
         return lambda m, args, g: linear_per_sample(m, args[0], g)
+    if frozen_batchnorm(layer):
+        return lambda m, args, g: batchnorm_per_sample(m, args[0], g)
     sampler = _opacus_samplers().get(type(layer))
     if sampler is None:
         return None
@@ -176,7 +214,7 @@ class LayersEngine:
                                           f"the layers engine needs every selected parameter in a leaf layer")
             layers[id(mod)] = mod
         for prefix, mod in model.named_modules():
-            if isinstance(mod, nn.modules.batchnorm._BatchNorm) and mod.training is not False:
+            if isinstance(mod, nn.modules.batchnorm._BatchNorm) and mod.training is not False and not frozen_batchnorm(mod):
                 raise NotImplementedError(f"layer {prefix} is a BatchNorm, which mixes the examples of a batch in training")
         self.layers = list(layers.values())
         self.rules = []

@@ -106,7 +106,28 @@ class HooksEngine:
         self.model = model
         self.loss = loss
         self.params = [dict(model.named_parameters())[n] for n in names]
-        self.gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum", strict=False)
+        hook_dicts = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+        before = {id(m): ({d: set(getattr(m, d, None) or {}) for d in hook_dicts}, getattr(m, "_is_full_backward_hook", None))
+                  for m in model.modules()}
+        had_list = hasattr(model, "autograd_grad_sample_hooks")
+        try:
+            self.gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum", strict=False)
+        except BaseException:
+            # Opacus adds its hooks layer by layer and refuses at the first layer it cannot treat (one with
+            # buffers, e.g. a frozen BatchNorm): the hooks already added to earlier layers would stay on
+            # the model and break every later engine (vmap: "an autograd.Function ... must override
+            # setup_context"); take them off again
+            for m in model.modules():
+                kept, full = before[id(m)]
+                for d in hook_dicts:
+                    hooks = getattr(m, d, None)
+                    for key in [k for k in (hooks or {}) if k not in kept[d]]:
+                        del hooks[key]
+                if hasattr(m, "_is_full_backward_hook"):
+                    m._is_full_backward_hook = full
+            if not had_list and hasattr(model, "autograd_grad_sample_hooks"):  # Opacus's "hooks added" mark
+                del model.autograd_grad_sample_hooks
+            raise
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor) -> None:
         for p in self.params:

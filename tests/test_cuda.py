@@ -41,8 +41,11 @@ def _close(G, ref):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("model_name,shape", [("probe", (3, 224, 224)), ("fmnist-cnn", (1, 28, 28)), ("resnet20", (3, 32, 32))])
+@pytest.mark.parametrize("model_name,shape", [("probe", (3, 224, 224)), ("fmnist-cnn", (1, 28, 28)), ("resnet20", (3, 32, 32)),
+                                              ("resnet18", (3, 64, 64))])  # resnet18: frozen BatchNorm
 def test_engines_on_the_gpu_match_float64_cpu(engine, model_name, shape, brute_force):
+    if engine == "hooks" and model_name == "resnet18":
+        pytest.skip("Opacus refuses BatchNorm (a layer with buffers)")
     model = get_model_spec(model_name).build(num_classes=10, seed=1)
     g = torch.Generator().manual_seed(3)
     x, y = torch.randn(9, *shape, generator=g), torch.randint(0, 10, (9,), generator=g)

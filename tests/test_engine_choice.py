@@ -228,3 +228,41 @@ def test_a_model_the_other_engines_refuse_gets_vmap_when_measured(monkeypatch):
     torch.testing.assert_close(G, ref)
     (choice,) = engines.engine_choices().values()
     assert choice["engine"] == "vmap" and "the other engines refuse" in choice["how"]
+
+
+def _conv_frozen_bn():
+    from probes.backbones import FrozenBatchNorm2d
+
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3), FrozenBatchNorm2d(4), nn.Tanh(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+
+
+def test_a_refused_hooks_engine_leaves_no_hook_behind(brute_force):
+    """Regression: Opacus adds hooks layer by layer and refuses at the first layer with buffers (a
+    frozen BatchNorm); the conv's hooks stayed on the model, and the next engine (vmap) failed with
+    'an autograd.Function ... must override the setup_context staticmethod'."""
+    model = _conv_frozen_bn()
+    model.train()
+    names = [n for n, _ in model.named_parameters()]
+    with pytest.raises(NotImplementedError, match="buffers"):
+        engines.HooksEngine(model, names, default_loss)
+    for mod in model.modules():
+        assert not mod._forward_hooks and not mod._backward_hooks and not mod._forward_pre_hooks, type(mod).__name__
+    with pytest.raises(NotImplementedError, match="buffers"):  # again: not "Trying to add hooks twice"
+        engines.HooksEngine(model, names, default_loss)
+    x, y = torch.randn(5, 3, 8, 8), torch.randint(0, 3, (5,))
+    ref = brute_force(model, x, y, names)
+    G = per_sample_gradients(model, x, y, chunk_size=3, engine="vmap", device="cpu")
+    torch.testing.assert_close(G, ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max()))
+
+
+def test_measured_on_a_model_hooks_refuses(monkeypatch, brute_force):
+    monkeypatch.setattr(engines, "MEASURE", True)
+    model = _conv_frozen_bn()
+    x, y = torch.randn(6, 3, 8, 8), torch.randint(0, 3, (6,))
+    info: dict = {}
+    G = gradient_matrix(model, _chunks(x, y, 3), 6, device="cpu", info=info)
+    (choice,) = engines.engine_choices().values()
+    assert info["engine"] in ("vmap", "layers") and choice["seconds"]["hooks"] == []
+    ref = brute_force(model, x, y, [n for n, _ in model.named_parameters()])
+    torch.testing.assert_close(G, ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max()))

@@ -230,3 +230,94 @@ def test_dp_gsd_private_side_takes_vmap_under_auto_and_the_public_sides_keep_aut
 def declared_pair(tiny):
     """A private and a public source from the ``tiny`` fixture's files."""
     return tiny["private"], tiny["public"]
+
+
+# ------------------------------------------------------------------------------------ frozen BatchNorm
+class _FrozenNorms(nn.Module):
+    """Conv -> FrozenBatchNorm2d (the registered backbones' class) -> conv -> BatchNorm2d frozen by
+    ``--batchnorm freeze`` -> Linear -> BatchNorm1d frozen on a 2-d input -> Linear -> BatchNorm1d
+    frozen on a 3-d input; running statistics far from 0 and 1, so a rule that used batch statistics
+    (or none) would be caught."""
+
+    def __init__(self):
+        super().__init__()
+        from probes.backbones import FrozenBatchNorm2d
+
+        self.conv1, self.bn1 = nn.Conv2d(3, 4, 3), FrozenBatchNorm2d(4)
+        self.conv2, self.bn2 = nn.Conv2d(4, 5, 3), nn.BatchNorm2d(5)
+        self.fc1, self.bn3 = nn.Linear(5 * 4 * 4, 6), nn.BatchNorm1d(6)
+        self.fc2, self.bn4 = nn.Linear(3, 3), nn.BatchNorm1d(2)
+        self.out = nn.Linear(6 + 6, 3)
+        for bn in (self.bn1, self.bn2, self.bn3, self.bn4):
+            c = bn.num_features
+            bn.running_mean.copy_(torch.linspace(-1.0, 2.0, c))
+            bn.running_var.copy_(torch.linspace(0.3, 4.0, c))
+            with torch.no_grad():
+                bn.weight.copy_(torch.linspace(0.5, 1.5, c))
+                bn.bias.copy_(torch.linspace(-0.2, 0.3, c))
+
+    def forward(self, x):
+        h = torch.tanh(self.bn2(self.conv2(torch.tanh(self.bn1(self.conv1(x))))))
+        a = torch.tanh(self.bn3(self.fc1(h.flatten(1))))  # (n, 6)
+        b = torch.tanh(self.bn4(self.fc2(a.view(-1, 2, 3))))  # BatchNorm1d on (n, 2, 3)
+        return self.out(torch.cat([a, b.flatten(1)], 1))
+
+
+def _frozen_norms(seed: int = 0):
+    from gsd_cli.model_exact import make_exact
+
+    torch.manual_seed(seed)
+    model, done = make_exact(_FrozenNorms(), "freeze")
+    assert done["layers"] == 3  # bn2, bn3, bn4 frozen; bn1 already was
+    return model
+
+
+@pytest.mark.parametrize("select", ["all", "weights", "biases"])
+def test_frozen_batchnorm_rule_matches_brute_force(select, brute_force):
+    from gsd_cli.engine_layers import frozen_batchnorm
+
+    model = _frozen_norms()
+    names = [n for n, _ in model.named_parameters()
+             if select == "all" or not n.startswith("bn") or n.endswith("weight" if select == "weights" else "bias")]
+    assert all(frozen_batchnorm(m) for m in (model.bn1, model.bn2, model.bn3, model.bn4))
+    g = torch.Generator().manual_seed(4)
+    x, y = torch.randn(7, 3, 8, 8, generator=g) * 2 + 0.5, torch.randint(0, 3, (7,), generator=g)
+    ref = brute_force(model, x, y, names)
+    G = per_sample_gradients(model, x, y, params=names, chunk_size=4, engine="layers", device="cpu")
+    torch.testing.assert_close(G, ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max()))
+    assert not model.bn2.training and model.bn1.running_mean[0] == -1.0  # frozen and never updated
+
+
+def test_registered_backbone_with_frozen_batchnorm_takes_layers(brute_force):
+    """resnet18 (torchvision, FrozenBatchNorm2d) was refused with 'a BatchNorm, which mixes the examples
+    of a batch in training' and fell back to vmap; its rows now come from layers, exactly."""
+    from gsd_cli.gradients import gradient_matrix
+    from probes import get_model_spec
+
+    model = get_model_spec("resnet18").build(num_classes=10, seed=0)
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(3, 3, 40, 40, generator=g), torch.randint(0, 10, (3,), generator=g)
+    info: dict = {}
+    G = gradient_matrix(model, [(x, y)], 3, device="cpu", info=info)
+    assert info["engine"] == "layers", info["engine_choice"]
+    names = [n for n, _ in model.named_parameters()]
+    ref = brute_force(model, x, y, names)
+    torch.testing.assert_close(G, ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max()))
+
+
+class _NormAct(nn.BatchNorm2d):
+    """A BatchNorm with its own forward (as timm's BatchNormAct2d: normalisation, then an activation)."""
+
+    def forward(self, x):
+        return torch.relu(super().forward(x))
+
+
+def test_a_batchnorm_with_its_own_forward_gets_no_rule_even_frozen():
+    from gsd_cli.engine_layers import frozen_batchnorm
+    from gsd_cli.model_exact import make_exact
+
+    model, _ = make_exact(nn.Sequential(nn.Conv2d(3, 4, 3), _NormAct(4), nn.Flatten(), nn.Linear(4 * 6 * 6, 3)), "freeze")
+    assert not frozen_batchnorm(model[1])
+    x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 3, (4,))
+    with pytest.raises(GSDError, match="no per-sample rule for layer type Frozen_NormAct"):
+        per_sample_gradients(model, x, y, engine="layers", device="cpu")
