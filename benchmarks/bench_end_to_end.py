@@ -278,11 +278,11 @@ def _anchor(cfg, pub, model, names, num_classes, chunk, dev):
 
 # -------------------------------------------------------------------------------------- engines
 def engine_rounds(models: list[str], chunks: list[int], rounds: int, dev: torch.device) -> list[dict]:
-    """The evidence for ``auto``'s rule: per chunk, every engine in interleaved rounds (one warm-up
-    round, then alternating order), median seconds, each engine's median over vmap's, and in how many
-    rounds ``layers`` was the fastest. An engine that refuses the model (Opacus refuses BatchNorm) is
+    """The evidence for ``auto``'s rule: per chunk, every engine in interleaved rounds
+    (:func:`gsd_cli.engines.measure_engines`: one warm-up round, then alternating order), median
+    seconds, each engine's median over vmap's, and in how many rounds ``layers`` was the fastest. An engine that refuses the model (Opacus refuses BatchNorm) is
     left out of that model's rows (``None``)."""
-    from gsd_cli.engines import ENGINE_CLASSES
+    from gsd_cli.engines import measure_engines
     from gsd_cli.gradients import default_loss
 
     kinds = ("vmap", "hooks", "layers")
@@ -297,31 +297,10 @@ def engine_rounds(models: list[str], chunks: list[int], rounds: int, dev: torch.
             x = torch.randn(cs, spec.channels, spec.input_size, spec.input_size, device=dev)
             y = torch.randint(0, 10, (cs,), device=dev)
             out = torch.empty(cs, p, device=dev)
-            t: dict = {k: [] for k in kinds}
-            # vmap and layers stay open (they leave nothing on the model between calls; layers' one-time
-            # independence check runs in the warm-up round); hooks is opened and closed each round, since
-            # its hooks would stay on the model
-            kept, live = {}, []
-            for k in kinds:
-                try:
-                    eng = ENGINE_CLASSES[k](model, names, default_loss)
-                except NotImplementedError:
-                    continue
-                live.append(k)
-                if k in ("vmap", "layers"):
-                    kept[k] = eng
-                else:
-                    eng.close()
-            for r in range(rounds + 1):
-                for kind in live if r % 2 else tuple(reversed(live)):
-                    eng = kept.get(kind) or ENGINE_CLASSES[kind](model, names, default_loss)
-                    try:
-                        dt = _timed(lambda: eng(x, y, out), dev)
-                    finally:
-                        if kind not in kept:
-                            eng.close()
-                    if r:
-                        t[kind].append(dt)
+            # the measurement `auto` runs when asked (one untimed warm-up, alternating rounds, vmap and
+            # layers kept open, hooks opened around each run; an engine that refuses has no timings)
+            _, eng, t = measure_engines(model, names, default_loss, x, y, out, dev, rounds=rounds, timer=_timed, kinds=kinds)
+            eng.close()
             med = {k: statistics.median(v) if v else None for k, v in t.items()}
             others = [k for k in ("vmap", "hooks") if t[k]]
             rows.append({"model": name, "chunk": cs, **{f"{k}_s": v for k, v in med.items()},
@@ -433,8 +412,8 @@ def main() -> None:
         print(f"engines per chunk (median of {a.engine_rounds} interleaved rounds):")
         f = lambda v, spec: "refused" if v is None else format(v, spec)  # noqa: E731
         for e in doc["engines"]:
-            print(f"  {e['model']:<10} chunk {e['chunk']:>3}: vmap {f(e['vmap_s'], '.4f')} s, hooks {f(e['hooks_s'], '.4f')} s, "
-                  f"layers {f(e['layers_s'], '.4f')} s; hooks/vmap {f(e['hooks_over_vmap'], '.2f')}, layers/vmap "
+            print(f"  {e['model']:<10} chunk {e['chunk']:>3}: vmap {f(e['vmap_s'], '.4f')}, hooks {f(e['hooks_s'], '.4f')}, "
+                  f"layers {f(e['layers_s'], '.4f')} (s); hooks/vmap {f(e['hooks_over_vmap'], '.2f')}, layers/vmap "
                   f"{f(e['layers_over_vmap'], '.2f')}, layers fastest in {e['layers_fastest_rounds']}/{e['rounds']} rounds")
     if "cli" not in a.skip:
         c = cli_times(str(dev.type))

@@ -35,7 +35,7 @@ shape and dtype) and remembers the decision (:func:`engine_choices`):
   saved (``per_sample_gradients`` of 256 inputs: 1.7x a plain vmap call).
 
 An engine that refuses a model (``NotImplementedError``: Opacus refusing a layer with buffers, ``layers``
-refusing a BatchNorm) is left out; ``vmap`` accepts every model.
+refusing a BatchNorm in training that is not frozen) is left out; ``vmap`` accepts every model.
 """
 
 from __future__ import annotations
@@ -106,26 +106,18 @@ class HooksEngine:
         self.model = model
         self.loss = loss
         self.params = [dict(model.named_parameters())[n] for n in names]
-        hook_dicts = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-        before = {id(m): ({d: set(getattr(m, d, None) or {}) for d in hook_dicts}, getattr(m, "_is_full_backward_hook", None))
-                  for m in model.modules()}
-        had_list = hasattr(model, "autograd_grad_sample_hooks")
+        had_mark = hasattr(model, "autograd_grad_sample_hooks")
         try:
             self.gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum", strict=False)
         except BaseException:
-            # Opacus adds its hooks layer by layer and refuses at the first layer it cannot treat (one with
-            # buffers, e.g. a frozen BatchNorm): the hooks already added to earlier layers would stay on
-            # the model and break every later engine (vmap: "an autograd.Function ... must override
-            # setup_context"); take them off again
-            for m in model.modules():
-                kept, full = before[id(m)]
-                for d in hook_dicts:
-                    hooks = getattr(m, d, None)
-                    for key in [k for k in (hooks or {}) if k not in kept[d]]:
-                        del hooks[key]
-                if hasattr(m, "_is_full_backward_hook"):
-                    m._is_full_backward_hook = full
-            if not had_list and hasattr(model, "autograd_grad_sample_hooks"):  # Opacus's "hooks added" mark
+            # Opacus adds its hooks layer by layer (their handles in the model's autograd_grad_sample_hooks,
+            # which also marks the model as hooked) and refuses at the first layer it cannot treat (one
+            # with buffers, e.g. a frozen BatchNorm): the hooks already added would stay on the model and
+            # break every later engine (vmap: "an autograd.Function ... must override setup_context"), and
+            # the mark would make the next attempt fail with "Trying to add hooks twice"; undo both
+            if not had_mark and hasattr(model, "autograd_grad_sample_hooks"):
+                for handle in model.autograd_grad_sample_hooks:
+                    handle.remove()
                 del model.autograd_grad_sample_hooks
             raise
 
