@@ -106,7 +106,9 @@ def with_classes(source: ImageSource, spec: int | str) -> ImageSource:
     if have is not None and isinstance(want, list):
         missing = [c for c in have if c not in names]
         if missing:
-            raise DatasetError(f"{source.name}: has class {missing[0]!r}, not in --classes {','.join(names)}; add it to --classes")
+            # no label value in the message: it may be private (gsd datasets check shows the labels to their owner)
+            raise DatasetError(f"{source.name}: has a class name that is not in --classes {','.join(names)}; "
+                               f"list every class (gsd datasets check {source.name} shows them)")
         mapping = np.asarray([names.index(c) for c in have], dtype=np.int64)
         return ClassedSource(source, names, None if np.array_equal(mapping, np.arange(len(names))) else mapping)
     if have is not None and not source.classes_declared:
@@ -120,8 +122,9 @@ def with_classes(source: ImageSource, spec: int | str) -> ImageSource:
     n = len(source)
     y = source.labels(np.arange(n))
     if n and (int(y.min()) < 0 or int(y.max()) >= len(names)):
-        raise DatasetError(f"{source.name}: has a label {int(y.max())} outside --classes ({len(names)} classes: 0..{len(names) - 1}); "
-                           f"give a class count above every label")
+        # the message names no label value: the largest label of a private set is private
+        raise DatasetError(f"{source.name}: has a label outside --classes ({len(names)} classes: 0..{len(names) - 1}); "
+                           f"give a class count above every label (gsd datasets check {source.name} shows them)")
     if have is not None:
         names = (have + names[len(have):])[: len(names)]
     return ClassedSource(source, names, None)

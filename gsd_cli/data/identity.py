@@ -175,3 +175,93 @@ def _content_overlap(private: ImageSource, public: ImageSource, private_indices,
         return None
     return (f"{public.name} shares {shared} of {len(pub_idx)} examples with the private set {private.name} "
             f"(same image content)")
+
+
+# --- under DP: refuse only the whole set, drop shared examples per example --------------------------
+#
+# A refusal that depends on *which* private examples a public set shares is a membership oracle: put
+# one private image in a public candidate, and the run stops if and only if the image is in the
+# private set (P = 1 against 0: no epsilon covers it). So a DP release (gsd rank --dp, gsd train)
+# refuses a public set only when it is the private set as a whole, by name, path or digest of all of
+# its examples (an event that does not turn on one example: a public set that *is* the private data
+# voids any guarantee), and handles shared examples by a per-example rule decided before any secret
+# draw: a private example whose file or content is among the public examples the run uses is left
+# out of the private data (:func:`public_rows`). Whether example x is left out depends on x and the
+# public data alone, so the mechanism on the filtered set keeps its add/remove guarantee; how many
+# were left out is a private fact, never printed in publishable output.
+
+
+def same_dataset(private: ImageSource, public: ImageSource) -> str | None:
+    """Why ``public`` *is* ``private`` as a whole (same name, same files or split on disk, or the same
+    multiset of example contents, e.g. a byte copy under another path), else None."""
+    if _name_overlap(private.name, public.name) == "same":
+        return f"{public.name} is the private set {private.name} (same dataset by name)"
+    files_priv, files_pub = file_set(private), file_set(public)
+    if files_priv is not None and files_pub is not None and files_priv == files_pub:
+        return f"{public.name} is the private set {private.name} (the same files on disk)"
+    tv_priv, tv_pub = _torchvision_parts(private), _torchvision_parts(public)
+    if tv_priv and tv_pub and tv_priv == tv_pub:
+        return f"{public.name} is the private set {private.name} (the same torchvision split in the same folder)"
+    if len(private) == len(public) and len(private) > 0 and set_digest(private) == set_digest(public):
+        return f"{public.name} holds exactly the examples of the private set {private.name} (same content: a copy)"
+    return None
+
+
+def set_digest(source: ImageSource) -> str:
+    """SHA-256 of the sorted content hashes of every example (order- and path-independent): two sets
+    with the same digest hold the same examples. File-backed sets hash their files' bytes."""
+    import hashlib
+
+    idx = np.arange(len(source))
+    file_backed = len(source) > 0 and source.example_file(0) is not None
+    keys = sorted(_file_hash(source.example_file(int(i))) for i in idx) if file_backed else sorted(_hashes(source, idx))
+    h = hashlib.sha256()
+    for k in keys:
+        h.update(k.encode())
+    return h.hexdigest()
+
+
+class PublicRows:
+    """The per-example rule of a DP release: ``mask(indices)`` is True for each private example whose
+    real file path, file bytes or image content is among the public examples used (``publics``: the
+    :class:`~gsd_cli.data.Sample` drawn of each public source, with public randomness)."""
+
+    def __init__(self, private: ImageSource, publics) -> None:
+        self.private = private
+        self.file_backed = len(private) > 0 and private.example_file(0) is not None
+        self.paths: set[str] = set()
+        self.file_hashes: set[str] = set()
+        self.contents: set[str] = set()
+        for smp in publics:
+            src, idx = smp.source, np.asarray(smp.indices, dtype=np.int64)
+            if not len(idx):
+                continue
+            if src.example_file(int(idx[0])) is not None:
+                for i in idx:
+                    self.paths.add(os.path.realpath(os.path.expanduser(src.example_file(int(i)))))
+                if self.file_backed:
+                    self.file_hashes.update(_hashes(src, idx, files=True))
+                    continue
+            self.contents.update(_hashes(src, idx))
+        self.empty = not (self.paths or self.file_hashes or self.contents)
+
+    def mask(self, indices) -> np.ndarray:
+        """Boolean array: which of the private examples ``indices`` are among the public examples."""
+        idx = np.asarray(indices, dtype=np.int64)
+        out = np.zeros(len(idx), dtype=bool)
+        if self.empty or not len(idx):
+            return out
+        if self.file_backed and (self.paths or self.file_hashes):
+            for j, i in enumerate(idx):
+                f = self.private.example_file(int(i))
+                if os.path.realpath(os.path.expanduser(f)) in self.paths:
+                    out[j] = True
+            if self.file_hashes:
+                rest = np.flatnonzero(~out)
+                hs = _hashes(self.private, idx[rest], files=True)
+                out[rest] = [h in self.file_hashes for h in hs]
+        if self.contents:
+            rest = np.flatnonzero(~out)
+            hs = _hashes(self.private, idx[rest])
+            out[rest] = [h in self.contents for h in hs]
+        return out

@@ -54,8 +54,11 @@ class Distance(ABC):
     def __init__(self, config) -> None:
         self.config = config
 
-    def private_rows(self, sample: gdata.Sample) -> gdata.Sample:
-        """The private examples the distance looks at (default: the ranking's draw as it is)."""
+    def private_rows(self, sample: gdata.Sample, publics=()) -> gdata.Sample:
+        """The private examples the distance looks at (default: the ranking's draw as it is; the
+        ranking refuses public candidates that share examples with it). ``publics``: the public
+        samples of the ranking, drawn before the private rows (a private distance leaves out the
+        private examples among them, :class:`gsd_cli.data.identity.PublicRows`)."""
         return sample
 
     @abstractmethod

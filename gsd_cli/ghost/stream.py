@@ -83,6 +83,8 @@ class Streaming:
                     for u in units:
                         facs.append(u.factors())
                         u.clear()
+                    if getattr(self, "zero_nonfinite", False):
+                        _zero_nonfinite_examples(facs, n)
                     on_chunk(row, facs)
                     row += n
                     self._done += n
@@ -172,3 +174,24 @@ class Streaming:
             self._done += r1 - r0
             if self.progress is not None:
                 self.progress(self._done, max(self._total, self._done))
+
+
+def _zero_nonfinite_examples(facs: list, n: int) -> None:
+    """Zero, in place, every factor of each example of the chunk whose factors hold a NaN or an
+    infinity, as :func:`gsd_cli.dppca.clip_rows` zeroes such a row of a materialised G: a per-example
+    rule (it looks at that example alone), so a DP release's sensitivity is unchanged, and one bad
+    example cannot turn the release into NaN (which would show its presence)."""
+    from .factors import tensors
+
+    bad = None
+    for f in facs:
+        for t in tensors(f):
+            if t.is_floating_point():
+                b = ~torch.isfinite(t.reshape(n, -1)).all(dim=1)
+                bad = b if bad is None else bad | b
+    if bad is None or not bool(bad.any()):
+        return
+    for f in facs:
+        for t in tensors(f):
+            if t.is_floating_point():
+                t[bad] = 0

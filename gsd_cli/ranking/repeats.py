@@ -199,10 +199,10 @@ def rank_repeats(
             memo.clear()
             if keep is not None:
                 memo[keep[0]] = keep[1]
-    return summarise(runs, seeds, pv.dp_repeats if dp else None, seconds=time.perf_counter() - t0)
+    return summarise(runs, seeds, pv.dp_repeats if dp else None, seconds=None if dp else time.perf_counter() - t0)
 
 
-def summarise(runs: Sequence[Ranking], seeds: Sequence[int], dp_repeats: str | None = None, *, seconds: float = 0.0) -> RepeatRanking:
+def summarise(runs: Sequence[Ranking], seeds: Sequence[int], dp_repeats: str | None = None, *, seconds: float | None = 0.0) -> RepeatRanking:
     """Summarise plain rankings of the same candidates (one per repeat) into a :class:`RepeatRanking`."""
     if not runs:
         raise GSDError("nothing to summarise: no repeats")
@@ -247,6 +247,6 @@ def summarise(runs: Sequence[Ranking], seeds: Sequence[int], dp_repeats: str | N
         "private", "model", "k", "examples", "labels", "row_norm", "params", "num_params", "device", "engine",
         "private_examples", "uniform_baseline", "sketch", "weights", "peft", "dp", "subspace_method", "metric")}
     return RepeatRanking(
-        **base, seed=seeds[0], results=rows, seconds=round(seconds, 3), privacy=privacy, warnings=warnings,
+        **base, seed=seeds[0], results=rows, seconds=None if seconds is None else round(seconds, 3), privacy=privacy, warnings=warnings,
         repeats=R, repeat_seeds=[int(s) for s in seeds], dp_repeats=dp_repeats, runs=list(runs),
     )

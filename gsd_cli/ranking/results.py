@@ -54,7 +54,7 @@ class Ranking:
     private_examples: int
     uniform_baseline: float
     results: list[RankResult] = field(default_factory=list)
-    seconds: float = 0.0
+    seconds: float | None = 0.0  # None under DP: the time depends on the private set's size
     privacy: dict | None = None
     warnings: list[str] = field(default_factory=list)
     sketch: int | None = None

@@ -16,7 +16,8 @@ def to_markdown(rankings: list[Ranking], failures: list[str] | None = None) -> s
 
     parts = []
     for rk in rankings:
-        kind = ("DP-GSD" if getattr(rk, "dp", False) else "DP-GSD (NOT DP: --insecure-seed)") if rk.privacy else (
+        why_not = "--insecure-seed" if rk.privacy and rk.privacy.get("exact", True) else "no proven guarantee"
+        kind = ("DP-GSD" if getattr(rk, "dp", False) else f"DP-GSD (NOT DP: {why_not})") if rk.privacy else (
             "GSD (not DP)" if getattr(rk, "metric", "gsd") == "gsd" else f"{rk.metric} (not DP: a non-private metric on the private data)")
         reps = getattr(rk, "repeats", 1)
         head = (
