@@ -32,6 +32,12 @@ def _private_cache_dir(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("GSD_CACHE_DIR", str(tmp_path_factory.mktemp("gsd-cache")))
 
 
+@pytest.fixture(autouse=True)
+def _private_ledger(tmp_path_factory, monkeypatch):
+    """DP runs book into the privacy ledger (`gsd budget`); tests never touch the user's."""
+    monkeypatch.setenv("GSD_LEDGER", str(tmp_path_factory.mktemp("gsd-ledger") / "ledger.sqlite"))
+
+
 # --------------------------------------------------------------------------------------------
 # datasets on disk
 

@@ -14,12 +14,14 @@ from __future__ import annotations
 from . import rank, train, compare  # noqa: F401
 from . import datasets, cache, models  # noqa: F401
 from . import audit  # noqa: F401
+from . import budget  # noqa: F401
 # isort: on
 from .app import app, main, reflow_help
+from .budget import budget_app
 from .cache import cache_app
 from .datasets import datasets_app
 from .models import models_app
 
-reflow_help(app, datasets_app, cache_app, models_app)
+reflow_help(app, datasets_app, cache_app, models_app, budget_app)
 
-__all__ = ["app", "cache_app", "datasets_app", "main", "models_app"]
+__all__ = ["app", "budget_app", "cache_app", "datasets_app", "main", "models_app"]

@@ -44,9 +44,12 @@ def debugging() -> bool:
 def main_callback(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
     debug: bool = typer.Option(False, "--debug", help="Print the traceback of an unexpected error (also GSD_DEBUG=1)."),
+    ledger: str = typer.Option(None, "--ledger", help="Privacy ledger every DP run books into (SQLite file or SQLAlchemy URL; default $GSD_LEDGER, else the user's data folder): see gsd budget."),
 ) -> None:
     """Choose public data for differentially private training by Gradient Subspace Distance."""
     _debug["on"] = debug
+    if ledger is not None:  # gsd_cli.privacy.budget reads it: every booking of this command goes there
+        os.environ["GSD_LEDGER"] = ledger
 
 
 def reflow_help(*apps: typer.Typer) -> None:
@@ -74,6 +77,8 @@ def _check_encoding(argv: list[str]) -> None:
             raise GSDError(f"{shown}: the name has bytes that are not UTF-8; rename the file or folder "
                            "(e.g. convmv -f latin1 -t utf8) or link it under a UTF-8 name") from None
 _HINT = "(run with --debug or GSD_DEBUG=1 for the traceback)"
+#: the arguments of the command running in this process (``main``), for gsd_cli.privacy.budget
+invoked: dict = {"argv": None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     system error (disk full, read-only folder) is a user error too; anything else is a bug: one line
     ``error: internal error: ...`` and exit 3 (the traceback with ``--debug`` or ``GSD_DEBUG=1``)."""
     _debug["on"] = False
+    invoked["argv"] = list(sys.argv[1:] if argv is None else argv)  # the command, as the privacy ledger records it
     keep_freed_memory()  # glibc: no page fault per large CPU tensor (gsd_cli.allocator; GSD_MALLOC=system: off)
     try:
         _check_encoding(sys.argv[1:] if argv is None else argv)

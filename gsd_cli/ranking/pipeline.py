@@ -114,6 +114,10 @@ def rank_once(private, publics: Sequence, config: RankConfig, *, public_seed: in
     pkey = key + (_memo_key(priv_source), seed, distance.memo_key())
     priv = recall(memo, pkey)
     if priv is None:
+        if distance.private:  # a new DP draw: booked in the privacy ledger first, refused past the budget (gsd_cli.privacy.budget)
+            from ..privacy.budget import book_ranking
+
+            book_ranking(priv_source, config.privacy)
         priv = remember(memo, pkey, priv_source, distance.private_side(ctx, priv_sample))
     if g.engine == "auto" and priv.engine != "ghost" and not distance.private:  # chosen once on the private sample; the same engine for every candidate (under DP the private side takes vmap: DPGSD.private_side)
         ctx.common["engine"] = priv.engine

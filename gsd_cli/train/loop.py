@@ -220,6 +220,9 @@ def train(
         start_epoch = 0
         rows = []
     noise_seed = world.share_seed(noise_seed)  # process 0's secret: every process draws the same subsamples
+    from ..privacy.budget import book_training_run  # the privacy ledger, by process 0, before the first step; refused past the budget
+
+    world.from_main(lambda: book_training_run(cfg, train_src, event, final_eps, method.description, noise_seed, out, resume))
 
     privacy_static = {
         "accountant": cfg.accountant,

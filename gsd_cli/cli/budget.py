@@ -1,0 +1,114 @@
+"""``gsd budget``: the privacy budget of each private data set, across every run
+(:mod:`gsd_cli.privacy.budget`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from .app import app
+from .common import err, out
+
+budget_app = typer.Typer(
+    help="The privacy budget of each private data set, across every DP run (a privacy filter). The ledger is private.",
+    no_args_is_help=True,
+)
+app.add_typer(budget_app, name="budget")
+
+LEDGER_HELP = ("The ledger: a SQLite file or a SQLAlchemy URL (postgresql://...) (default $GSD_LEDGER, else "
+               "$XDG_DATA_HOME/gsd/privacy-ledger.sqlite). gsd rank/train/compare book into $GSD_LEDGER or "
+               "`gsd --ledger PATH COMMAND`.")
+
+
+def _ledger(location: Optional[str]):
+    from ..privacy.budget import BudgetLedger
+
+    return BudgetLedger(location)
+
+
+@budget_app.command("set")
+def set_budget(
+    private: str = typer.Option(..., "--private", help="The private data set (any name, path or catalogue entry that reads it: it is identified by its content)."),
+    epsilon: float = typer.Option(..., "--epsilon", help="Total epsilon every DP run on this data set may spend together."),
+    delta: float = typer.Option(..., "--delta", help="Total delta (half for basic composition, half over the Rényi orders)."),
+    ledger: Optional[str] = typer.Option(None, "--ledger", help=LEDGER_HELP),
+) -> None:
+    """Give a private data set a privacy budget: from now on a DP run that would take it past
+    (epsilon, delta) is refused before it starts. The runs booked so far stay booked and count."""
+    from ..privacy.budget import data_identity
+
+    led = _ledger(ledger)
+    s = led.set_budget(data_identity(private), epsilon, delta)
+    left = s["remaining"]
+    out.print(f"{escape(s['name'])}: budget epsilon {epsilon:g}, delta {delta:g}; {s['spent']['runs']} run(s) booked, "
+              f"about {left['epsilon']:.4g} epsilon left")
+    err.print(f"ledger {escape(led.location)} (private: it names runs on the private data)")
+
+
+@budget_app.command("show")
+def show(
+    private: Optional[str] = typer.Option(None, "--private", help="Only this data set (default: every data set in the ledger)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    publishable: bool = typer.Option(False, "--publishable", help="Totals only: no runs, commands or times."),
+    ledger: Optional[str] = typer.Option(None, "--ledger", help=LEDGER_HELP),
+) -> None:
+    """What each private data set has spent and has left, with every run booked (command, time,
+    mechanism, epsilon). Spent is shown two ways: basic composition (epsilons and deltas add) and the
+    Rényi filter (RDP curves add; converted at the filter's delta, and at the budget's delta as if the
+    runs were fixed in advance). The ledger is private; --publishable prints the totals only."""
+    from ..privacy.budget import data_identity, status_json
+
+    led = _ledger(ledger)
+    status = led.status(data_identity(private).digest if private is not None else None)
+    doc = status_json(status, publishable_only=publishable, location=led.location)
+    if as_json:
+        out.print_json(json.dumps(doc, default=_jsonable))
+        return
+    _tables(doc, publishable)
+    if not doc["datasets"]:
+        out.print("no runs booked" + (" on this data set" if private is not None else "") + f" in {escape(led.location)}")
+    if not publishable:
+        err.print("[yellow]private:[/] this ledger names runs on private data; publish only --publishable")
+
+
+def _jsonable(x):
+    return None if isinstance(x, float) and not math.isfinite(x) else str(x)
+
+
+def _f(x, spec: str = ".4g") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _tables(doc: dict, publishable: bool) -> None:
+    from rich.table import Table
+
+    for s in doc["datasets"]:
+        sp, b = s["spent"], s["budget"]
+        head = (f"{escape(s['name'])}: budget " + (f"epsilon {b['epsilon']:g}, delta {b['delta']:g}" if b else "none set")
+                + f"; {sp['runs']} run(s)")
+        t = Table(title=head, title_justify="left")
+        for c in ("composition", "epsilon spent", "delta", "left"):
+            t.add_column(c)
+        rem = s.get("remaining")
+        t.add_row("basic (adaptive filter)", _f(sp["basic_epsilon"]), _f(sp["basic_delta"], ".3g"),
+                  _f(rem["basic_epsilon"]) if rem else "-")
+        t.add_row(f"Rényi filter (delta {sp['delta']:g})", _f(sp["renyi_epsilon"]), "", _f(rem["renyi_epsilon"]) if rem else "-")
+        t.add_row("Rényi, runs fixed in advance", _f(sp["renyi_epsilon_fixed"]), _f(sp["delta"], ".3g"), "")
+        if not sp["guarantee"]:
+            t.caption = "a booked run has no proven DP guarantee: the totals are not a guarantee"
+        out.print(t)
+        if publishable:
+            continue
+        runs = Table(title=f"runs on {escape(s['name'])} (data {s['digest'][:12]}, identified by {s['identified_by']})", title_justify="left")
+        for c in ("time (UTC)", "what", "epsilon", "delta", "DP", "command"):
+            runs.add_column(c, overflow="fold")
+        for r in s["runs"]:
+            dp = "yes" if r["dp"] and r["guarantee"] else ("no proof" if not r["guarantee"] else "no (seeded)")
+            when = r["time"].replace("T", " ").split("+")[0]
+            runs.add_row(when, escape(r["what"]), _f(r["epsilon"]), _f(r["delta"], ".3g"), dp, escape(r["command"]))
+        runs.caption = "mechanisms: gsd budget show --json"
+        out.print(runs)

@@ -1,0 +1,214 @@
+"""The privacy budget per private data set (`gsd budget`, gsd_cli.privacy.budget): one ledger entry
+per data set whatever its path, refusal past the budget before anything is trained, concurrent
+bookings from real processes, and the Rényi filter against dp-accounting's RDP accountant."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from gsd_cli.cli import main
+from gsd_cli.privacy import budget as B
+
+
+@pytest.fixture
+def two_paths(tmp_path):
+    """One small private set (4 classes, 120 examples of 16x16) at two paths under two names."""
+    rng = np.random.default_rng(0)
+    base = rng.uniform(size=(4, 16, 16))
+    y = rng.integers(0, 4, 120)
+    x = np.clip(base[y] + 0.1 * rng.normal(size=(120, 16, 16)), 0, 1)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = tmp_path / "a" / "xrays.npz"
+    np.savez(first, x=(x * 255).astype(np.uint8), y=y, classes=np.array(["a", "b", "c", "d"]))
+    second = tmp_path / "b" / "copy-of-xrays.npz"
+    shutil.copy(first, second)
+    return f"npz:{first}", f"npz:{second}"
+
+
+def _train(private, out, *extra):
+    return main(["train", "--private", private, "--method", "dpsgd", "--epsilon", "2", "--epochs", "1", "--batch-size", "30",
+                 "--physical-batch", "64", "--out", str(out), "-q", *extra])
+
+
+def test_two_paths_book_one_entry_and_a_run_past_the_budget_is_refused(two_paths, tmp_path, capsys):
+    first, second = two_paths
+    assert _train(first, tmp_path / "r1") == 0
+    assert _train(second, tmp_path / "r2") == 0  # the same data under another path and name
+    capsys.readouterr()
+    status = B.BudgetLedger().status()
+    assert len(status) == 1, "the same content under two paths is one data set"
+    runs = status[0]["runs"]
+    assert len(runs) == 2 and all(r["what"] == "training (dpsgd)" and r["dp"] for r in runs)
+    assert status[0]["budget"] is None and status[0]["spent"]["basic_epsilon"] == pytest.approx(sum(r["epsilon"] for r in runs))
+    assert all(0 < r["epsilon"] <= 2.0 for r in runs)
+    # a budget that the two runs fit, with too little left for a third
+    spent = status[0]["spent"]
+    assert spent["renyi_epsilon_fixed"] < spent["renyi_epsilon"] < spent["basic_epsilon"]
+    assert main(["budget", "set", "--private", second, "--epsilon", f"{spent['renyi_epsilon'] + 0.3:.6f}", "--delta", "1e-5"]) == 0
+    capsys.readouterr()
+    code = _train(first, tmp_path / "r3")
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "budget" in err and "left" in err and "Traceback" not in err
+    assert not (tmp_path / "r3").exists(), "nothing trained, no run folder"
+    assert len(B.BudgetLedger().status()[0]["runs"]) == 2
+    # shown as a table, as JSON and as publishable totals
+    assert main(["budget", "show", "--private", first, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["datasets"]) == 1 and len(doc["datasets"][0]["runs"]) == 2 and "PRIVATE" in doc["note"]
+    assert doc["datasets"][0]["runs"][0]["command"].startswith(f"gsd train --private {first}")
+    assert main(["budget", "show", "--publishable", "--json"]) == 0
+    pub = capsys.readouterr().out
+    assert "command" not in pub and "time" not in pub and "xrays" in pub and json.loads(pub)["publishable"] is True
+    assert main(["budget", "show"]) == 0
+    out, err = capsys.readouterr()
+    assert "Rényi filter" in out and "basic" in out and "private" in err
+
+
+def test_renyi_filter_of_k_identical_dpsgd_runs_is_dp_accountings_composition(tmp_path):
+    import dp_accounting as dpa
+
+    from gsd_cli.privacy import calibrate_noise, dpsgd_step_event, epsilon_of, training_event
+
+    q, steps, delta = 0.02, 300, 1e-5
+    z = calibrate_noise(dpsgd_step_event, 1.0, delta, q, steps, cache=False)
+    event = training_event(dpsgd_step_event(z), q, steps)
+    eps = epsilon_of(event, delta)
+    data = B.DataIdentity("d" * 64, "test-set", "arrays")
+    led = B.BudgetLedger(tmp_path / "l.sqlite")
+    k = 4
+    for _ in range(k):
+        B.book_training(data, event, epsilon=eps, delta=delta, method="dpsgd", mechanism="DP-SGD", ledger_location=led.location)
+    led.set_budget(data, 100.0, delta)
+    spent = led.status()[0]["spent"]
+    acc = dpa.rdp.RdpAccountant(orders=list(B.ORDERS))  # independent: dp-accounting composes the k runs itself
+    acc.compose(event, k)
+    assert spent["renyi_epsilon_fixed"] == pytest.approx(acc.get_epsilon(delta), rel=1e-9)
+    assert spent["renyi_epsilon"] == pytest.approx(acc.get_epsilon(delta / (2 * len(B.ORDERS))), rel=1e-9)
+    assert spent["basic_epsilon"] == pytest.approx(k * eps) and spent["basic_delta"] == pytest.approx(k * delta)
+    assert spent["renyi_epsilon_fixed"] < spent["renyi_epsilon"] < k * eps  # RDP beats basic composition here
+    # pure DP enters as min(eps, alpha eps^2 / 2) per release
+    curve = B.pure_dp_curve(0.5, releases=3)
+    assert curve == pytest.approx([3 * min(0.5, a * 0.125) for a in B.ORDERS])
+
+
+def test_filter_admits_by_either_composition_and_refuses_past_both(tmp_path):
+    data = B.DataIdentity("e" * 64, "pure", "arrays")
+    led = B.BudgetLedger(tmp_path / "l.sqlite")
+    led.set_budget(data, 1.0, 1e-6)
+    for _ in range(4):  # basic: 4 x 0.25 = 1.0 exactly, pure DP (delta 0)
+        led.book(data, what="DP-GSD", mechanism="m", epsilon=0.25, delta=0.0, rdp=B.pure_dp_curve(0.25))
+    with pytest.raises(B.BudgetExceeded, match="budget exceeded"):
+        led.book(data, what="DP-GSD", mechanism="m", epsilon=0.01, delta=0.0, rdp=B.pure_dp_curve(0.01))
+    # a release without a proven guarantee never fits a budget
+    other = B.DataIdentity("f" * 64, "other", "arrays")
+    led.set_budget(other, 10.0, 1e-5)
+    with pytest.raises(B.BudgetExceeded, match="no proven"):
+        led.book(other, what="DP-GSD", mechanism="matrix", epsilon=0.1, delta=0.0, rdp=None, guarantee=False)
+    # the same booking id is booked once (a resumed run)
+    a = led.book(other, what="t", mechanism="m", epsilon=1.0, delta=0.0, rdp=B.pure_dp_curve(1.0), booking_id="run-1")
+    b = led.book(other, what="t", mechanism="m", epsilon=1.0, delta=0.0, rdp=B.pure_dp_curve(1.0), booking_id="run-1")
+    assert a["id"] == b["id"] and len(led.status(other.digest)[0]["runs"]) == 1
+
+
+_BOOKER = textwrap.dedent("""
+    import sys, time
+    from gsd_cli.privacy import budget as B
+    led = B.BudgetLedger(sys.argv[1])
+    data = B.DataIdentity("c" * 64, "shared-set", "arrays")
+    while time.time() < float(sys.argv[2]):
+        time.sleep(0.005)
+    ok = 0
+    for _ in range(10):
+        try:
+            led.book(data, what="DP-GSD", mechanism="m", epsilon=0.1, delta=0.0, rdp=B.pure_dp_curve(0.1))
+            ok += 1
+        except B.BudgetExceeded:
+            pass
+    print(ok)
+""")
+
+
+def test_concurrent_bookings_from_two_processes_all_land_within_the_budget(tmp_path):
+    path = tmp_path / "ledger.sqlite"
+    led = B.BudgetLedger(path)
+    led.set_budget(B.DataIdentity("c" * 64, "shared-set", "arrays"), 1.5, 1e-5)  # room for 15 bookings of 0.1 (basic)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    start = time.time() + 6  # both interpreters are up (dp-accounting imported) before either books
+    procs = [subprocess.Popen([sys.executable, "-c", _BOOKER, str(path), str(start)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
+    landed = [int(o[0].strip()) for o in outs]
+    runs = led.status()[0]["runs"]
+    assert sum(landed) == len(runs) == 15, (landed, len(runs))  # none lost, none past the budget
+    assert min(landed) > 0, "both processes booked"
+
+
+def test_dp_rank_books_one_release_shared_and_r_fresh(tiny):
+    from gsd_cli.ranking import rank
+
+    opts = dict(dp=True, epsilon=0.5, k=2, examples=24, model="fmnist-cnn", insecure_seed=1)
+    rank(tiny["private"], [tiny["public"]], **opts)
+    rank(tiny["private"], [tiny["public"]], repeats=2, dp_repeats="shared", **opts)
+    rank(tiny["private"], [tiny["public"]], repeats=2, dp_repeats="fresh", **opts)
+    runs = B.BudgetLedger().status()[0]["runs"]
+    assert [r["epsilon"] for r in runs] == [0.5, 0.5, 0.5, 0.5]  # 1 + 1 (shared) + 2 (fresh) draws
+    assert all(r["what"] == "DP-GSD ranking" and r["delta"] == 0 and not r["dp"] for r in runs)  # seeded: booked, marked
+    rank(tiny["private"], [tiny["public"]], k=2, examples=24, model="fmnist-cnn")  # not DP: nothing to book
+    assert len(B.BudgetLedger().status()[0]["runs"]) == 4
+
+
+def test_ledger_location_and_its_errors(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GSD_LEDGER", str(tmp_path / "x" / "l.sqlite"))
+    assert B.default_location() == str(tmp_path / "x" / "l.sqlite")
+    monkeypatch.delenv("GSD_LEDGER")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert B.default_location() == str(tmp_path / "xdg" / "gsd" / B.FILE_NAME)
+    other = tmp_path / "given.sqlite"
+    assert main(["--ledger", str(other), "budget", "show"]) == 0 and other.is_file()
+    assert main(["budget", "set", "--private", "npz:/nonexistent-gsd.npz", "--epsilon", "1", "--delta", "1e-5", "--ledger", str(other)]) == 2
+    assert main(["budget", "set", "--private", "digits", "--epsilon", "-1", "--delta", "1e-5", "--ledger", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "epsilon must be a positive number" in err
+
+
+def _postgres(tmp_path):
+    try:
+        import pgserver  # noqa: F401
+        import psycopg  # noqa: F401
+        import sqlalchemy  # noqa: F401
+    except ImportError as e:
+        pytest.skip(f"no pip-installable PostgreSQL here ({e.name} missing: pip install 'gsd-cli[budget-server]' pgserver)")
+    try:
+        return pgserver.get_server(tmp_path / "pg", cleanup_mode="stop")
+    except Exception as e:  # noqa: BLE001 - a server that cannot start on this machine is a skip, with its reason
+        pytest.skip(f"PostgreSQL (pgserver) did not start: {type(e).__name__}: {e}")
+
+
+def test_a_shared_postgresql_ledger(tmp_path):
+    server = _postgres(tmp_path)
+    try:
+        url = server.get_uri()
+        led = B.BudgetLedger(url)
+        data = B.DataIdentity("9" * 64, "hospital", "files")
+        led.set_budget(data, 1.0, 1e-6)
+        led.book(data, what="DP-GSD", mechanism="m", epsilon=0.6, delta=0.0, rdp=B.pure_dp_curve(0.6))
+        with pytest.raises(B.BudgetExceeded):
+            B.BudgetLedger(url).book(data, what="DP-GSD", mechanism="m", epsilon=0.6, delta=0.0, rdp=B.pure_dp_curve(0.6))
+        s = B.BudgetLedger(url).status()
+        assert len(s) == 1 and len(s[0]["runs"]) == 1 and s[0]["spent"]["basic_epsilon"] == pytest.approx(0.6)
+        assert s[0]["runs"][0]["rdp"] == pytest.approx(B.pure_dp_curve(0.6))
+        led._db.engine.dispose()
+    finally:
+        server.cleanup()
