@@ -21,7 +21,16 @@ goes on. ``clear`` deletes only gsd's own entries: regular files named ``<64 hex
 safetensors header says they are a gsd entry of a known schema with that key (never a user's
 ``model.safetensors``, a folder or a symlink), and gsd's own temporary files.
 
-Location: ``$GSD_CACHE_DIR``, else ``$XDG_CACHE_HOME/gsd/subspaces``, else ``~/.cache/gsd/subspaces``.
+Location: ``$GSD_CACHE_DIR``, else ``$XDG_CACHE_HOME/gsd/subspaces``, else ``$HOME/.cache/gsd/subspaces``
+(:func:`cache_dir_or_reason`). A missing ``$HOME`` or ``$XDG_CACHE_HOME`` is never created: without a
+usable folder the ranking runs without the cache and says so once.
+
+Size: the entries are capped (:data:`DEFAULT_MAX_BYTES`, 2 GiB; ``gsd cache limit SIZE`` sets it, kept in
+the folder's :data:`SETTINGS_FILE`); after each write the least recently used entries (a hit touches its
+file's modification time) are deleted until the rest fit. Bases ``V`` are stored in float32 (half the
+bytes; a distance moves by less than 1e-6, measured by ``benchmarks/bench_cache_float32.py``) and
+used in float64; the singular values keep their dtype. Temporary files are named
+``.gsd-tmp-<64 hex key>.<8 characters>.tmp``; ``clear`` deletes no other name.
 """
 
 from __future__ import annotations
@@ -50,14 +59,54 @@ ENV = "GSD_CACHE_DIR"
 _ENTRY = re.compile(r"[0-9a-f]{64}\.safetensors")
 #: The subfolder where gsd keeps noise calibrations (:mod:`gsd_cli.privacy.calibration_cache`).
 CALIBRATION_SUBFOLDER = "calibration"
-_TEMP = re.compile(r"\.[0-9a-f]{16}\..+\.tmp")
+#: gsd's temporary files: ``.gsd-tmp-<the entry's 64-hex key>.<mkstemp's 8 characters>.tmp``, a name a
+#: user's file does not have by chance (``clear`` deletes these and nothing else that is not an entry)
+_TEMP_PREFIX = ".gsd-tmp-"
+_TEMP = re.compile(r"\.gsd-tmp-[0-9a-f]{64}\.[a-z0-9_]{8}\.tmp")
+#: the cache's settings (its size cap), in the cache folder
+SETTINGS_FILE = "gsd-cache-settings.json"
+#: the default size cap of the cache's entries: least recently used entries are deleted beyond it
+DEFAULT_MAX_BYTES = 2 * 2**30
 
 
-def default_cache_dir() -> Path:
+def cache_dir_or_reason() -> tuple[Path | None, str | None]:
+    """``(folder, None)`` of the cache: ``$GSD_CACHE_DIR``, else ``$XDG_CACHE_HOME/gsd/subspaces`` when
+    ``$XDG_CACHE_HOME`` is an existing folder, else ``$HOME/.cache/gsd/subspaces`` when ``$HOME`` is one;
+    else ``(None, why)``: a missing ``$HOME`` or ``$XDG_CACHE_HOME`` is never created, and with ``$HOME``
+    unset the cache is off (the password database's home may be another user's, under sudo)."""
     if os.environ.get(ENV):
-        return Path(os.environ[ENV]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "gsd" / "subspaces"
+        return Path(os.environ[ENV]).expanduser(), None
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        if not os.path.isabs(xdg) or not os.path.isdir(xdg):
+            return None, f"XDG_CACHE_HOME={xdg} is not an existing folder"
+        return Path(xdg) / "gsd" / "subspaces", None
+    home = os.environ.get("HOME")
+    if not home:
+        return None, "HOME is not set"
+    if not os.path.isabs(home) or not os.path.isdir(home):
+        return None, f"HOME={home} is not an existing folder"
+    return Path(home) / ".cache" / "gsd" / "subspaces", None
+
+
+def default_cache_dir() -> Path | None:
+    """The cache folder (:func:`cache_dir_or_reason`), or None when there is no usable one."""
+    return cache_dir_or_reason()[0]
+
+
+def parse_size(text: str | int) -> int:
+    """``2G``, ``512M``, ``100k``, ``0`` or a byte count -> bytes (powers of 1024); else GSDError."""
+    from .errors import GSDError
+
+    if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
+        return text
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(?:i?[bB])?\s*", str(text))
+    if not m:
+        raise GSDError(f"size {text!r}: give bytes or a number with K, M, G or T (e.g. 2G, 500M)")
+    value = float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " ")
+    if value > 2**62:
+        raise GSDError(f"size {text!r} is too large; give at most 4E bytes")
+    return int(value)
 
 
 def _tensor_digest(*tensors: torch.Tensor) -> str:
@@ -100,11 +149,66 @@ class SubspaceCache:
     """
 
     def __init__(self, directory: str | Path | None = None, warn: Callable[[str], None] | None = None):
-        self.directory = Path(directory).expanduser() if directory is not None else default_cache_dir()
+        self.unusable: str | None = None  # why there is no cache folder (then nothing is read or written)
+        if directory is not None:
+            self.directory = Path(directory).expanduser()
+        else:
+            self.directory, self.unusable = cache_dir_or_reason()
         self.hits = 0
         self.misses = 0
         self.write_error: str | None = None
         self._warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr, flush=True))
+        if self.unusable is not None:
+            self.write_error = self.unusable  # nothing is written (get says so once)
+
+    # -- size cap ------------------------------------------------------------------------------------
+    def max_bytes(self) -> int:
+        """The size cap of the entries (:data:`DEFAULT_MAX_BYTES` unless set by :meth:`set_max_bytes`)."""
+        try:
+            value = json.loads((self.directory / SETTINGS_FILE).read_text(encoding="utf-8")).get("max_bytes")
+        except (OSError, ValueError, AttributeError, TypeError):
+            return DEFAULT_MAX_BYTES
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else DEFAULT_MAX_BYTES
+
+    def set_max_bytes(self, value: int) -> dict:
+        """Set the size cap (kept in the folder's :data:`SETTINGS_FILE`) and evict down to it; returns :meth:`evict`'s."""
+        from .outputs import write_output
+
+        if self.directory is None:
+            from .errors import GSDError
+
+            raise GSDError(f"no cache folder ({self.unusable}); set {ENV} to a folder")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        write_output(self.directory / SETTINGS_FILE, json.dumps({"max_bytes": int(value)}) + "\n")
+        return self.evict()
+
+    def evict(self, keep: str | None = None) -> dict:
+        """Delete the least recently used entries (oldest modification time: a hit touches its entry)
+        until the entries fit the size cap; the entry ``keep`` (just written) goes last. Returns
+        ``deleted`` and ``bytes`` freed."""
+        done = {"deleted": 0, "bytes": 0}
+        if self.directory is None:
+            return done
+        cap = self.max_bytes()
+        entries = []
+        for f in self.scan()["entries"]:
+            try:
+                st = f.stat()
+            except OSError:
+                continue
+            entries.append((f.stem == keep, st.st_mtime, f, st.st_size))
+        total = sum(e[3] for e in entries)
+        for _, _, f, size in sorted(entries, key=lambda e: (e[0], e[1])):
+            if total <= cap:
+                break
+            try:
+                f.unlink()
+            except OSError:
+                continue
+            total -= size
+            done["deleted"] += 1
+            done["bytes"] += size
+        return done
 
     # -- keys ------------------------------------------------------------------------------------
     @staticmethod
@@ -127,6 +231,12 @@ class SubspaceCache:
         """``(V, s, meta)`` of a valid entry, else None (missing, unreadable, stale or corrupt)."""
         from safetensors import safe_open
 
+        if self.directory is None:
+            if self.unusable is not None and not getattr(self, "_said", False):  # said once, on the first lookup
+                self._said = True
+                self._warn(f"no cache folder ({self.unusable}): ranking without the cache of public subspaces; "
+                           f"set {ENV} to a folder to cache them")
+            return None
         file = self.path(key)
         try:
             if not file.is_file():
@@ -146,9 +256,11 @@ class SubspaceCache:
         from safetensors.torch import save_file
 
         self.directory.mkdir(parents=True, exist_ok=True)
-        V, s = V.detach().cpu().contiguous(), s.detach().cpu().contiguous()
+        # V in float32: half the bytes, and the distance moves by < 1e-6 (benchmarks/bench_cache_float32.py)
+        V = V.detach().cpu().to(torch.float32 if V.is_floating_point() else V.dtype).contiguous()
+        s = s.detach().cpu().contiguous()
         meta = {"gsd": json.dumps({**info, "schema": SCHEMA, "key": key, "sha256": _tensor_digest(V, s)})}
-        fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=self.directory)
+        fd, tmp = tempfile.mkstemp(prefix=f"{_TEMP_PREFIX}{key}.", suffix=".tmp", dir=self.directory)
         os.close(fd)
         try:
             save_file({"V": V, "s": s}, tmp, metadata=meta)
@@ -164,6 +276,10 @@ class SubspaceCache:
             self.misses += 1
             return None
         self.hits += 1
+        try:
+            os.utime(self.path(key))  # least recently used goes first (evict)
+        except OSError:
+            pass
         V, s, info = hit
         return Subspace(name, V.to(torch.float64), s, int(info["examples"]), 0.0, info.get("engine", "") + " (cached)")
 
@@ -173,7 +289,15 @@ class SubspaceCache:
         if self.write_error is not None:
             return False
         try:
+            need = sub.V.numel() * 4 + sub.s.numel() * sub.s.element_size()
+            cap = self.max_bytes()
+            if need > cap:
+                self.write_error = f"an entry of {need / 2**20:.1f} MiB is larger than the cache's cap"
+                self._warn(f"not caching a public subspace of {need / 2**20:.1f} MiB: the cache's size cap is "
+                           f"{cap / 2**20:.1f} MiB (raise it with gsd cache limit SIZE)")
+                return False
             self.store(key, sub.V, sub.s, {"name": sub.name, "examples": sub.examples, "engine": sub.engine})
+            self.evict(keep=key)
             return True
         except Exception as e:  # OSError (read-only, full, a file in the way) or safetensors' own error
             self.write_error = " ".join(f"{type(e).__name__}: {e}".split())
@@ -202,6 +326,9 @@ class SubspaceCache:
         calibrations in ``calibration/`` (:mod:`gsd_cli.privacy.calibration_cache`; gsd's, kept by
         :meth:`clear`); ``problem`` when it is not a folder."""
         found: dict = {"entries": [], "temporary": [], "other": [], "calibrations": 0, "problem": None}
+        if self.directory is None:
+            found["problem"] = f"no cache folder ({self.unusable})"
+            return found
         if not self.directory.exists():
             return found
         if not self.directory.is_dir():
@@ -215,6 +342,8 @@ class SubspaceCache:
         for f in files:
             if f.name == CALIBRATION_SUBFOLDER and f.is_dir() and not f.is_symlink():  # gsd's noise calibrations: kept
                 found["calibrations"] = _count_json(f)
+            elif f.name == SETTINGS_FILE:  # the size cap: kept
+                continue
             elif self.is_entry(f):
                 found["entries"].append(f)
             elif _TEMP.fullmatch(f.name) and f.is_file() and not f.is_symlink():
@@ -228,7 +357,7 @@ class SubspaceCache:
         (``calibrations``), and how many other files it leaves alone (``other``, ``other_names``: the
         first few)."""
         found = self.scan()
-        return {"directory": str(self.directory), "entries": len(found["entries"]),
+        return {"directory": str(self.directory), "entries": len(found["entries"]), "max_bytes": self.max_bytes() if self.directory else None,
                 "bytes": sum(_size(f) for f in found["entries"]), "temporary": len(found["temporary"]),
                 "other": len(found["other"]), "other_names": [f.name for f in found["other"][:5]],
                 "calibrations": found["calibrations"], "problem": found["problem"]}

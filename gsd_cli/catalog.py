@@ -51,6 +51,8 @@ run; ``on_job`` sees the run after each job (``gsd rank`` rewrites its outputs t
 
 from __future__ import annotations
 
+import json
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,10 +67,13 @@ OPTIONS = ("k", "examples", "seed", "model", "params", "labels", "row_norm", "de
 CHECKS = ("fail_above", "expect_best")
 #: the type each numeric or boolean option (and check) must have in a catalogue
 OPTION_TYPES = {"k": "an integer", "examples": "an integer", "seed": "an integer", "chunk_size": "an integer",
-                "dp_sketch": "an integer", "gibbs_sweeps": "an integer", "repeats": "an integer", "dp": "true or false",
+                "dp_sketch": "an integer or a string", "gibbs_sweeps": "an integer", "repeats": "an integer", "dp": "true or false",
                 "epsilon": "a number", "clip": "a number", "fail_above": "a number", "expect_best": "a string",
                 "dp_repeats": "a string", "gram": "a string", "subspace_method": "a string", "weights": "a string", "peft": "a string",
-                "insecure_seed": "an integer", "model": "a string", "batchnorm": "a string"}
+                "insecure_seed": "an integer", "model": "a string", "batchnorm": "a string",
+                "params": "a list of strings", "device": "a string", "labels": "a string", "row_norm": "a string",
+                "engine": "a string", "mechanism": "a string", "memory_budget": "a string",
+                "classes": "an integer or a string"}
 
 
 def _is(value, kind: str) -> bool:
@@ -78,6 +83,10 @@ def _is(value, kind: str) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if kind == "true or false":
         return isinstance(value, bool)
+    if kind == "a list of strings":
+        return isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
+    if kind == "an integer or a string":
+        return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
     return isinstance(value, str)
 DATASET_KEYS = ("source", "root", "path", "split", "image_column", "label_column", "label_columns", "group_column",
                 "groups", "frame", "notes")
@@ -190,12 +199,17 @@ def load_catalog(path: str | Path) -> Catalog:
     if not path.is_file():
         raise GSDError(f"catalogue {path}: no such file")
     try:
-        doc = tomllib.loads(path.read_text())
+        doc = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark (Windows editors) is not TOML
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise GSDError(f"catalogue {path}: not valid TOML ({e})") from None
     unknown = set(doc) - {"data_root", "datasets", "jobs"}
     if unknown:
         raise GSDError(f"catalogue {path}: unknown key(s) {', '.join(sorted(unknown))}; use data_root, [datasets.NAME], [[jobs]]")
+    for key, kind, example in (("datasets", dict, "[datasets.NAME] tables"), ("jobs", list, "[[jobs]] tables")):
+        if key in doc and not isinstance(doc[key], kind):
+            raise GSDError(f"catalogue {path}: {key} = {doc[key]!r} should be {example}; see gsd rank --help")
+    if "data_root" in doc and not isinstance(doc["data_root"], str):
+        raise GSDError(f"catalogue {path}: data_root = {doc['data_root']!r} should be a string (a folder)")
     datasets = {}
     for name, d in (doc.get("datasets") or {}).items():
         if not isinstance(d, dict) or "source" not in d:
@@ -203,11 +217,20 @@ def load_catalog(path: str | Path) -> Catalog:
         bad = set(d) - set(DATASET_KEYS)
         if bad:
             raise GSDError(f"catalogue {path}: [datasets.{name}] has unknown key(s) {', '.join(sorted(bad))}; use {', '.join(DATASET_KEYS)}")
+        for key, value in d.items():
+            want = "an integer" if key == "frame" else "a list of strings" if key == "label_columns" else "a string"
+            if not _is(value, want) or (key == "label_columns" and isinstance(value, str)):
+                raise GSDError(f"catalogue {path}: [datasets.{name}] {key} = {value!r} should be {want}")
         datasets[name] = DatasetEntry(name=name, **d)
     jobs = []
     for i, j in enumerate(doc.get("jobs") or [], 1):
         if not isinstance(j, dict) or "private" not in j or not j.get("candidates"):
             raise GSDError(f"catalogue {path}: job {i} needs private = \"...\" and candidates = [...]")
+        if not isinstance(j["private"], str) or not isinstance(j.get("name", ""), str):
+            raise GSDError(f"catalogue {path}: job {i}: private and name must be strings (private = \"...\")")
+        if not isinstance(j["candidates"], list) or not all(isinstance(c, str) for c in j["candidates"]):
+            raise GSDError(f"catalogue {path}: job {i}: candidates = {j['candidates']!r} should be a list of names, "
+                           f"e.g. candidates = [{json.dumps(str(j['candidates']))}]")
         bad = set(j) - {"name", "private", "candidates", "options"}
         if bad:
             raise GSDError(f"catalogue {path}: job {i} has unknown key(s) {', '.join(sorted(bad))}")
@@ -218,6 +241,9 @@ def load_catalog(path: str | Path) -> Catalog:
         for key, kind in OPTION_TYPES.items():
             if key in opts and opts[key] is not None and not _is(opts[key], kind):
                 raise GSDError(f"catalogue {path}: job {i} option {key} = {opts[key]!r} should be {kind}")
+        fa = opts.get("fail_above")
+        if fa is not None and not (math.isfinite(fa) and fa >= 0):  # nan/inf: a check that could never fail
+            raise GSDError(f"catalogue {path}: job {i} option fail_above = {fa!r}: give a finite distance >= 0 (distances lie in [0, 1])")
         checks = {c: opts.pop(c) for c in CHECKS if c in opts}
         jobs.append(Job(name=j.get("name") or j["private"], private=j["private"], candidates=list(j["candidates"]),
                         options=opts, checks=checks))
@@ -250,6 +276,12 @@ def _line(e: BaseException) -> str:
     return " ".join(str(e).split())
 
 
+#: the error of a job that did not run because one of its datasets cannot be used (listed once per run)
+BLOCKED = "not usable (named on the line above)"
+#: where an unknown-dataset message's list of known names begins (said once per run)
+_HINT_SEP = "; use one of "
+
+
 @dataclass
 class CatalogRun:
     """A catalogue run so far: ``results`` ``[(job, ranking)]`` of the jobs that finished, in order;
@@ -262,16 +294,31 @@ class CatalogRun:
     unusable: dict = field(default_factory=dict)
 
     def unusable_line(self) -> str | None:
-        """One line naming every dataset of the run that cannot be used, or None."""
+        """One line naming every dataset of the run that cannot be used, or None. A hint that several
+        messages share (the list of known names after an unknown one) is said once, at the end."""
         if not self.unusable:
             return None
-        return f"{len(self.unusable)} dataset(s) of this run cannot be used: " + "; ".join(
-            f"{name}: {msg}" for name, msg in self.unusable.items())
+        parts, hints = [], {}
+        for name, msg in self.unusable.items():
+            head, sep, hint = msg.partition(_HINT_SEP)
+            parts.append(f"{name}: {head}")
+            if sep:
+                hints.setdefault(hint, None)
+        tail = "".join(f"{_HINT_SEP}{h}" for h in hints)
+        return f"{len(self.unusable)} dataset(s) of this run cannot be used: " + "; ".join(parts) + tail
 
-    def error_lines(self) -> list[str]:
-        """The unusable datasets (one line), then one line per failed job."""
+    def error_lines(self, first: int = 10) -> list[str]:
+        """The unusable datasets (one line), then one line per failed job (those that failed only because
+        of an unusable dataset: the first ``first``, then a count)."""
         head = [self.unusable_line()] if self.unusable else []
-        return head + [f"job {job.name!r} failed: {msg}" for job, msg in self.errors]
+        lines, blocked = [], 0
+        for job, msg in self.errors:
+            blocked += msg.endswith(BLOCKED)
+            if not msg.endswith(BLOCKED) or blocked <= first:
+                lines.append(f"job {job.name!r} failed: {msg}")
+        if blocked > first:
+            lines.append(f"... and {blocked - first} more job(s) failed because a dataset above is not usable")
+        return head + lines
 
 
 class CatalogError(GSDError):
@@ -309,8 +356,10 @@ def run_jobs(catalog: Catalog | str | Path, private: str | None = None, *, downl
         try:
             config = RankConfig.from_options(**{**job.options, **(overrides or {})})
             bad = [n for n in dict.fromkeys((job.private, *job.candidates)) if n in run.unusable]
-            if bad:
+            if bad and fail_fast:
                 raise GSDError("; ".join(f"dataset {n}: {run.unusable[n]}" for n in bad))
+            if bad:  # why is said once for the run (CatalogRun.unusable_line), not once per job
+                return None, f"dataset(s) {', '.join(bad)} {BLOCKED}"
             return rank(sources[job.private], [sources[c] for c in job.candidates], config, **rank_kwargs), None
         except GSDError as e:
             if fail_fast:

@@ -111,7 +111,7 @@ def test_clear_deletes_only_gsd_entries(tmp_path, monkeypatch, capsys):
     (d / "x.safetensors").mkdir()
     (d / "notes.txt").write_text("mine")
     os.symlink(d / "model.safetensors", d / ("45" * 32 + ".safetensors"))        # a link is never followed
-    (d / f".{KEY[:16]}.abc.tmp").write_bytes(b"half")                             # gsd's unfinished write
+    (d / f".gsd-tmp-{KEY}.abc_1234.tmp").write_bytes(b"half")                     # gsd's unfinished write
     stamp = SubspaceCache().path(KEY)
     os.symlink(stamp, tmp_path / "outside-link")
 

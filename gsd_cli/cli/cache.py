@@ -34,11 +34,15 @@ def cache_info() -> None:
     from ..cache import SubspaceCache
 
     i = SubspaceCache().info()
+    if i["directory"] == "None":
+        out.print(escape(f"{i['problem']}; set GSD_CACHE_DIR to a folder to cache public subspaces"), highlight=False, soft_wrap=True)
+        return
     if i["problem"]:
         out.print(escape(f"{i['directory']}: {i['problem']}; set GSD_CACHE_DIR to a folder, or rank with --no-cache"), highlight=False, soft_wrap=True)
         return
     temp = f", {i['temporary']} unfinished temporary file(s)" if i["temporary"] else ""
-    text = f"{i['directory']}: {i['entries']} entries, {_mib(i['bytes'])}{temp}{_calibrations(i['calibrations'])}"
+    text = (f"{i['directory']}: {i['entries']} entries, {_mib(i['bytes'])} of a {_mib(i['max_bytes'])} cap (least "
+            f"recently used entries deleted beyond it; gsd cache limit SIZE){temp}{_calibrations(i['calibrations'])}")
     out.print(escape(text + _left(i["other"], i["other_names"]).replace("left alone", "also")), highlight=False, soft_wrap=True)
 
 
@@ -50,7 +54,8 @@ def cache_clear() -> None:
 
     c = SubspaceCache().clear()
     if c["problem"]:
-        raise GSDError(f"cache {c['directory']}: {c['problem']}; nothing deleted")
+        where = "" if c["directory"] == "None" else f"cache {c['directory']}: "
+        raise GSDError(f"{where}{c['problem']}; nothing deleted")
     temp = f" and {c['temporary']} temporary file(s)" if c["temporary"] else ""
     text = f"deleted {c['deleted']} entries ({_mib(c['bytes'])}){temp} from {c['directory']}"
     if c["calibrations"]:
@@ -58,3 +63,23 @@ def cache_clear() -> None:
     out.print(escape(text + _left(c["left"], c["left_names"])), highlight=False, soft_wrap=True)
     if c["failed"]:
         raise GSDError(f"could not delete {len(c['failed'])} entries: {', '.join(c['failed'][:5])}")
+
+
+@cache_app.command("limit")
+def cache_limit(
+    size: str = typer.Argument(None, help="New size cap of the cache's entries, e.g. 2G, 500M, 0 (cache nothing); none: show it."),
+) -> None:
+    """Show or set the size cap of the cache: after each write, the least recently used entries are deleted
+    until the rest fit (default 2 GiB; kept in the cache folder)."""
+    from ..cache import SubspaceCache, parse_size
+    from ..errors import GSDError
+
+    c = SubspaceCache()
+    if c.directory is None:
+        raise GSDError(f"no cache folder ({c.unusable}); set GSD_CACHE_DIR to a folder")
+    if size is None:
+        out.print(escape(f"{c.directory}: size cap {_mib(c.max_bytes())}"), highlight=False, soft_wrap=True)
+        return
+    done = c.set_max_bytes(parse_size(size))
+    freed = f"; deleted {done['deleted']} least recently used entries ({_mib(done['bytes'])})" if done["deleted"] else ""
+    out.print(escape(f"{c.directory}: size cap set to {_mib(c.max_bytes())}{freed}"), highlight=False, soft_wrap=True)

@@ -33,11 +33,13 @@ SCHEMA = 1
 TIGHT = 1e-3
 
 
-def calibration_dir() -> Path:
-    """``calibration/`` under the cache folder of :func:`gsd_cli.cache.default_cache_dir`."""
+def calibration_dir() -> Path | None:
+    """``calibration/`` under the cache folder of :func:`gsd_cli.cache.default_cache_dir` (None: there
+    is no usable cache folder, and then nothing is cached)."""
     from ..cache import CALIBRATION_SUBFOLDER, default_cache_dir
 
-    return default_cache_dir() / CALIBRATION_SUBFOLDER
+    base = default_cache_dir()
+    return None if base is None else base / CALIBRATION_SUBFOLDER
 
 
 def dp_accounting_version() -> str:
@@ -55,13 +57,17 @@ class CalibrationCache:
     def __init__(self, directory: str | Path | None = None):
         self.directory = Path(directory).expanduser() if directory is not None else calibration_dir()
 
-    def path(self, key: dict) -> Path:
+    def path(self, key: dict) -> Path | None:
+        if self.directory is None:  # no usable cache folder: nothing is read or written
+            return None
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
         return self.directory / f"{digest}.json"
 
     def get(self, key: dict, epsilon_at: Callable[[float], float], target: float) -> float | None:
         """The cached sigma for ``key`` when the entry is sound and ``epsilon_at(sigma)`` (one
         accountant evaluation) is within [target (1 - TIGHT), target]; else None."""
+        if self.directory is None:
+            return None
         try:
             entry = json.loads(self.path(key).read_text(encoding="utf-8"))
         except (OSError, ValueError):  # absent, unreadable, not JSON (UnicodeDecodeError is a ValueError)
@@ -80,6 +86,8 @@ class CalibrationCache:
     def put(self, key: dict, sigma: float, epsilon: float) -> bool:
         """Write the entry atomically; False (and nothing raised) when the folder cannot be written."""
         entry = {"schema": SCHEMA, "key": key, "sigma": float(sigma), "epsilon": float(epsilon)}
+        if self.directory is None:
+            return False
         target = self.path(key)
         tmp = None
         try:
