@@ -193,7 +193,8 @@ def _postgres(tmp_path):
     try:
         return pgserver.get_server(tmp_path / "pg", cleanup_mode="stop")
     except Exception as e:  # noqa: BLE001 - a server that cannot start on this machine is a skip, with its reason
-        pytest.skip(f"PostgreSQL (pgserver) did not start: {type(e).__name__}: {e}")
+        detail = " ".join(str(getattr(e, "stderr", "") or getattr(e, "output", "") or "").split())[-300:]
+        pytest.skip(f"PostgreSQL (pgserver) did not start: {type(e).__name__}: {e} {detail}")
 
 
 def test_a_shared_postgresql_ledger(tmp_path):
