@@ -33,7 +33,8 @@ def _env(tmp: Path) -> dict:
     env = dict(os.environ)
     bindir = str(Path(sys.executable).parent)           # the `gsd` console script of this environment
     env.update(PATH=bindir + os.pathsep + env.get("PATH", ""), OMP_NUM_THREADS="1", MPLBACKEND="Agg",
-               GSD_CACHE_DIR=str(tmp / "gsd-cache"), GITHUB_STEP_SUMMARY=str(tmp / "step-summary.md"),
+               GSD_CACHE_DIR=str(tmp / "gsd-cache"), GSD_LEDGER=str(tmp / "gsd-ledger.sqlite"),
+               GITHUB_STEP_SUMMARY=str(tmp / "step-summary.md"),
                NO_MKDOCS_2_WARNING="1")
     return env
 
