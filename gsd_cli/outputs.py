@@ -19,7 +19,7 @@ import stat
 import sys
 import tempfile
 from pathlib import Path
-from typing import IO, Callable, Mapping
+from typing import IO, Callable, Iterable, Mapping
 
 from .errors import GSDError
 
@@ -95,6 +95,101 @@ def check_distinct(outputs: Mapping[str, str | Path | None]) -> None:
         if key in seen:
             raise GSDError(f"{seen[key]} and {option} both write to {path}; give each output its own file")
         seen[key] = option
+
+
+def check_not_inputs(outputs: Mapping[str, str | Path | None], inputs: Iterable[str | Path | None]) -> None:
+    """Refuse, before any work, an output that is one of the run's inputs (a dataset file, a catalogue,
+    a weights file, an image listed by a source) or lies inside an input folder (a ``folder:`` source):
+    writing it would destroy the input, or add a file to the dataset. Links are followed on both
+    sides; ``-``, devices and FIFOs pass."""
+    files: dict[str, str] = {}
+    folders: dict[str, str] = {}
+    for p in inputs:
+        if p is None or str(p) in ("", STDOUT):
+            continue
+        try:
+            real = os.path.realpath(Path(p).expanduser())
+            if not os.path.exists(real):  # not an input (a name, or missing: the run says so)
+                continue
+        except (OSError, RuntimeError, ValueError):
+            continue
+        (folders if os.path.isdir(real) else files).setdefault(real, str(p))
+    if not files and not folders:
+        return
+    for option, path in outputs.items():
+        if path is None or is_stdout(path):
+            continue
+        try:
+            real = os.path.realpath(Path(path).expanduser())
+            if os.path.exists(real) and not stat.S_ISREG(os.stat(real).st_mode):
+                continue  # /dev/null, a FIFO
+        except (OSError, RuntimeError, ValueError):
+            continue
+        if real in files:
+            raise GSDError(f"{option} {path} is an input of this run ({files[real]}); writing it would destroy it: "
+                           "give the output another name")
+        if real in folders:
+            raise GSDError(f"{option} {path} is the input folder {folders[real]}; give a file name outside it")
+        for folder, given in folders.items():
+            if real.startswith(folder.rstrip(os.sep) + os.sep):
+                raise GSDError(f"{option} {path} is inside the input folder {given} (it would change the dataset); "
+                               "write the output outside it")
+
+
+def run_inputs(datasets: Iterable[str], catalog: str | Path | None = None, weights: str | None = None,
+               model: str | None = None) -> list[Path]:
+    """The files and folders a run reads, from its arguments alone: the datasets' paths
+    (:func:`gsd_cli.data.registry.spec_paths`), the catalogue and every path its datasets and jobs name,
+    a weights file and a model file (``net.py:make``)."""
+    from .data.registry import spec_paths
+    from .model_spec import split_file_reference
+
+    found: list[Path] = []
+    for spec in datasets:
+        found += spec_paths(spec)
+    for w, m in [(weights, model)]:
+        found += [Path(w)] if w else []
+        ref = split_file_reference(str(m or ""))
+        found += [Path(ref[0])] if ref else []
+    if catalog is not None:
+        found.append(Path(catalog))
+        try:
+            from .catalog import load_catalog
+
+            cat = load_catalog(catalog)
+        except GSDError:
+            return found  # the run itself reports the catalogue's error
+        for e in cat.datasets.values():
+            found += [cat._rel(p) for p in (e.path, e.groups, e.root) if p]
+        for job in cat.jobs:
+            for n in (job.private, *job.candidates):
+                if n not in cat.datasets:
+                    found += spec_paths(n)
+            found += [Path(str(job.options["weights"]))] if job.options.get("weights") else []
+            ref = split_file_reference(str(job.options.get("model") or ""))
+            found += [Path(ref[0])] if ref else []
+    return found
+
+
+def check_not_example_files(outputs: Mapping[str, str | Path | None], sources) -> None:
+    """Refuse an output that is one of the image files the resolved ``sources`` read (a CSV's rows)."""
+    wanted = {}
+    for option, path in outputs.items():
+        if path is not None and not is_stdout(path):
+            for p in {os.path.abspath(Path(path).expanduser()), os.path.realpath(Path(path).expanduser())}:
+                wanted[p] = (option, path)
+    if not wanted:
+        return
+    for src in sources:
+        n = len(src)
+        if not n or src.example_file(0) is None:
+            continue
+        for i in range(n):
+            f = os.path.abspath(src.example_file(i))
+            if f in wanted:
+                option, path = wanted[f]
+                raise GSDError(f"{option} {path} is an image of the dataset {src.name}; writing it would destroy it: "
+                               "give the output another name")
 
 
 def save_output(path: str | Path, save: Callable[[IO], object], binary: bool = False, suffix: str = "",

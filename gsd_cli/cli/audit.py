@@ -53,6 +53,9 @@ def audit(
     from ..outputs import check_output_path, write_output
 
     json_file = check_output_path(json_path, "--json")
+    from ..outputs import check_not_inputs, run_inputs
+
+    check_not_inputs({"--json": json_file}, run_inputs([d for d in (private, public) if d], None, None, model))
     if private is not None and model is None:
         raise GSDError("--private needs --model (the model trained on it)")
     kw: dict = {}

@@ -51,6 +51,9 @@ def models_show(
     from ..report import check_output_path, write_text
 
     json_file = check_output_path(json_path, "--json")
+    from ..outputs import check_not_inputs, run_inputs
+
+    check_not_inputs({"--json": json_file}, run_inputs([], None, None, name))  # a model file net.py:make
     d = show_model(name, classes, peft, batchnorm.value)
     t = Table(title=f"{escape(d['name'])}: {d['total']:,} parameters ({d['input_size']}x{d['input_size']}x{d['channels']}, {classes} classes)")
     for c in ("parameter", "shape", "count", *(["trained"] if peft else [])):

@@ -148,7 +148,7 @@ def rank(
     from ..cache import SubspaceCache
     from ..catalog import OPTIONS, run_jobs, run_json, run_markdown, write_partial
     from ..checks import EXIT_CHECK_FAILED, EXIT_USAGE, check_options, check_ranking
-    from ..outputs import check_distinct, is_stdout
+    from ..outputs import check_distinct, check_not_example_files, check_not_inputs, is_stdout, run_inputs
     from ..data import resolve
     from ..ranking import RankConfig, get_executor, rank as rank_fn
     from ..report import (
@@ -180,7 +180,9 @@ def rank(
     json_file = check_output_path(json_path, "--json")
     csv_file = check_output_path(csv_path, "--csv")
     md_file = check_output_path(markdown_path, "--markdown")
-    check_distinct({"--json": json_file, "--csv": csv_file, "--markdown": md_file, "--plot": plot_file})
+    outputs = {"--json": json_file, "--csv": csv_file, "--markdown": md_file, "--plot": plot_file}
+    check_distinct(outputs)
+    check_not_inputs(outputs, run_inputs([private, *publics], catalog, weights, model))  # before any work
     check_options(fail_above, expect_best)
     shown_on = err if any(is_stdout(f) for f in (json_file, csv_file, md_file, plot_file)) else out  # stdout is a file
     cache = None if no_cache else SubspaceCache()
@@ -200,6 +202,7 @@ def rank(
     try:
         if catalog is None:
             sources = [resolve(n, root=data_root, download=download) for n in [private, *(publics or DEFAULT_PUBLIC)]]
+            check_not_example_files(outputs, sources)  # a CSV's images may live anywhere
             config = RankConfig.from_options(**options)  # the settings, built once and passed whole
             check_options(fail_above, expect_best, [*(publics or DEFAULT_PUBLIC), *(s.name for s in sources[1:])])
             results = [(private, rank_fn(sources[0], sources[1:], config, progress=progress, cache=cache, executor=runner))]

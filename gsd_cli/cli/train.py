@@ -193,6 +193,9 @@ def train(
             cfg.public = publics[0]
         validate(cfg)
         prepare_run_dir(run, resume=False, create=False)  # fail before the ranking, not after it
+        from ..outputs import check_not_inputs, run_inputs
+
+        check_not_inputs({"--out": run}, run_inputs([private, *publics], catalog_path, None, None))  # not inside a folder: source
         if auto_select:
             from ..report import print_ranking
 

@@ -68,6 +68,27 @@ def source_kinds() -> list[str]:
     return sorted([*_KINDS, "hf"])
 
 
+def spec_paths(spec) -> list[Path]:
+    """The files and folders a dataset name reads, found from the name alone (nothing opened): the path
+    of ``folder:``/``csv:``/``npz:``/``hf:`` specs and an option's file (``?groups=FILE``); [] for
+    other names. For :func:`gsd_cli.outputs.check_not_inputs`."""
+    if not isinstance(spec, str):
+        return []
+    kind, sep, arg = spec.partition(":")
+    if not sep or not arg or kind not in (*_KINDS, "hf"):
+        return []
+    path, split = _split_suffix(arg)
+    try:
+        if split is not None and Path(arg).expanduser().exists():
+            path = arg
+        path, options = split_options(kind, path, spec)
+    except (DatasetError, RuntimeError, OSError):
+        return [Path(path)]
+    if options and split is None:
+        path, _ = _split_suffix(path)
+    return [Path(path), *(Path(v) for k, v in options.items() if k == "groups")]
+
+
 def _split_suffix(spec: str) -> tuple[str, str | None]:
     head, sep, tail = spec.rpartition(":")
     return (head, tail) if sep and head and tail in SPLITS else (spec, None)
