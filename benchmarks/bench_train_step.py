@@ -1,25 +1,32 @@
-"""Time of one GEP step and one DP-SGD step against a non-private step at the same batch size.
+"""Time of a DP-SGD step (ghost clipping and materialised per-sample gradients) and a GEP step against
+a non-private step at the same batch size, in one run (issue 37).
 
 For each model, on the embedded private data (mnist-a) with mnist-b as GEP's public anchors, times
-(median of ``--repeats`` after one warm-up):
+(median of ``--repeats`` after one warm-up; the kinds of one model are interleaved round by round, in
+alternating order, so a change of load on a shared machine hits them all):
 
-* nonprivate : one batched forward + backward (mean loss) + SGD step over the batch;
-* dpsgd      : per-sample gradients in chunks + clip + sum + noise + SGD step (gsd's DP-SGD step);
-* gep        : the same plus GEP's anchor subspace (per-sample gradients of m public examples at the
-               current weights + one power iteration per group) and the embed/residual transforms;
-* gep_anchor : the anchor subspace alone (the part of a GEP step that does not depend on the batch);
-* gep_every_N: the GEP step with ``--anchor-every N`` (the basis recomputed every N steps, reused in
-               between; ``--anchor-warm`` for warm-started recomputations), amortised: the time of N
-               consecutive steps (one recomputation) divided by N.
+* nonprivate        : one batched forward + backward (mean loss) + SGD step over the batch;
+* dpsgd_ghost       : gsd's DP-SGD step with ``--clip-engine auto`` (the default): clipped sums by per-layer
+                      ghost norms and book-keeping (:mod:`gsd_cli.train.clipsum`) + noise + SGD step;
+* dpsgd_materialise : the same with ``--clip-engine materialise``: per-sample gradients by torch.func in
+                      chunks, clip, sum (the path before issue 37);
+* gep               : GEP with the default anchors (``TrainConfig``: basis recomputed every 2 steps, warm,
+                      from 250 of the ``--anchors`` drawn; k = ``--k``), amortised over one 2-step window;
+* gep_every_N       : with ``--anchor-every N``: the GEP step with the basis recomputed every N steps, as
+                      before (``--anchor-warm``, ``--anchor-batch``), amortised over N steps.
 
-    python benchmarks/bench_train_step.py                             # fmnist-cnn and resnet20, B=250
-    python benchmarks/bench_train_step.py --batch 1000 --models resnet20 --json benchmarks/results/train_step.json
+A model name may carry its own batch, ``resnet18:16`` (ResNet-18 at 224 x 224 on a CPU). GEP is timed
+for the ``--gep-models`` only (ResNet-18's anchor matrix, 250 x 11.2M floats, is 11 GB).
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_train_step.py --models fmnist-cnn resnet20 resnet18:16 \
+        --repeats 3 --clock cpu --json benchmarks/results/train_step_ghost_cpu.json
     python benchmarks/bench_train_step.py --models fmnist-cnn --anchor-every 1 5 10 20 --anchor-warm
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -46,20 +53,25 @@ CLOCK = {"wall": time.perf_counter, "cpu": time.process_time}
 clock = time.perf_counter  # --clock cpu: this process's CPU time (a shared CPU machine; not for a GPU)
 
 
-def _median_time(fn, dev, repeats):
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        _sync(dev)
-        t0 = clock()
+def _interleaved(fns: dict, dev, repeats: int) -> dict:
+    """Median time of each of ``fns`` (name -> callable): one warm-up each, then ``repeats`` rounds in
+    alternating order."""
+    for fn in fns.values():
         fn()
-        _sync(dev)
-        times.append(clock() - t0)
-    return statistics.median(times)
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    order = list(fns)
+    for r in range(repeats):
+        for k in (order if r % 2 == 0 else order[::-1]):
+            _sync(dev)
+            t0 = clock()
+            fns[k]()
+            _sync(dev)
+            times[k].append(clock() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def bench(model_name: str, batch: int, m: int, k: int, dev: torch.device, repeats: int,
-          every: tuple[int, ...] = (1,), warm: bool = False, anchor_batch: int | None = None) -> dict:
+          every: tuple[int, ...] = (), warm: bool = False, anchor_batch: int | None = None, gep: bool = True) -> dict:
     spec = get_model_spec(model_name)
     model = spec.build(num_classes=10, seed=0).to(dev)
     names = select_parameters(model)
@@ -67,7 +79,6 @@ def bench(model_name: str, batch: int, m: int, k: int, dev: torch.device, repeat
     priv = draw(resolve("mnist-a"), batch, 0)
     x = priv.tensor(spec.input_size, spec.channels, dev)
     y = torch.as_tensor(priv.labels()).to(dev)
-    pub = draw(resolve("mnist-b"), m, 0).tensor(spec.input_size, spec.channels, dev)
     chunk = default_chunk_size(dev, p)
     opt = torch.optim.SGD(model.parameters(), lr=1e-6, momentum=0.9)
 
@@ -87,74 +98,82 @@ def bench(model_name: str, batch: int, m: int, k: int, dev: torch.device, repeat
             col += prm.numel()
         opt.step()
 
-    dp = build_method(TrainConfig(method="dpsgd"), 1.0)
     step = [0]
 
-    def dpsgd():
+    def run_step(method):
         step[0] += 1
         ctx = StepContext(step=step[0], model=model, names=names, generator=torch.Generator().manual_seed(step[0]), device=dev)
-        apply(private_step(dp.chain, model, names, batches(), p, ctx)["grad"] / batch)
+        apply(private_step(method.chain, model, names, batches(), p, ctx, method.per_sample, clip_sum=method.clip_sum)["grad"] / batch)
 
-    sizes = [dict(model.named_parameters())[n].numel() for n in names]
-    groups = split_groups(names, sizes, parse_groups("auto", model_name))
+    ghost = build_method(TrainConfig(method="dpsgd", clip_engine="auto"), 1.0)
+    mat = build_method(TrainConfig(method="dpsgd", clip_engine="materialise"), 1.0)
+    fns = {"nonprivate": nonprivate, "dpsgd_ghost": lambda: run_step(ghost), "dpsgd_materialise": lambda: run_step(mat)}
 
-    def grads(model_, xa, ya, names_):
-        it = ((xa[i : i + chunk], ya[i : i + chunk]) for i in range(0, xa.shape[0], chunk))
-        return gradient_matrix(model_, it, xa.shape[0], names_, None, "vmap", dev, "none")
+    res = {"model": model_name, "input": spec.input_size, "params": p, "batch": batch, "chunk": chunk}
+    if gep:
+        pub = draw(resolve("mnist-b"), m, 0).tensor(spec.input_size, spec.channels, dev)
+        cfg = TrainConfig(method="gep", public="mnist-b", k=k, public_examples=m, model=model_name)
+        sizes = [dict(model.named_parameters())[n].numel() for n in names]
+        groups = split_groups(names, sizes, parse_groups("auto", model_name))
 
-    anchor = Anchor(pub, 10, k, groups, 1, 0, grads)
-    gep = build_method(TrainConfig(method="gep", public="mnist-b", k=k), 1.0, anchor)
+        def grads(model_, xa, ya, names_):
+            it = ((xa[i : i + chunk], ya[i : i + chunk]) for i in range(0, xa.shape[0], chunk))
+            return gradient_matrix(model_, it, xa.shape[0], names_, None, "vmap", dev, "none")
 
-    def gep_step(method=gep):
-        step[0] += 1
-        ctx = StepContext(step=step[0], model=model, names=names, generator=torch.Generator().manual_seed(step[0]), device=dev)
-        apply(private_step(method.chain, model, names, batches(), p, ctx)["grad"] / batch)
+        def gep_window(n: int, warm_: bool, batch_: int | None):
+            """n consecutive steps with the basis recomputed every n steps: exactly one recomputation."""
+            reuse = Anchor(pub, 10, k, groups, 1, 0, grads, every=n, warm=warm_, batch=batch_)
+            method = build_method(dataclasses.replace(cfg, anchor_every=n, anchor_warm=warm_, anchor_batch=batch_), 1.0, reuse)
 
-    def gep_window(n: int):
-        """n consecutive steps with the basis recomputed every n steps: exactly one recomputation."""
-        reuse = Anchor(pub, 10, k, groups, 1, 0, grads, every=n, warm=warm, batch=anchor_batch)
-        method = build_method(TrainConfig(method="gep", public="mnist-b", k=k, anchor_every=n, anchor_warm=warm,
-                                          anchor_batch=anchor_batch), 1.0, reuse)
+            def run():
+                done = reuse.refreshes
+                for _ in range(n):
+                    run_step(method)
+                assert reuse.refreshes == done + 1
+            return run
 
-        def run():
-            done = reuse.refreshes
-            for _ in range(n):
-                gep_step(method)
-            assert reuse.refreshes == done + 1
-        return run
-
-    def anchor_only():
-        step[0] += 1
-        anchor.compute(StepContext(step=step[0], model=model, names=names, device=dev))
-
-    res = {"model": model_name, "params": p, "batch": batch, "anchors": m, "k": k, "groups": len(groups), "chunk": chunk}
-    res["nonprivate_s"] = _median_time(nonprivate, dev, repeats)
-    res["dpsgd_s"] = _median_time(dpsgd, dev, repeats)
-    res["gep_s"] = _median_time(gep_step, dev, repeats)
-    res["gep_anchor_s"] = _median_time(anchor_only, dev, repeats)
-    res["dpsgd_over_nonprivate"] = res["dpsgd_s"] / res["nonprivate_s"]
-    res["gep_over_nonprivate"] = res["gep_s"] / res["nonprivate_s"]
-    res["gep_over_dpsgd"] = res["gep_s"] / res["dpsgd_s"]
-    res["anchor_warm"] = warm
-    res["anchor_batch"] = anchor_batch
-    for n in every:
-        res[f"gep_every_{n}_s"] = _median_time(gep_window(n), dev, repeats) / n
-        res[f"gep_every_{n}_over_dpsgd"] = res[f"gep_every_{n}_s"] / res["dpsgd_s"]
+        d = TrainConfig()
+        fns[f"gep_x{d.anchor_every}"] = gep_window(d.anchor_every, d.anchor_warm, d.anchor_batch)
+        res.update({"anchors": m, "k": k, "groups": len(groups), "gep_anchor_every": d.anchor_every,
+                    "gep_anchor_warm": d.anchor_warm, "gep_anchor_batch": d.anchor_batch})
+        for n in every:
+            fns[f"gep_every_{n}_x{n}"] = gep_window(n, warm, anchor_batch)
+    med = _interleaved(fns, dev, repeats)
+    res["nonprivate_s"] = med["nonprivate"]
+    res["dpsgd_ghost_s"] = med["dpsgd_ghost"]
+    res["dpsgd_materialise_s"] = med["dpsgd_materialise"]
+    res["clip_engine"] = ghost.clip_sum.reason
+    res["dpsgd_ghost_over_nonprivate"] = res["dpsgd_ghost_s"] / res["nonprivate_s"]
+    res["dpsgd_materialise_over_nonprivate"] = res["dpsgd_materialise_s"] / res["nonprivate_s"]
+    dp_best = min(res["dpsgd_ghost_s"], res["dpsgd_materialise_s"])
+    if gep:
+        d = TrainConfig()
+        res["gep_s"] = med[f"gep_x{d.anchor_every}"] / d.anchor_every
+        res["gep_over_nonprivate"] = res["gep_s"] / res["nonprivate_s"]
+        res["gep_over_dpsgd"] = res["gep_s"] / res["dpsgd_ghost_s"]
+        res["gep_over_dpsgd_materialise"] = res["gep_s"] / res["dpsgd_materialise_s"]
+        for n in every:
+            res[f"gep_every_{n}_s"] = med[f"gep_every_{n}_x{n}"] / n
+            res[f"gep_every_{n}_over_dpsgd"] = res[f"gep_every_{n}_s"] / dp_best
+        res["anchor_warm"] = warm
+        res["anchor_batch"] = anchor_batch
     return res
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", default=["fmnist-cnn", "resnet20"])
+    ap.add_argument("--models", nargs="+", default=["fmnist-cnn", "resnet20", "resnet18:16"],
+                    help="Models, each optionally NAME:BATCH (default batch: --batch).")
+    ap.add_argument("--gep-models", nargs="*", default=["fmnist-cnn", "resnet20"], help="Models whose GEP step is timed.")
     ap.add_argument("--batch", type=int, default=250)
     ap.add_argument("--anchors", type=int, default=2000)
     ap.add_argument("--k", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--anchor-every", type=int, nargs="+", default=[1, 2, 10], metavar="N",
-                    help="GEP steps with the anchor basis recomputed every N steps (amortised step time).")
-    ap.add_argument("--anchor-warm", action="store_true", help="Warm-start the recomputations (--anchor-warm).")
+    ap.add_argument("--anchor-every", type=int, nargs="*", default=[], metavar="N",
+                    help="Also GEP steps with the anchor basis recomputed every N steps (amortised step time).")
+    ap.add_argument("--anchor-warm", action="store_true", help="Warm-start the --anchor-every recomputations (--anchor-warm).")
     ap.add_argument("--anchor-batch", type=int, default=None,
-                    help="Anchors drawn per recomputation in the anchor-every steps (--anchor-batch; default: all --anchors).")
+                    help="Anchors drawn per recomputation in the --anchor-every steps (--anchor-batch; default: all --anchors).")
     ap.add_argument("--clock", choices=sorted(CLOCK), default="wall",
                     help="wall: elapsed time; cpu: this process's CPU time, steadier on a CPU shared with other work (use with 1 thread).")
     ap.add_argument("--device", default="auto")
@@ -163,23 +182,28 @@ def main() -> None:
     dev = resolve_device(args.device)
     global clock
     clock = CLOCK[args.clock]
+    load_before = os.getloadavg()
     rows = []
-    for name in args.models:
-        r = bench(name, args.batch, args.anchors, args.k, dev, args.repeats, tuple(args.anchor_every), args.anchor_warm, args.anchor_batch)
+    for spec_ in args.models:
+        name, _, b = spec_.partition(":")
+        r = bench(name, int(b) if b else args.batch, args.anchors, args.k, dev, args.repeats, tuple(args.anchor_every),
+                  args.anchor_warm, args.anchor_batch, gep=name in args.gep_models)
         rows.append(r)
-        print(
-            f"{name:11s} p={r['params']:>7,} B={r['batch']} m={r['anchors']} k={r['k']}: non-private {r['nonprivate_s']:.3f} s, "
-            f"DP-SGD {r['dpsgd_s']:.3f} s ({r['dpsgd_over_nonprivate']:.1f}x), GEP {r['gep_s']:.3f} s "
-            f"({r['gep_over_nonprivate']:.1f}x; anchor subspace {r['gep_anchor_s']:.3f} s); "
-            + ", ".join(f"anchor-every {n}{' warm' if args.anchor_warm else ''}: {r[f'gep_every_{n}_s']:.3f} s "
-                        f"({r[f'gep_every_{n}_over_dpsgd']:.1f}x DP-SGD)" for n in args.anchor_every),
-            flush=True,
-        )
+        line = (f"{name:11s} p={r['params']:>10,} B={r['batch']}: non-private {r['nonprivate_s']:.3f} s, "
+                f"DP-SGD ghost {r['dpsgd_ghost_s']:.3f} s ({r['dpsgd_ghost_over_nonprivate']:.2f}x), "
+                f"materialised {r['dpsgd_materialise_s']:.3f} s ({r['dpsgd_materialise_over_nonprivate']:.2f}x)")
+        if "gep_s" in r:
+            line += (f", GEP (m={r['anchors']} pool, k={r['k']}, defaults) {r['gep_s']:.3f} s ({r['gep_over_nonprivate']:.2f}x; "
+                     f"{r['gep_over_dpsgd']:.2f}x DP-SGD ghost)")
+            line += "".join(f", anchor-every {n}: {r[f'gep_every_{n}_s']:.3f} s ({r[f'gep_every_{n}_over_dpsgd']:.2f}x DP-SGD)" for n in args.anchor_every)
+        print(line, f"[{r['clip_engine'][:60]}...]", flush=True)
     doc = {
+        "command": "python benchmarks/bench_train_step.py " + " ".join(os.sys.argv[1:]),
         "device": str(dev), "gpu": torch.cuda.get_device_name() if dev.type == "cuda" else None,
         "cpu_threads": torch.get_num_threads(), "clock": args.clock, "platform": platform.platform(), "torch": torch.__version__,
-        "loadavg": os.getloadavg(), "results": rows,
+        "loadavg_before": load_before, "loadavg": os.getloadavg(), "shared_machine": True, "results": rows,
     }
+    print("load average before/after:", load_before, os.getloadavg())
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=2)

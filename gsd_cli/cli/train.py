@@ -71,6 +71,7 @@ def train(
     lr_schedule: Schedule = typer.Option(Schedule.step, "--lr-schedule", help="step: lr / 10 from the middle of training (paper 000); constant.", rich_help_panel="Optimisation"),
     seed: int = typer.Option(0, "--seed", help="Seed of the initial weights, the public anchors and their random labels (the private sampling and noise use a secret seed).", rich_help_panel="Optimisation"),
     clip: float = typer.Option(1.0, "--clip", help="dpsgd: L2 clip norm C of each per-sample gradient; noise std sigma*C.", rich_help_panel="Privacy"),
+    clip_engine: str = typer.Option("auto", "--clip-engine", help="dpsgd, second-phase: how the clipped per-sample gradient sum is computed (the same mechanism either way): ghost = per-layer ghost norms and book-keeping, no per-sample gradient matrix; materialise = every per-sample gradient (torch.func); auto = ghost where the model allows it (checked on a synthetic batch), else materialise.", rich_help_panel="Privacy"),
     k: int = typer.Option(100, "--k", help="gep: anchor subspace dimension (shared by the groups by sqrt of their size).", rich_help_panel="GEP (--method gep)"),
     public_examples: int = typer.Option(2000, "--public-examples", help="gep: public anchor examples (randomly labelled each step, as paper 000); second-phase: public examples of stage 1.", rich_help_panel="GEP (--method gep)"),
     power_iters: int = typer.Option(1, "--power-iters", help="gep: power iterations per step (the paper uses 1).", rich_help_panel="GEP (--method gep)"),
@@ -142,7 +143,7 @@ def train(
     fields = dict(
         private=private, method=method.value, epsilon=epsilon, delta=delta, private_test=private_test, model=model,
         params=list(params) if params else None, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum,
-        weight_decay=weight_decay, lr_schedule=lr_schedule.value, seed=seed, clip=clip, k=k,
+        weight_decay=weight_decay, lr_schedule=lr_schedule.value, seed=seed, clip=clip, clip_engine=clip_engine, k=k,
         public_examples=public_examples, power_iters=power_iters, groups=groups, clip_embedding=clip_embedding,
         clip_residual=clip_residual, residual=residual, anchor_every=anchor_every, anchor_warm=anchor_warm, anchor_batch=anchor_batch,
         accountant=accountant.value, physical_batch=physical_batch,

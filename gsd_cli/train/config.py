@@ -67,6 +67,7 @@ class TrainConfig:
     delta: float = 1e-5  # target delta
     accountant: str = "rdp"  # dp-accounting's "rdp" or "pld"
     clip: float = 1.0  # L2 clip norm C of each per-sample gradient (every method but GEP)
+    clip_engine: str = "auto"  # DP-SGD's clipped sums: auto, ghost (ghost norms + book-keeping) or materialise (gsd_cli.train.clipsum)
     insecure_seed: int | None = None  # private sampling and noise from this seed: NOT DP (experiments only)
     deterministic_noise: bool = False  # deprecated: insecure_seed = seed
 
@@ -160,6 +161,9 @@ def validate(cfg: TrainConfig) -> None:
     """User errors in the settings, before any data is touched."""
     if cfg.method not in METHODS:
         raise GSDError(f"unknown --method {cfg.method!r}; use one of {', '.join(METHODS)}")
+    from .clipsum import check_clip_engine
+
+    check_clip_engine(cfg.clip_engine)
     if cfg.batchnorm not in POLICIES:
         raise GSDError(f"--batchnorm must be one of {', '.join(POLICIES)} (got {cfg.batchnorm!r})")
     check_epsilon(cfg.epsilon)

@@ -271,7 +271,8 @@ def train(
                     x = gdata.to_model_input(gdata.read_images(train_src, part), spec.input_size, spec.channels, dev)
                     yield x, torch.as_tensor(train_src.labels(part)).to(dev)
 
-            noisy = private_step(method.chain, model, names, batches(), num_params, ctx, method.per_sample, world=world)
+            noisy = private_step(method.chain, model, names, batches(), num_params, ctx, method.per_sample, world=world,
+                                 clip_sum=method.clip_sum)
             _flat_to_grads(model, names, noisy["grad"] / cfg.batch_size)
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -338,6 +339,7 @@ def train(
             if anchor else None
         ),
         "clip": cfg.clip if cfg.method != "gep" else None,
+        "clip_engine": (method.clip_sum.reason or cfg.clip_engine) if method.clip_sum is not None else "materialise",
         **{k: v for k, v in method.details.items() if k != "rgp_state"},
         **({"sparsity_reached": rows[-1].get("sparsity", 0.0),
             "mean_sparsity": float(np.mean([r.get("sparsity", 0.0) for r in rows]))} if cfg.sparsify else {}),

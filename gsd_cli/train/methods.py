@@ -66,6 +66,9 @@ class Method:
     # gradients {"grad": G} (RGP computes the gradients of its carriers instead); ``.width`` is the
     # row width of its parts (for an empty subsample)
     per_sample: Callable | None = None
+    # DP-SGD's clipped sums by ghost norms and book-keeping (a :class:`~gsd_cli.train.clipsum.LazyClipSum`;
+    # None: the per-sample gradient matrix); the path is chosen on the first chunk (``--clip-engine``)
+    clip_sum: object | None = None
 
 
 def build_method(cfg: TrainConfig, sigma: float, anchor: Anchor | None = None, *, model=None, names=None, rgp=None) -> Method:
@@ -77,7 +80,14 @@ def build_method(cfg: TrainConfig, sigma: float, anchor: Anchor | None = None, *
         return sparsified(cfg, build_method(dataclasses.replace(cfg, sparsify=0.0), sigma, anchor), anchor)
     if cfg.method in ("dpsgd", "second-phase"):  # second-phase: stage 2 is DP-SGD from theta_0
         ch = Chain(clip(cfg.clip), gaussian_noise(sigma * cfg.clip, "grad", sensitivity=cfg.clip))
-        return Method(ch, dpsgd_step_event, "DP-SGD: clip each per-sample gradient to C, sum, add N(0, (sigma C)^2 I)")
+        fused = None
+        if getattr(cfg, "clip_engine", "auto") != "materialise":
+            from .clipsum import LazyClipSum, fusable
+
+            assert fusable(ch)
+            fused = LazyClipSum(cfg.clip_engine, cfg.clip)
+        return Method(ch, dpsgd_step_event, "DP-SGD: clip each per-sample gradient to C, sum, add N(0, (sigma C)^2 I)",
+                      clip_sum=fused)
     assert anchor is not None
     s1, s2 = cfg.clip_embedding, cfg.clip_residual
     parts = [GEPProject(anchor, residual=cfg.residual), clip(s1, "embedding")]

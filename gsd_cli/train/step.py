@@ -41,7 +41,7 @@ def private_randomness(n: int, q: float, noise_seed: int, step: int) -> tuple[np
 
 
 def private_step(chain: Chain, model: torch.nn.Module, names: Sequence[str], batches, num_params: int, ctx: StepContext,
-                 per_sample: Callable | None = None, *, world=None) -> dict:
+                 per_sample: Callable | None = None, *, world=None, clip_sum=None) -> dict:
     """One private release: ``chain`` over the per-sample gradients of the ``(x, y)`` chunks of one
     Poisson subsample (virtual steps), summed, then noised. Returns the parts of the release
     (``"grad"``: the noisy sum, p). An empty subsample still releases noise. ``per_sample``: the
@@ -49,22 +49,35 @@ def private_step(chain: Chain, model: torch.nn.Module, names: Sequence[str], bat
 
     ``world`` (a :class:`~gsd_cli.train.distributed.World` of several processes): ``batches`` are this
     process's shard of the subsample; the sums are all-reduced, process 0 alone runs
-    :meth:`Chain.aggregated` (adds the noise) and every process returns its ``"grad"``."""
+    :meth:`Chain.aggregated` (adds the noise) and every process returns its ``"grad"``.
+
+    ``clip_sum`` (a :class:`~gsd_cli.train.clipsum.LazyClipSum`, for a chain whose per-example pass is
+    one clip of ``"grad"``: :func:`~gsd_cli.train.clipsum.fusable`): each chunk's clipped sum by ghost
+    norms and book-keeping instead of the per-sample gradient matrix, where the model allows it
+    (the same sum to float rounding; :mod:`gsd_cli.train.clipsum`)."""
     chain.begin_step(ctx)
     sums = None
+    dtypes = None
     for x, y in batches:
+        fused = clip_sum.hook(model, names, x, y) if clip_sum is not None and per_sample is None else None
+        if fused is not None:
+            chunk_sums = fused(model, names, x, y, ctx)
+            dtypes = dtypes or {"grad": dict(model.named_parameters())[names[0]].dtype}
+            sums = chunk_sums if sums is None else {k: sums[k] + chunk_sums[k] for k in sums}
+            continue
         if per_sample is not None:
             parts = chain.per_example(per_sample(model, names, x, y, ctx), ctx)
         else:
             G = gradient_matrix(model, [(x, y)], x.shape[0], names, None, "vmap", ctx.device, "none")
             parts = chain.per_example({"grad": G}, ctx)
         chunk_sums = {k: v.sum(0, dtype=torch.float64) for k, v in parts.items()}
+        dtypes = {k: v.dtype for k, v in parts.items()}
         sums = chunk_sums if sums is None else {k: sums[k] + chunk_sums[k] for k in sums}
     if sums is None:
         width = getattr(per_sample, "width", num_params) if per_sample is not None else num_params
         parts = chain.per_example({"grad": torch.zeros(0, width, device=ctx.device)}, ctx)
         sums = {k: v.sum(0, dtype=torch.float64) for k, v in parts.items()}
-    dtypes = {k: v.dtype for k, v in parts.items()}
+        dtypes = {k: v.dtype for k, v in parts.items()}
     if world is not None and world.size > 1:
         sums = world.all_reduce_sums(sums)
     sums = {k: v.to(dtypes[k]) for k, v in sums.items()}

@@ -1,0 +1,405 @@
+"""Clipped per-sample gradient sums without the per-sample gradient matrix (issue 37): per-layer ghost
+norms and book-keeping, the engine of DP-SGD's step (``--clip-engine``).
+
+DP-SGD releases sum_i clip_C(g_i) + N(0, sigma^2 C^2 I) with clip_C(g) = g min(1, C / ||g||) (Abadi et
+al. 2016, Algorithm 1). Today's path (``materialise``) forms every g_i (an n x p matrix per chunk, by
+``torch.func.vmap``), clips and sums it. This engine (``ghost``) needs neither the matrix nor a second
+backward pass; what it computes is, for every example, the same function clip_C(g_i) summed:
+
+1. one batched forward with hooks that keep the input (A) of every layer owning a selected parameter,
+   and one ``torch.autograd.grad`` of the summed loss to those layers' outputs (B): when the examples
+   of a batch do not interact, row i of B is dL_i/dy_i (the identity Opacus's hooks rest on);
+2. per layer, each example's squared gradient norm, by the cheaper of (fastDP's layer-wise rule, Bu et
+   al. ICML 2023, "book-keeping", mixed ghost clipping; T = sequence or spatial positions, D x C the
+   weight's shape per group):
+
+   * ghost norm, when 2 T^2 < D C: g_i = B_i^T A_i (A_i: T x D, B_i: T x C), so
+     ||g_i||^2 = <A_i A_i^T, B_i B_i^T> (Li et al. 2022; Opacus's fast gradient clipping), and for T = 1
+     simply ||a_i||^2 ||b_i||^2 -- the per-example gradient is never formed;
+   * otherwise the layer's per-sample gradients (gsd's Conv2d/Linear/frozen BatchNorm rules of
+     :mod:`gsd_cli.engine_layers`, Opacus's samplers for GroupNorm, LayerNorm, Embedding..., torch.func on
+     the layer alone for any other leaf layer), kept for step 4;
+
+3. ||g_i||^2 = the sum over layers, and the clip weights w_i = min(1, C / ||g_i||) exactly as
+   :class:`~gsd_cli.train.transforms.Clip` computes them (an example whose squared norm is not finite --
+   a NaN or an infinity in its gradient -- gets w_i = 0, as ``Clip`` zeroes such a row);
+4. the clipped sum of every layer from the tensors already held ("book-keeping": no second backward):
+   a ghost layer's sum_i w_i B_i^T A_i is ONE weight-gradient product of the weighted output gradients
+   (w_i B_i) with the inputs -- for a Linear a matmul over the n T rows, for a Conv2d torch's own
+   weight-gradient kernel (``convolution_backward``: stride, padding, dilation and groups as the
+   layer's) -- and a materialised layer's is sum_i w_i g_i.
+
+So the release is sum_i w_i g_i with w_i from ||g_i||: the same mechanism as the materialised path, to
+float rounding (float32 products summed in another order), and each example's contribution has norm
+at most C by construction whatever the layer rules compute (a layer's ghost norm is the norm of exactly
+the tensor its book-keeping sum adds up). The noise is unchanged (the chain's
+:class:`~gsd_cli.train.transforms.GaussianNoise`).
+
+Refusals. The identity of step 1 needs examples that do not interact. :meth:`ClippedSum.check` runs on
+the first use, on a *synthetic* batch (seeded Gaussian inputs of the chunk's shape, label 0: public, so
+the choice of path never depends on the private data): the engine's per-example norms and its clipped
+sum must equal the materialised path's (vmap of each example alone) to ``CHECK_RTOL``. A batch
+statistic, dropout's random masks, a weight used outside its layer's forward (tied weights read by
+``F.linear``) all fail it. :class:`ClippedSum` also refuses (``NotImplementedError``) a selected
+parameter owned by a module with sub-layers and a BatchNorm in training that is not frozen. Under
+``--clip-engine auto`` a refusal takes the materialised path (:func:`clip_engine_for`); under ``ghost``
+it is an error.
+
+Where it applies (:func:`fusable`): a chain whose only per-example transform is one
+:class:`~gsd_cli.train.transforms.Clip` of ``"grad"`` -- DP-SGD and the second phase's stage 2. It does
+not apply where each example's vector itself is needed: GEP's embedding W_i = g_i B^T (k projections
+per example: k times the per-sample gradients' cost by factors) and residual clipping, TopAgg's
+NormTopK (a top-k of each g_i's coordinates), random sparsification's mask before the clip (a masked
+norm does not factor), and RGP's carrier gradients (the carriers are sub-layers inside one module;
+RGP keeps its own vmap path). Those chains keep the materialised path.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Callable, Sequence
+
+import torch
+import torch.nn as nn
+
+from ..errors import GSDError
+
+CLIP_ENGINES = ("auto", "ghost", "materialise")
+#: relative tolerance of the first-use check against the materialised path (float32 products)
+CHECK_RTOL = 1e-3
+#: synthetic examples of the first-use check
+CHECK_EXAMPLES = 4
+
+
+def ghost_cheaper(T: int, D: int, C: int) -> bool:
+    """fastDP's layer-wise rule: ghost norm when 2 T^2 < D C (the T x T Grams per example against the
+    D x C per-example gradient)."""
+    return 2 * T * T < D * C
+
+
+def _conv_plain(m: nn.Module) -> bool:
+    return type(m).forward is nn.Conv2d.forward and m.padding_mode == "zeros" and not isinstance(m.padding, str)
+
+
+def _conv_per_sample(layer: nn.Conv2d, x: torch.Tensor, g: torch.Tensor) -> dict:
+    """Per-example Conv2d gradients (any groups): torch's weight-gradient kernel with n * groups groups."""
+    from ..engine_layers import conv2d_patches
+
+    if layer.groups == 1 and x.shape[1] < 16:
+        return conv2d_patches(layer, x, g)
+    n, Cin, H, W = x.shape
+    O, oh, ow = g.shape[1:]
+    out = {}
+    if layer.weight.requires_grad:
+        w = layer.weight.detach()
+        _, gw, _ = torch.ops.aten.convolution_backward(
+            g.reshape(1, n * O, oh, ow), x.reshape(1, n * Cin, H, W).to(g.dtype), w.repeat(n, 1, 1, 1),
+            None, layer.stride, layer.padding, layer.dilation, False, [0, 0], n * layer.groups, [False, True, False])
+        out[layer.weight] = gw.view(n, *w.shape)
+    if layer.bias is not None and layer.bias.requires_grad:
+        out[layer.bias] = g.sum((2, 3))
+    return out
+
+
+@dataclass
+class _Layer:
+    module: nn.Module
+    prefix: str
+    params: list  # (full name, local name, parameter) of the selected ones
+    kind: str  # linear, conv2d, rule (engine_layers / Opacus sampler), func
+
+
+class ClippedSum:
+    """The ghost / book-keeping clipped sum of one model's selected parameters (module docstring).
+
+    ``engine(x, y, max_norm)`` -> ``(s, sq)``: ``s`` the flat float64 sum over the chunk of
+    clip_C(g_i) (``names`` order), ``sq`` the float64 squared norms ||g_i||^2 (n). ``plan`` lists each
+    layer's path once called (``ghost`` or ``materialised``). Opening refuses (``NotImplementedError``)
+    a model it cannot treat; :meth:`check` refuses one whose examples interact."""
+
+    def __init__(self, model: nn.Module, names: Sequence[str], loss: Callable | None = None):
+        from ..engine_layers import _rule, frozen_batchnorm
+        from ..gradients import default_loss
+
+        self.model, self.names = model, list(names)
+        self.loss = loss or default_loss
+        params = dict(model.named_parameters())
+        self.params = [params[n] for n in self.names]
+        owner: dict[int, tuple[str, nn.Module, str]] = {}
+        for prefix, mod in model.named_modules():
+            for local, p in mod.named_parameters(recurse=False):
+                owner[id(p)] = (prefix, mod, local)
+        layers: dict[int, _Layer] = {}
+        for n, p in zip(self.names, self.params):
+            prefix, mod, local = owner[id(p)]
+            if list(mod.children()):
+                raise NotImplementedError(f"parameter {n} belongs to {prefix or 'the model'}, which has sub-layers")
+            if id(mod) not in layers:
+                if _conv_plain(mod):
+                    kind = "conv2d"
+                elif type(mod).forward is nn.Linear.forward:
+                    kind = "linear"
+                elif _rule(mod) is not None:
+                    kind = "rule"
+                else:
+                    kind = "func"
+                layers[id(mod)] = _Layer(mod, prefix, [], kind)
+            layers[id(mod)].params.append((n, local, p))
+        for prefix, mod in model.named_modules():
+            if isinstance(mod, nn.modules.batchnorm._BatchNorm) and mod.training is not False and not frozen_batchnorm(mod):
+                raise NotImplementedError(f"layer {prefix} is a BatchNorm, which mixes the examples of a batch in training")
+        self.layers = list(layers.values())
+        self._rules = {id(l.module): _rule(l.module) for l in self.layers if l.kind == "rule"}
+        self.channels_last = any(isinstance(m, nn.MaxPool2d) for m in model.modules())
+        self.plan: dict[str, str] = {}
+        self.checked = False
+
+    # -- one chunk ------------------------------------------------------------------------------
+    def _capture(self, x: torch.Tensor, y: torch.Tensor):
+        if self.channels_last and x.dim() == 4 and x.device.type == "cpu":
+            x = x.contiguous(memory_format=torch.channels_last)
+        calls: list[tuple[int, tuple, dict, torch.Tensor, int]] = []
+        handles = []
+
+        def hook(i):
+            def h(mod, args, kwargs, output):
+                if not isinstance(output, torch.Tensor):
+                    raise NotImplementedError(f"layer type {type(mod).__name__} returns {type(output).__name__}, not one tensor")
+                det = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
+                calls.append((i, det, dict(kwargs), output, output._version))
+
+            return h
+
+        try:
+            for i, layer in enumerate(self.layers):
+                handles.append(layer.module.register_forward_hook(hook(i), with_kwargs=True))
+            total = self.loss(self.model(x), y).sum()
+        finally:
+            for h in handles:
+                h.remove()
+        for i, _, _, o, version in calls:
+            if o._version != version:
+                raise NotImplementedError(f"the output of a {type(self.layers[i].module).__name__} layer is changed in place "
+                                          f"during the forward (e.g. ReLU(inplace=True))")
+        live = [c for c in calls if c[3].requires_grad]
+        grads = torch.autograd.grad(total, [c[3] for c in live], allow_unused=True) if live else ()
+        by_layer: dict[int, list] = {}
+        for (i, args, kwargs, o, _), g in zip(live, grads):
+            if g is not None:
+                by_layer.setdefault(i, []).append((args, kwargs, g))
+        return by_layer
+
+    def _materialised(self, layer: _Layer, calls) -> dict:
+        """{parameter: n x shape} per-example gradients of ``layer``, summed over its calls."""
+        per: dict[int, torch.Tensor] = {}
+        for args, kwargs, g in calls:
+            if layer.kind == "conv2d":
+                d = _conv_per_sample(layer.module, args[0], g)
+            elif layer.kind == "linear":
+                from ..engine_layers import linear_per_sample
+
+                d = linear_per_sample(layer.module, args[0], g)
+            elif layer.kind == "rule":
+                d = self._rules[id(layer.module)](layer.module, args, g)
+            else:
+                from ..ghost.rules.materialised import per_sample
+
+                unit = SimpleNamespace(module=layer.module, params=layer.params)
+                by_local = per_sample(unit, args, kwargs, g)
+                d = {p: by_local[local] for _, local, p in layer.params}
+            for p, v in d.items():
+                per[id(p)] = v if id(p) not in per else per[id(p)] + v
+        return per
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
+        n = x.shape[0]
+        by_layer = self._capture(x, y)
+        sq = torch.zeros(n, dtype=torch.float64, device=x.device)
+        finish = []  # (layer, how, data)
+        for i, layer in enumerate(self.layers):
+            calls = by_layer.get(i)
+            if not calls:
+                continue
+            m = layer.module
+            locals_ = {local for _, local, _ in layer.params}
+            if len(calls) == 1 and layer.kind in ("linear", "conv2d") and "weight" in locals_:
+                (args, _, g), = calls
+                xin = args[0].to(g.dtype)
+                if layer.kind == "linear":
+                    A, B = xin.reshape(n, -1, xin.shape[-1]), g.reshape(n, -1, g.shape[-1])
+                    groups, T = 1, A.shape[1]
+                    D, C = A.shape[2], B.shape[2]
+                else:
+                    groups = m.groups
+                    T = g.shape[2] * g.shape[3]
+                    D, C = m.weight.shape[1] * m.weight.shape[2] * m.weight.shape[3], m.weight.shape[0] // groups
+                if ghost_cheaper(T, D, C):
+                    self.plan[layer.prefix] = "ghost"
+                    if layer.kind == "conv2d":
+                        from ..ghost.rules.conv import unfold
+
+                        A = unfold(xin, m.kernel_size, m.dilation, m.padding, m.stride)  # n x T x (Cin kh kw)
+                        B = g.reshape(n, g.shape[1], T).transpose(1, 2)  # n x T x O
+                    for gi in range(groups):
+                        Ag, Bg = A[:, :, gi * D:(gi + 1) * D], B[:, :, gi * C:(gi + 1) * C]
+                        if T == 1:
+                            sq += (Ag.reshape(n, -1).pow(2).sum(1) * Bg.reshape(n, -1).pow(2).sum(1)).double()
+                        else:
+                            sq += (torch.bmm(Ag, Ag.transpose(1, 2)) * torch.bmm(Bg, Bg.transpose(1, 2))).sum((1, 2)).double()
+                    bias = None
+                    if m.bias is not None and "bias" in locals_:
+                        bias = B.sum(1) if layer.kind == "linear" else g.sum((2, 3))
+                        sq += bias.pow(2).sum(1).double()
+                    finish.append((layer, "ghost", (xin, g, A if layer.kind == "linear" else None, B if layer.kind == "linear" else None, bias)))
+                    continue
+            self.plan[layer.prefix] = "materialised"
+            per = self._materialised(layer, calls)
+            for _, _, p in layer.params:
+                if id(p) in per:
+                    sq += per[id(p)].reshape(n, -1).pow(2).sum(1).double()
+            finish.append((layer, "mat", per))
+        ok = torch.isfinite(sq)
+        norms = torch.where(ok, sq, torch.zeros_like(sq)).sqrt()
+        w = torch.where(ok, (max_norm / norms.clamp_min(1e-12)).clamp(max=1.0), torch.zeros_like(norms))
+        bad = not bool(ok.all())
+        grads: dict[int, torch.Tensor] = {}
+        for layer, how, data in finish:
+            m = layer.module
+            if how == "mat":
+                for _, _, p in layer.params:
+                    if id(p) in data:
+                        v = data[id(p)]
+                        if bad:
+                            v = torch.where(ok.view(-1, *[1] * (v.dim() - 1)), v, torch.zeros((), dtype=v.dtype, device=v.device))
+                        grads[id(p)] = torch.tensordot(w.to(v.dtype), v, dims=1)
+                continue
+            xin, g, A, B, bias = data
+            wd = w.to(g.dtype)
+            if bad:  # zero the inputs and output gradients of a non-finite example: 0 * NaN is NaN
+                xin = torch.where(ok.view(-1, *[1] * (xin.dim() - 1)), xin, torch.zeros((), dtype=xin.dtype, device=xin.device))
+                g = torch.where(ok.view(-1, *[1] * (g.dim() - 1)), g, torch.zeros((), dtype=g.dtype, device=g.device))
+                if bias is not None:
+                    bias = torch.where(ok.view(-1, 1), bias, torch.zeros((), dtype=bias.dtype, device=bias.device))
+                if A is not None:
+                    A, B = xin.reshape(A.shape), g.reshape(B.shape)
+            if layer.kind == "linear":
+                Bw = B * wd.view(-1, 1, 1)
+                grads[id(m.weight)] = Bw.reshape(-1, B.shape[2]).T @ A.reshape(-1, A.shape[2])
+            else:  # torch's weight-gradient kernel with the weighted output gradients
+                _, gw, _ = torch.ops.aten.convolution_backward(
+                    g * wd.view(-1, 1, 1, 1), xin, m.weight.detach(), None, m.stride, m.padding, m.dilation,
+                    False, [0, 0], m.groups, [False, True, False])
+                grads[id(m.weight)] = gw
+            if bias is not None:
+                grads[id(m.bias)] = wd @ bias
+        dev = x.device
+        s = torch.empty(sum(p.numel() for p in self.params), dtype=torch.float64, device=dev)
+        col = 0
+        for p in self.params:
+            k = p.numel()
+            s[col:col + k] = grads[id(p)].reshape(-1) if id(p) in grads else 0.0  # unused by the loss: zero
+            col += k
+        return s, torch.where(ok, sq, torch.full_like(sq, float("nan")))
+
+    # -- the first-use check -------------------------------------------------------------------
+    def check(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Refuse (``NotImplementedError``) unless the engine equals the materialised path on a synthetic
+        batch shaped like ``(x, y)`` (public: seeded inputs, label 0), example 0 alone and among others."""
+        from ..engines import VmapEngine
+
+        gen = torch.Generator().manual_seed(0x37C11)
+        shape = (CHECK_EXAMPLES, *x.shape[1:])
+        if x.dtype.is_floating_point:
+            xs = torch.randn(shape, generator=gen).to(x.device, x.dtype)
+        else:
+            xs = torch.randint(0, 2, shape, generator=gen).to(x.device, x.dtype)
+        ys = torch.zeros((CHECK_EXAMPLES, *y.shape[1:]), dtype=y.dtype, device=y.device)
+        out = torch.empty(CHECK_EXAMPLES, sum(p.numel() for p in self.params), device=x.device)
+        VmapEngine(self.model, self.names, self.loss)(xs, ys, out)
+        ref_sq = out.double().pow(2).sum(1)
+        C = float(ref_sq.sqrt().median()) or 1.0
+        s, sq = self(xs, ys, C)
+        w = (C / ref_sq.sqrt().clamp_min(1e-12)).clamp(max=1.0)
+        ref = (w.view(-1, 1) * out.double()).sum(0)
+        s0, sq0 = self(xs[:1].expand_as(xs).contiguous(), ys[:1].expand_as(ys).contiguous(), C)
+        def close(a, b):
+            return bool(torch.isfinite(a).all()) and float((a - b).norm()) <= CHECK_RTOL * float(b.norm()) + 1e-9
+        if not (close(sq, ref_sq) and close(s, ref) and close(sq0[:1], ref_sq[:1])):
+            raise NotImplementedError("the ghost clipped sum differs from the per-sample gradients on a synthetic batch "
+                                      "(the examples of a batch interact, e.g. a batch statistic or dropout, or a weight is used outside its layer)")
+        self.checked = True
+
+
+def fusable(chain) -> bool:
+    """Whether ``chain``'s per-example pass is exactly one clip of ``"grad"`` (DP-SGD): then the sum of
+    its per-example outputs is a clipped sum this engine computes."""
+    from .transforms import Clip, Transform
+
+    per = [t for t in chain.transforms if type(t).per_example is not Transform.per_example]
+    return len(per) == 1 and isinstance(per[0], Clip) and per[0].part == "grad" and chain.transforms[0] is per[0]
+
+
+class ClipSumStep:
+    """The loop's hook for a fusable chain: ``(model, names, x, y, ctx) -> {"grad": float64 sum}``,
+    counting the clipped examples into ``ctx.info`` as :class:`~gsd_cli.train.transforms.Clip` does."""
+
+    def __init__(self, engine: ClippedSum, max_norm: float):
+        self.engine, self.max_norm = engine, float(max_norm)
+
+    def __call__(self, model, names, x, y, ctx) -> dict:
+        from ..gradients import _full_precision, _only_trainable
+
+        was = model.training
+        try:
+            model.train()
+            with _only_trainable(model, names), _full_precision():
+                s, sq = self.engine(x, y, self.max_norm)
+        finally:
+            model.train(was)
+        info = ctx.info.setdefault("clipped_grad", [0, 0])
+        info[0] += int((torch.nan_to_num(sq, nan=0.0) > self.max_norm ** 2).sum())
+        info[1] += x.shape[0]
+        return {"grad": s}
+
+
+class LazyClipSum:
+    """Chooses the path on the first chunk (``mode``: ``auto``, ``ghost``) from the model's structure and
+    a synthetic batch of the chunk's shape (never the private examples), then keeps it. ``None`` from
+    :meth:`hook` means the materialised path; ``reason`` says why."""
+
+    def __init__(self, mode: str, max_norm: float, loss=None):
+        self.mode, self.max_norm, self.loss = mode, float(max_norm), loss
+        self.step: ClipSumStep | None = None
+        self.decided = False
+        self.reason = ""
+
+    def hook(self, model, names, x, y) -> ClipSumStep | None:
+        if not self.decided:
+            from ..gradients import _full_precision, _only_trainable
+
+            was = model.training
+            try:
+                model.train()
+                with _only_trainable(model, names), _full_precision():
+                    eng = ClippedSum(model, names, self.loss)
+                    eng.check(x, y)
+                self.step = ClipSumStep(eng, self.max_norm)
+                self.reason = "ghost: " + ", ".join(f"{k or 'model'} {v}" for k, v in eng.plan.items())
+            except NotImplementedError as e:
+                if self.mode == "ghost":
+                    raise GSDError(f"--clip-engine ghost: {str(e).splitlines()[0]}; use --clip-engine auto or materialise") from None
+                self.reason = f"materialise ({str(e).splitlines()[0]})"
+            finally:
+                model.train(was)
+            self.decided = True
+        return self.step
+
+
+def check_clip_engine(mode: str) -> None:
+    if mode not in CLIP_ENGINES:
+        raise GSDError(f"unknown --clip-engine {mode!r}; use one of {', '.join(CLIP_ENGINES)}")
+
+
+__all__ = ["CLIP_ENGINES", "ClippedSum", "ClipSumStep", "LazyClipSum", "fusable", "ghost_cheaper", "check_clip_engine"]

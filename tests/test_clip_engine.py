@@ -1,0 +1,307 @@
+"""Ghost clipping and book-keeping for DP-SGD (issue 37, :mod:`gsd_cli.train.clipsum`): the clipped sum
+equals a brute-force per-example loop (one backward per example, then clip_C and sum) for every layer
+rule and both per-layer paths, the release equals today's materialised path, and the models it cannot
+treat fall back (auto) or are refused (ghost)."""
+
+from collections import OrderedDict
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import gsd_cli.train.clipsum as cs
+from gsd_cli.errors import GSDError
+from gsd_cli.gradients import _only_trainable
+from gsd_cli.train import StepContext, TrainConfig, build_method, private_step
+from gsd_cli.train.clipsum import ClippedSum, LazyClipSum, fusable
+
+
+def _clipped_brute(brute_force, model, x, y, names, C):
+    """sum_i g_i min(1, C / ||g_i||) in float64 from per-example autograd, and the squared norms."""
+    G = brute_force(model, x, y, names).double()
+    ok = torch.isfinite(G).all(1, keepdim=True)
+    G = torch.where(ok, G, torch.zeros((), dtype=G.dtype))
+    nrm = G.norm(dim=1, keepdim=True)
+    return (G * (C / nrm.clamp_min(1e-12)).clamp(max=1.0)).sum(0), nrm.squeeze(1) ** 2
+
+
+class _Scale(nn.Module):
+    """A leaf layer no rule knows (torch.func on the layer alone)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.w = nn.Parameter(torch.linspace(0.5, 1.5, c).view(1, c, 1, 1))
+
+    def forward(self, x):
+        return x * self.w
+
+
+class _Mixed(nn.Module):
+    """Conv2d (stride, padding) -> GroupNorm -> grouped dilated conv -> frozen BatchNorm -> custom scale ->
+    conv (no bias) -> Linear on a sequence (T > 1) -> Linear; with an Embedding branch."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.gn = nn.GroupNorm(2, 8)
+        self.c2 = nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=4)
+        self.bn = nn.BatchNorm2d(8)
+        self.sc = _Scale(8)
+        self.c3 = nn.Conv2d(8, 12, 3, stride=2, padding=1, bias=False)
+        self.seq = nn.Linear(12, 6)  # on the 16 positions of c3's output: T = 16
+        self.emb = nn.Embedding(5, 6)
+        self.fc = nn.Linear(6 * 16 + 6, 4)
+        with torch.no_grad():
+            self.bn.running_mean.copy_(torch.linspace(-1, 1, 8))
+            self.bn.running_var.copy_(torch.linspace(0.5, 2, 8))
+            self.bn.weight.copy_(torch.linspace(0.5, 1.5, 8))
+        self.bn.eval()
+
+    def forward(self, x):
+        h = torch.tanh(self.gn(self.c1(x)))
+        h = self.sc(self.bn(torch.tanh(self.c2(h))))
+        h = torch.tanh(self.c3(h))  # n x 12 x 4 x 4
+        s = torch.tanh(self.seq(h.flatten(2).transpose(1, 2)))  # n x 16 x 6
+        tok = (x[:, 0, 0, :2].abs() * 3).long().clamp(max=4)  # two tokens per example
+        e = self.emb(tok).sum(1)
+        return self.fc(torch.cat([s.flatten(1), e], 1))
+
+
+def _data(n=7, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, 16, 16, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+
+RULES = {"fastdp": cs.ghost_cheaper, "ghost": lambda T, D, C: True, "materialise": lambda T, D, C: False}
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+@pytest.mark.parametrize("C", [1e-3, 0.3, 1e6])
+def test_clipped_sum_equals_brute_force_on_every_layer_rule(rule, C, brute_force, monkeypatch):
+    monkeypatch.setattr(cs, "ghost_cheaper", RULES[rule])
+    torch.manual_seed(0)
+    model = _Mixed().train()
+    model.bn.eval()
+    names = [n for n, _ in model.named_parameters()]
+    x, y = _data()
+    eng = ClippedSum(model, names)
+    with _only_trainable(model, names):
+        eng.check(x, y)
+        s, sq = eng(x, y, C)
+    ref, rsq = _clipped_brute(brute_force, model, x, y, names, C)
+    torch.testing.assert_close(sq, rsq, rtol=2e-5, atol=0)
+    torch.testing.assert_close(s, ref, rtol=2e-5, atol=2e-6 * float(ref.abs().max()))
+    kinds = {l.prefix: l.kind for l in eng.layers}
+    assert kinds["sc"] == "func" and kinds["gn"] == kinds["bn"] == kinds["emb"] == "rule"
+    if rule == "ghost":
+        assert eng.plan["c1"] == eng.plan["c2"] == eng.plan["c3"] == eng.plan["seq"] == "ghost"
+    if rule == "materialise":
+        assert set(eng.plan.values()) == {"materialised"}
+
+
+def test_subset_of_parameters_and_non_finite_examples(brute_force, monkeypatch):
+    """Only some parameters selected (a bias alone, a weight alone); an example with a NaN input
+    contributes zero, as the Clip transform zeroes its row, and the others are untouched."""
+    monkeypatch.setattr(cs, "ghost_cheaper", RULES["ghost"])
+    torch.manual_seed(1)
+    model = _Mixed().train()
+    model.bn.eval()
+    names = ["c1.bias", "c2.weight", "seq.weight", "fc.weight", "fc.bias"]
+    x, y = _data()
+    x[2, 1, 3, 3] = float("nan")
+    eng = ClippedSum(model, names)
+    with _only_trainable(model, names):
+        s, sq = eng(x, y, 0.5)
+    keep = [i for i in range(x.shape[0]) if i != 2]
+    ref, rsq = _clipped_brute(brute_force, model, x[keep], y[keep], names, 0.5)
+    assert torch.isnan(sq[2]) and torch.isfinite(s).all()
+    torch.testing.assert_close(s, ref, rtol=2e-5, atol=2e-6 * float(ref.abs().max()))
+    torch.testing.assert_close(sq[keep], rsq, rtol=2e-5, atol=0)
+
+
+@pytest.mark.parametrize("name", ["fmnist-cnn", "resnet20"])
+def test_registered_models_match_brute_force(name, brute_force):
+    from probes import get_model_spec
+
+    spec = get_model_spec(name)
+    model = spec.build(num_classes=10, seed=0).train()
+    names = [n for n, _ in model.named_parameters()]
+    g = torch.Generator().manual_seed(2)
+    x = torch.rand(3, spec.channels, spec.input_size, spec.input_size, generator=g)
+    y = torch.randint(0, 10, (3,), generator=g)
+    eng = ClippedSum(model, names)
+    with _only_trainable(model, names):
+        eng.check(x, y)
+        s, _ = eng(x, y, 0.1)
+    ref, _ = _clipped_brute(brute_force, model, x, y, names, 0.1)
+    torch.testing.assert_close(s, ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max()))
+    assert "ghost" in eng.plan.values()
+
+
+def test_frozen_batchnorm_backbone_by_batchnorm_freeze(brute_force):
+    """--batchnorm freeze on a model with BatchNorm layers in training mode (made exact by make_exact)."""
+    from gsd_cli.model_exact import make_exact
+
+    torch.manual_seed(0)
+    net = nn.Sequential(OrderedDict(c=nn.Conv2d(3, 6, 3, stride=2), bn=nn.BatchNorm2d(6), r=nn.ReLU(), f=nn.Flatten(),
+                                    fc=nn.Linear(6 * 9, 3), bn1=nn.BatchNorm1d(3)))
+    with torch.no_grad():
+        net.bn.running_mean.uniform_(-1, 1), net.bn.running_var.uniform_(0.5, 2)
+    model, _ = make_exact(net, "freeze")
+    model.train()
+    names = [n for n, _ in model.named_parameters()]
+    x, y = torch.randn(5, 3, 7, 7), torch.randint(0, 3, (5,))
+    eng = ClippedSum(model, names)
+    with _only_trainable(model, names):
+        eng.check(x, y)
+        s, _ = eng(x, y, 0.2)
+    ref, _ = _clipped_brute(brute_force, model, x, y, names, 0.2)
+    torch.testing.assert_close(s, ref, rtol=2e-5, atol=2e-6 * float(ref.abs().max()))
+
+
+def test_lora_adapters_via_peft(brute_force):
+    pytest.importorskip("peft")
+    from gsd_cli.peft import build_model
+
+    _, model, names, _ = build_model("fmnist-cnn", 10, 0, peft="lora:r=2,targets=fc1|fc2")
+    with torch.no_grad():  # B adapters start at zero: move them so every adapter has a gradient
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+    model.train()
+    assert any("lora_A" in n for n in names)
+    x, y = torch.rand(4, 1, 28, 28), torch.randint(0, 10, (4,))
+    eng = ClippedSum(model, names)
+    with _only_trainable(model, names):
+        eng.check(x, y)
+        s, _ = eng(x, y, 0.05)
+    ref, _ = _clipped_brute(brute_force, model, x, y, names, 0.05)
+    torch.testing.assert_close(s, ref, rtol=2e-5, atol=2e-6 * float(ref.abs().max()))
+
+
+def _cnn():
+    torch.manual_seed(0)
+    return nn.Sequential(OrderedDict(c1=nn.Conv2d(1, 4, 3), r1=nn.ReLU(), p=nn.MaxPool2d(2), c2=nn.Conv2d(4, 8, 3, groups=2),
+                                     r2=nn.ReLU(), f=nn.Flatten(), fc=nn.Linear(8 * 2 * 2, 3)))
+
+
+def test_the_release_equals_the_materialised_path():
+    """private_step with the ghost engine and with materialised per-sample gradients: the same noisy
+    sum (same noise generator) to float rounding, the same clipped counts, several chunks."""
+    model = _cnn()
+    names = [n for n, _ in model.named_parameters()]
+    g = torch.Generator().manual_seed(4)
+    x, y = torch.randn(11, 1, 10, 10, generator=g), torch.randint(0, 3, (11,), generator=g)
+    chunks = [(x[:4], y[:4]), (x[4:8], y[4:8]), (x[8:], y[8:])]
+    p = sum(q.numel() for q in model.parameters())
+    out = {}
+    for engine in ("ghost", "materialise"):
+        m = build_method(TrainConfig(method="dpsgd", clip=0.05, clip_engine=engine), 1.3)
+        assert (m.clip_sum is None) == (engine == "materialise")
+        ctx = StepContext(step=0, model=model, names=names, generator=torch.Generator().manual_seed(9))
+        v = private_step(m.chain, model, names, chunks, p, ctx, m.per_sample, clip_sum=m.clip_sum)["grad"]
+        out[engine] = (v, ctx.info["clipped_grad"])
+    assert out["ghost"][1] == out["materialise"][1] and out["ghost"][1][1] == 11
+    torch.testing.assert_close(out["ghost"][0], out["materialise"][0], rtol=1e-5, atol=1e-6)
+    assert out["ghost"][0].dtype == torch.float32
+    # an empty subsample still releases noise only, on either path
+    m = build_method(TrainConfig(method="dpsgd", clip=0.05), 1.3)
+    ctx = StepContext(step=0, model=model, names=names, generator=torch.Generator().manual_seed(9))
+    v = private_step(m.chain, model, names, [], p, ctx, m.per_sample, clip_sum=m.clip_sum)["grad"]
+    assert v.shape == (p,) and float(v.std()) == pytest.approx(1.3 * 0.05, rel=0.3)
+
+
+class _Dropout(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.d, self.fc2 = nn.Linear(6, 5), nn.Dropout(0.5), nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.fc2(self.d(torch.tanh(self.fc1(x))))
+
+
+class _Tied(nn.Module):
+    """The output layer reuses fc1's weight through F.linear (outside fc1's forward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(4, 4), nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(F.linear(torch.tanh(self.fc1(x)), self.fc1.weight)))
+
+
+class _BatchStat(nn.Module):
+    """Subtracts the batch mean: the examples of a batch interact."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(4, 4), nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = self.fc1(x)
+        return self.fc2(h - h.mean(0, keepdim=True))
+
+
+@pytest.mark.parametrize("make,shape", [(_Dropout, (5, 6)), (_Tied, (5, 4)), (_BatchStat, (5, 4)),
+                                        (lambda: nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 3)), (5, 4))])
+def test_models_it_cannot_treat_fall_back_under_auto_and_are_refused_under_ghost(make, shape):
+    model = make()
+    names = [n for n, _ in model.named_parameters()]
+    x, y = torch.randn(*shape), torch.randint(0, 3, (shape[0],))
+    auto = LazyClipSum("auto", 1.0)
+    assert auto.hook(model, names, x, y) is None and auto.reason.startswith("materialise (")
+    with pytest.raises(GSDError, match="--clip-engine ghost: .*use --clip-engine auto or materialise"):
+        LazyClipSum("ghost", 1.0).hook(model, names, x, y)
+
+
+def test_the_choice_reads_no_private_example(monkeypatch):
+    """The first-use check runs on a synthetic batch: the path is the same for any private chunk."""
+    model = _cnn()
+    names = [n for n, _ in model.named_parameters()]
+    seen = []
+    real = ClippedSum.check
+
+    def spy(self, x, y):
+        seen.append(x.clone())
+        return real(self, x, y)
+
+    monkeypatch.setattr(ClippedSum, "check", spy)
+    x = torch.full((3, 1, 10, 10), 7.0)
+    lazy = LazyClipSum("auto", 1.0)
+    assert lazy.hook(model, names, x, torch.zeros(3, dtype=torch.long)) is not None
+    assert lazy.hook(model, names, x + 1, torch.zeros(3, dtype=torch.long)) is lazy.step  # decided once
+    assert len(seen) == 1
+    calls = []
+    monkeypatch.setattr(ClippedSum, "__call__", lambda self, xs, ys, C: calls.append(xs) or (_ for _ in ()).throw(RuntimeError("stop")))
+    with pytest.raises(RuntimeError):
+        LazyClipSum("auto", 1.0).hook(_cnn(), names, x, torch.zeros(3, dtype=torch.long))
+    assert calls and not any(bool((c == 7.0).any()) for c in calls)
+
+
+def test_fusable_chains():
+    assert fusable(build_method(TrainConfig(method="dpsgd"), 1.0).chain)
+    assert not fusable(build_method(TrainConfig(method="topagg"), 1.0).chain)
+    assert build_method(TrainConfig(method="dpsgd", sparsify=0.5), 1.0).clip_sum is None
+    assert build_method(TrainConfig(method="second-phase", public="x"), 1.0).clip_sum is not None
+    with pytest.raises(GSDError, match="--clip-engine"):
+        from gsd_cli.train.config import validate
+
+        validate(TrainConfig(method="dpsgd", clip_engine="fast"))
+
+
+def test_train_with_either_engine_gives_the_same_weights(tiny, tmp_path):
+    from safetensors.torch import load_file
+
+    from gsd_cli.train import train
+
+    base = dict(private=tiny["private"], method="dpsgd", epsilon=4.0, epochs=1, batch_size=30, insecure_seed=5,
+                physical_batch=16, clip=0.5)
+    sa = train(TrainConfig(**base, clip_engine="ghost"), tmp_path / "g")
+    sb = train(TrainConfig(**base, clip_engine="materialise"), tmp_path / "m")
+    assert sa["clip_engine"].startswith("ghost: ") and sb["clip_engine"] == "materialise"
+    assert sa["sigma"] == sb["sigma"] and sa["epsilon"] == sb["epsilon"]
+    wa, wb = load_file(str(tmp_path / "g" / "checkpoint.safetensors")), load_file(str(tmp_path / "m" / "checkpoint.safetensors"))
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=1e-5)
