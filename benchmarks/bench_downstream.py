@@ -1,0 +1,109 @@
+"""Does following gsd's advice give a better private model? The large downstream benchmark (issue 33).
+
+Data: ``python benchmarks/validity/prepare_large.py`` (benchmark-only wheels, see its docstring).
+Tasks, candidates, settings and the cache: ``benchmarks/validity/large.py``.
+
+    python benchmarks/bench_downstream.py tune  [--shard 0/2]   # GEP/DP-SGD settings on the selection tasks (seed 10)
+    python benchmarks/bench_downstream.py train [--shard 0/2] [--epsilons 2 8] [--seeds 0 1 2] [--tasks ...]
+    python benchmarks/bench_downstream.py rank  [--seeds 0 1 2]  # gsd's default ranking (auto-select's) per task, cached
+    python benchmarks/bench_downstream.py score                  # tables, the fallback rule, results JSON, validity.json
+
+Every training is cached (resumable; a changed setting is a new run); each process runs every N-th job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+#: the tuning grid (issue 33 item 2): overrides of the benchmark's settings, on the selection tasks'
+#: same-distribution candidate (GEP) or no public data (DP-SGD), epsilon 2, seed 10 (a 2-core shared machine)
+TUNE = {
+    "dpsgd": [{}],
+    "gep": [{"clip_residual": 0.4}, {}, {"lr": 1.0, "clip_embedding": 1.0, "clip_residual": 0.5}],
+}
+TUNE_SEEDS = (10,)
+
+
+def _run(todo, threads: int, train_one) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    t0 = time.time()
+    for k, job in enumerate(todo):
+        d = train_one(*job)
+        print(f"[{k + 1}/{len(todo)} {time.time() - t0:.0f}s] {job}: accuracy {d['accuracy']:.4f} "
+              f"({d['seconds']:.0f} s, load {os.getloadavg()[0]:.1f})", flush=True)
+
+
+def tune_jobs(tasks=None) -> list[tuple]:
+    from validity.large import TASKS
+
+    out = []
+    for seed in TUNE_SEEDS:
+        for task in tasks or ("mnist",):
+            for method, grid in TUNE.items():
+                for ov in grid:
+                    out.append((task, method, TASKS[task][2][0] if method == "gep" else None, 2.0, seed, ov or None))
+    return out
+
+
+def cmd_tune(args) -> None:
+    from validity.large import train_one
+
+    i, n = (int(x) for x in args.shard.split("/"))
+    _run([j for k, j in enumerate(tune_jobs(args.tasks)) if k % n == i], args.threads, train_one)
+
+
+def cmd_train(args) -> None:
+    from validity.large import jobs, train_one
+
+    i, n = (int(x) for x in args.shard.split("/"))
+    todo = [j for k, j in enumerate(jobs(args.tasks, args.seeds, args.epsilons, args.methods)) if k % n == i]
+    _run(todo, args.threads, train_one)
+
+
+def cmd_rank(args) -> None:
+    from validity.large_score import rank_all
+
+    rank_all(args.tasks, args.seeds)
+
+
+def cmd_score(args) -> None:
+    from validity.large_score import build, write
+
+    doc = build()
+    write(doc, update_package=args.update_package)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("tune", help="the tuning grid on the selection tasks")
+    t.add_argument("--shard", default="0/1")
+    t.add_argument("--tasks", nargs="+", default=None)
+    t.add_argument("--threads", type=int, default=1)
+    t = sub.add_parser("train", help="run (or reuse) the downstream trainings")
+    t.add_argument("--shard", default="0/1", help="I/N: this process runs every N-th job from the I-th")
+    t.add_argument("--tasks", nargs="+", default=None)
+    t.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    t.add_argument("--epsilons", nargs="+", type=float, default=[2.0, 8.0])
+    t.add_argument("--methods", nargs="+", default=["dpsgd", "gep", "second-phase"])
+    t.add_argument("--threads", type=int, default=1)
+    r = sub.add_parser("rank", help="gsd's default ranking of every task's candidates (cached)")
+    r.add_argument("--tasks", nargs="+", default=None)
+    r.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    s = sub.add_parser("score", help="tables, the fallback rule, results JSON")
+    s.add_argument("--update-package", action="store_true", help="also write gsd_cli/report/validity.json")
+    args = ap.parse_args()
+    {"tune": cmd_tune, "train": cmd_train, "rank": cmd_rank, "score": cmd_score}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()

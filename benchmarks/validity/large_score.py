@@ -1,0 +1,240 @@
+"""Scores of the large downstream benchmark (issue 33): gsd's default ranking per task (the one
+``gsd train --auto-select`` runs: probe network, k=16, 2,000 examples, random labels), the accuracy
+of every method with gsd's pick, the oracle pick and the worst candidate against DP-SGD without public
+data, Spearman with bootstrap intervals, and the calibration of the auto-select fallback rule
+(:mod:`gsd_cli.train.fallback`).
+
+The rule: train with the winner by method M when the winner's GSD is at most a threshold t_M, else
+fall back to DP-SGD without public data. t_M is chosen on the *selection* tasks' cells (every
+candidate at every epsilon, read as "would this candidate, were it the winner, beat DP-SGD?"; the
+truth is its mean accuracy over seeds against DP-SGD's), as the threshold with the fewest wrong
+decisions (ties: the smaller threshold, the cautious one); its error rate is reported on those cells
+and separately on the held-out task's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .large import EPSILONS, FAMILIES, HELD_OUT, KIND, METHODS, SELECTION, TASKS, load_runs, register
+
+ROOT = Path(__file__).resolve().parents[1] / "results"
+RANKS = ROOT / "validity" / "large_ranks"
+OUT = ROOT / "downstream_cpu.json"
+#: auto-select's ranking defaults (gsd train --rank-model/--rank-k/--rank-examples)
+RANK = dict(model="probe", k=16, examples=2000)
+
+
+def rank_file(task: str, seed: int) -> Path:
+    return RANKS / f"{task}-s{seed}.json"
+
+
+def rank_all(tasks=None, seeds=(0, 1, 2)) -> None:
+    """gsd's ranking of each task's candidates, as auto-select runs it, with seed = the public seed
+    and the private draw's seed (benchmark only); cached."""
+    import torch
+
+    from gsd_cli.ranking import rank
+
+    torch.set_num_threads(1)
+    register()
+    for task in tasks or TASKS:
+        for seed in seeds:
+            f = rank_file(task, seed)
+            if f.is_file():
+                continue
+            t0 = time.perf_counter()
+            r = rank(TASKS[task][0], list(TASKS[task][2]), seed=seed, insecure_seed=seed, device="cpu", **RANK)
+            doc = {"task": task, "seed": seed, "settings": RANK, "distance": {x.public: x.distance for x in r.results},
+                   "seconds": round(time.perf_counter() - t0, 1), "loadavg": os.getloadavg()}
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.write_text(json.dumps(doc, indent=1) + "\n")
+            print(f"{task} s{seed}: {doc['distance']} ({doc['seconds']} s)", flush=True)
+
+
+def distances(task: str) -> dict[int, dict[str, float]]:
+    out = {}
+    for f in sorted(RANKS.glob(f"{task}-s*.json")):
+        d = json.loads(f.read_text())
+        if d["task"] == task and d["settings"] == RANK:
+            out[d["seed"]] = d["distance"]
+    return out
+
+
+def interval(v: list[float]) -> dict:
+    """Mean, sd and the 95% t-interval of the mean over seeds."""
+    from scipy.stats import t
+
+    v = [float(x) for x in v]
+    n = len(v)
+    m = float(np.mean(v))
+    if n < 2:
+        return {"mean": m, "sd": None, "ci": None, "n": n}
+    sd = float(np.std(v, ddof=1))
+    h = float(t.ppf(0.975, n - 1) * sd / math.sqrt(n))
+    return {"mean": m, "sd": sd, "ci": [m - h, m + h], "n": n}
+
+
+def _acc(runs, task, method, eps):
+    out: dict[str | None, dict[int, float]] = {}
+    for r in runs:
+        if r["task"] == task and r["method"] == method and r["epsilon_target"] == eps:
+            out.setdefault(r["public"], {})[r["seed"]] = r["accuracy"]
+    return out
+
+
+def calibrate(cells: list[dict]) -> dict:
+    """The threshold t on the winner's distance with the fewest wrong decisions over ``cells``
+    ({distance, gain}); "use public data" iff distance <= t. Candidates: every midpoint between
+    sorted distances, and below all (never use public data)."""
+    ds = sorted({c["distance"] for c in cells})
+    cand = [ds[0] - 1e-6] + [(a + b) / 2 for a, b in zip(ds, ds[1:])] + [ds[-1] + 1e-6]
+    best = None
+    for t in cand:
+        wrong = sum((c["distance"] <= t) != (c["gain"] > 0) for c in cells)
+        if best is None or wrong < best[1]:
+            best = (t, wrong)
+    t, wrong = best
+    return {"threshold": round(float(t), 4), "errors": int(wrong), "cells": len(cells),
+            "false_use": sum(c["distance"] <= t and c["gain"] <= 0 for c in cells),
+            "false_fallback": sum(c["distance"] > t and c["gain"] > 0 for c in cells)}
+
+
+def evaluate(t: float, cells: list[dict]) -> dict:
+    return {"errors": sum((c["distance"] <= t) != (c["gain"] > 0) for c in cells), "cells": len(cells),
+            "false_use": sum(c["distance"] <= t and c["gain"] <= 0 for c in cells),
+            "false_fallback": sum(c["distance"] > t and c["gain"] > 0 for c in cells)}
+
+
+def build() -> dict:
+    from .scores import score
+
+    runs = load_runs()
+    doc = {"source": "python benchmarks/bench_downstream.py score (issue 33)", "rank": RANK,
+           "selection_tasks": list(SELECTION), "held_out": list(HELD_OUT), "tasks": {}, "cells": [],
+           "runs": len(runs), "seconds": round(sum(r["seconds"] for r in runs)), "machine": "2-core CPU, shared"}
+    for task in TASKS:
+        dist = distances(task)
+        if not dist:
+            continue
+        dmean = {c: float(np.mean([dist[s][c] for s in dist])) for c in TASKS[task][2]}
+        pick = min(dmean, key=dmean.get)
+        tdoc = {"distance": dmean, "rank_seeds": sorted(dist), "pick": pick, "kind": KIND[task], "epsilon": {}}
+        for eps in EPSILONS:
+            base = _acc(runs, task, "dpsgd", eps).get(None, {})
+            if not base:
+                continue
+            e = {"dpsgd": interval(list(base.values())), "dpsgd_seeds": sorted(base)}
+            for method in METHODS:
+                acc = _acc(runs, task, method, eps)
+                seeds = sorted(set(base).intersection(*(set(v) for v in acc.values()))) if acc else []
+                full = {c: v for c, v in acc.items() if set(seeds) <= set(v)}
+                if len(full) < 3 or not seeds:
+                    continue
+                means = {c: float(np.mean([full[c][s] for s in seeds])) for c in full}
+                oracle, worst = max(means, key=means.get), min(means, key=means.get)
+                m = {"seeds": seeds, "candidates": {c: interval([full[c][s] for s in seeds]) for c in full},
+                     "pick": pick if pick in full else None, "oracle": oracle, "worst": worst,
+                     "complete": len(full) == len(TASKS[task][2])}
+                bmean = float(np.mean([base[s] for s in seeds]))
+                m["gain_pick"] = means[pick] - bmean if pick in full else None
+                # paired gain per seed (the same private randomness seeds), with a t-interval
+                if pick in full:
+                    m["gain_pick_interval"] = interval([full[pick][s] - base[s] for s in seeds])
+                pred = {s: {c: dist[s][c] for c in full} for s in dist}
+                sc = score(pred, full, {s: base[s] for s in seeds})
+                m["spearman"] = sc["spearman"] if sc else None
+                m["spearman_ci"] = sc["spearman_ci"] if sc else None
+                m["kendall"] = sc["kendall"] if sc else None
+                if task in FAMILIES:
+                    fam = [c for c in FAMILIES[task] if c in full]
+                    m["family"] = {"order_by_accuracy": sorted(fam, key=lambda c: -means[c]),
+                                   "order_by_gsd": sorted(fam, key=lambda c: dmean[c]), "expected": list(fam)}
+                e[method] = m
+                for c in full:
+                    doc["cells"].append({"task": task, "epsilon": eps, "method": method, "candidate": c,
+                                         "distance": dmean[c], "gain": means[c] - bmean,
+                                         "selection": task in SELECTION})
+            tdoc["epsilon"][f"{eps:g}"] = e
+        doc["tasks"][task] = tdoc
+    doc["rule"] = {}
+    for method in METHODS:
+        sel = [c for c in doc["cells"] if c["method"] == method and c["selection"]]
+        held = [c for c in doc["cells"] if c["method"] == method and not c["selection"]]
+        if not sel:
+            continue
+        cal = calibrate(sel)
+        doc["rule"][method] = {**cal, "held_out": evaluate(cal["threshold"], held) if held else None}
+    return doc
+
+
+def _fmt(iv: dict) -> str:
+    if iv["ci"] is None:
+        return f"{100 * iv['mean']:.1f}"
+    return f"{100 * iv['mean']:.1f} [{100 * iv['ci'][0]:.1f}, {100 * iv['ci'][1]:.1f}]"
+
+
+def tables(doc: dict) -> str:
+    lines = []
+    for task, t in doc["tasks"].items():
+        role = "held out" if task in doc["held_out"] else "selection"
+        lines.append(f"\n### {task} ({role}); gsd's pick: {t['pick']}")
+        lines.append("| epsilon | DP-SGD alone | method | gsd's pick | oracle pick | worst candidate | Spearman [95% CI] |")
+        lines.append("|---|---|---|---|---|---|---|")
+        for eps, e in t["epsilon"].items():
+            for method in METHODS:
+                if method not in e:
+                    continue
+                m = e[method]
+                c = m["candidates"]
+                sp = f"{m['spearman']:+.2f}" + (f" [{m['spearman_ci'][0]:+.2f}, {m['spearman_ci'][1]:+.2f}]" if m["spearman_ci"] else "")
+                lines.append(f"| {eps} | {_fmt(e['dpsgd'])} | {method} | {_fmt(c[m['pick']]) if m['pick'] else '-'} ({m['pick']}) | "
+                             f"{_fmt(c[m['oracle']])} ({m['oracle']}) | {_fmt(c[m['worst']])} ({m['worst']}) | {sp} |")
+        lines.append("GSD: " + ", ".join(f"{c} {d:.3f}" for c, d in sorted(t["distance"].items(), key=lambda x: x[1])))
+    for method, r in doc["rule"].items():
+        ho = r["held_out"]
+        lines.append(f"\nrule {method}: use public data iff winner's GSD <= {r['threshold']}: wrong on {r['errors']}/{r['cells']} "
+                     f"selection cells" + (f", {ho['errors']}/{ho['cells']} held-out cells" if ho else ""))
+    return "\n".join(lines)
+
+
+def package_figures(doc: dict) -> dict:
+    """What ``gsd_cli/report/validity.json`` ships: the fallback rule and the evidence for it."""
+    rho = {m: {} for m in METHODS}
+    below = cases = best = 0
+    for task, t in doc["tasks"].items():
+        for eps, e in t["epsilon"].items():
+            for m in METHODS:
+                if m in e and e[m]["spearman"] is not None:
+                    rho[m][f"{task}@{eps}"] = round(e[m]["spearman"], 2)
+                    cases += 1
+                    best += e[m]["pick"] == e[m]["oracle"]
+                    below += (e[m]["gain_pick"] or 0) <= 0
+    rule = {m: {"threshold": r["threshold"], "errors": r["errors"], "cells": r["cells"],
+                "held_out_errors": r["held_out"]["errors"] if r["held_out"] else None,
+                "held_out_cells": r["held_out"]["cells"] if r["held_out"] else None}
+            for m, r in doc["rule"].items()}
+    return {"source": "python benchmarks/bench_downstream.py score --update-package (issue 33)",
+            "predictor": "GSD probe",
+            "where": "auto-select's ranking (probe, k=16, m=2000); fmnist-cnn trained 5 epochs at epsilon 2 and 8, 3 seeds, 2-core CPU",
+            "tasks": len(doc["tasks"]), "spearman": {"gep": rho["gep"], "second_phase": rho["second-phase"]},
+            "cases": cases, "winner_best": best, "winner_below_none": below,
+            "rank": doc["rank"], "rule": rule,
+            "advice": "auto-select trains with the winner only where its GSD passes the rule; otherwise DP-SGD without public data."}
+
+
+def write(doc: dict, update_package: bool = False) -> None:
+    OUT.write_text(json.dumps(doc, indent=1) + "\n")
+    text = tables(doc)
+    (ROOT / "downstream_cpu.md").write_text(text + "\n")
+    print(text)
+    if update_package:
+        p = Path(__file__).resolve().parents[2] / "gsd_cli" / "report" / "validity.json"
+        p.write_text(json.dumps(package_figures(doc), indent=1) + "\n")
+        print(f"wrote {p}")
