@@ -63,13 +63,17 @@ def list_image_folder(path: Path) -> tuple[list[str], list[tuple[str, int]]]:
 
 def _pil_to_array(img) -> np.ndarray:
     """A PIL image as float32 in [0, 1]: 8-bit grey/colour by /255, 16-bit grey (mode I;16, usual for
-    X-rays) by /65535, 32-bit integer grey by its type's range, float grey clipped to [0, 1]."""
+    X-rays) by /65535, 32-bit integer grey by its type's range, float grey refused outside [0, 1]."""
     if img.mode.startswith("I;16") or img.mode == "I":
         a = np.asarray(img).astype(np.float64)
         top = 65535.0 if img.mode.startswith("I;16") or a.max(initial=0) <= 65535 else 2.0**32 - 1
         return (np.clip(a, 0, None) / top).astype(np.float32)
-    if img.mode == "F":
-        return np.clip(np.asarray(img, dtype=np.float32), 0.0, 1.0)
+    if img.mode == "F":  # float TIFF: values must lie in [0, 1], as in an npz (never clipped silently)
+        a = np.asarray(img, dtype=np.float32)
+        finite = a[np.isfinite(a)]
+        if finite.size and (finite.min() < -1e-6 or finite.max() > 1 + 1e-6):
+            raise ValueError(f"float pixel values {finite.min():.3g}..{finite.max():.3g} outside [0, 1]; rescale the image to [0, 1]")
+        return np.clip(a, 0.0, 1.0)
     if img.mode in ("LA", "1"):
         img = img.convert("L")
     elif img.mode not in ("L", "RGB"):
@@ -176,7 +180,7 @@ def relative_key(file: str | Path, root: str | Path | None) -> str:
 def npz_source(path: str | Path, name: str | None = None) -> ImageSource:
     """``npz:PATH``: arrays ``x`` (N,H,W | N,C,H,W | N,H,W,C; C in 1 or 3) and ``y`` (N,) or (N, classes).
 
-    Integer images are divided by 255; float images are used as they are and must lie in [0, 1], and
+    uint8 images are divided by 255, uint16 by 65535 (other integer types must hold 0..255); float images are used as they are and must lie in [0, 1], and
     NaN or infinite values are refused. The class list is declared by an optional array ``classes``
     (names) or scalar ``num_classes`` in the file; without either it is read off ``y``
     (``max(y) + 1``) and the source says so (``classes_declared`` False).
@@ -209,7 +213,7 @@ def npz_source(path: str | Path, name: str | None = None) -> ImageSource:
     if y.ndim not in (1, 2) or len(y) != len(x):
         raise DatasetError(f"{name}: y has shape {y.shape} for {len(x)} images; give one label (or one 0/1 row) per image")
     if np.issubdtype(x.dtype, np.integer):
-        x = x.astype(np.float32) / 255.0
+        x = _integer_images(x, name)
     elif np.issubdtype(x.dtype, np.floating):
         x = x.astype(np.float32)
         bad = ~np.isfinite(x.reshape(len(x), -1)).all(axis=1)
@@ -222,12 +226,29 @@ def npz_source(path: str | Path, name: str | None = None) -> ImageSource:
     if y.ndim == 1:
         if not np.issubdtype(y.dtype, np.integer) or (len(y) and y.min() < 0):
             raise DatasetError(f"{name}: y must hold non-negative integer class labels (got dtype {y.dtype})")
+    elif y.dtype.kind not in "biuf" or (y.size and not np.isin(y, (0, 1)).all()):
+        # a multi-label y is a 0/1 matrix; a 2 (or a NaN) would give a loss below zero and an accuracy of 1.0
+        bad = sorted({float(v) for v in np.unique(y[~np.isin(y, (0, 1))])[:3]}) if y.dtype.kind in "biuf" else y.dtype
+        raise DatasetError(f"{name}: y has shape {y.shape} (multi-label) but holds values other than 0 and 1 ({bad}); "
+                           "give one 0/1 column per class, or one integer label per image (shape (N,))")
     if isinstance(declared, int):
         declared = [str(c) for c in range(declared)]
     if declared is not None:
         _check_declared(name, y, len(declared))
         return ArraySource(name, x, y, len(declared), f"arrays from {path}", classes=declared)
     return ArraySource(name, x, y, description=f"arrays from {path}")
+
+
+def _integer_images(x: np.ndarray, name: str) -> np.ndarray:
+    """Integer images in [0, 1] by their type's range: uint8 / 255, uint16 / 65535 (16-bit X-rays, as the
+    DICOM and TIFF paths do). Other integer types (int64 from a Python list) are read as 8-bit when
+    their values lie in 0..255; anything else is refused, as no scale can be told from the values."""
+    if x.dtype == np.uint16:
+        return x.astype(np.float32) / 65535.0
+    if x.dtype != np.uint8 and x.size and (x.min() < 0 or x.max() > 255):
+        raise DatasetError(f"{name}: x has dtype {x.dtype} with values {x.min()}..{x.max()}; save 8-bit images as uint8 "
+                           "(0..255), 16-bit as uint16 (0..65535), or floats in [0, 1]")
+    return x.astype(np.float32) / 255.0
 
 
 def _declared_classes(f, name: str) -> list[str] | int | None:
@@ -337,4 +358,5 @@ def open_image(file: str | Path, name: str, frame: int | None = None) -> np.ndar
     except Image.DecompressionBombError as e:  # PIL refuses images over 2 x Image.MAX_IMAGE_PIXELS
         raise DatasetError(f"{name}: image {file} is too large to open ({e}); shrink it or remove it") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:  # PIL raises SyntaxError for some broken files
-        raise DatasetError(f"{name}: cannot read image {file} ({type(e).__name__}); remove or replace it") from None
+        why = str(e) if "outside [0, 1]" in str(e) else type(e).__name__
+        raise DatasetError(f"{name}: cannot read image {file} ({why}); remove or replace it") from None

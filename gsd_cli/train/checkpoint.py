@@ -106,8 +106,33 @@ def save(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, m
     meta = json.loads(json.dumps({"format": FORMAT, **meta}))  # digest what load_meta will read back
     info = {"gsd_format": str(FORMAT), "gsd_digest": state_digest(meta), "gsd_epoch": str(meta.get("epoch")),
             "gsd_step": str(meta.get("step"))}
-    atomic_write(path / CKPT_WEIGHTS, st_save(tensors, metadata=info))
+    blob = st_save(tensors, metadata=info)
+    meta["weights_sha256"] = hashlib.sha256(blob).hexdigest()  # verified on --resume (check_file_digest)
+    atomic_write(path / CKPT_WEIGHTS, blob)
     atomic_write(path / CKPT_META, json.dumps(meta, indent=2) + "\n", private=True)  # the secret seed
+
+
+def file_sha256(file: Path) -> str:
+    h = hashlib.sha256()
+    with open(file, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_file_digest(file: Path, expected: str | None) -> None:
+    """Refuse a checkpoint file whose SHA-256 is not the one recorded when it was written (a flipped
+    byte, a truncated copy): its weights would resume silently wrong. ``expected`` None: a checkpoint
+    of a gsd without the digest (nothing to compare)."""
+    if expected is None:
+        return
+    try:
+        got = file_sha256(file)
+    except OSError as e:
+        raise GSDError(f"{file}: unreadable ({e.strerror or e}); the run cannot be resumed") from None
+    if got != expected:
+        raise GSDError(f"{file}: its SHA-256 is not the one recorded when it was written (the file is damaged or was "
+                       "replaced); restore it from a backup or start a new run")
 
 
 def load_meta(path: Path) -> dict:
@@ -154,8 +179,15 @@ def verify(path: Path, meta: dict) -> None:
 
 
 def load_state(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Weights and momentum from ``checkpoint.safetensors``, after checking its SHA-256 against the
+    one ``checkpoint.json`` recorded (:func:`check_file_digest`)."""
     from safetensors.torch import load_file
 
+    try:
+        recorded = json.loads((Path(path) / CKPT_META).read_text()).get("weights_sha256")
+    except (OSError, ValueError, AttributeError):
+        recorded = None  # load_meta has refused an unreadable checkpoint.json already
+    check_file_digest(Path(path) / CKPT_WEIGHTS, recorded)
     try:
         tensors = load_file(str(Path(path) / CKPT_WEIGHTS))
     except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
@@ -174,8 +206,18 @@ def read_metrics(path: Path, epochs: int) -> list[dict]:
     f = Path(path) / METRICS
     if not f.exists():
         return []
-    lines = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
-    return [r for r in lines if r.get("epoch", 0) <= epochs]
+    lines = []
+    for i, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if not isinstance(row, dict):  # a line cut short by a crash or a full disk: that epoch runs again
+            break
+        lines.append(row)
+    return [r for r in lines if isinstance(r.get("epoch", 0), (int, float)) and r.get("epoch", 0) <= epochs]
 
 
 def write_metrics(path: Path, rows: list[dict]) -> None:

@@ -109,6 +109,7 @@ def run_second_phase(model: nn.Module, names: list[str], cfg, spec, out: Path, d
     losses: list[float] = []
     if saved is not None and (weights_file.is_file() or int(saved.get("epochs_done", 0) or 0) > 0):
         _verify(out, saved)
+        ckpt.check_file_digest(weights_file, saved.get("weights_sha256"))
         _load(weights_file, model, opt, train_names)
         done, losses = int(saved["epochs_done"]), list(saved.get("losses", []))
     n = len(sample)
@@ -133,7 +134,7 @@ def run_second_phase(model: nn.Module, names: list[str], cfg, spec, out: Path, d
                 count += len(part)
             losses.append(total / count)
             state = json.loads(json.dumps({"settings": settings, "run_settings": cfg.to_dict(), "epochs_done": epoch + 1, "losses": losses}))
-            _save(weights_file, model, opt, train_names, state)
+            state["weights_sha256"] = _save(weights_file, model, opt, train_names, state)  # verified on --resume
             ckpt.atomic_write(meta_file, json.dumps(state, indent=2) + "\n")
             if progress:
                 progress("public", epoch + 1, cfg.public_epochs)
@@ -158,8 +159,9 @@ def run_second_phase(model: nn.Module, names: list[str], cfg, spec, out: Path, d
         "train_loss": losses,
         "seconds": round(time.perf_counter() - t0, 2),
     }
+    sha = (json.loads(meta_file.read_text()).get("weights_sha256") if meta_file.is_file() else None)
     ckpt.atomic_write(meta_file, json.dumps({"settings": settings, "run_settings": cfg.to_dict(), "epochs_done": cfg.public_epochs, "losses": losses,
-                                             "record": {k: v for k, v in record.items() if k != "seconds"}}, indent=2) + "\n")
+                                             "weights_sha256": sha, "record": {k: v for k, v in record.items() if k != "seconds"}}, indent=2) + "\n")
     return record
 
 
@@ -186,7 +188,7 @@ def _verify(out: Path, saved: dict) -> None:
                        "so it cannot be resumed; start a new run with --out")
 
 
-def _save(path: Path, model: nn.Module, opt: torch.optim.Optimizer, names: list[str], state: dict) -> None:
+def _save(path: Path, model: nn.Module, opt: torch.optim.Optimizer, names: list[str], state: dict) -> str:
     from safetensors.torch import save as st_save
 
     params = dict(model.named_parameters())
@@ -197,7 +199,9 @@ def _save(path: Path, model: nn.Module, opt: torch.optim.Optimizer, names: list[
             if key in st:
                 v = st[key]
                 tensors[f"adam.{key}.{n}"] = (v if isinstance(v, torch.Tensor) else torch.tensor(float(v))).detach().cpu().contiguous()
-    ckpt.atomic_write(path, st_save(tensors, metadata={"gsd_digest": stage1_digest(state), "gsd_epochs_done": str(state["epochs_done"])}))
+    blob = st_save(tensors, metadata={"gsd_digest": stage1_digest(state), "gsd_epochs_done": str(state["epochs_done"])})
+    ckpt.atomic_write(path, blob)
+    return hashlib.sha256(blob).hexdigest()
 
 
 def _load(path: Path, model: nn.Module, opt: torch.optim.Optimizer, names: list[str]) -> None:

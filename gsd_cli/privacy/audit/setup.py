@@ -38,5 +38,9 @@ def real_setup(cfg, examples: int, insecure_seed: int | None = None, catalog=Non
         if not cfg.public:
             raise GSDError("--method gep needs --public (the anchor set) with --private")
         sample = gdata.draw(catalog.resolve(cfg.public) if catalog else gdata.resolve(cfg.public), cfg.public_examples, cfg.seed)
+        from ...ranking.pipeline import refuse_same_dataset
+
+        for part in private_parts(cfg.private, cfg.private_test, catalog):  # as gsd train refuses it
+            refuse_same_dataset(part, [sample], what="GEP anchor set")
         public_x = sample.tensor(spec.input_size, spec.channels, "cpu")
     return model, list(names), (x, y), public_x, train_src.num_classes
