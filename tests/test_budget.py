@@ -213,3 +213,20 @@ def test_a_shared_postgresql_ledger(tmp_path):
         led._db.engine.dispose()
     finally:
         server.cleanup()
+
+
+def test_audit_on_real_data_and_the_opacus_hook_book(npz_pair, tmp_path):
+    from gsd_cli.opacus import gep_epsilon
+
+    assert main(["audit", "--method", "dpsgd", "--model", "fmnist-cnn", "--private", f"npz:{npz_pair['priv']}", "--canaries", "200",
+                 "--examples", "16", "--insecure-seed", "2"]) == 0
+    runs = B.BudgetLedger().status()[0]["runs"]
+    assert [(r["what"], r["dp"]) for r in runs] == [("audit of dpsgd", False)] and 0 < runs[0]["epsilon"] <= 2.0
+    assert main(["audit", "--method", "dpsgd", "--canaries", "200"]) == 0  # synthetic data: nothing to book
+    assert len(B.BudgetLedger().status()) == 1
+    data = B.DataIdentity("a" * 64, "opacus-set", "arrays")
+    b = B.book_opacus(data, 1.2, 0.01, 200, 1e-5)
+    assert b["epsilon"] == pytest.approx(gep_epsilon(1.2, 0.01, 200, 1e-5)) and b["what"] == "training (opacus gep)"
+    B.BudgetLedger().set_budget(data, b["epsilon"] * 1.5, 1e-5)
+    with pytest.raises(B.BudgetExceeded):
+        B.book_opacus(data, 1.2, 0.01, 200, 1e-5)

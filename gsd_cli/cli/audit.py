@@ -78,6 +78,9 @@ def audit(
             cfg = audit_config(method, epsilon, delta, **settings, model=model, private=private, public=public)
             m, names, data, public_x, classes = real_setup(cfg, examples, insecure_seed)
             kw.update(model=m, names=names, data=data, public_x=public_x, classes=classes)
+            from ..privacy.budget import audit_booking
+
+            kw["book"] = audit_booking(cfg, insecure_seed)  # real private examples: booked in the privacy ledger
             settings.update(model=model, private=private, public=public)
     if step_trials is not None:
         from ..privacy.audit import STEP_METHODS, audit_config, audit_step

@@ -125,6 +125,7 @@ def audit_training(
     lr: float = 0.0,
     chunk: int = 512,
     classes: int = 10,
+    book=None,
 ) -> AuditResult:
     """Audit ``cfg.method`` (a :class:`~gsd_cli.train.TrainConfig`: method, epsilon, delta, clip norms,
     GEP/RGP/TopAgg/--sparsify settings) with ``canaries`` gradient canaries over ``steps`` steps at
@@ -132,7 +133,9 @@ def audit_training(
     synthetic inputs from ``cfg.seed``) of ``model`` (default :func:`audit_model`, trained parameters
     ``names``: all). ``lr``: SGD step on the released update between steps (0: weights fixed).
     ``bug``: one of :data:`BUGS`, injected after the noise is calibrated and checked (so the claim
-    is the correct code's). Private randomness from the OS unless ``insecure_seed``."""
+    is the correct code's). Private randomness from the OS unless ``insecure_seed``. ``book(event,
+    epsilon)``: called with the audited run's dp-accounting event before any step (real private
+    examples: :func:`gsd_cli.privacy.budget.audit_booking` books it in the privacy ledger)."""
     from ...gradients import gradient_matrix
     from ...train.gep import Anchor, split_groups
     from ...train.loop import private_randomness, private_step
@@ -183,6 +186,8 @@ def audit_training(
     method = build_method(cfg, sigma, anchor, model=model, names=names, rgp=probe.details.get("rgp_state"))
     chain_step_event(method.chain)  # the same check as gsd train: the chain's noise is the accounted one
     claimed = epsilon_of(training_event(method.step_event(sigma), sampling_rate, steps), cfg.delta, cfg.accountant)
+    if book is not None:  # before any step: refused past the data set's budget
+        book(training_event(method.step_event(sigma), sampling_rate, steps), claimed)
     claimed_releases = method.chain.releases()  # what the auditor knows: the claimed noise, not a bug's
     inject_bug(method.chain, bug)
     tap = None

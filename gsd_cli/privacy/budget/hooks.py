@@ -32,7 +32,7 @@ def book_dpgsd(private, epsilon: float, *, releases: int = 1, mechanism: str = "
 
 
 def book_training(private, event, *, epsilon: float, delta: float, method: str, mechanism: str, dp: bool = True,
-                  booking_id: str | None = None, pure_epsilon: float = 0.0, ledger_location=None) -> dict:
+                  booking_id: str | None = None, pure_epsilon: float = 0.0, what: str | None = None, ledger_location=None) -> dict:
     """Book a private training on ``private`` (its training part; the whole data set is charged) before
     its first step: ``event`` is its dp-accounting event (all its steps), ``epsilon`` what the run is
     accounted at ``delta`` in all. ``pure_epsilon``: a pure-DP release of the same run composed with
@@ -42,7 +42,7 @@ def book_training(private, event, *, epsilon: float, delta: float, method: str, 
     if pure_epsilon:
         curve = [a + b for a, b in zip(curve, pure_dp_curve(pure_epsilon))]
     return BudgetLedger(ledger_location).book(
-        data_identity(private), what=f"training ({method})", mechanism=mechanism, epsilon=epsilon, delta=delta,
+        data_identity(private), what=what or f"training ({method})", mechanism=mechanism, epsilon=epsilon, delta=delta,
         rdp=curve, dp=dp, booking_id=booking_id)
 
 
@@ -63,6 +63,19 @@ def book_training_run(config, private, event, epsilon: float, mechanism: str, se
             except OSError:
                 pass
         raise
+
+
+def audit_booking(config, insecure_seed: int | None = None):
+    """``gsd audit --private``'s hook: a function ``book(event, epsilon)`` that books the audited
+    training (:func:`gsd_cli.privacy.audit.audit_training` calls it before its first step) on
+    ``config.private``: its real examples train beside the canaries under the accounted mechanism,
+    so the audit is a DP release about them. With ``insecure_seed``: booked, marked not DP."""
+
+    def book(event, epsilon: float) -> dict:
+        return book_training(config.private, event, epsilon=epsilon, delta=config.delta, method=config.method, what=f"audit of {config.method}",
+                             mechanism=f"privacy audit: {config.method} beside canaries", dp=insecure_seed is None)
+
+    return book
 
 
 def book_opacus(private, noise_multiplier: float, sample_rate: float, steps: int, delta: float, *, method: str = "gep",
