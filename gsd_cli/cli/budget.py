@@ -65,8 +65,8 @@ def show(
     led = _ledger(ledger)
     status = led.status(data_identity(private).digest if private is not None else None)
     doc = status_json(status, publishable_only=publishable, location=led.location)
-    if as_json:
-        out.print_json(json.dumps(doc, default=_jsonable))
+    if as_json:  # plain text: a console would wrap long strings
+        typer.echo(json.dumps(_finite(doc), indent=2))
         return
     _tables(doc, publishable)
     if not doc["datasets"]:
@@ -75,8 +75,15 @@ def show(
         err.print("[yellow]private:[/] this ledger names runs on private data; publish only --publishable")
 
 
-def _jsonable(x):
-    return None if isinstance(x, float) and not math.isfinite(x) else str(x)
+def _finite(x):
+    """Strict JSON: an infinite figure (no bound) becomes null."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
 
 
 def _f(x, spec: str = ".4g") -> str:
