@@ -245,9 +245,15 @@ def _refusal(data: DataIdentity, before: list[dict], row: dict, eps_b: float, de
         return (f"{data.name}: {row['what']} ({row['mechanism']}) has no proven DP guarantee, so the data set's budget "
                 f"(epsilon {eps_b:g}, delta {delta_b:g}) cannot admit it; use a mechanism with a proof (DP-GSD: --mechanism sequential)")
     spent = composed(before, delta_b)
+    if not spent["guarantee"]:
+        return (f"{data.name}: a run booked on this data set has no proven DP guarantee, so no budget holds for it any more; "
+                "nothing more can be admitted (gsd budget show --private ... lists the runs)")
     left = remaining(spent, {"epsilon": eps_b, "delta": delta_b})
-    return (f"{data.name}: privacy budget exceeded: this run ({row['what']}, epsilon {row['epsilon']:.4g}) would pass the data set's "
-            f"budget epsilon {eps_b:g}, delta {delta_b:g}: {len(before)} run(s) spent epsilon {spent['basic_epsilon']:.4g} (basic) / "
+    basic = f"{spent['basic_epsilon']:.4g} (basic"
+    if spent["basic_delta"] + row["delta"] > delta_b / 2:
+        basic += f", whose deltas would sum past delta/2 = {delta_b / 2:g}"
+    return (f"{data.name}: privacy budget exceeded: this run ({row['what']}, epsilon {row['epsilon']:.4g}, delta {row['delta']:g}) "
+            f"would pass the data set's budget epsilon {eps_b:g}, delta {delta_b:g}: {len(before)} run(s) spent epsilon {basic}) / "
             f"{_fmt(spent['renyi_epsilon'])} (Rényi filter), about {left['epsilon']:.4g} left; ask for a smaller --epsilon, "
             "or stop here (gsd budget show --private ... lists the runs)")
 
