@@ -291,9 +291,26 @@ def check_output(model, spec, num_classes: int) -> None:
                          f"num_classes={num_classes} outputs (the private set's classes), and it must return one tensor of logits")
 
 
+def _check_model_memory(spec, num_classes: int, seed: int) -> None:
+    """Refuse a model whose parameters (with their gradients and a per-example copy: x3) would not fit."""
+    import torch
+
+    from .memory import check_fits
+
+    try:
+        with torch.device("meta"):
+            n = sum(p.numel() for p in spec.build(num_classes=num_classes, seed=seed).parameters())
+    except Exception:  # noqa: BLE001 - a model that cannot be built on the meta device: no estimate
+        return
+    check_fits(3 * 4 * n, f"model {spec.name} with {num_classes:,} classes ({n:,} parameters)",
+               "give the real class count (--classes, or the labels' class list)")
+
+
 def build_spec_model(ref, num_classes: int, seed: int = 0):
     """``(spec, model)``: the reference resolved, built with w0 from ``seed`` and settled."""
     spec = resolve_model(ref)
+    if num_classes >= 10_000:  # a large head: its size from a build on the meta device (no memory), checked first
+        _check_model_memory(spec, num_classes, seed)
     try:
         model = spec.build(num_classes=num_classes, seed=seed)
     except ValueError as e:

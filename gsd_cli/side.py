@@ -165,6 +165,10 @@ def sketch(G: torch.Tensor, dim: int, seed: int, block: int = 16384) -> torch.Te
     if dim < 1:
         raise GSDError(f"--dp-sketch must be at least 1 (got {dim})")
     m, p = G.shape
+    from .memory import check_fits
+
+    check_fits(4 * dim * (m + min(block, p)), f"--dp-sketch {dim} ({m} rows and a {min(block, p)}-row block of the "
+               f"projection, float32)", "give a smaller --dp-sketch (a few thousand dimensions suffice)", G.device)
     out = torch.zeros(m, dim, dtype=torch.float32, device=G.device)
     for b, j in enumerate(range(0, p, block)):
         w = min(block, p - j)

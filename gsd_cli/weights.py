@@ -54,6 +54,14 @@ def read_state_dict(source: str | Path, model_name: str | None = None) -> tuple[
         return _torchvision_weights(str(source), model_name)
     if path.is_dir():
         raise ModelError(f"--weights {path} is a folder; give a .safetensors or .pt file")
+    import stat
+
+    if not stat.S_ISREG(path.stat().st_mode):  # /dev/zero, a FIFO: read_bytes would never end
+        raise ModelError(f"--weights {path} is not a regular file (a device or pipe); give a .safetensors or .pt file")
+    from .memory import check_fits
+
+    check_fits(2 * path.stat().st_size, f"--weights {path} ({path.stat().st_size:,} bytes, read and then loaded)",
+               "give a smaller weights file or free memory")
     data = path.read_bytes()
     info = {"source": str(path), "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
     if data[:8] and _looks_like_safetensors(data):

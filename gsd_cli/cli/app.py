@@ -122,6 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - the last guard: no traceback unless asked for
         if debugging():
             traceback.print_exc(file=sys.stderr)
+        from ..memory import out_of_memory_message
+
+        oom = out_of_memory_message(e)  # the request was too large for this machine: the user's to change
+        if oom is not None:
+            print_error(oom)
+            return 2
         print_error(f"internal error: {type(e).__name__}: {e} {_HINT}")
         return EXIT_INTERNAL
     return 0

@@ -13,6 +13,27 @@ from .common import err, out
 from .options import insecure_seed_option
 
 
+#: upper bounds of the audit's sizes (each is far above what a tight audit needs: README, Privacy audit)
+MAX_STEPS, MAX_EXAMPLES, MAX_STEP_TRIALS = 100_000, 1_000_000, 10_000_000
+
+
+def _check_bounds(canaries: int, steps: int, examples: int, step_trials: int | None, synthetic: bool) -> None:
+    """Refuse sizes that are negative, or that would run for days or not fit in memory, before any work."""
+    from ..errors import GSDError
+    from ..memory import check_fits
+
+    if examples < 0 or examples > MAX_EXAMPLES:
+        raise GSDError(f"--examples {examples}: give 0..{MAX_EXAMPLES:,} real examples beside the canaries")
+    if steps > MAX_STEPS:
+        raise GSDError(f"--steps {steps}: at most {MAX_STEPS:,} (each step is a full private step; 1 to a few "
+                       "thousand steps is what a one-run audit uses)")
+    if step_trials is not None and not 1 <= step_trials <= MAX_STEP_TRIALS:
+        raise GSDError(f"--step-trials {step_trials}: give 1..{MAX_STEP_TRIALS:,} (200000 flags halved noise)")
+    if synthetic and canaries > 0:  # the synthetic model is as wide as the canaries: per-example gradients c x (c + n)
+        check_fits(8.0 * canaries * (canaries + examples), f"--canaries {canaries:,} (per-example gradients of the "
+                   "audit model, which has one input per canary)", "give fewer --canaries (1000 to 20000 is usual)")
+
+
 @app.command()
 def audit(
     method: str = typer.Option(..., "--method", help="dpsgd, gep, rgp, topagg, second-phase (its DP-SGD stage 2), dpsgd+rs, gep+rs, or dpgsd."),
@@ -60,6 +81,7 @@ def audit(
         raise GSDError("--private needs --model (the model trained on it)")
     if public is not None and (model is None or method != "gep"):
         raise GSDError("--public is GEP's anchor set: it is used only with --method gep --model M --private P")
+    _check_bounds(canaries, steps, examples, step_trials, model is None)
     kw: dict = {}
     if method == "dpgsd":
         kw = {"clip": clip}

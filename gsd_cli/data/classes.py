@@ -32,6 +32,11 @@ def parse_classes(spec: int | str) -> int | list[str]:
         raise DatasetError(f"--classes {spec!r}: give a class count (e.g. 10) or comma-separated names (e.g. cat,dog)")
     if isinstance(count, int) and count < 1:
         raise DatasetError(f"--classes {spec!r}: give at least 1 class")
+    from ..memory import MAX_CLASSES
+
+    if (count if isinstance(count, int) else len(count)) > MAX_CLASSES:
+        raise DatasetError(f"--classes {spec if isinstance(spec, int) else str(spec)[:40]}: at most {MAX_CLASSES:,} classes are "
+                           "supported (a model head that size would not fit in memory); give the real class count")
     return count
 
 

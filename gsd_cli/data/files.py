@@ -231,6 +231,13 @@ def npz_source(path: str | Path, name: str | None = None) -> ImageSource:
         bad = sorted({float(v) for v in np.unique(y[~np.isin(y, (0, 1))])[:3]}) if y.dtype.kind in "biuf" else y.dtype
         raise DatasetError(f"{name}: y has shape {y.shape} (multi-label) but holds values other than 0 and 1 ({bad}); "
                            "give one 0/1 column per class, or one integer label per image (shape (N,))")
+    from ..memory import MAX_CLASSES
+
+    if (declared if isinstance(declared, int) else len(declared or ())) > MAX_CLASSES or (
+            declared is None and y.ndim == 1 and len(y) and int(y.max()) >= MAX_CLASSES):
+        what = "the file declares" if declared is not None else "the labels in y give"
+        raise DatasetError(f"{name}: {what} more than {MAX_CLASSES:,} classes (a model head that size would not fit in "
+                           "memory); labels must be class indices 0..N-1: fix y, or declare the classes (an array 'classes')")
     if isinstance(declared, int):
         declared = [str(c) for c in range(declared)]
     if declared is not None:
