@@ -122,12 +122,19 @@ def test_filter_admits_by_either_composition_and_refuses_past_both(tmp_path):
 
 
 _BOOKER = textwrap.dedent("""
-    import sys, time
+    import os, sys, time
     from gsd_cli.privacy import budget as B
+    from gsd_cli.privacy.budget import store
     led = B.BudgetLedger(sys.argv[1])
     data = B.DataIdentity("c" * 64, "shared-set", "arrays")
-    while time.time() < float(sys.argv[2]):
-        time.sleep(0.005)
+    check = store.admits
+    def slow(*a, **k):  # a wide window between reading the spent total and booking: the lock must cover it
+        time.sleep(0.02)
+        return check(*a, **k)
+    store.admits = slow
+    open(sys.argv[2] + "." + sys.argv[3], "w").close()  # this interpreter is up (dp-accounting imported)
+    while not os.path.exists(sys.argv[2]):
+        time.sleep(0.002)
     ok = 0
     for _ in range(10):
         try:
@@ -144,9 +151,13 @@ def test_concurrent_bookings_from_two_processes_all_land_within_the_budget(tmp_p
     led = B.BudgetLedger(path)
     led.set_budget(B.DataIdentity("c" * 64, "shared-set", "arrays"), 1.5, 1e-5)  # room for 15 bookings of 0.1 (basic)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    start = time.time() + 6  # both interpreters are up (dp-accounting imported) before either books
-    procs = [subprocess.Popen([sys.executable, "-c", _BOOKER, str(path), str(start)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=env) for _ in range(2)]
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", _BOOKER, str(path), str(go), str(i)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for i in range(2)]
+    deadline = time.time() + 120
+    while not all((tmp_path / f"go.{i}").exists() for i in range(2)) and time.time() < deadline and all(p.poll() is None for p in procs):
+        time.sleep(0.01)
+    go.touch()  # both start booking at once
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
     landed = [int(o[0].strip()) for o in outs]
@@ -230,3 +241,15 @@ def test_audit_on_real_data_and_the_opacus_hook_book(npz_pair, tmp_path):
     B.BudgetLedger().set_budget(data, b["epsilon"] * 1.5, 1e-5)
     with pytest.raises(B.BudgetExceeded):
         B.book_opacus(data, 1.2, 0.01, 200, 1e-5)
+
+
+def test_a_run_that_dies_stays_booked_and_its_resume_is_not_booked_again(two_paths, tmp_path, interrupt):
+    from gsd_cli.train import TrainConfig, train
+
+    cfg = TrainConfig(private=two_paths[0], method="dpsgd", epsilon=2.0, epochs=2, batch_size=30, physical_batch=64)
+    with pytest.raises(interrupt.error):
+        train(cfg, tmp_path / "run", progress=interrupt("epoch", 1))
+    assert len(B.BudgetLedger().status()[0]["runs"]) == 1  # booked before its first step: dying does not unbook it
+    train(cfg, tmp_path / "run", resume=True)
+    runs = B.BudgetLedger().status()[0]["runs"]
+    assert len(runs) == 1 and runs[0]["epsilon"] <= 2.0
