@@ -330,9 +330,20 @@ def private_top_k_subspace(
                            "with --gram materialize such a row is zeroed by the clip")
         norms = diag.clamp_min(0).sqrt()
         Gc = G.scaled(torch.where(norms > clip, clip / norms, torch.ones_like(norms)))
+    if isinstance(Gc, torch.Tensor) and Gc.shape[0] > Gc.shape[1]:
+        Gc = square_factor(Gc)
     if mechanism == "matrix":
         return sample_matrix_gibbs(Gc, k, scale, rng, sweeps)
     return sample_sequential(Gc, k, scale / k, rng)
+
+
+def square_factor(G: torch.Tensor) -> torch.Tensor:
+    """R (p x p, float64, upper triangular) with R^T R = G^T G, for a clipped G with m > p rows (a
+    sketched matrix): the Bingham parameter B = scale * G^T G, hence the exponential mechanism's
+    density and every draw's law, depends on G only through G^T G, so the samplers may run on R
+    instead: each step's eigen-decomposition is then p x p instead of m x m. R comes from the QR
+    decomposition of G (no G^T G is formed, so no precision is lost to squaring)."""
+    return torch.linalg.qr(G.to(torch.float64), mode="r")[1]
 
 
 def mechanism_guarantee(mechanism: str, sweeps: int = 10) -> dict:

@@ -39,6 +39,7 @@ class Subspace:
     examples: int
     seconds: float
     engine: str = ""
+    dims: int | None = None  # the dimension V was drawn in, when a sketch made it not p (the public basis's D)
 
 
 def _label_seed(seed: int, name: str) -> list[int]:
@@ -94,6 +95,7 @@ def sample_subspace(
     memory_budget: int | str | None = None,
     prefetch: int | None = None,
     subspace_method: str = "auto",
+    basis: torch.Tensor | None = None,
 ) -> Subspace:
     """Per-sample gradients of ``sample`` at the model's weights, then their top-k subspace.
 
@@ -106,7 +108,10 @@ def sample_subspace(
     the same either way, :mod:`gsd_cli.data.loader`); ``None``: ``AHEAD`` on an accelerator, 0 on a
     CPU, where the loader and the gradients compete for the same cores (measured with
     benchmarks/bench_end_to_end.py: no gain on 2 cores, and more variance). ``subspace_method``: how the non-private top-k
-    subspace of the materialised matrix is found (:func:`gsd_cli.subspace.top_k_subspace`)."""
+    subspace of the materialised matrix is found (:func:`gsd_cli.subspace.top_k_subspace`). ``basis``: an
+    orthonormal p x D basis computed from public data only (``--dp-sketch public``,
+    :mod:`gsd_cli.public_basis`): each row g becomes Q^T g before the clip and the subspace, and the
+    subspace found in R^D is mapped back to R^p (V = Q V_D: post-processing)."""
     t0 = time.perf_counter()
     dev = resolve_device(device)
     if k > len(sample):
@@ -135,7 +140,7 @@ def sample_subspace(
     if gram != "materialize":
         from .ghost import choose_gram, ghost_subspace
 
-        if choose_gram(gram, len(sample), p, memory_budget, sketch_dim) == "ghost":
+        if choose_gram(gram, len(sample), p, memory_budget, sketch_dim or (basis is not None and basis.shape[1])) == "ghost":
             bs = lambda c: ((x, y[s : s + x.shape[0]]) for s, x in sample.batches(input_size, channels, c, dev, ahead=prefetch))  # noqa: E731
             prog = None if progress is None else (lambda d, t: progress(sample.source.name, d, t))
             V, s = ghost_subspace(model, bs, len(sample), names, k, loss=loss, device=dev, row_norm=row_norm,
@@ -144,6 +149,10 @@ def sample_subspace(
     G = gradient_matrix(model, batches(), len(sample), names, loss, engine, dev, row_norm, on_chunk, info)
     if sketch_dim:
         G = sketch(G, sketch_dim, seed)
+    if basis is not None:
+        from .public_basis import project_rows
+
+        G = project_rows(G, basis)
     if dp is None:
         V, s = top_k_subspace(G, k, subspace_method)
     else:
@@ -152,6 +161,8 @@ def sample_subspace(
         V = private_top_k_subspace(G, k, dp["epsilon"], dp["clip"], dp["mechanism"], dp["rng"], dp.get("sweeps", 10))
         s = torch.empty(0, dtype=torch.float64)
     del G
+    if basis is not None:
+        V = basis.to(V.device, torch.float64) @ V.to(torch.float64)
     return Subspace(sample.source.name, V, s, len(sample), time.perf_counter() - t0, info["engine"])
 
 

@@ -253,3 +253,13 @@ def test_a_run_that_dies_stays_booked_and_its_resume_is_not_booked_again(two_pat
     train(cfg, tmp_path / "run", resume=True)
     runs = B.BudgetLedger().status()[0]["runs"]
     assert len(runs) == 1 and runs[0]["epsilon"] <= 2.0
+
+
+def test_unbooked_data_is_not_booked(tiny):
+    from gsd_cli.ranking import rank
+
+    with B.unbooked("synthetic neighbours of an audit"):
+        rank(tiny["private"], [tiny["public"]], dp=True, epsilon=0.5, k=2, examples=24, model="fmnist-cnn")
+    assert B.BudgetLedger().status() == []
+    rank(tiny["private"], [tiny["public"]], dp=True, epsilon=0.5, k=2, examples=24, model="fmnist-cnn")
+    assert len(B.BudgetLedger().status()[0]["runs"]) == 1

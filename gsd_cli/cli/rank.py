@@ -64,11 +64,12 @@ def rank(
         "exp(tr(V^T B V)), B = epsilon/(2 C^2) G^T G, by a Gibbs sampler (a Markov chain): NO guarantee is proven.",
     ),
     gibbs_sweeps: int = typer.Option(10, "--gibbs-sweeps", help="With --mechanism matrix: Gibbs sweeps over the k columns."),
-    dp_sketch: Optional[int] = typer.Option(
-        None, "--dp-sketch",
-        help="Project every per-sample gradient (private and public alike) by one data-independent Gaussian matrix to "
-        "this many dimensions before the subspaces (and before clipping): the DP sample is informative once "
-        "epsilon*m/(2k) is not small against D/2.",
+    dp_sketch: Optional[str] = typer.Option(
+        None, "--dp-sketch", metavar="D|public[+R]|none",
+        help="D: project every per-sample gradient (private and public alike) by one data-independent Gaussian matrix "
+        "to D dimensions before the subspaces (and before clipping). public (with --dp): project the private rows onto "
+        "the span of the public candidates' own top-k subspaces (public data only; +R adds R random directions), clip, "
+        "and draw there. The DP sample is informative once epsilon*m/(2k) is not small against D/2.",
     ),
     repeats: int = typer.Option(
         1, "--repeats", "-R",

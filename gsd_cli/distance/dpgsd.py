@@ -19,7 +19,10 @@ where S - y + x differs from S in one row. The mechanism M is epsilon-DP on its 
 replaced (score sensitivity C^2, :mod:`gsd_cli.dppca`), so M(S - y + x)(O) is within e^{+-epsilon} of
 M(S)(O) for every (S, y), hence P_D'(O) within e^{+-epsilon} of P_D(O). (ii) N < m: every example is a
 row and D' adds one row, which changes the score by (g . v)^2 in [0, C^2]: within the sensitivity,
-so epsilon-DP directly. The model w0, the sketch and the public side do not depend on D; the
+so epsilon-DP directly. The model w0, the sketch and the public side do not depend on D (with
+``--dp-sketch public`` the sketch is the span of the public sides themselves, :mod:`gsd_cli.public_basis`,
+built before the private rows are touched, and each row's projection Q^T g is a function of that row
+alone, clipped after: the sensitivity argument above is unchanged); the
 distances and the ranking are post-processing. The number of rows m = min(m, N) would reveal N when
 N < m, so a DP ranking prints the requested m, never N, and every data-independent utility figure
 uses the requested m. Position-assigned labels or a public-seed draw (as before 0.3) break (i):
@@ -31,6 +34,7 @@ from __future__ import annotations
 from .. import data as gdata
 from ..errors import GSDError
 from ..privacy.randomness import INSECURE_NOTE, check_insecure_seed, private_rng, randomness_statement
+from ..public_basis import public_basis, public_extra, resolve_dp_sketch
 from ..side import Subspace
 from .registry import Distance, SideContext, register_distance
 
@@ -59,6 +63,23 @@ class DPGSD(Distance):
         check_insecure_seed(pv.insecure_seed)
         self.rng = private_rng("dp-gsd", pv.insecure_seed, config.seed)
         self.settings = dict(epsilon=float(pv.epsilon), clip=float(pv.clip), mechanism=pv.mechanism, sweeps=pv.gibbs_sweeps)
+        self.sketch = resolve_dp_sketch(g.dp_sketch, g.k, True)
+        self.extra = public_extra(self.sketch)  # None unless --dp-sketch public[+R]
+        self.basis = None
+
+    @property
+    def needs_public_sides(self) -> bool:
+        """Whether the private side needs the public sides first (the public-basis sketch)."""
+        return self.extra is not None
+
+    def use_public_sides(self, ctx: SideContext, publics: list[Subspace]) -> None:
+        """Build the public basis from the public sides (in the order of the candidates), before the
+        private rows are touched; the subspaces then live in its D dimensions (``ctx.dims``)."""
+        self.basis = public_basis([s.V for s in publics], self.extra, self.config.seed)
+        ctx.dims = int(self.basis.shape[1])
+        if not 1 <= self.config.gradients.k <= ctx.dims:
+            raise GSDError(f"the public basis has {ctx.dims} dimensions, fewer than k={self.config.gradients.k}; "
+                           f"use --dp-sketch public+R with more random directions, or a smaller --k")
 
     def private_rows(self, sample: gdata.Sample) -> gdata.Sample:
         """A uniformly random m-subset drawn with the secret generator (module docstring, (i))."""
@@ -72,10 +93,14 @@ class DPGSD(Distance):
         # interact, which it checks on one example of the first chunk. So ``auto`` means vmap here; the
         # public sides (no privacy at stake) keep ``auto``. An engine asked for by name is used as asked.
         engine = "vmap" if ctx.common.get("engine", "auto") == "auto" else ctx.common["engine"]
-        return ctx.subspace(sample, dp={**self.settings, "rng": self.rng}, engine=engine)
+        if self.needs_public_sides and self.basis is None:
+            raise GSDError("--dp-sketch public: the public basis must be built (use_public_sides) before the private side")
+        sub = ctx.subspace(sample, dp={**self.settings, "rng": self.rng}, engine=engine, basis=self.basis)
+        sub.dims = ctx.dims
+        return sub
 
     def memo_key(self) -> tuple:
-        return (self.name, tuple(sorted(self.settings.items())), self.config.privacy.insecure_seed)
+        return (self.name, tuple(sorted(self.settings.items())), self.config.privacy.insecure_seed, self.extra)
 
     def report(self, ctx: SideContext, rows: list) -> tuple[dict, list[str], bool]:
         """What the ranking spent, and whether its distances can say anything. Uses only (epsilon,
@@ -104,7 +129,9 @@ class DPGSD(Distance):
             "row_norm": g.row_norm,
             "concentration_bound": conc,
             "uniform_distance_99": [lo, hi],
-            "sketch": g.dp_sketch,
+            "sketch": self.sketch,
+            "sketch_dims": p,
+            "sketch_description": sketch_description(self.sketch, p, k, self.extra),
             "insecure_seed": ins,
             "private_randomness": randomness_statement(ins),
         }
@@ -122,3 +149,15 @@ class DPGSD(Distance):
                 f"this ranking is noise"
             )
         return privacy, notes, ins is None
+
+
+def sketch_description(dp_sketch, dims: int, k: int, extra: int | None) -> str:
+    """What the mechanism's input was projected onto, for the privacy block (public facts only)."""
+    if extra is not None:
+        return (f"public basis: the span of the public candidates' own top-{k} gradient subspaces at w0"
+                + (f" plus {extra} random directions from --seed" if extra else "")
+                + f", {dims} orthonormal directions, computed from public data only before the private rows are read; "
+                "each private row projected onto it, then clipped; the draw mapped back to parameter space")
+    if dp_sketch:
+        return f"Gaussian sketch: every gradient projected by one N(0, 1/{dims}) matrix from --seed to {dims} dimensions, then clipped"
+    return f"none: the mechanism runs in all {dims} parameters"

@@ -49,7 +49,7 @@ class GradientSettings:
     loss: LossFn | None = None
     gram: str = "auto"  # materialize, ghost, auto
     memory_budget: int | str | None = None
-    dp_sketch: int | None = None  # project every gradient (both sides) to this many dimensions first
+    dp_sketch: int | str | None = None  # D: Gaussian sketch of every gradient (both sides); "public[+R]": DP-GSD's public basis (gsd_cli.public_basis)
     subspace_method: str = "auto"  # top-k of a materialised matrix: exact, randomized, auto (gsd_cli.subspace)
 
 

@@ -21,6 +21,7 @@ from ..cache import public_cache_key
 from ..distance import SideContext, make_distance
 from ..errors import GSDError
 from ..gradients import resolve_device
+from ..public_basis import resolve_dp_sketch
 from ..side import LABELS, ROW_NORMS, Progress
 from ..subspace import check_method, uniform_baseline
 from .config import RankConfig
@@ -100,10 +101,10 @@ def rank_once(private, publics: Sequence, config: RankConfig, *, public_seed: in
     num_params = sum(dict(net.named_parameters())[n].numel() for n in names)
     if g.k > num_params:
         raise GSDError(f"k={g.k} is larger than the {num_params} selected parameters; use a smaller --k")
-    if g.dp_sketch is not None and not 1 <= g.k <= g.dp_sketch:
-        raise GSDError(f"--dp-sketch {g.dp_sketch} must be at least k={g.k}")
-    ctx = SideContext(net, dims=g.dp_sketch or num_params, common=dict(
-        sketch_dim=g.dp_sketch, k=g.k, input_size=spec.input_size, channels=spec.channels, num_classes=num_classes,
+    sketch = resolve_dp_sketch(g.dp_sketch, g.k, distance.private)  # None, a Gaussian D, or public[+R] (gsd_cli.public_basis)
+    gauss = sketch if isinstance(sketch, int) else None
+    ctx = SideContext(net, dims=gauss or num_params, common=dict(
+        sketch_dim=gauss, k=g.k, input_size=spec.input_size, channels=spec.channels, num_classes=num_classes,
         names=names, labels=g.labels, row_norm=g.row_norm, seed=seed, loss=g.loss, engine=g.engine, device=dev,
         chunk_size=g.chunk_size, progress=progress, gram=g.gram, memory_budget=g.memory_budget,
         subspace_method=g.subspace_method,
@@ -112,20 +113,30 @@ def rank_once(private, publics: Sequence, config: RankConfig, *, public_seed: in
     key = (model_label(m.model), m.batchnorm, m.weights, m.peft, tuple(names), num_classes, g.k, g.labels, g.row_norm, g.dp_sketch, g.loss,
            str(dev), g.examples, seed, g.gram, g.subspace_method)
     pkey = key + (_memo_key(priv_source), seed, distance.memo_key())
+    tasks = [PublicTask(smp, pseed, key + (_memo_key(smp.source), pseed) + distance.public_key(),
+                        lambda smp=smp: public_cache_key(cache, net, smp, {**ctx.common, "seed": pseed}))
+             for smp in pub_samples]
+    subs = None
     priv = recall(memo, pkey)
     if priv is None:
         if distance.private:  # a new DP draw: booked in the privacy ledger first, refused past the budget (gsd_cli.privacy.budget)
             from ..privacy.budget import book_ranking
 
             book_ranking(priv_source, config.privacy)
+        pre = None
+        if getattr(distance, "needs_public_sides", False):  # --dp-sketch public: the basis is built from the public sides first
+            pre = {} if memo is None else dict(memo)  # a copy: the private side stays the memo's first new entry (rank_repeats keeps it)
+            subs = public_subspaces(tasks, PublicSide(distance, ctx), executor=executor, memo=pre, cache=cache)
+            distance.use_public_sides(ctx, [subs[i] for i in range(len(tasks))])
         priv = remember(memo, pkey, priv_source, distance.private_side(ctx, priv_sample))
+        for k_, v_ in (pre or {}).items() if memo is not None else ():
+            memo.setdefault(k_, v_)
+    ctx.dims = getattr(priv, "dims", None) or ctx.dims  # the public basis's D, also for a shared draw recalled from the memo
     if g.engine == "auto" and priv.engine != "ghost" and not distance.private:  # chosen once on the private sample; the same engine for every candidate (under DP the private side takes vmap: DPGSD.private_side)
         ctx.common["engine"] = priv.engine
-    tasks = [PublicTask(smp, pseed, key + (_memo_key(smp.source), pseed) + distance.public_key(),
-                        lambda smp=smp: public_cache_key(cache, net, smp, {**ctx.common, "seed": pseed}))
-             for smp in pub_samples]
-    subs = public_subspaces(tasks, PublicSide(distance, ctx), executor=executor, memo=memo,
-                            cache=cache if distance.disk_cache else None)  # a baseline's sides are no subspaces
+    if subs is None:
+        subs = public_subspaces(tasks, PublicSide(distance, ctx), executor=executor, memo=memo,
+                                cache=cache if distance.disk_cache else None)  # a baseline's sides are no subspaces
     rows = []
     for i, smp in enumerate(pub_samples):
         pub = subs[i]
@@ -145,6 +156,6 @@ def rank_once(private, publics: Sequence, config: RankConfig, *, public_seed: in
         num_params=num_params, device=str(dev), engine=priv.engine,
         # under DP the requested m: min(m, N) would reveal N
         private_examples=int(g.examples) if distance.private else priv.examples,
-        uniform_baseline=uniform_baseline(g.k, ctx.dims), results=rows, sketch=g.dp_sketch, weights=m.weights, peft=m.peft,
+        uniform_baseline=uniform_baseline(g.k, ctx.dims), results=rows, sketch=sketch, weights=m.weights, peft=m.peft,
         seconds=round(time.perf_counter() - t0, 3), subspace_method=g.subspace_method,
     )

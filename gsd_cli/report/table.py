@@ -151,7 +151,7 @@ def _print_notes(ranking: Ranking, console: Console, privacy_lines: list[str]) -
     """The privacy lines (if any) with the random subspace's 99% range, then the warnings."""
     for line in privacy_lines:
         console.print(escape(line))
-    if privacy_lines:
+    if privacy_lines and "uniform_distance_99" in ranking.privacy:  # not for --metric dp-energy (no subspace is drawn)
         lo, hi = ranking.privacy["uniform_distance_99"]
         console.print(f"A uniformly random subspace scores {lo:.4f}..{hi:.4f} (99%).")
     for w in ranking.warnings:

@@ -159,6 +159,13 @@ def check_anchor_batch(batch) -> None:
 
 def validate(cfg: TrainConfig) -> None:
     """User errors in the settings, before any data is touched."""
+    import dataclasses
+    import math
+
+    for f in dataclasses.fields(cfg):  # a NaN or infinite number passes every `x > 0` test below (or fails obscurely later)
+        v = getattr(cfg, f.name)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise GSDError(f"--{f.name.replace('_', '-')} must be a finite number (got {v})")
     if cfg.method not in METHODS:
         raise GSDError(f"unknown --method {cfg.method!r}; use one of {', '.join(METHODS)}")
     from .clipsum import check_clip_engine

@@ -60,13 +60,13 @@ The ledger is itself **private**: it names runs on the private set and their tim
 
 from .compose import ORDERS, SHOWN_DELTA, admits, composed, event_curve, pure_dp_curve, remaining
 from .hooks import (audit_booking, book_dpgsd, book_opacus, book_ranking, book_training, book_training_run, booking_id_of_secret, ledger,
-                    publishable, status_json)
+                    publishable, status_json, unbooked)
 from .identity import DataIdentity, data_identity
 from .store import BUSY_TIMEOUT, ENV, FILE_NAME, PRIVATE_NOTE, BudgetExceeded, BudgetLedger, default_location
 
 __all__ = [
     "ORDERS", "SHOWN_DELTA", "admits", "composed", "event_curve", "pure_dp_curve", "remaining", "audit_booking", "book_dpgsd", "book_opacus",
-    "book_ranking", "book_training", "book_training_run", "booking_id_of_secret", "ledger", "publishable", "status_json",
+    "book_ranking", "book_training", "book_training_run", "booking_id_of_secret", "ledger", "publishable", "status_json", "unbooked",
     "DataIdentity", "data_identity", "BUSY_TIMEOUT", "ENV", "FILE_NAME", "PRIVATE_NOTE", "BudgetExceeded", "BudgetLedger",
     "default_location",
 ]

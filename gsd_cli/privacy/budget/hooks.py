@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 from ...errors import GSDError
@@ -13,17 +15,39 @@ from .identity import data_identity
 from .store import PRIVATE_NOTE, BudgetExceeded, BudgetLedger
 
 
+_UNBOOKED: contextvars.ContextVar[str | None] = contextvars.ContextVar("gsd_unbooked", default=None)
+
+
+@contextmanager
+def unbooked(reason: str):
+    """Within this block the booking hooks book nothing (they return None): for DP runs on data that is
+    not private, e.g. the synthetic neighbours of an audit. ``reason`` says which data and why."""
+    if not reason or not str(reason).strip():
+        raise GSDError("unbooked() needs the reason the data is not private")
+    token = _UNBOOKED.set(str(reason))
+    try:
+        yield
+    finally:
+        _UNBOOKED.reset(token)
+
+
+def _booking_off() -> bool:
+    return _UNBOOKED.get() is not None
+
+
 def ledger(location: str | os.PathLike | None = None) -> BudgetLedger:
     """The ledger at ``location`` (default :func:`default_location`)."""
     return BudgetLedger(location)
 
 
 def book_dpgsd(private, epsilon: float, *, releases: int = 1, mechanism: str = "sequential", dp: bool = True,
-               what: str = "DP-GSD ranking", ledger_location=None) -> dict:
+               what: str = "DP-GSD ranking", ledger_location=None) -> dict | None:
     """Book ``releases`` epsilon-DP DP-GSD draws of ``private`` (a source or spec) before they happen:
     basic (releases x epsilon, delta 0) and the Rényi curve :func:`pure_dp_curve`. The ``matrix``
     (Gibbs) mechanism has no proven guarantee: booked at its nominal epsilon, marked, with no curve
     (a data set with a budget refuses it)."""
+    if _booking_off():
+        return None
     exact = mechanism != "matrix"
     return BudgetLedger(ledger_location).book(
         data_identity(private), what=what, mechanism=f"DP-GSD {mechanism}, {releases} release(s) x epsilon {float(epsilon):g}",
@@ -32,12 +56,14 @@ def book_dpgsd(private, epsilon: float, *, releases: int = 1, mechanism: str = "
 
 
 def book_training(private, event, *, epsilon: float, delta: float, method: str, mechanism: str, dp: bool = True,
-                  booking_id: str | None = None, pure_epsilon: float = 0.0, what: str | None = None, ledger_location=None) -> dict:
+                  booking_id: str | None = None, pure_epsilon: float = 0.0, what: str | None = None, ledger_location=None) -> dict | None:
     """Book a private training on ``private`` (its training part; the whole data set is charged) before
     its first step: ``event`` is its dp-accounting event (all its steps), ``epsilon`` what the run is
     accounted at ``delta`` in all. ``pure_epsilon``: a pure-DP release of the same run composed with
     the training (a DP estimate of the set's size), added to the curve as :func:`pure_dp_curve`.
     ``booking_id``: the same id for a resumed run (booked once)."""
+    if _booking_off():
+        return None
     curve = event_curve(event)
     if pure_epsilon:
         curve = [a + b for a, b in zip(curve, pure_dp_curve(pure_epsilon))]
