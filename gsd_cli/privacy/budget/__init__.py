@@ -35,9 +35,9 @@ probabilities under both neighbouring data sets. So the ledger's hockey-stick di
 epsilon_B is at most the sum over j of sub-filter j's, each at most its share of delta_B.
 
 Pure epsilon-DP releases (DP-GSD) enter the Rényi filter as rho(alpha) = min(epsilon, alpha
-epsilon^2 / 2): epsilon-DP implies (alpha, epsilon)-RDP for every alpha (Mironov 2017, Prop. 10:
-D_alpha <= D_infinity) and (epsilon^2/2)-zCDP, i.e. (alpha, alpha epsilon^2 / 2)-RDP (Bun and
-Steinke 2016, Prop. 3.3). A release without a proven guarantee (DP-GSD's Gibbs ``matrix``
+epsilon^2 / 2): epsilon-DP implies (alpha, epsilon)-RDP for every alpha (Mironov 2017: epsilon-DP
+is (infinity, epsilon)-RDP, and D_alpha <= D_infinity) and (epsilon^2/2)-zCDP, i.e. (alpha, alpha
+epsilon^2 / 2)-RDP (Bun and Steinke 2016, Prop. 3.3). A release without a proven guarantee (DP-GSD's Gibbs ``matrix``
 mechanism) has no curve and no true epsilon: it is booked with its nominal epsilon and marked, and a
 data set with a budget refuses it.
 

@@ -31,7 +31,8 @@ def event_curve(event) -> list[float]:
 
 def pure_dp_curve(epsilon: float, releases: int = 1) -> list[float]:
     """RDP curve of ``releases`` epsilon-DP releases: releases * min(epsilon, alpha epsilon^2 / 2)
-    (Mironov 2017, Prop. 10; Bun and Steinke 2016, Prop. 3.3; RDP composes additively, Mironov 2017 Prop. 1)."""
+    (Mironov 2017: epsilon-DP is (infinity, epsilon)-RDP and D_alpha grows with alpha; Bun and Steinke 2016, Prop. 3.3:
+    epsilon-DP is (epsilon^2/2)-zCDP; RDP curves of composed releases add, Mironov 2017, Prop. 1)."""
     e = float(epsilon)
     return [int(releases) * min(e, a * e * e / 2) for a in ORDERS]
 
