@@ -56,6 +56,9 @@ from .pipeline import rank_once
 from .results import DP_REPEATS, LEVEL, TIE_ALPHA, Ranking, RepeatRanking, RepeatResult
 
 
+#: the most repeats a ranking runs (each is a full ranking; the interval's width falls as 1/sqrt(R))
+MAX_REPEATS = 1000
+
 def repeat_seed(seed: int, r: int) -> int:
     """The seed of repeat ``r``: ``seed`` itself for r = 0 (so one repeat is the plain ranking),
     otherwise a 32-bit integer derived from ``(seed, r)`` by numpy's SeedSequence (distinct streams)."""
@@ -169,6 +172,9 @@ def rank_repeats(
     repeats, seed, pv = config.repeats, config.seed, config.privacy
     if isinstance(repeats, bool) or not isinstance(repeats, (int, np.integer)) or repeats < 1:
         raise GSDError(f"--repeats must be a whole number >= 1 (got {repeats!r})")
+    if repeats > MAX_REPEATS:  # each repeat is a full ranking of every candidate
+        raise GSDError(f"--repeats {repeats}: at most {MAX_REPEATS:,} (each repeat ranks every candidate again; 5 to 30 "
+                       "give a tight interval)")
     if pv.dp_repeats not in DP_REPEATS:
         raise GSDError(f"--dp-repeats must be one of {', '.join(DP_REPEATS)} (got {pv.dp_repeats!r})")
     if not publics:

@@ -27,6 +27,10 @@ def check_nproc(nproc, device: torch.device) -> None:
     (``torchrun`` starts its own processes), and a GPU per process on CUDA."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise GSDError(f"--nproc {nproc}: give a whole number >= 1")
+    cores = os.cpu_count() or 1
+    if device.type == "cpu" and nproc > 4 * cores:  # each process holds the model and a data loader: a bound, not a guess
+        raise GSDError(f"--nproc {nproc}: at most {4 * cores} on this machine's {cores} CPU core(s) (each process holds the "
+                       f"model and shares the cores); use --nproc {cores} or fewer")
     if nproc == 1:
         return
     import torch.distributed as dist
