@@ -98,7 +98,16 @@ def bingham_scale(epsilon: float, clip: float) -> float:
     score v^T G^T G v with sensitivity C^2 under replace-one)."""
     _check_positive(epsilon, "--epsilon")
     _check_positive(clip, "--clip")
+    if epsilon > MAX_EPSILON:  # B's top eigenvalue is up to epsilon m / 2: beyond, exp() of the density overflows
+        raise GSDError(f"--epsilon {epsilon:g}: at most {MAX_EPSILON:g} (a pure-DP epsilon that large protects nothing; "
+                       "for the non-private ranking drop --dp)")
+    if not 1e-150 <= clip <= 1e150:  # C^2 must be a normal float64 number
+        raise GSDError(f"--clip {clip:g}: give a clip norm between 1e-150 and 1e150 (C^2 underflows or overflows float64)")
     return epsilon / (2.0 * clip * clip)
+
+
+#: the largest --epsilon DP-GSD samples with (float64 keeps exp(tr(V^T B V)) meaningful below it)
+MAX_EPSILON = 1e12
 
 
 def _check_positive(x: float, name: str) -> None:
