@@ -70,6 +70,11 @@ def choose_method(method: str, m: int, p: int, k: int) -> str:
     return "randomized" if n >= AUTO_MIN_N and 36 * (k + 16) <= n else "exact"
 
 
+#: the error for NaN or infinite per-sample gradients (the pixels were checked when read: it is the model)
+NON_FINITE = ("the per-sample gradients are NaN or infinite: the model's outputs or gradients are not finite on these "
+              "inputs at its initial weights; check the model's forward and its --weights (gsd models show NAME)")
+
+
 def top_k_subspace(G: torch.Tensor, k: int, method: str = "auto", info: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k right singular subspace of G (m x p): ``(V, s)`` with V ``(p, k)`` orthonormal, float64.
 
@@ -86,6 +91,8 @@ def top_k_subspace(G: torch.Tensor, k: int, method: str = "auto", info: dict | N
         raise GSDError(f"k must be at least 1 (got {k})")
     if k > min(m, p):
         raise GSDError(f"k={k} is larger than the {m} examples x {p} parameters allow; use --k <= {min(m, p)} or more examples")
+    if not bool(torch.isfinite(G).all()):
+        raise GSDError(NON_FINITE)
     info = info if info is not None else {}
     info.update(method="exact", fallback=False)
     if choose_method(method, m, p, k) == "randomized":
@@ -106,6 +113,8 @@ def top_k_eigh(K: torch.Tensor, k: int, method: str = "auto", info: dict | None 
     by certified block Krylov on K, O(n^2 k) (the exact eigh when not certified); ``auto``: randomized
     from n >= :data:`AUTO_MIN_N` on. The rank check is the caller's (:func:`_check_rank`)."""
     n = K.shape[0]
+    if not bool(torch.isfinite(K).all()):
+        raise GSDError(NON_FINITE)
     info = info if info is not None else {}
     info.update(method="exact", fallback=False)
     if choose_method(method, n, n, k) == "randomized":

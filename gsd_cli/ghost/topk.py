@@ -30,6 +30,10 @@ def top_k_from_operator(op, k: int, row_norm: str = "none", v_dtype: torch.dtype
         n = op.gram().diagonal().sqrt()
         op = op.scaled(torch.where(n > 0, 1.0 / n, torch.ones_like(n)))
     K = op.gram()
+    if not bool(torch.isfinite(K).all()):
+        from ..subspace import NON_FINITE
+
+        raise GSDError(NON_FINITE)
     evals, U = torch.linalg.eigh(K)
     evals, U = evals.flip(0)[:k], U.flip(1)[:, :k]
     s = evals.clamp_min(0).sqrt()

@@ -113,6 +113,13 @@ def evaluate(model: torch.nn.Module, source: ImageSource, input_size: int, chann
             x = to_model_input(read_images(source, idx), input_size, channels, device)
             y = torch.as_tensor(source.labels(idx)).to(device)
             out = model(x)
+            if not bool(torch.isfinite(out).all()):
+                from ..errors import ModelError
+
+                finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+                state = "its weights are finite: its forward is not" if finite else "its weights became NaN or infinite: it diverged"
+                raise ModelError(f"the model's outputs are NaN or infinite ({state}); check the model (gsd models show) "
+                                 "and its --weights, or lower --lr")
             losses.append(default_loss(out, y).double().cpu())
             scores.append((torch.sigmoid(out) if source.multilabel else torch.softmax(out, -1)).double().cpu())
             targets.append(y.cpu())
