@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> dict:
         loader = DataLoader(train_set, batch_size=args.batch_size, generator=secret_generator(args.insecure_seed, "sampling"))
         model, optimizer, loader = engine.make_private(module=model, optimizer=optimizer, data_loader=loader,
                                                        noise_multiplier=sigma, max_grad_norm=1.0)
-        optimizer = GEPOptimizer.from_dp_optimizer(optimizer, module=model, sample_rate=q, privacy_engine=engine,
+        optimizer = GEPOptimizer.from_dp_optimizer(optimizer, module=model, data_loader=loader, sample_rate=q, privacy_engine=engine,
                                                    insecure_seed=args.insecure_seed, steps_per_epoch=len(loader), **gep)
     else:
         model, optimizer, loader = make_private(model, optimizer, loader, target_epsilon=args.epsilon, delta=args.delta,

@@ -388,6 +388,34 @@ def run_catalog(catalog: Catalog | str | Path, private: str | None = None, *, do
     return run.results
 
 
+def catalog_privacy_total(results) -> dict:
+    """What the DP jobs of a catalogue run spent, per private data set (``results``: ``[(job, ranking)]``):
+    basic composition of pure DP (epsilons add; the jobs are separate releases about one data set,
+    as ``gsd compare``'s runs). Private sets are grouped by identity (aliases and paths resolved,
+    :func:`gsd_cli.data.identity.dataset_identity`; a job on a part ``:train`` counts toward the whole
+    set). ``{}`` when no job was DP."""
+    import math
+
+    from .data.identity import dataset_identity
+
+    totals: dict = {}
+    for job, rk in results:
+        pv = getattr(rk, "privacy", None)
+        if not pv:
+            continue
+        base = dataset_identity(rk.private)[0]
+        t = totals.setdefault(base, {"private": base, "jobs": [], "total_epsilon": 0.0, "total_delta": 0.0, "dp": True})
+        eps = float(pv.get("total_epsilon", pv.get("epsilon")))
+        t["jobs"].append({"job": getattr(job, "name", str(job)), "epsilon": eps, "mechanism": pv.get("mechanism")})
+        t["total_epsilon"] = math.fsum([t["total_epsilon"], eps])
+        t["total_delta"] = math.fsum([t["total_delta"], float(pv.get("delta") or 0.0)])
+        t["dp"] = t["dp"] and bool(getattr(rk, "dp", False))
+    for t in totals.values():
+        t["neighbouring"] = "add or remove one example"
+        t["composition"] = f"basic composition of the {len(t['jobs'])} DP job(s) on this private set (epsilons add)"
+    return totals
+
+
 def run_json(run: CatalogRun, failures: list[str] | None = None) -> str:
     """The JSON of a catalogue run: ``{"jobs": [...], "failures": [checks], "errors": [{"job", "error"}],
     "unusable_datasets": {name: error}}`` (``gsd rank --catalog --json``)."""
@@ -398,6 +426,7 @@ def run_json(run: CatalogRun, failures: list[str] | None = None) -> str:
     doc = json.loads(jobs_to_json([(job.name, rk) for job, rk in run.results], failures))
     doc["errors"] = [{"job": job.name, "error": msg} for job, msg in run.errors]
     doc["unusable_datasets"] = dict(run.unusable)
+    doc["privacy_total"] = catalog_privacy_total(run.results)  # per private set, as gsd compare's
     return json.dumps(doc, indent=2) + "\n"
 
 

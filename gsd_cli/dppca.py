@@ -334,9 +334,13 @@ def private_top_k_subspace(
     else:  # an operator: the row norms come from the Gram diagonal
         _check_positive(clip, "--clip")
         diag = G.gram().diagonal()
-        if not bool(torch.isfinite(diag).all()):  # the Gram path cannot zero one row of an operator
-            raise GSDError("a private per-sample gradient is NaN or infinite (check the private data and the model); "
-                           "with --gram materialize such a row is zeroed by the clip")
+        if not bool(torch.isfinite(diag).all()):
+            # A NaN/inf row: raising here would reveal that one private example is bad. Recompute with
+            # such examples' factors zeroed (per example, as clip_rows zeroes a materialised row).
+            if not hasattr(G, "zero_nonfinite"):
+                raise GSDError("internal: this Gram operator cannot zero a non-finite row")
+            G.zero_nonfinite, G._K, G._store = True, None, None
+            diag = G.gram().diagonal()
         norms = diag.clamp_min(0).sqrt()
         Gc = G.scaled(torch.where(norms > clip, clip / norms, torch.ones_like(norms)))
     if isinstance(Gc, torch.Tensor) and Gc.shape[0] > Gc.shape[1]:

@@ -13,8 +13,9 @@ Embedding Perturbation (paper 000) on public anchor data by swapping the optimiz
     optimizer.epsilon(1e-5)                                   # spent so far, accounted as gsd does
 
 or, after ``PrivacyEngine.make_private``, ``GEPOptimizer.from_dp_optimizer(optimizer, module=model,
-privacy_engine=engine, sample_rate=1 / len(loader), public_x=..., num_classes=...)`` (the engine's
-``max_grad_norm`` is then unused: GEP clips the embedding to S1 and the residual to S2).
+data_loader=loader, privacy_engine=engine, public_x=..., num_classes=...)`` (the engine's
+``max_grad_norm`` is then unused: GEP clips the embedding to S1 and the residual to S2; the loader's
+Poisson sampler is switched to a generator seeded from the OS).
 
 **The maths is gsd's.** :class:`GEPOptimizer` is an Opacus :class:`~opacus.optimizers.DPOptimizer`
 whose ``clip_and_accumulate`` stacks Opacus's per-sample gradients (``p.grad_sample``, in optimizer
@@ -39,7 +40,8 @@ and sigma, to the bit.
 **Private randomness** comes from the operating system (:mod:`gsd_cli.privacy.randomness`): the
 noise generator and, with :func:`make_private`, the Poisson sampler's generator are seeded from
 :func:`secrets.randbits`, never from ``torch.manual_seed`` (which an Opacus script's default
-generators would use). ``insecure_seed=N`` derives both from N for experiments: the run is then not
+generators would use; ``from_dp_optimizer`` switches the loader Opacus made, which draws from torch's
+global generator, to such a generator). ``insecure_seed=N`` derives both from N for experiments: the run is then not
 DP (``optimizer.dp`` is False). Opacus's ``secure_mode`` noise is not used (gsd train's is), so an
 optimizer made with ``secure_mode=True`` is refused rather than silently weakened.
 """
@@ -189,20 +191,27 @@ class GEPOptimizer(DPOptimizer):
 
     @classmethod
     def from_dp_optimizer(cls, dp_optimizer: DPOptimizer, *, module: torch.nn.Module, public_x: torch.Tensor, num_classes: int,
-                          sample_rate: float, privacy_engine=None, **gep) -> "GEPOptimizer":
+                          data_loader=None, sample_rate: float | None = None, privacy_engine=None,
+                          insecure_seed: int | None = None, **gep) -> "GEPOptimizer":
         """The GEP optimizer replacing an Opacus ``PrivacyEngine.make_private`` optimizer: its wrapped
-        optimizer, noise multiplier, expected batch size and loss reduction; ``sample_rate``: q (Opacus:
-        ``1 / len(data_loader)``). With ``privacy_engine``, its accountant becomes this optimizer's
-        :class:`GEPAccountant` (so ``privacy_engine.get_epsilon(delta)`` is GEP's epsilon)."""
+        optimizer, noise multiplier, expected batch size and loss reduction. ``data_loader``: the
+        Poisson loader ``make_private`` returned (required): its sampler is switched, in place, to a
+        generator seeded from the operating system (:func:`secret_generator`), since Opacus leaves it on
+        torch's global generator (then ``torch.manual_seed`` reproduces every batch, and the
+        subsampling the accountant books as secret is not). ``sample_rate``: q (default: the loader's).
+        With ``privacy_engine``, its accountant becomes this optimizer's :class:`GEPAccountant` (so
+        ``privacy_engine.get_epsilon(delta)`` is GEP's epsilon)."""
         if type(dp_optimizer) is not DPOptimizer:
             raise GSDError(f"GEP replaces Opacus's flat-clipping DPOptimizer, not {type(dp_optimizer).__name__} "
                            "(make_private with clipping='flat', no distributed or ghost mode)")
         if dp_optimizer.secure_mode:
             raise GSDError("GEP draws gsd train's noise, not Opacus's secure_mode noise; use PrivacyEngine(secure_mode=False) "
                            "(the noise generator is still seeded from the operating system)")
+        q = secure_poisson_loader(data_loader, insecure_seed)
+        sample_rate = q if sample_rate is None else sample_rate
         opt = cls(dp_optimizer.original_optimizer, module=module, public_x=public_x, num_classes=num_classes,
                   noise_multiplier=dp_optimizer.noise_multiplier, expected_batch_size=dp_optimizer.expected_batch_size,
-                  loss_reduction=dp_optimizer.loss_reduction, sample_rate=sample_rate, **gep)
+                  loss_reduction=dp_optimizer.loss_reduction, sample_rate=sample_rate, insecure_seed=insecure_seed, **gep)
         if privacy_engine is not None:
             privacy_engine.accountant = opt.accountant
         return opt
@@ -279,6 +288,21 @@ class GEPOptimizer(DPOptimizer):
         return self.accountant.get_epsilon(delta)
 
 
+def secure_poisson_loader(data_loader, insecure_seed: int | None = None) -> float:
+    """Switch an Opacus Poisson loader's sampler, in place, to a generator seeded from the operating
+    system (``insecure_seed``: from that seed, not DP) and return its sampling rate. Refuses a loader
+    that is not Poisson-sampled (the accountant books Poisson subsampling) or none at all."""
+    from opacus.utils.uniform_sampler import DistributedUniformWithReplacementSampler, UniformWithReplacementSampler
+
+    sampler = getattr(data_loader, "batch_sampler", None)
+    if not isinstance(sampler, (UniformWithReplacementSampler, DistributedUniformWithReplacementSampler)):
+        raise GSDError("from_dp_optimizer needs data_loader=, the Poisson loader that PrivacyEngine.make_private returned: "
+                       "GEP's accounting assumes its sampling, and gsd seeds it from the operating system "
+                       f"(got {type(data_loader).__name__ if data_loader is not None else 'none'})")
+    sampler.generator = secret_generator(insecure_seed, "sampling")
+    return float(sampler.sample_rate)
+
+
 def make_private(module: torch.nn.Module, optimizer: torch.optim.Optimizer, data_loader, *, public_x: torch.Tensor,
                  num_classes: int, noise_multiplier: float | None = None, target_epsilon: float | None = None,
                  epochs: int | None = None, delta: float = 1e-5, accountant: str = "rdp", insecure_seed: int | None = None,
@@ -315,4 +339,4 @@ def make_private(module: torch.nn.Module, optimizer: torch.optim.Optimizer, data
 
 
 __all__ = ["GEPAccountant", "GEPOptimizer", "gep_epsilon", "gep_event", "gep_noise_multiplier", "make_private",
-           "public_examples", "secret_generator"]
+           "public_examples", "secret_generator", "secure_poisson_loader"]

@@ -114,8 +114,13 @@ def sample_subspace(
     subspace found in R^D is mapped back to R^p (V = Q V_D: post-processing)."""
     t0 = time.perf_counter()
     dev = resolve_device(device)
-    if k > len(sample):
-        raise GSDError(f"k={k} is larger than the {len(sample)} examples of {sample.source.name}; use --k <= {len(sample)}")
+    # Under DP nothing outside the mechanism may depend on the private rows' number (it is min(m, N)):
+    # the check below, the progress total and the Gram/materialised choice use the requested m
+    # (``dp["m"]``) instead. The mechanism itself needs no k <= rows: it draws k orthonormal directions
+    # from any number of rows (fewer rows only make the draw closer to uniform).
+    shown = len(sample) if dp is None else int(dp.get("m") or len(sample))
+    if k > shown:
+        raise GSDError(f"k={k} is larger than the {shown} examples of {sample.source.name}; use --k <= {shown}")
     y = sample_labels(sample, labels, num_classes, seed if label_seed is None else label_seed,
                       rng=None if dp is None else dp["rng"])
     p = sum(dict(model.named_parameters())[n].numel() for n in names)
@@ -133,19 +138,21 @@ def sample_subspace(
     def on_chunk(n: int) -> None:
         nonlocal done
         done += n
-        if progress is not None:
+        if progress is not None and dp is None:  # under DP: once, at the end, as m of m (below)
             progress(sample.source.name, done, len(sample))
 
     info: dict = {}
     if gram != "materialize":
         from .ghost import choose_gram, ghost_subspace
 
-        if choose_gram(gram, len(sample), p, memory_budget, sketch_dim or (basis is not None and basis.shape[1])) == "ghost":
+        if choose_gram(gram, shown, p, memory_budget, sketch_dim or (basis is not None and basis.shape[1])) == "ghost":
             bs = lambda c: ((x, y[s : s + x.shape[0]]) for s, x in sample.batches(input_size, channels, c, dev, ahead=prefetch))  # noqa: E731
-            prog = None if progress is None else (lambda d, t: progress(sample.source.name, d, t))
+            prog = None if progress is None or dp is not None else (lambda d, t: progress(sample.source.name, d, t))
             V, s = ghost_subspace(model, bs, len(sample), names, k, loss=loss, device=dev, row_norm=row_norm,
                                   memory_budget=memory_budget, chunk_size=chunk_size, progress=prog, dp=dp)
-            return Subspace(sample.source.name, V, s, len(sample), time.perf_counter() - t0, "ghost")
+            if progress is not None and dp is not None:
+                progress(sample.source.name, shown, shown)
+            return Subspace(sample.source.name, V, s, len(sample) if dp is None else shown, time.perf_counter() - t0, "ghost")
     G = gradient_matrix(model, batches(), len(sample), names, loss, engine, dev, row_norm, on_chunk, info)
     if sketch_dim:
         G = sketch(G, sketch_dim, seed)
@@ -158,12 +165,16 @@ def sample_subspace(
     else:
         from .dppca import private_top_k_subspace
 
+        if G.shape[0] < shown:  # fewer rows than m (N < m): zero rows leave B = scale G^T G, hence the law, unchanged,
+            G = torch.cat([G, G.new_zeros(shown - G.shape[0], G.shape[1])])  # and the mechanism's shapes no longer tell N
         V = private_top_k_subspace(G, k, dp["epsilon"], dp["clip"], dp["mechanism"], dp["rng"], dp.get("sweeps", 10))
         s = torch.empty(0, dtype=torch.float64)
+        if progress is not None:
+            progress(sample.source.name, shown, shown)
     del G
     if basis is not None:
         V = basis.to(V.device, torch.float64) @ V.to(torch.float64)
-    return Subspace(sample.source.name, V, s, len(sample), time.perf_counter() - t0, info["engine"])
+    return Subspace(sample.source.name, V, s, len(sample) if dp is None else shown, time.perf_counter() - t0, info["engine"])
 
 
 def sketch(G: torch.Tensor, dim: int, seed: int, block: int = 16384) -> torch.Tensor:

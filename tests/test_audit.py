@@ -234,3 +234,40 @@ def test_cli_table_json_and_errors(tmp_path):
     for bad in (["--method", "nope"], ["--method", "dpsgd", "--delta", "2"], ["--method", "dpsgd", "--sampling-rate", "0"],
                 ["--method", "dpgsd", "--canaries", "3"], ["--method", "dpsgd", "--private", "x"]):
         assert main(["audit", *bad]) == 2
+
+
+def test_step_audit_flags_noise_cut_to_0_7_by_the_gaussian_dp_fit():
+    """Issue 32: the threshold tests missed 0.7x the claimed noise; the Gaussian-DP fit flags it with
+    20,000 trials, and stays below the claim for the correct code."""
+    from gsd_cli.privacy.audit import audit_step
+
+    cfg = audit_config("dpsgd", 2.0, 1e-5)
+    ok = audit_step(cfg, trials=20_000, insecure_seed=5)
+    assert ok.consistent and ok.epsilon_lower_bound < 1.9
+    bad = audit_step(cfg, trials=20_000, insecure_seed=5, bug="noise-x0.7")
+    assert not bad.consistent and bad.details["gdp"]["noise_below_claim"]
+    assert bad.epsilon_lower_bound > 2.3  # the exact epsilon of 0.7x the noise is 2.74
+
+
+def test_gdp_epsilon_matches_the_pld_accountant():
+    """An independent computation: a Gaussian mechanism with noise multiplier sigma is (1/sigma)-GDP,
+    and dp-accounting's PLD accountant calibrates sigma for (epsilon, delta) to the same curve."""
+    from gsd_cli.privacy import calibrate_noise, dpsgd_step_event
+    from gsd_cli.privacy.audit.bound import gdp_delta, gdp_epsilon
+
+    sigma = calibrate_noise(dpsgd_step_event, 2.0, 1e-5, 1.0, 1, "pld", cache=False)
+    assert gdp_epsilon(1 / sigma, 1e-5) == pytest.approx(2.0, abs=2e-3)
+    assert gdp_delta(gdp_epsilon(0.8, 1e-6), 0.8) == pytest.approx(1e-6, rel=1e-4)
+
+
+def test_dpgsd_audit_runs_the_pipeline_and_flags_a_reseeded_draw():
+    """Issue 32: with the private draw of `gsd rank --dp` seeded from --seed (the old bug put back in
+    the DP-GSD distance, not in the sampler), the audit now says PRIVACY BUG; the correct pipeline's
+    replays never match."""
+    from gsd_cli.privacy.audit import audit_dpgsd_pipeline
+
+    bad = audit("dpgsd", 0.5, canaries=200, bug="pipeline-public-seed", trials=14, insecure_seed=1)
+    assert not bad.consistent and bad.details["best_audit"] == "dpgsd (pipeline)"
+    assert bad.details["pipeline"]["details"]["equal_to_replay_under_D"] == 14
+    ok = audit_dpgsd_pipeline(0.5, trials=5)
+    assert ok.consistent and ok.details["equal_to_replay_under_D"] == 0 and ok.epsilon_lower_bound == 0.0

@@ -99,8 +99,8 @@ def test_an_opacus_gep_step_is_gsd_trains_step(mnist):
 
 def test_the_epsilon_is_gsd_trains(tiny, tmp_path):
     s = train(TrainConfig(private=tiny["private"], public=tiny["public"], method="gep", epsilon=3.0, epochs=1, batch_size=30,
-                          k=4, public_examples=10, insecure_seed=1, physical_batch=64), tmp_path / "run")
-    q, steps, sigma, delta = s["sampling_rate"], s["steps"], s["sigma"], s["delta"]
+                          k=4, public_examples=10, insecure_seed=1, physical_batch=64, expected_size=100), tmp_path / "run")
+    q, steps, sigma, delta = s["sampling_rate"], s["steps"], s["sigma"], s["delta"]  # (a declared size: no epsilon spent on it)
     assert gep_epsilon(sigma, q, steps, delta) == s["epsilon"]
     assert gep_noise_multiplier(3.0, delta, q, steps) == sigma  # the same calibration
     acc = GEPAccountant()
@@ -187,3 +187,30 @@ def test_the_example_script_runs(engine, capsys):
     if engine:
         assert r["epsilon_privacy_engine"] == r["epsilon"]
     assert '"epsilon"' in capsys.readouterr().out
+
+
+def test_from_dp_optimizer_draws_batches_from_the_os(mnist):
+    """Opacus's make_private leaves the Poisson loader on torch's global generator: two identical
+    torch.manual_seed calls gave identical batches. After from_dp_optimizer they differ, and a call
+    without the loader is refused."""
+    from opacus import PrivacyEngine
+    from torch.utils.data import DataLoader, TensorDataset
+
+    x, y, pub = mnist
+
+    def batches():
+        net = _net()
+        loader = DataLoader(TensorDataset(x[:200], y[:200]), batch_size=20)
+        engine = PrivacyEngine()
+        model, opt, dl = engine.make_private(module=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1), data_loader=loader,
+                                             noise_multiplier=1.0, max_grad_norm=1.0)
+        assert dl.batch_sampler.generator is None  # the leak: torch's global generator
+        with pytest.raises(GSDError, match="data_loader="):
+            GEPOptimizer.from_dp_optimizer(opt, module=model, public_x=pub, num_classes=10)
+        gep = GEPOptimizer.from_dp_optimizer(opt, module=model, data_loader=dl, public_x=pub, num_classes=10, privacy_engine=engine, k=4)
+        assert gep.sample_rate == pytest.approx(1 / len(loader)) and dl.batch_sampler.generator is not None
+        torch.manual_seed(123)
+        return [sorted(b[1].tolist()) for b, _ in zip(dl, range(3))], [len(b[1]) for b, _ in zip(dl, range(3))]
+
+    first, second = batches(), batches()
+    assert first[0] != second[0]  # 3 Poisson batches: equal only by a negligible chance

@@ -243,9 +243,9 @@ def test_second_phase_changes_only_the_trainable_parameters(tiny, tmp_path, weig
     # stage 2 is DP-SGD, calibrated and accounted as in the train issue; stage 1 spends nothing
     from gsd_cli.privacy import calibrate_noise, dpsgd_step_event, epsilon_of, training_event
 
-    q = s["sampling_rate"]
-    assert s["sigma"] == calibrate_noise(dpsgd_step_event, cfg.epsilon, cfg.delta, q, s["steps"], "rdp")
-    assert s["epsilon"] == pytest.approx(epsilon_of(training_event(dpsgd_step_event(s["sigma"]), q, s["steps"]), cfg.delta, "rdp"))
+    q, eps_n = s["sampling_rate"], s["privacy"]["size"]["epsilon_size"]  # (the DP estimate of N spends eps_n of the budget)
+    assert s["sigma"] == calibrate_noise(dpsgd_step_event, cfg.epsilon - eps_n, cfg.delta, q, s["steps"], "rdp")
+    assert s["epsilon"] == pytest.approx(eps_n + epsilon_of(training_event(dpsgd_step_event(s["sigma"]), q, s["steps"]), cfg.delta, "rdp"))
     assert s["epsilon"] <= cfg.epsilon and len(s["budget"]["entries"]) == 1
     assert s["privacy"]["mechanism"].startswith("DP-SGD")
 

@@ -154,7 +154,10 @@ def test_train_gep_end_to_end(tiny, tmp_path):
     s = train(_cfg(tiny), tmp_path / "run")
     assert s["epsilon"] <= 4.0 and s["epsilon"] > 3.9
     # the per-example hash split puts 20 of the 120 examples in test (about 20%)
-    assert s["steps"] == 2 * round(100 / 30) and s["sampling_rate"] == pytest.approx(30 / 100)
+    # q and T from the DP estimate of N (train/size.py), never from N = 100
+    n_hat = s["privacy"]["size"]["size"]
+    assert s["privacy"]["size"]["how"] == "dp-estimate" and s["privacy"]["size"]["epsilon_size"] == pytest.approx(0.08)
+    assert s["steps"] == 2 * round(n_hat / 30) and s["sampling_rate"] == pytest.approx(30 / n_hat)
     assert s["public"] == tiny["public"] and s["gep"]["k"] == 8
     assert s["private_test_examples"] == 20 and 0 <= s["test"]["accuracy"] <= 1
     rows = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -209,7 +212,10 @@ def _one_line_error(code, err):
         ["--delta", "1.5"],
         ["--method", "gep"],  # no public data
         ["--out", "/nonexistent-parent-gsd/run"],
-        ["--batch-size", "500"],
+        ["--batch-size", "500", "--expected-size", "400"],  # a declared size below the batch (the real N is not looked at)
+        ["--expected-size", "300", "--sampling-rate", "0.1"],
+        ["--sampling-rate", "1.5"],
+        ["--size-epsilon", "9"],  # above --epsilon
     ],
 )
 def test_cli_bad_input(capsys, tiny, args):

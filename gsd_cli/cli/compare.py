@@ -26,6 +26,8 @@ def compare(
     model: str = typer.Option("fmnist-cnn", "--model", help="Model to train."),
     epochs: int = typer.Option(10, "--epochs", help="Epochs of every run."),
     batch_size: int = typer.Option(250, "--batch-size", help="Expected (Poisson) batch size."),
+    expected_size: Optional[int] = typer.Option(None, "--expected-size", help="Declared (public) private-set size N0 (q = batch size / N0) for every run; default: each run's DP estimate of N (as gsd train)."),
+    sampling_rate: Optional[float] = typer.Option(None, "--sampling-rate", help="Declared (public) sampling rate q for every run, instead of --expected-size."),
     lr: float = typer.Option(0.1, "--lr", help="SGD learning rate."),
     momentum: float = typer.Option(0.9, "--momentum", help="SGD momentum."),
     clip: float = typer.Option(1.0, "--clip", help="dpsgd, rgp, topagg: clip norm C."),
@@ -55,6 +57,7 @@ def compare(
     from ..compare import compare as compare_fn, comparison_table
     from ..train import TrainConfig
     base = TrainConfig(delta=delta, model=model, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, clip=clip, k=k,
+                       expected_size=expected_size, sampling_rate=sampling_rate,
                        public_examples=public_examples, rgp_rank=rgp_rank, rgp_warmup=rgp_warmup, topk_fraction=topk_fraction,
                        weights=weights, peft=peft, public_epochs=public_epochs, public_lr=public_lr,
                        deterministic_noise=deterministic_noise, insecure_seed=insecure_seed, seed=seed)

@@ -235,6 +235,13 @@ def rank(
         )
     if catalog is None and not many:
         shown_on.print("[dim]One draw: no interval and no tie test; --repeats 5 shows which candidates are tied.[/]")
+    if catalog is not None:
+        from ..catalog import catalog_privacy_total
+
+        for tot in catalog_privacy_total(ran.results).values():  # what the DP jobs spent together, per private set
+            shown_on.print(f"privacy total for {escape(tot['private'])}: epsilon={tot['total_epsilon']:.4g} over "
+                           f"{len(tot['jobs'])} DP job(s) (basic composition)" + ("" if tot["dp"] else "; NOT DP (see each job)"),
+                           highlight=False)
     if cache is not None and cache.hits and not quiet:
         err.print(f"cache: reused {cache.hits} public subspace(s) from {cache.directory}")
     rankings = [rk for _, rk in results]

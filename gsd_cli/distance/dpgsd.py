@@ -81,10 +81,31 @@ class DPGSD(Distance):
             raise GSDError(f"the public basis has {ctx.dims} dimensions, fewer than k={self.config.gradients.k}; "
                            f"use --dp-sketch public+R with more random directions, or a smaller --k")
 
-    def private_rows(self, sample: gdata.Sample) -> gdata.Sample:
-        """A uniformly random m-subset drawn with the secret generator (module docstring, (i))."""
-        n = len(sample.source)
-        return gdata.Sample(sample.source, self.rng.choice(n, size=len(sample), replace=False))
+    def private_rows(self, sample: gdata.Sample, publics=()) -> gdata.Sample:
+        """A uniformly random m-subset, drawn with the secret generator (module docstring, (i)), of the
+        private examples that are not among the public examples ``publics`` (a per-example rule
+        decided before the draw, :class:`gsd_cli.data.identity.PublicRows`: the filtered set is a
+        function of each example alone, so (i) and (ii) hold for it). The draw walks a secret random
+        permutation, skipping examples the rule leaves out, until it has m (or the set is exhausted):
+        a uniform m-subset of the filtered set, with only the examples walked ever hashed."""
+        from ..data.identity import PublicRows
+
+        n, m = len(sample.source), len(sample)
+        rule = PublicRows(sample.source, publics)
+        if rule.empty:
+            return gdata.Sample(sample.source, self.rng.choice(n, size=m, replace=False))
+        perm = self.rng.permutation(n)
+        kept: list = []
+        have, start = 0, 0
+        while have < m and start < n:
+            block = perm[start : start + max(m - have, 64)]
+            start += len(block)
+            keep = block[~rule.mask(block)]
+            kept.append(keep[: m - have])
+            have += len(kept[-1])
+        import numpy as np
+
+        return gdata.Sample(sample.source, np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64))
 
     def private_side(self, ctx: SideContext, sample: gdata.Sample) -> Subspace:
         # The clip bounds each example's own gradient (its sensitivity) only if each row is that example's
@@ -93,9 +114,10 @@ class DPGSD(Distance):
         # interact, which it checks on one example of the first chunk. So ``auto`` means vmap here; the
         # public sides (no privacy at stake) keep ``auto``. An engine asked for by name is used as asked.
         engine = "vmap" if ctx.common.get("engine", "auto") == "auto" else ctx.common["engine"]
+        m = int(self.config.gradients.examples)  # the requested m: progress and path choices never see min(m, N)
         if self.needs_public_sides and self.basis is None:
             raise GSDError("--dp-sketch public: the public basis must be built (use_public_sides) before the private side")
-        sub = ctx.subspace(sample, dp={**self.settings, "rng": self.rng}, engine=engine, basis=self.basis)
+        sub = ctx.subspace(sample, dp={**self.settings, "rng": self.rng, "m": m}, engine=engine, basis=self.basis)
         sub.dims = ctx.dims
         return sub
 
@@ -126,6 +148,8 @@ class DPGSD(Distance):
                 "m private examples (at most; all of a smaller set) drawn uniformly without replacement with secret "
                 "randomness, each with its own random label; the number actually drawn is not released"
             ),
+            "public_overlap": ("private examples whose file or content is among the public examples drawn are left out "
+                               "before the secret draw (a per-example rule); how many is not released"),
             "row_norm": g.row_norm,
             "concentration_bound": conc,
             "uniform_distance_99": [lo, hi],
@@ -148,7 +172,8 @@ class DPGSD(Distance):
                 f"every DP distance lies in the 99% range of a uniformly random subspace ({lo:.4f}..{hi:.4f}): "
                 f"this ranking is noise"
             )
-        return privacy, notes, ins is None
+        # "dp" is true only for a proven mechanism: the matrix mechanism's Gibbs chain has none
+        return privacy, notes, ins is None and bool(privacy["exact"])
 
 
 def sketch_description(dp_sketch, dims: int, k: int, extra: int | None) -> str:

@@ -36,12 +36,24 @@ def refuse_private_as_public(private: gdata.ImageSource, private_indices, public
     drawn, ``None`` for a sample of them): as a candidate its subspace would be the private data's,
     computed without privacy, and it would win with no word; as training data it would be used with
     no noise at all."""
-    from ..data.identity import shared_examples
+    from ..data.identity import same_dataset, shared_examples
 
     for smp in publics:
-        why = shared_examples(private, smp.source, private_indices, smp.indices)
+        why = same_dataset(private, smp.source) or shared_examples(private, smp.source, private_indices, smp.indices)
         if why:
             raise GSDError(f"{what} {smp.source.name} is private data: {why}; public data must not hold private examples")
+
+
+def refuse_same_dataset(private: gdata.ImageSource, publics: Sequence[gdata.Sample], what: str = "public candidate") -> None:
+    """Raise :class:`GSDError` when a public set *is* the private set as a whole (by name, path or the
+    digest of all its examples: :func:`gsd_cli.data.identity.same_dataset`): the check of a DP
+    release, which does not look at which examples the two share (that would be a membership oracle)."""
+    from ..data.identity import same_dataset
+
+    for smp in publics:
+        why = same_dataset(private, smp.source)
+        if why:
+            raise GSDError(f"{what} {smp.source.name} is private data: {why}; public data must not be the private set")
 
 
 def _check(config: RankConfig, publics) -> None:
@@ -84,12 +96,22 @@ def rank_once(private, publics: Sequence, config: RankConfig, *, public_seed: in
     if dup:
         raise GSDError(f"public candidate(s) {', '.join(sorted(dup))} given twice; name each once")
     pseed = seed if public_seed is None else public_seed
-    priv_sample = distance.private_rows(gdata.draw(priv_source, g.examples, seed))
     pub_samples = [gdata.draw(s, g.examples, pseed) for s in pub_sources]
-    refuse_private_as_public(priv_source, priv_sample.indices, pub_samples)
-    for smp in [priv_sample, *pub_samples]:
+    if distance.private:
+        # Under DP: refuse a candidate only when it is the private set as a whole; shared examples are
+        # left out of the private rows by a per-example rule before the secret draw (no count, no
+        # refusal that turns on one example: gsd_cli.data.identity)
+        refuse_same_dataset(priv_source, pub_samples)
+        priv_sample = distance.private_rows(gdata.draw(priv_source, g.examples, seed), pub_samples)
+    else:
+        priv_sample = distance.private_rows(gdata.draw(priv_source, g.examples, seed))
+        refuse_private_as_public(priv_source, priv_sample.indices, pub_samples)
+    # under DP the private side is checked against the requested m (min(m, N) would reveal N)
+    for smp in pub_samples if distance.private else [priv_sample, *pub_samples]:
         if g.k > len(smp):
             raise GSDError(f"k={g.k} is larger than the {len(smp)} examples of {smp.source.name}; use --k <= {len(smp)}")
+    if distance.private and g.k > int(g.examples):
+        raise GSDError(f"k={g.k} is larger than -m {g.examples}; use --k <= {g.examples}")
     num_classes = priv_source.num_classes
     if num_classes < 1:
         raise GSDError(f"{priv_source.name} has no classes; it needs labelled examples")
@@ -157,5 +179,6 @@ def rank_once(private, publics: Sequence, config: RankConfig, *, public_seed: in
         # under DP the requested m: min(m, N) would reveal N
         private_examples=int(g.examples) if distance.private else priv.examples,
         uniform_baseline=uniform_baseline(g.k, ctx.dims), results=rows, sketch=sketch, weights=m.weights, peft=m.peft,
-        seconds=round(time.perf_counter() - t0, 3), subspace_method=g.subspace_method,
+        # under DP the run's time grows with min(m, N): withheld (None), as the private set's size
+        seconds=None if distance.private else round(time.perf_counter() - t0, 3), subspace_method=g.subspace_method,
     )

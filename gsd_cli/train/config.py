@@ -53,13 +53,17 @@ class TrainConfig:
 
     # --- optimisation: SGD on Poisson-subsampled steps ---
     epochs: int = 20  # epochs; one epoch is round(N / batch_size) steps
-    batch_size: int = 250  # expected batch size: every step samples each example with probability batch_size / N
+    batch_size: int = 250  # expected batch size: every step samples each example with probability q = batch_size / size
     lr: float = 0.1  # SGD learning rate
     momentum: float = 0.9  # SGD momentum
     weight_decay: float = 1e-4  # SGD weight decay
     lr_schedule: str = "step"  # one of SCHEDULES (:func:`lr_at`)
     seed: int = 0  # initial weights, public anchors and their labels, sparsification masks (not the private randomness)
     physical_batch: int | None = None  # examples per per-sample-gradient chunk (None: by device)
+    # what sets q and the step count (gsd_cli.train.size): a declared size or rate (public), else a DP estimate of N
+    expected_size: int | None = None  # declared private set size N0: q = batch_size / N0 (public)
+    sampling_rate: float | None = None  # declared sampling rate q (public); steps per epoch round(1 / q)
+    size_epsilon: float | None = None  # epsilon of the Laplace estimate of N when neither is declared (None: 2% of epsilon)
 
     # --- privacy: the method and its guarantee ---
     method: str = "gep"  # one of METHODS
@@ -192,6 +196,9 @@ def validate(cfg: TrainConfig) -> None:
     for what, v in (("--clip", cfg.clip), ("--clip-embedding", cfg.clip_embedding), ("--clip-residual", cfg.clip_residual)):
         if not v > 0:
             raise GSDError(f"{what} must be positive (got {v})")
+    from .size import check_size_settings
+
+    check_size_settings(cfg.batch_size, cfg.expected_size, cfg.sampling_rate, cfg.size_epsilon, cfg.epsilon)
     if cfg.physical_batch is not None and cfg.physical_batch < 1:
         raise GSDError(f"--physical-batch must be at least 1 (got {cfg.physical_batch})")
     if cfg.sparsify and cfg.method not in SPARSIFIABLE:

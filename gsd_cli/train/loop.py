@@ -61,21 +61,62 @@ from .transforms import StepContext, chain_step_event
 Progress = Callable[[str, int, int], None]
 
 
+def _mechanism_size(cfg: TrainConfig, n_train: int, meta: dict | None):
+    """The run's :class:`~gsd_cli.train.size.MechanismSize`: a resumed run keeps its own (no second
+    estimate, no budget spent twice; a run started before sizes were declared keeps its q and T)."""
+    from .size import MechanismSize, mechanism_size
+    from ..privacy.randomness import private_rng
+
+    if meta is not None:
+        saved = meta.get("privacy", {}).get("size")
+        if saved is None:  # started by gsd 0.1: q = B / N, kept so that the run's mechanism does not change
+            pv = meta.get("privacy", {})
+            return MechanismSize(float(pv["sampling_rate"]), max(1, int(pv["steps"]) // max(1, cfg.epochs)), "exact-size (0.1 run)", None, 0.0)
+        return mechanism_size(n_train, cfg.batch_size, cfg.epsilon, expected_size=cfg.expected_size, sampling_rate=cfg.sampling_rate,
+                              declared_size_epsilon=cfg.size_epsilon, estimate=saved.get("size"))
+    return mechanism_size(n_train, cfg.batch_size, cfg.epsilon, expected_size=cfg.expected_size, sampling_rate=cfg.sampling_rate,
+                          declared_size_epsilon=cfg.size_epsilon, rng=private_rng("size", cfg.private_seed))
+
+
 def refuse_shared_public(cfg: TrainConfig, private: Sequence[gdata.ImageSource], catalog=None) -> gdata.Sample | None:
     """The public examples the method trains with (GEP's anchors, the second phase's public set;
     None for a method without public data), after refusing them (:class:`GSDError`) when they are
-    the private set or share examples with one of the ``private`` parts (by name, path or content):
-    they would enter the model with no noise at all."""
+    one of the ``private`` parts as a whole (by name, path or the digest of all its examples). Examples
+    the two merely share are not refused (a refusal that turns on one example is a membership oracle):
+    :func:`train` leaves those private examples out of the private training set, a per-example rule
+    (:class:`gsd_cli.data.identity.PublicRows`)."""
     if cfg.method not in ("gep", "second-phase") or not cfg.public:
         return None
-    from ..ranking import refuse_private_as_public
+    from ..ranking.pipeline import refuse_same_dataset
 
     source = catalog.resolve(cfg.public) if catalog is not None else gdata.resolve(cfg.public)
     drawn = gdata.draw(source, cfg.public_examples, cfg.seed)  # the examples the method will use
     what = "GEP anchor set" if cfg.method == "gep" else "second-phase public set"
     for part in private:
-        refuse_private_as_public(part, None, [drawn], what=what)
+        refuse_same_dataset(part, [drawn], what=what)
     return drawn
+
+
+def _left_out(train_src, test_src, pub_sample, notes: list) -> np.ndarray | None:
+    """The private training examples among the public examples the run uses (left out of every
+    Poisson subsample: the mechanism runs on the filtered set), or None. How many, and how many test
+    examples the public set holds (they would inflate the test metrics), are private notes."""
+    if pub_sample is None:
+        return None
+    from ..data.identity import PublicRows
+
+    rule = PublicRows(train_src, [pub_sample])
+    if rule.empty:
+        return None
+    out = rule.mask(np.arange(len(train_src)))
+    if out.any():
+        notes.append(f"{int(out.sum())} private training example(s) are among the public examples of {pub_sample.source.name}: "
+                     "left out of the private training (a per-example rule, so the guarantee holds for the rest)")
+    n_test = int(PublicRows(test_src, [pub_sample]).mask(np.arange(len(test_src))).sum()) if len(test_src) else 0
+    if n_test:
+        notes.append(f"{n_test} private test example(s) are among the public examples of {pub_sample.source.name}: "
+                     "the test metrics count them")
+    return out if out.any() else None
 
 
 def _same_event(a, b) -> bool:
@@ -156,20 +197,22 @@ def train(
         train_src, test_src = gdata.with_classes(train_src, cfg.classes), gdata.with_classes(test_src, cfg.classes)
     gdata.require_declared_classes(train_src)  # the model's output size must not be read off the private labels
     n_train = len(train_src)
-    if n_train < 2:
-        raise GSDError(f"{train_src.name} has {n_train} example(s); private training needs more")
-    if not train_src.multilabel and (train_src.num_classes < 2 or len(np.unique(train_src.labels(np.arange(n_train)))) < 2):
-        raise GSDError(f"{train_src.name}: a one-class set ({'one class' if train_src.num_classes < 2 else 'every training example in one class'}); "
-                       "a classifier needs examples of at least 2 classes (as a public candidate of gsd rank it is fine)")
+    if n_train < 1:  # an empty set: a documented private output (DESIGN.md), as an unreadable one
+        raise GSDError(f"{train_src.name} has no examples; private training needs data")
+    # Declared classes only: a refusal that read the private labels (every example in one class) would
+    # make the run's happening at all depend on the private data outside the mechanism.
+    if not train_src.multilabel and train_src.num_classes < 2:
+        raise GSDError(f"{train_src.name}: a one-class set (one declared class); a classifier needs at least 2 classes "
+                       "(--classes N; as a public candidate of gsd rank it is fine)")
     private_notes = notes_of(train_src) + ([f"--delta {cfg.delta:g} is at or above 1/N = {1 / n_train:.3g} for the N = {n_train} private "
                                             "training examples: delta should be well below 1/N"] if cfg.delta >= 1 / n_train else [])
     for note in private_notes if notify and world.is_main else ():
         notify(note)
-    q = cfg.batch_size / n_train
-    if q > 1:
-        raise GSDError(f"--batch-size {cfg.batch_size} is larger than the {n_train} private training examples; lower it")
-    steps_per_epoch = max(1, round(n_train / cfg.batch_size))
+    # q and T from public inputs or a DP estimate of N, never from N itself (gsd_cli.train.size)
+    size = world.from_main(lambda: _mechanism_size(cfg, n_train, meta))
+    q, steps_per_epoch = size.q, size.steps_per_epoch
     total_steps = cfg.epochs * steps_per_epoch
+    train_epsilon = cfg.epsilon - size.epsilon  # basic composition with the size estimate (size.py)
 
     from ..peft import build_model
 
@@ -177,6 +220,11 @@ def train(
                                                 batchnorm=cfg.batchnorm)
     model = model.to(dev)
     pub_sample = refuse_shared_public(cfg, (train_src, test_src), cat)
+    overlap_notes: list[str] = []
+    left_out = world.from_main(lambda: _left_out(train_src, test_src, pub_sample, overlap_notes))
+    private_notes += overlap_notes
+    for note in overlap_notes if notify and world.is_main else ():
+        notify(note)
     if world.is_main:  # the only process that writes
         out.mkdir(exist_ok=True)
     stage1 = None
@@ -196,13 +244,13 @@ def train(
 
     # sigma: the smallest noise multiplier meeting (epsilon, delta) over all T steps
     probe_method = build_method(cfg, 1.0, anchor, model=model, names=names)
-    sigma = world.from_main(lambda: calibrate_noise(probe_method.step_event, cfg.epsilon, cfg.delta, q, total_steps, cfg.accountant))
+    sigma = world.from_main(lambda: calibrate_noise(probe_method.step_event, train_epsilon, cfg.delta, q, total_steps, cfg.accountant))
     method = build_method(cfg, sigma, anchor, model=model, names=names, rgp=probe_method.details.get("rgp_state"))
     declared = chain_step_event(method.chain)
     if not _same_event(declared, method.step_event(sigma)):
         raise GSDError("internal: the method's noise does not match its accounted event; refusing to train")
     event = training_event(method.step_event(sigma), q, total_steps)
-    final_eps = world.from_main(lambda: epsilon_of(event, cfg.delta, cfg.accountant))  # once, by process 0
+    final_eps = size.epsilon + world.from_main(lambda: epsilon_of(event, cfg.delta, cfg.accountant))  # once, by process 0
     world.distribute(method, anchor)  # GEP: anchor gradients sharded, bases broadcast (no change to the mechanism)
 
     opt = torch.optim.SGD([dict(model.named_parameters())[n] for n in names], lr=cfg.lr,
@@ -222,7 +270,8 @@ def train(
     noise_seed = world.share_seed(noise_seed)  # process 0's secret: every process draws the same subsamples
     from ..privacy.budget import book_training_run  # the privacy ledger, by process 0, before the first step; refused past the budget
 
-    world.from_main(lambda: book_training_run(cfg, train_src, event, final_eps, method.description, noise_seed, out, resume))
+    world.from_main(lambda: book_training_run(cfg, train_src, event, final_eps, method.description, noise_seed, out, resume,
+                                              pure_epsilon=size.epsilon))  # the size estimate's pure DP, composed
 
     privacy_static = {
         "accountant": cfg.accountant,
@@ -230,6 +279,7 @@ def train(
         "private_randomness": randomness_statement(cfg.private_seed),
         "sampling": "Poisson",
         "sampling_rate": q,
+        "size": size.statement(),
         "expected_batch_size": cfg.batch_size,
         "steps": total_steps,
         "noise_multiplier": sigma,
@@ -237,6 +287,8 @@ def train(
         "target_epsilon": cfg.epsilon,
         "delta": cfg.delta,
         "epsilon": final_eps,
+        "epsilon_training": final_eps - size.epsilon,
+        "composition": ("basic: the size estimate's epsilon plus the training's" if size.epsilon else "one mechanism (the training)"),
         "mechanism": method.description,
     }
     settings = cfg.to_dict()
@@ -263,6 +315,8 @@ def train(
         for s in range(steps_per_epoch):
             step = epoch * steps_per_epoch + s
             idx, gen = private_randomness(n_train, q, noise_seed, step)
+            if left_out is not None:  # Poisson over the set, then the per-example rule: Poisson over the filtered set
+                idx = idx[~left_out[idx]]
             ctx = StepContext(step=step, model=model, names=names, generator=gen, device=dev, info=info, epoch=epoch, epochs=cfg.epochs)
 
             def batches(idx=world.shard(idx)):  # this process's examples of the subsample
@@ -283,7 +337,7 @@ def train(
         world.reduce_info(info)  # each process counted its shard's examples (fraction clipped...)
         if not world.is_main:  # process 0 evaluates and writes; the others go on
             continue
-        spent = epsilon_of(training_event(method.step_event(sigma), q, done), cfg.delta, cfg.accountant)
+        spent = size.epsilon + epsilon_of(training_event(method.step_event(sigma), q, done), cfg.delta, cfg.accountant)
         test = evaluate(model, test_src, spec.input_size, spec.channels, dev)
         row = {
             "epoch": epoch + 1, "step": done, "lr": lr_at(cfg, epoch), "epsilon_spent": spent,
@@ -311,6 +365,9 @@ def train(
         notes_unused = []
 
     notes = list(notes_unused)
+    if size.how == "dp-estimate" and size.q >= 1:  # N~ is DP (public): saying so reveals nothing more
+        notes.append(f"the DP estimate of the private set's size is at most --batch-size {cfg.batch_size}: every step used all "
+                     "examples (q = 1); lower --batch-size, or declare the size with --expected-size")
     dp = cfg.private_seed is None
     if cfg.private_seed is not None:
         notes.append(INSECURE_NOTE.format(seed=cfg.private_seed) if cfg.insecure_seed is not None else

@@ -170,3 +170,46 @@ def distinguishing_epsilon(stat_d: np.ndarray, stat_d2: np.ndarray, thresholds, 
                         best, how = e, {"threshold": float(t), "region": region, "test": name, "p_lower": lo, "p_upper": hi,
                                         "correct": k1 + (n2 - k2), "trials": n1 + n2}
     return best, how
+
+
+# --- Gaussian DP (Dong, Roth, Su 2019; the auditing method of Nasr et al. 2023) -----------------------
+
+def gdp_delta(epsilon: float, mu: float) -> float:
+    """delta(epsilon) of a mu-GDP mechanism: Phi(-epsilon/mu + mu/2) - e^epsilon Phi(-epsilon/mu - mu/2)
+    (Dong, Roth, Su 2019, Corollary 2.13); a Gaussian mechanism of sensitivity s and noise std sigma
+    is (s / sigma)-GDP, exactly."""
+    from scipy.stats import norm
+
+    if mu <= 0:
+        return 0.0
+    return float(norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * norm.cdf(-epsilon / mu - mu / 2))
+
+
+def gdp_epsilon(mu: float, delta: float) -> float:
+    """The smallest epsilon with gdp_delta(epsilon, mu) <= delta (0 when mu <= 0 or even epsilon = 0 holds)."""
+    from scipy.optimize import brentq
+
+    if mu <= 0 or gdp_delta(0.0, mu) <= delta:
+        return 0.0
+    hi = 1.0
+    while gdp_delta(hi, mu) > delta:
+        hi *= 2
+    return float(brentq(lambda e: gdp_delta(e, mu) - delta, 0.0, hi, xtol=1e-10))
+
+
+def gdp_mu_bounds(stat_d: np.ndarray, stat_d2: np.ndarray, confidence: float = 0.95) -> tuple[float, float, float]:
+    """``(mu_hat, lower, upper)``: the GDP parameter of a release whose statistic is Gaussian with one
+    standard deviation under both neighbours, mu = (mean under D' - mean under D) / sd, from draws under
+    each (Nasr et al. 2023, "Tight auditing of differentially private machine learning": fit the
+    Gaussian trade-off curve). Confidence interval by the delta method: Var(mu_hat) ~ (1/n1 + 1/n2) +
+    mu^2 / (2 (n1 + n2 - 2)) (the mean difference's and the pooled sd's errors), one-sided bounds at
+    ``confidence`` each."""
+    from scipy.stats import norm
+
+    a, b = np.asarray(stat_d, dtype=float), np.asarray(stat_d2, dtype=float)
+    n1, n2 = len(a), len(b)
+    sd = math.sqrt(((n1 - 1) * a.var(ddof=1) + (n2 - 1) * b.var(ddof=1)) / (n1 + n2 - 2))
+    mu = (b.mean() - a.mean()) / sd
+    se = math.sqrt(1 / n1 + 1 / n2 + mu * mu / (2 * (n1 + n2 - 2)))
+    z = norm.ppf(confidence)
+    return float(mu), float(mu - z * se), float(mu + z * se)

@@ -47,7 +47,9 @@ from ...errors import GSDError
 from .. import calibrate_noise, epsilon_of, training_event
 from .bound import AuditResult, audit_epsilon
 
-BUGS = ("noise-halved", "noise-quartered", "no-clip", "gep-no-residual-noise")
+BUGS = ("noise-halved", "noise-quartered", "no-clip", "gep-no-residual-noise", "noise-x0.9", "noise-x0.8", "noise-x0.7")
+#: the factor of every noise std under each noise bug
+NOISE_FACTORS = {"noise-halved": 0.5, "noise-quartered": 0.25, "noise-x0.9": 0.9, "noise-x0.8": 0.8, "noise-x0.7": 0.7}
 TOPAGG_SPREAD = 10
 
 
@@ -81,8 +83,9 @@ def audit_model(p_needed: int, classes: int = 10) -> nn.Module:
 
 
 def inject_bug(chain, bug: str | None) -> None:
-    """Break ``chain`` on purpose (the audit's teeth): halve or quarter every noise std, remove every
-    clip, or drop GEP's residual noise."""
+    """Break ``chain`` on purpose (the audit's teeth): scale every noise std by a factor
+    (:data:`NOISE_FACTORS`: 0.9, 0.8, 0.7, halved, quartered), remove every clip, or drop GEP's
+    residual noise."""
     from ...train.transforms import Clip, GaussianNoise
 
     if bug is None:
@@ -91,8 +94,8 @@ def inject_bug(chain, bug: str | None) -> None:
         raise GSDError(f"unknown bug {bug!r}; use one of {', '.join(BUGS)}")
     hit = False
     for t in chain.transforms:
-        if isinstance(t, GaussianNoise) and bug in ("noise-halved", "noise-quartered"):
-            t.std /= 2 if bug == "noise-halved" else 4
+        if isinstance(t, GaussianNoise) and bug in NOISE_FACTORS:
+            t.std *= NOISE_FACTORS[bug]
             hit = True
         elif isinstance(t, GaussianNoise) and bug == "gep-no-residual-noise" and t.part == "residual":
             t.std, hit = 0.0, True
