@@ -80,6 +80,12 @@ def parse_peft(spec: str, presets: dict | None = None) -> PeftChoice:
                 opts[key] = value if key == "targets" else (int(value) if key == "r" else float(value))
             except ValueError:
                 raise ModelError(f"--peft {text!r}: {key} must be a number (got {value!r})") from None
+            if key == "targets":
+                try:
+                    re.compile(value)
+                except re.error as e:
+                    raise ModelError(f"--peft {text!r}: targets={value!r} is not a regular expression ({e}); "
+                                     "e.g. targets=.*(q|v)_proj") from None
         if opts["r"] < 1 or not opts["alpha"] > 0 or not 0 <= opts["dropout"] < 1:
             raise ModelError(f"--peft {text!r}: need r >= 1, alpha > 0 and dropout in [0, 1)")
         return PeftChoice(text, "lora", lora=opts)

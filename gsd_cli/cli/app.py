@@ -113,6 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         err.print("interrupted")
         return 130
+    except RuntimeError as e:
+        if "Could not determine home directory" not in str(e):  # pathlib's expanduser of ~user for an unknown user
+            return _unexpected(e)
+        print_error("a path starts with ~ or ~USER but that home folder is unknown (no such user, or HOME unset); "
+                    "write the path in full")
+        return 2
     except OSError as e:  # the environment, not gsd: a full disk, a read-only or misplaced folder
         if debugging():
             traceback.print_exc(file=sys.stderr)
@@ -120,14 +126,19 @@ def main(argv: list[str] | None = None) -> int:
         print_error(f"{where}{e.strerror or e} ({type(e).__name__}; check the path, its permissions and free space)")
         return 2
     except Exception as e:  # noqa: BLE001 - the last guard: no traceback unless asked for
-        if debugging():
-            traceback.print_exc(file=sys.stderr)
-        from ..memory import out_of_memory_message
-
-        oom = out_of_memory_message(e)  # the request was too large for this machine: the user's to change
-        if oom is not None:
-            print_error(oom)
-            return 2
-        print_error(f"internal error: {type(e).__name__}: {e} {_HINT}")
-        return EXIT_INTERNAL
+        return _unexpected(e)
     return 0
+
+
+def _unexpected(e: Exception) -> int:
+    """An exception no handler expected: out of memory is the user's to change (exit 2), anything else is a bug."""
+    if debugging():
+        traceback.print_exc(file=sys.stderr)
+    from ..memory import out_of_memory_message
+
+    oom = out_of_memory_message(e)  # the request was too large for this machine
+    if oom is not None:
+        print_error(oom)
+        return 2
+    print_error(f"internal error: {type(e).__name__}: {e} {_HINT}")
+    return EXIT_INTERNAL

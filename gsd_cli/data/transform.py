@@ -56,9 +56,16 @@ def to_model_input(
     return out
 
 
+def _channel_error(c: int, channels: int) -> Exception:
+    from ..errors import ModelError
+
+    return ModelError(f"the images have {c} channels but the model takes {channels}: grey images fit any channel count, "
+                      f"colour images 3 (or 1, converted to grey); give the model 1 or 3 channels (e.g. @SIZEx3 after its name)")
+
+
 def _check_channels(c: int, channels: int) -> None:
     if not (c == channels or c == 1 or (channels == 1 and c == 3)):
-        raise ValueError(f"cannot map {c} channels to {channels}")
+        raise _channel_error(c, channels)
 
 
 def _channels(batch: torch.Tensor, channels: int) -> torch.Tensor:
@@ -71,4 +78,4 @@ def _channels(batch: torch.Tensor, channels: int) -> torch.Tensor:
     if channels == 1 and c == 3:
         w = torch.tensor(_LUMA, device=batch.device).view(1, 3, 1, 1)
         return (batch * w).sum(1, keepdim=True)
-    raise ValueError(f"cannot map {c} channels to {channels}")
+    raise _channel_error(c, channels)
