@@ -146,24 +146,29 @@ _BOOKER = textwrap.dedent("""
 """)
 
 
-def test_concurrent_bookings_from_two_processes_all_land_within_the_budget(tmp_path):
-    path = tmp_path / "ledger.sqlite"
-    led = B.BudgetLedger(path)
+def _race(location, folder):
+    """Two processes book 10 x epsilon 0.1 each at once on a data set with room for 15: all land that fit."""
+    led = B.BudgetLedger(location)
     led.set_budget(B.DataIdentity("c" * 64, "shared-set", "arrays"), 1.5, 1e-5)  # room for 15 bookings of 0.1 (basic)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    go = tmp_path / "go"
-    procs = [subprocess.Popen([sys.executable, "-c", _BOOKER, str(path), str(go), str(i)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    go = folder / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", _BOOKER, str(location), str(go), str(i)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=env) for i in range(2)]
     deadline = time.time() + 120
-    while not all((tmp_path / f"go.{i}").exists() for i in range(2)) and time.time() < deadline and all(p.poll() is None for p in procs):
+    while not all((folder / f"go.{i}").exists() for i in range(2)) and time.time() < deadline and all(p.poll() is None for p in procs):
         time.sleep(0.01)
     go.touch()  # both start booking at once
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
     landed = [int(o[0].strip()) for o in outs]
-    runs = led.status()[0]["runs"]
+    runs = led.status("c" * 64)[0]["runs"]
+    led.close()
     assert sum(landed) == len(runs) == 15, (landed, len(runs))  # none lost, none past the budget
     assert min(landed) > 0, "both processes booked"
+
+
+def test_concurrent_bookings_from_two_processes_all_land_within_the_budget(tmp_path):
+    _race(tmp_path / "ledger.sqlite", tmp_path)
 
 
 def test_dp_rank_books_one_release_shared_and_r_fresh(tiny):
@@ -212,16 +217,18 @@ def test_a_shared_postgresql_ledger(tmp_path):
     server = _postgres(tmp_path)
     try:
         url = server.get_uri()
-        led = B.BudgetLedger(url)
+        led, other = B.BudgetLedger(url), B.BudgetLedger(url)  # two users of the server
         data = B.DataIdentity("9" * 64, "hospital", "files")
         led.set_budget(data, 1.0, 1e-6)
         led.book(data, what="DP-GSD", mechanism="m", epsilon=0.6, delta=0.0, rdp=B.pure_dp_curve(0.6))
         with pytest.raises(B.BudgetExceeded):
-            B.BudgetLedger(url).book(data, what="DP-GSD", mechanism="m", epsilon=0.6, delta=0.0, rdp=B.pure_dp_curve(0.6))
-        s = B.BudgetLedger(url).status()
+            other.book(data, what="DP-GSD", mechanism="m", epsilon=0.6, delta=0.0, rdp=B.pure_dp_curve(0.6))
+        s = other.status(data.digest)
         assert len(s) == 1 and len(s[0]["runs"]) == 1 and s[0]["spent"]["basic_epsilon"] == pytest.approx(0.6)
         assert s[0]["runs"][0]["rdp"] == pytest.approx(B.pure_dp_curve(0.6))
-        led._db.engine.dispose()
+        led.close()
+        other.close()
+        _race(url, tmp_path)  # two processes at once on the shared server (LOCK TABLE)
     finally:
         server.cleanup()
 

@@ -156,6 +156,12 @@ class BudgetLedger:
     def __repr__(self) -> str:
         return f"BudgetLedger({self.location!r})"
 
+    def close(self) -> None:
+        """Close the server connections this ledger holds (a SQLite ledger holds none between calls)."""
+        engine = getattr(self._db, "engine", None)
+        if engine is not None:
+            engine.dispose()
+
     # -- budgets ---------------------------------------------------------------------------------
 
     def set_budget(self, data: DataIdentity, epsilon: float, delta: float) -> dict:
