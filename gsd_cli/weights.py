@@ -109,8 +109,9 @@ def _torchvision_weights(name: str, model_name: str | None) -> tuple[dict, dict]
     if enum_name is None or "/" in name or name.endswith((".pt", ".pth", ".safetensors", ".bin")):
         raise ModelError(f"--weights {name}: no such file" + (
             f"; for {base} give a .safetensors / .pt file or a torchvision weight name such as IMAGENET1K_V1" if enum_name else ""))
-    import torchvision.models as tvm
+    from .data.torchvision_sets import import_torchvision
 
+    tvm = import_torchvision("torchvision.models")
     enum = getattr(tvm, enum_name)
     member = name.split(".")[-1]
     if member not in enum.__members__:

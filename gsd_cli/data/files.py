@@ -43,8 +43,7 @@ def list_image_folder(path: Path) -> tuple[list[str], list[tuple[str, int]]]:
     (:func:`is_hidden`) skipped at every depth; images are files with torchvision's image extensions
     and DICOM files (:func:`gsd_cli.data.dicom.is_dicom_file`). Raises ``FileNotFoundError`` when
     there is no class folder or a class folder without an image."""
-    from torchvision.datasets.folder import IMG_EXTENSIONS
-
+    IMG_EXTENSIONS = IMAGE_EXTENSIONS  # torchvision's list, without importing it (a broken install is not "no images")
     classes = sorted(e.name for e in os.scandir(path) if e.is_dir() and not is_hidden(e.name))
     if not classes:
         raise FileNotFoundError(f"Couldn't find any class folder in {path}.")

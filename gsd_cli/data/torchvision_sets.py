@@ -138,9 +138,25 @@ class TorchvisionSource(ImageSource):
         return d
 
 
+def import_torchvision(module: str = "torchvision.datasets"):
+    """``module`` of torchvision, or a one-line :class:`GSDError` saying that torchvision failed to import
+    and why (a torchvision built for another torch, e.g. a CUDA build beside a CPU torch), never a
+    later, misleading error such as "no images found"."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 - ImportError, or RuntimeError/OSError of a mismatched build
+        import torch
+
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise DatasetError(f"torchvision failed to import ({type(e).__name__}: {first}); install the torchvision build "
+                           f"that matches torch {torch.__version__} (same version pairing and CPU/CUDA variant)") from None
+
+
 def torchvision_source(key: str, split: str | None, root: Path, download: bool = False, name: str | None = None) -> ImageSource:
     """``key`` (a name of :data:`TORCHVISION`) under ``root`` or ``root/key``; ``split`` None = all."""
-    import torchvision.datasets as tvd
+    tvd = import_torchvision("torchvision.datasets")
 
     spec = TORCHVISION[key]
     name = name or (key if split is None else f"{key}:{split}")
