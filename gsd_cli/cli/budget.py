@@ -115,7 +115,7 @@ def _tables(doc: dict, publishable: bool) -> None:
             runs.add_column(c, overflow="fold")
         for r in s["runs"]:
             dp = "yes" if r["dp"] and r["guarantee"] else ("no proof" if not r["guarantee"] else "no (seeded)")
-            when = r["time"].replace("T", " ").split("+")[0]
+            when = r["time"].replace("T", " ").split("+")[0].split(".")[0]
             runs.add_row(when, escape(r["what"]), _f(r["epsilon"]), _f(r["delta"], ".3g"), dp, escape(r["command"]))
         runs.caption = "mechanisms: gsd budget show --json"
         out.print(runs)
