@@ -55,12 +55,20 @@ def main_callback(
 def reflow_help(*apps: typer.Typer) -> None:
     """Join the lines of each docstring paragraph: rich keeps a docstring's line breaks, so help text
     wrapped at 100 columns in the source would come out ragged on a narrower terminal."""
+    from rich.markup import escape
+
     for a in apps:
         infos = [*a.registered_commands, *([a.registered_callback] if a.registered_callback else [])]
         for info in infos:
             fn = info.callback
             if fn is not None and fn.__doc__:
-                fn.__doc__ = "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(fn.__doc__).split("\n\n"))
+                fn.__doc__ = escape("\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(fn.__doc__).split("\n\n")))
+            # rich reads "[timm]" in pip install 'gsd-cli[timm]' as markup and drops it: escape every help text
+            for param in (inspect.signature(fn).parameters.values() if fn is not None else ()):
+                help_text = getattr(param.default, "help", None)
+                if isinstance(help_text, str) and "[" in help_text and not getattr(param.default, "_gsd_escaped", False):
+                    param.default.help = escape(help_text)
+                    param.default._gsd_escaped = True
 
 
 EXIT_INTERNAL = 3
