@@ -150,7 +150,7 @@ def sample_subspace(
             prog = None if progress is None or dp is not None else (lambda d, t: progress(sample.source.name, d, t))
             V, s = ghost_subspace(model, bs, len(sample), names, k, loss=loss, device=dev, row_norm=row_norm,
                                   memory_budget=memory_budget, chunk_size=chunk_size, progress=prog, dp=dp)
-            if progress is not None and dp is not None:
+            if progress is not None:  # done, whatever the passes' estimated total was (it may have counted a pass not run)
                 progress(sample.source.name, shown, shown)
             return Subspace(sample.source.name, V, s, len(sample) if dp is None else shown, time.perf_counter() - t0, "ghost")
     G = gradient_matrix(model, batches(), len(sample), names, loss, engine, dev, row_norm, on_chunk, info)
