@@ -30,7 +30,7 @@ def test_train_prints_one_line_per_epoch_with_an_estimate():
             clock.t += 1.0
             p("step", s, 10)
         p("epoch", epoch + 1, 4)
-    assert lines[0] == "step 1/10 of the epoch: 1.0s a step, about 9.0s left in it"
+    assert lines[0] == "step 2/10 of the epoch: 1.0s a step, about 8.0s left in it"  # timed from step 1 on (issue 36)
     epochs = [l for l in lines if l.startswith("epoch ")]
     assert epochs[0] == "epoch 1/4 done in 10s (10s elapsed, about 30s left)"
     assert epochs[-1] == "epoch 4/4 done in 10s (40s elapsed)" and len(lines) == 5
