@@ -46,6 +46,14 @@ def _why(e: OSError) -> str:
     return e.strerror or str(e)
 
 
+def _virtual(folder: Path) -> bool:
+    """A kernel file system (procfs, sysfs: no blocks at all), where no new file can be created."""
+    try:
+        return os.statvfs(folder).f_blocks == 0 and str(folder).startswith(("/proc", "/sys"))
+    except (OSError, AttributeError):
+        return False
+
+
 def _name_max(folder: Path) -> int:
     try:
         return os.pathconf(folder if folder.exists() else ".", "PC_NAME_MAX")
@@ -80,6 +88,9 @@ def check_output_path(path: str | Path | None, what: str) -> Path | None:
             raise GSDError(f"{what} {path}: {parent} is a file, not a folder")
         if not os.access(parent, os.W_OK | os.X_OK):
             raise GSDError(f"{what} {path}: folder {parent} is not writable; give another path")
+        if _virtual(parent):
+            raise GSDError(f"{what} {path}: {parent} is a virtual file system (like /proc or /sys) where files cannot be "
+                           "created; give a path on a disk")
     except OSError as e:
         raise GSDError(f"{what} {str(path)[:200]}: {_why(e)}") from None
     return path
