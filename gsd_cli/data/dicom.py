@@ -96,7 +96,14 @@ def dicom_to_array(ds, file: str | Path, name: str, frame: int | None = None) ->
     from pydicom.pixels import apply_modality_lut, apply_voi_lut, pixel_array
 
     if not any(tag in ds for tag in ("PixelData", "FloatPixelData", "DoubleFloatPixelData")):
-        raise DatasetError(f"{name}: {file} has no pixel data (a DICOM without an image: a report, a DICOMDIR...); remove it")
+        sop = getattr(ds, "file_meta", {}).get("MediaStorageSOPClassUID") or ds.get("SOPClassUID")
+        kind = str(getattr(sop, "name", sop or "unknown"))
+        if str(sop) == "1.2.840.10008.1.3.10":
+            raise DatasetError(f"{name}: {file} is a DICOMDIR (a media directory, not an image); remove it")
+        if "Image" in kind or "Rows" in ds:  # an image's header without its pixels: the file was cut short
+            raise DatasetError(f"{name}: {file} is an image ({kind}) without its pixel data: the file is truncated or "
+                               "damaged; copy it again or remove it")
+        raise DatasetError(f"{name}: {file} has no pixel data (a DICOM without an image: {kind}); remove it")
     frames = int(ds.get("NumberOfFrames", 1) or 1)
     if frames > 1 and frame is None:
         raise DatasetError(f"{name}: {file} is multi-frame ({frames} frames); choose one with the source option "
