@@ -138,7 +138,9 @@ def with_classes(source: ImageSource, spec: int | str) -> ImageSource:
 def require_declared_classes(source: ImageSource) -> None:
     """Refuse a source whose class list was read off its labels (see the module docstring)."""
     if not getattr(source, "classes_declared", True):
-        raise DatasetError(
-            f"{source.name} declares no class list (its classes would be read off the private labels, which is "
-            f"not private); add a 'classes' array to the file or pass --classes N"
-        )
+        name = str(source.name)
+        how = ("add a 'classes' array (or num_classes) to the file, or pass --classes N" if name.startswith("npz:") else
+               "pass every class name with --classes, e.g. --classes cat,dog (a catalogue entry: label_columns)"
+               if name.startswith(("csv:", "hf:")) else "pass --classes N or the class names")
+        raise DatasetError(f"{name} declares no class list (its classes would be read off the private labels, which is "
+                           f"not private); {how}")
