@@ -37,9 +37,9 @@ import torch
 import torch.nn.functional as F
 
 from gsd_cli.data import draw, resolve
-from gsd_cli.gradients import default_chunk_size, gradient_matrix, resolve_device, select_parameters
-from gsd_cli.train import Anchor, StepContext, TrainConfig, build_method, private_step
-from gsd_cli.train.gep import split_groups
+from gsd_cli.gradients import default_chunk_size, resolve_device, select_parameters
+from gsd_cli.train import StepContext, TrainConfig, build_method, private_step
+from gsd_cli.train.gep import anchor_for, split_groups
 from gsd_cli.train.config import parse_groups
 from probes import get_model_spec
 
@@ -113,17 +113,13 @@ def bench(model_name: str, batch: int, m: int, k: int, dev: torch.device, repeat
     if gep:
         pub = draw(resolve("mnist-b"), m, 0).tensor(spec.input_size, spec.channels, dev)
         cfg = TrainConfig(method="gep", public="mnist-b", k=k, public_examples=m, model=model_name)
-        sizes = [dict(model.named_parameters())[n].numel() for n in names]
-        groups = split_groups(names, sizes, parse_groups("auto", model_name))
-
-        def grads(model_, xa, ya, names_):
-            it = ((xa[i : i + chunk], ya[i : i + chunk]) for i in range(0, xa.shape[0], chunk))
-            return gradient_matrix(model_, it, xa.shape[0], names_, None, "vmap", dev, "none")
+        groups = split_groups(names, [dict(model.named_parameters())[n].numel() for n in names], parse_groups("auto", model_name))
 
         def gep_window(n: int, warm_: bool, batch_: int | None):
             """n consecutive steps with the basis recomputed every n steps: exactly one recomputation."""
-            reuse = Anchor(pub, 10, k, groups, 1, 0, grads, every=n, warm=warm_, batch=batch_)
-            method = build_method(dataclasses.replace(cfg, anchor_every=n, anchor_warm=warm_, anchor_batch=batch_), 1.0, reuse)
+            c = dataclasses.replace(cfg, anchor_every=n, anchor_warm=warm_, anchor_batch=batch_)
+            reuse = anchor_for(c, pub, model, names, 10, False, chunk, dev)  # as gsd train builds it
+            method = build_method(c, 1.0, reuse)
 
             def run():
                 done = reuse.refreshes

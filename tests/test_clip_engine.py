@@ -283,7 +283,9 @@ def test_the_choice_reads_no_private_example(monkeypatch):
 def test_fusable_chains():
     assert fusable(build_method(TrainConfig(method="dpsgd"), 1.0).chain)
     assert not fusable(build_method(TrainConfig(method="topagg"), 1.0).chain)
-    assert build_method(TrainConfig(method="dpsgd", sparsify=0.5), 1.0).clip_sum is None
+    rs = build_method(TrainConfig(method="dpsgd", sparsify=0.5), 1.0)
+    assert not fusable(rs.chain) and rs.clip_sum.max_norm is None  # per-sample rows only (the mask comes before the clip)
+    assert build_method(TrainConfig(method="dpsgd", sparsify=0.5, clip_engine="materialise"), 1.0).clip_sum is None
     assert build_method(TrainConfig(method="second-phase", public="x"), 1.0).clip_sum is not None
     with pytest.raises(GSDError, match="--clip-engine"):
         from gsd_cli.train.config import validate
@@ -305,3 +307,42 @@ def test_train_with_either_engine_gives_the_same_weights(tiny, tmp_path):
     wa, wb = load_file(str(tmp_path / "g" / "checkpoint.safetensors")), load_file(str(tmp_path / "m" / "checkpoint.safetensors"))
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["gep", "topagg", "dpsgd+rs"])
+def test_methods_that_need_every_vector_take_the_rows_of_the_layer_rules(method):
+    """GEP (embedding and residual of each g_i), TopAgg (a top-k of each g_i) and DP-SGD with random
+    sparsification (a mask before the clip) need each example's vector: the ghost trick does not apply,
+    but their rows come from the per-layer rules (one batched forward and backward) and the release
+    equals the vmap path's."""
+    from gsd_cli.train import Anchor
+    from gsd_cli.train.gep import split_groups
+
+    model = _cnn()
+    names = [n for n, _ in model.named_parameters()]
+    p = sum(q.numel() for q in model.parameters())
+    g = torch.Generator().manual_seed(6)
+    x, y = torch.randn(9, 1, 10, 10, generator=g), torch.randint(0, 3, (9,), generator=g)
+    chunks = [(x[:5], y[:5]), (x[5:], y[5:])]
+    out = {}
+    for engine in ("auto", "materialise"):
+        kw = dict(clip_engine=engine, clip=0.05)
+        if method == "gep":
+            from gsd_cli.gradients import gradient_matrix
+
+            def grads(m_, xa, ya, n_):
+                return gradient_matrix(m_, [(xa, ya)], xa.shape[0], n_, None, "vmap", "cpu", "none")
+
+            anchor = Anchor(torch.randn(12, 1, 10, 10, generator=torch.Generator().manual_seed(1)), 3, 4,
+                            split_groups(names, [q.numel() for q in model.parameters()], None), 1, 0, grads)
+            m = build_method(TrainConfig(method="gep", public="x", k=4, **kw), 1.1, anchor)
+        elif method == "topagg":
+            m = build_method(TrainConfig(method="topagg", topk_fraction=0.5, **kw), 1.1, model=model, names=names)
+        else:
+            m = build_method(TrainConfig(method="dpsgd", sparsify=0.5, **kw), 1.1)
+        assert not fusable(m.chain) and (m.clip_sum is None) == (engine == "materialise")
+        ctx = StepContext(step=0, model=model, names=names, generator=torch.Generator().manual_seed(9))
+        out[engine] = private_step(m.chain, model, names, chunks, p, ctx, m.per_sample, clip_sum=m.clip_sum)["grad"]
+        if engine == "auto":
+            assert m.clip_sum.reason.startswith("layers")
+    torch.testing.assert_close(out["auto"], out["materialise"], rtol=1e-4, atol=1e-6)

@@ -367,15 +367,58 @@ class ClipSumStep:
 class LazyClipSum:
     """Chooses the path on the first chunk (``mode``: ``auto``, ``ghost``) from the model's structure and
     a synthetic batch of the chunk's shape (never the private examples), then keeps it. ``None`` from
-    :meth:`hook` means the materialised path; ``reason`` says why."""
+    :meth:`hook` means the materialised path; ``reason`` says why.
 
-    def __init__(self, mode: str, max_norm: float, loss=None):
-        self.mode, self.max_norm, self.loss = mode, float(max_norm), loss
+    ``max_norm=None``: a chain that needs every example's vector (GEP, TopAgg, random sparsification):
+    :meth:`rows` then gives the per-sample gradient matrix of a chunk by the same per-layer rules (one
+    batched forward, one backward to the layer outputs: :class:`gsd_cli.engine_layers.LayersEngine`)
+    where the same synthetic check passes, else ``None`` (torch.func's vmap, as before)."""
+
+    def __init__(self, mode: str, max_norm: float | None, loss=None):
+        self.mode, self.loss = mode, loss
+        self.max_norm = None if max_norm is None else float(max_norm)
         self.step: ClipSumStep | None = None
+        self.layers = None
         self.decided = False
         self.reason = ""
 
+    def rows(self, model, names, x, y, out: torch.Tensor) -> bool:
+        """Fill ``out`` (n x p) with the chunk's per-sample gradients by the layers rules and return True,
+        or return False (the caller takes vmap)."""
+        from ..gradients import _full_precision, _only_trainable
+
+        if not self.decided:
+            from ..engine_layers import LayersEngine
+
+            was = model.training
+            try:
+                model.train()
+                with _only_trainable(model, names), _full_precision():
+                    ClippedSum(model, names, self.loss).check(x, y)
+                    self.layers = LayersEngine(model, names, self.loss or _default_loss())
+                    self.layers.checked = True  # the synthetic check above: no private example read
+                self.reason = "layers (per-sample gradients by per-layer rules)"
+            except NotImplementedError as e:
+                if self.mode == "ghost":
+                    raise GSDError(f"--clip-engine ghost: {str(e).splitlines()[0]}; use --clip-engine auto or materialise") from None
+                self.reason = f"materialise ({str(e).splitlines()[0]})"
+            finally:
+                model.train(was)
+            self.decided = True
+        if self.layers is None:
+            return False
+        was = model.training
+        try:
+            model.train()
+            with _only_trainable(model, names), _full_precision():
+                self.layers(x, y, out)
+        finally:
+            model.train(was)
+        return True
+
     def hook(self, model, names, x, y) -> ClipSumStep | None:
+        if self.max_norm is None:
+            return None
         if not self.decided:
             from ..gradients import _full_precision, _only_trainable
 
@@ -395,6 +438,12 @@ class LazyClipSum:
                 model.train(was)
             self.decided = True
         return self.step
+
+
+def _default_loss():
+    from ..gradients import default_loss
+
+    return default_loss
 
 
 def check_clip_engine(mode: str) -> None:

@@ -281,7 +281,9 @@ def anchor_for(cfg, public_x: torch.Tensor, model: torch.nn.Module, names: Seque
     """The :class:`Anchor` of a ``gsd train`` run (``cfg``: its :class:`~gsd_cli.train.config.TrainConfig`):
     the public examples ``public_x`` (on ``device``), the groups of ``cfg.groups``, per-sample anchor
     gradients in chunks of ``chunk`` on ``device`` (the basis then lives there too), and
-    ``cfg.anchor_every`` / ``cfg.anchor_warm`` / ``cfg.anchor_batch``."""
+    ``cfg.anchor_every`` / ``cfg.anchor_warm`` / ``cfg.anchor_batch``. The anchor gradients come from the
+    ``auto`` per-sample engine (:mod:`gsd_cli.engines`: the per-layer rules where the model allows them,
+    checked on these public anchors, else vmap); ``cfg.clip_engine == "materialise"`` keeps vmap."""
     from ..gradients import gradient_matrix
 
     params = dict(model.named_parameters())
@@ -289,7 +291,8 @@ def anchor_for(cfg, public_x: torch.Tensor, model: torch.nn.Module, names: Seque
 
     def anchor_grads(model_, x, y, names_):
         batches = ((x[i : i + chunk], y[i : i + chunk]) for i in range(0, x.shape[0], chunk))
-        return gradient_matrix(model_, batches, x.shape[0], names_, None, "vmap", device, "none")
+        return gradient_matrix(model_, batches, x.shape[0], names_, None, engine, device, "none")
 
+    engine = "vmap" if getattr(cfg, "clip_engine", "auto") == "materialise" else "auto"
     return Anchor(public_x, num_classes, cfg.k, groups, cfg.power_iters, cfg.seed, anchor_grads, multilabel,
                   every=cfg.anchor_every, warm=cfg.anchor_warm, batch=getattr(cfg, "anchor_batch", None))

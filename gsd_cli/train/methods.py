@@ -75,9 +75,9 @@ def build_method(cfg: TrainConfig, sigma: float, anchor: Anchor | None = None, *
     """The transform chain of ``cfg.method`` with noise multiplier ``sigma`` (``model`` and ``names``
     for RGP, or an :class:`~gsd_cli.train.rgp.RGP` state ``rgp`` to share)."""
     if cfg.method in ("rgp", "topagg"):
-        return build_other(cfg, sigma, model=model, names=names, rgp=rgp)
+        return _with_rows(cfg, build_other(cfg, sigma, model=model, names=names, rgp=rgp))
     if cfg.sparsify:
-        return sparsified(cfg, build_method(dataclasses.replace(cfg, sparsify=0.0), sigma, anchor), anchor)
+        return _with_rows(cfg, sparsified(cfg, build_method(dataclasses.replace(cfg, sparsify=0.0), sigma, anchor), anchor))
     if cfg.method in ("dpsgd", "second-phase"):  # second-phase: stage 2 is DP-SGD from theta_0
         ch = Chain(clip(cfg.clip), gaussian_noise(sigma * cfg.clip, "grad", sensitivity=cfg.clip))
         fused = None
@@ -98,9 +98,21 @@ def build_method(cfg: TrainConfig, sigma: float, anchor: Anchor | None = None, *
         parts.append(gaussian_noise(sigma * s2, "residual", sensitivity=s2))
     parts.append(GEPReconstruct(anchor))
     if cfg.residual:
-        return Method(Chain(*parts), lambda z: gep_step_event(z, z),
-                      "GEP: embedding (clip S1, noise sigma S1) and residual (clip S2, noise sigma S2) of one subsample")
-    return Method(Chain(*parts), lambda z: gep_step_event(z, None), "B-GEP: embedding only (clip S1, noise sigma S1)")
+        return _with_rows(cfg, Method(Chain(*parts), lambda z: gep_step_event(z, z),
+                                      "GEP: embedding (clip S1, noise sigma S1) and residual (clip S2, noise sigma S2) of one subsample"))
+    return _with_rows(cfg, Method(Chain(*parts), lambda z: gep_step_event(z, None), "B-GEP: embedding only (clip S1, noise sigma S1)"))
+
+
+def _with_rows(cfg, method: Method) -> Method:
+    """A method whose chain needs every example's vector (GEP, TopAgg, random sparsification): its
+    per-sample gradients by the per-layer rules where the model allows them
+    (:meth:`~gsd_cli.train.clipsum.LazyClipSum.rows`; ``--clip-engine materialise``: torch.func's vmap).
+    RGP computes its own (carrier) gradients."""
+    if method.per_sample is None and getattr(cfg, "clip_engine", "auto") != "materialise":
+        from .clipsum import LazyClipSum
+
+        method.clip_sum = LazyClipSum(cfg.clip_engine, None)
+    return method
 
 
 def build_other(cfg, sigma: float, *, model=None, names=None, rgp: RGP | None = None):

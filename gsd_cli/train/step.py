@@ -68,7 +68,13 @@ def private_step(chain: Chain, model: torch.nn.Module, names: Sequence[str], bat
         if per_sample is not None:
             parts = chain.per_example(per_sample(model, names, x, y, ctx), ctx)
         else:
-            G = gradient_matrix(model, [(x, y)], x.shape[0], names, None, "vmap", ctx.device, "none")
+            G = None
+            if clip_sum is not None:  # the per-layer rules where the model allows them (clipsum.LazyClipSum.rows)
+                G = torch.empty(x.shape[0], num_params, device=ctx.device)
+                if not clip_sum.rows(model, names, x.to(ctx.device), y.to(ctx.device), G):
+                    G = None
+            if G is None:
+                G = gradient_matrix(model, [(x, y)], x.shape[0], names, None, "vmap", ctx.device, "none")
             parts = chain.per_example({"grad": G}, ctx)
         chunk_sums = {k: v.sum(0, dtype=torch.float64) for k, v in parts.items()}
         dtypes = {k: v.dtype for k, v in parts.items()}

@@ -138,10 +138,13 @@ class Clip(Transform):
 
     def per_example(self, parts: Parts, ctx: StepContext) -> Parts:
         g = parts[self.part]
-        ok = torch.isfinite(g).all(dim=1, keepdim=True)
-        if not bool(ok.all()):
-            g = torch.where(ok, g, torch.zeros((), dtype=g.dtype, device=g.device))
+        # a row holds a NaN or an infinity exactly when its norm is not finite (a finite row whose norm
+        # overflows is zeroed too, as min(1, C / inf) = 0 did): one pass over the rows instead of two
         norms = g.norm(dim=1, keepdim=True)
+        ok = torch.isfinite(norms)
+        if not bool(ok.all()):
+            zero = torch.zeros((), dtype=g.dtype, device=g.device)
+            g, norms = torch.where(ok, g, zero), torch.where(ok, norms, zero)
         scale = (self.max_norm / norms.clamp_min(1e-12)).clamp(max=1.0)
         info = ctx.info.setdefault(f"clipped_{self.part}", [0, 0])
         info[0] += int((norms > self.max_norm).sum())
