@@ -39,7 +39,8 @@ def audit(
     method: str = typer.Option(..., "--method", help="dpsgd, gep, rgp, topagg, second-phase (its DP-SGD stage 2), dpsgd+rs, gep+rs, or dpgsd."),
     epsilon: float = typer.Option(2.0, "--epsilon", help="Claimed epsilon: the trainer's sigma is calibrated to it (dpgsd: its epsilon)."),
     delta: float = typer.Option(1e-5, "--delta", help="Claimed delta (dpgsd is pure DP: unused)."),
-    canaries: int = typer.Option(1000, "--canaries", help="Gradient canaries (dpgsd: draws under each neighbour)."),
+    canaries: int = typer.Option(1000, "--canaries", help="Gradient canaries (dpgsd: the sampler audit's draws under each neighbour)."),
+    trials: int = typer.Option(15, "--trials", help="dpgsd: rankings per neighbour of the end-to-end audit of gsd rank --dp (3 tiny rankings a trial).", min=5, max=10000),
     steps: int = typer.Option(1, "--steps", help="Training steps of the audited run."),
     sampling_rate: float = typer.Option(1.0, "--sampling-rate", help="Poisson sampling rate q of every step."),
     examples: int = typer.Option(64, "--examples", help="Real (private or synthetic) examples beside the canaries."),
@@ -84,7 +85,7 @@ def audit(
     _check_bounds(canaries, steps, examples, step_trials, model is None)
     kw: dict = {}
     if method == "dpgsd":
-        kw = {"clip": clip}
+        kw = {"clip": clip, "trials": trials}
     else:
         settings = {"clip": clip, "clip_embedding": clip_embedding, "clip_residual": clip_residual, "k": k, "rgp_rank": rgp_rank,
                     "rgp_warmup": 0, "topk_fraction": topk_fraction, "accountant": accountant, "seed": seed}
@@ -122,6 +123,14 @@ def audit(
     d = result.details or {}
     if "exact_loss" in d:
         out.print(f"exact privacy loss of the audited pair (numerical integration): {d['exact_loss']:.4f}")
+    if "pipeline" in d:
+        sam, pipe = d["sampler"], d["pipeline"]
+        out.print(f"sampler audit: {sam['epsilon_lower_bound']:.3f}; gsd rank --dp end to end ({pipe['details']['trials']} trials, "
+                  f"replay test): {pipe['epsilon_lower_bound']:.3f} (each at half the error probability)")
+    if "gdp" in d:
+        g = d["gdp"]
+        out.print(f"Gaussian-DP fit: mu {g['mu_hat']:.4f} (95% lower bound {g['mu_lower']:.4f}) against the claimed "
+                  f"mechanism's {g['mu_claimed']:.4f}" + ("; the noise is BELOW the claimed sigma" if g["noise_below_claim"] else ""))
     verdict = ("the audit found nothing (a lower bound never proves the claim)" if result.consistent else
                "PRIVACY BUG: the empirical lower bound exceeds the claimed epsilon")
     (out if result.consistent else err).print(verdict)
