@@ -99,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _check_encoding(sys.argv[1:] if argv is None else argv)
         rc = app(args=argv, standalone_mode=False)  # click returns a typer.Exit's code here
+        if rc == 130:  # Typer turns Ctrl-C (KeyboardInterrupt) into exit code 130, silently: say so
+            err.print("interrupted")
         if isinstance(rc, int) and rc:
             return rc
     except GSDError as e:
