@@ -306,13 +306,18 @@ def secure_poisson_loader(data_loader, insecure_seed: int | None = None) -> floa
 def make_private(module: torch.nn.Module, optimizer: torch.optim.Optimizer, data_loader, *, public_x: torch.Tensor,
                  num_classes: int, noise_multiplier: float | None = None, target_epsilon: float | None = None,
                  epochs: int | None = None, delta: float = 1e-5, accountant: str = "rdp", insecure_seed: int | None = None,
-                 **gep):
+                 sample_rate: float | None = None, **gep):
     """Opacus's ``PrivacyEngine.make_private`` for GEP: returns ``(GradSampleModule, GEPOptimizer,
-    DPDataLoader)``. The loader samples each example with probability q = 1 / len(data_loader) (Poisson,
-    Opacus's convention) from a generator seeded by the OS (:func:`secret_generator`); give
-    ``noise_multiplier``, or ``target_epsilon`` and ``epochs`` to calibrate sigma for epochs x
-    len(data_loader) steps at ``delta`` (:func:`gep_noise_multiplier`). ``gep``: the GEP settings of
-    :class:`GEPOptimizer` (``k``, ``clip_embedding``, ``clip_residual``, ``seed``...)."""
+    DPDataLoader)``. The loader samples each example with probability q (Poisson) from a generator
+    seeded by the OS (:func:`secret_generator`); give ``noise_multiplier``, or ``target_epsilon`` and
+    ``epochs`` to calibrate sigma for epochs x (steps per epoch) at ``delta`` (:func:`gep_noise_multiplier`).
+    ``gep``: the GEP settings of :class:`GEPOptimizer` (``k``, ``clip_embedding``, ``clip_residual``, ``seed``...).
+
+    q: by default Opacus's convention, 1 / len(data_loader) with len(data_loader) steps per epoch and
+    the expected batch size q N, which treats the private set's size N as public (as Opacus does: the
+    published q and steps give N away, roughly). Pass ``sample_rate`` (public) for a mechanism that does
+    not depend on N (``gsd train --sampling-rate``): round(1 / q) steps per epoch and the loader's
+    ``batch_size`` as the expected batch size."""
     from opacus import GradSampleModule
     from opacus.data_loader import DPDataLoader
     from opacus.validators import ModuleValidator
@@ -321,20 +326,28 @@ def make_private(module: torch.nn.Module, optimizer: torch.optim.Optimizer, data
     if problems:
         raise GSDError(f"Opacus cannot compute per-sample gradients of this model: {str(problems[0]).splitlines()[0]}; "
                        "fix it with opacus.validators.ModuleValidator.fix(model)")
-    loader = DPDataLoader.from_data_loader(data_loader, generator=secret_generator(insecure_seed, "sampling"))
-    sample_rate = 1 / len(data_loader)
+    if sample_rate is None:  # Opacus's convention: N treated as public (docstring)
+        loader = DPDataLoader.from_data_loader(data_loader, generator=secret_generator(insecure_seed, "sampling"))
+        sample_rate, steps_per_epoch = 1 / len(data_loader), len(data_loader)
+        expected_batch = int(len(data_loader.dataset) * sample_rate)
+    else:
+        if not (isinstance(sample_rate, (int, float)) and 0 < sample_rate <= 1) or not data_loader.batch_size:
+            raise GSDError(f"sample_rate must be in (0, 1] and the loader must have a batch_size (got {sample_rate!r})")
+        loader = DPDataLoader(data_loader.dataset, sample_rate=float(sample_rate), collate_fn=data_loader.collate_fn,
+                              num_workers=data_loader.num_workers, generator=secret_generator(insecure_seed, "sampling"))
+        steps_per_epoch, expected_batch = max(1, round(1 / sample_rate)), int(data_loader.batch_size)
     if (noise_multiplier is None) == (target_epsilon is None):
         raise GSDError("give either noise_multiplier or target_epsilon (with epochs)")
     if noise_multiplier is None:
         if not epochs or epochs < 1:
             raise GSDError("target_epsilon needs epochs (>= 1): sigma is calibrated for epochs x len(data_loader) steps")
-        noise_multiplier = gep_noise_multiplier(target_epsilon, delta, sample_rate, epochs * len(data_loader),
+        noise_multiplier = gep_noise_multiplier(target_epsilon, delta, sample_rate, epochs * steps_per_epoch,
                                                 residual=gep.get("residual", True), accountant=accountant)
     gsm = GradSampleModule(module, loss_reduction="mean")
     gsm.forbid_grad_accumulation()  # as Opacus does with Poisson sampling: one backward per physical batch
     opt = GEPOptimizer(optimizer, module=gsm, public_x=public_x, num_classes=num_classes, noise_multiplier=noise_multiplier,
-                       expected_batch_size=int(len(data_loader.dataset) * sample_rate), sample_rate=sample_rate,
-                       insecure_seed=insecure_seed, accountant=accountant, steps_per_epoch=len(data_loader), **gep)
+                       expected_batch_size=expected_batch, sample_rate=sample_rate,
+                       insecure_seed=insecure_seed, accountant=accountant, steps_per_epoch=steps_per_epoch, **gep)
     return gsm, opt, loader
 
 

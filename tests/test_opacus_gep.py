@@ -214,3 +214,19 @@ def test_from_dp_optimizer_draws_batches_from_the_os(mnist):
 
     first, second = batches(), batches()
     assert first[0] != second[0]  # 3 Poisson batches: equal only by a negligible chance
+
+
+def test_make_private_with_a_declared_sampling_rate_does_not_read_n(mnist):
+    """With sample_rate (public), the mechanism (q, steps per epoch, sigma, expected batch) is the same
+    for two data sets of different sizes; Opacus's convention (1 / len(loader)) is not."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    x, y, pub = mnist
+    got = []
+    for n in (100, 90):
+        net = _net()
+        loader = DataLoader(TensorDataset(x[:n], y[:n]), batch_size=20)
+        _, opt, dl = make_private(net, torch.optim.SGD(net.parameters(), lr=0.1), loader, public_x=pub, num_classes=10,
+                                  target_epsilon=2.0, epochs=1, sample_rate=0.2, k=4)
+        got.append((opt.sample_rate, opt.steps_per_epoch, opt.noise_multiplier, opt.expected_batch_size, dl.sample_rate))
+    assert got[0] == got[1] and got[0][0] == 0.2 and got[0][1] == 5 and got[0][3] == 20
