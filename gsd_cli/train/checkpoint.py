@@ -202,11 +202,13 @@ def load_state(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimi
 
 
 def read_metrics(path: Path, epochs: int) -> list[dict]:
-    """The first ``epochs`` lines of ``metrics.jsonl`` (lines of epochs after the checkpoint are dropped)."""
+    """The first ``epochs`` lines of ``metrics.jsonl`` (lines of epochs after the checkpoint are dropped).
+    The file is written whole and atomically, so a line cut short or a missing epoch means it was damaged
+    afterwards: a one-line :class:`GSDError` (the summary and curves of the run need every epoch's row)."""
     f = Path(path) / METRICS
     if not f.exists():
         return []
-    lines = []
+    rows = []
     for i, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
         if not line.strip():
             continue
@@ -214,10 +216,17 @@ def read_metrics(path: Path, epochs: int) -> list[dict]:
             row = json.loads(line)
         except ValueError:
             row = None
-        if not isinstance(row, dict):  # a line cut short by a crash or a full disk: that epoch runs again
-            break
-        lines.append(row)
-    return [r for r in lines if isinstance(r.get("epoch", 0), (int, float)) and r.get("epoch", 0) <= epochs]
+        if not isinstance(row, dict) or not isinstance(row.get("epoch", 0), (int, float)):
+            raise GSDError(f"{f}: line {i} is not a metrics row (the file was cut short or edited); restore it from a "
+                           "backup, or start a new run (the checkpoint itself is intact)")
+        rows.append(row)
+    rows = [r for r in rows if r.get("epoch", 0) <= epochs]
+    have = {int(r["epoch"]) for r in rows if "epoch" in r}
+    missing = [e for e in range(1, epochs + 1) if e not in have]
+    if missing and epochs:
+        raise GSDError(f"{f}: the rows of epoch(s) {', '.join(map(str, missing[:5]))} are missing (the file was cut short "
+                       "or edited); restore it from a backup, or start a new run (the checkpoint itself is intact)")
+    return rows
 
 
 def write_metrics(path: Path, rows: list[dict]) -> None:
