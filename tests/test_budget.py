@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from gsd_cli.cli import main
+from gsd_cli.errors import GSDError
 from gsd_cli.privacy import budget as B
 
 
@@ -110,6 +111,11 @@ def test_filter_admits_by_either_composition_and_refuses_past_both(tmp_path):
         led.book(data, what="DP-GSD", mechanism="m", epsilon=0.25, delta=0.0, rdp=B.pure_dp_curve(0.25))
     with pytest.raises(B.BudgetExceeded, match="budget exceeded"):
         led.book(data, what="DP-GSD", mechanism="m", epsilon=0.01, delta=0.0, rdp=B.pure_dp_curve(0.01))
+    # raising a budget that runs were booked under is refused unless asked for, and then recorded
+    with pytest.raises(GSDError, match="--raise"):
+        led.set_budget(data, 2.0, 1e-6)
+    assert led.set_budget(data, 0.5, 1e-6)["budget"]["raised"] == 0  # lowering is safe
+    assert led.set_budget(data, 2.0, 1e-6, allow_raise=True)["budget"]["raised"] == 1
     # a release without a proven guarantee never fits a budget
     other = B.DataIdentity("f" * 64, "other", "arrays")
     led.set_budget(other, 10.0, 1e-5)

@@ -35,14 +35,17 @@ def set_budget(
     private: str = typer.Option(..., "--private", help="The private data set (any name, path or catalogue entry that reads it: it is identified by its content)."),
     epsilon: float = typer.Option(..., "--epsilon", help="Total epsilon every DP run on this data set may spend together."),
     delta: float = typer.Option(..., "--delta", help="Total delta (half for basic composition, half over the Rényi orders)."),
+    raise_: bool = typer.Option(False, "--raise", help="Raise a budget that runs were booked under (recorded: the filter's guarantee is for a budget fixed in advance)."),
     ledger: Optional[str] = typer.Option(None, "--ledger", help=LEDGER_HELP),
 ) -> None:
     """Give a private data set a privacy budget: from now on a DP run that would take it past
-    (epsilon, delta) is refused before it starts. The runs booked so far stay booked and count."""
+    (epsilon, delta) is refused before it starts. The runs booked so far stay booked and count.
+    Set it before the first run: a filter's guarantee is for a budget fixed in advance, so raising
+    one after runs needs --raise and is recorded."""
     from ..privacy.budget import data_identity
 
     led = _ledger(ledger)
-    s = led.set_budget(data_identity(private), epsilon, delta)
+    s = led.set_budget(data_identity(private), epsilon, delta, allow_raise=raise_)
     left = s["remaining"]
     out.print(f"{escape(s['name'])}: budget epsilon {epsilon:g}, delta {delta:g}; {s['spent']['runs']} run(s) booked, "
               f"about {left['epsilon']:.4g} epsilon left")
@@ -107,6 +110,8 @@ def _tables(doc: dict, publishable: bool) -> None:
         t.add_row("Rényi, runs fixed in advance", _f(sp["renyi_epsilon_fixed"]), _f(sp["delta"], ".3g"), "")
         if not sp["guarantee"]:
             t.caption = "a booked run has no proven DP guarantee: the totals are not a guarantee"
+        elif b and b.get("raised"):
+            t.caption = "the budget was raised after runs were booked: the figures are true, the filter's guarantee is void"
         out.print(t)
         if publishable:
             continue

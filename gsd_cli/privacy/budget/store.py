@@ -51,7 +51,7 @@ def _is_url(location: str) -> bool:
 _TABLES = (
     "CREATE TABLE IF NOT EXISTS gsd_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS gsd_datasets (digest TEXT PRIMARY KEY, name TEXT NOT NULL, how TEXT NOT NULL, "
-    "epsilon DOUBLE PRECISION, delta DOUBLE PRECISION, created TEXT NOT NULL, updated TEXT NOT NULL)",
+    "epsilon DOUBLE PRECISION, delta DOUBLE PRECISION, created TEXT NOT NULL, updated TEXT NOT NULL, raised INTEGER NOT NULL DEFAULT 0)",
     "CREATE TABLE IF NOT EXISTS gsd_bookings (id TEXT PRIMARY KEY, digest TEXT NOT NULL, name TEXT NOT NULL, "
     "time TEXT NOT NULL, what TEXT NOT NULL, command TEXT NOT NULL, mechanism TEXT NOT NULL, "
     "epsilon DOUBLE PRECISION NOT NULL, delta DOUBLE PRECISION NOT NULL, rdp TEXT, dp INTEGER NOT NULL, "
@@ -164,18 +164,30 @@ class BudgetLedger:
 
     # -- budgets ---------------------------------------------------------------------------------
 
-    def set_budget(self, data: DataIdentity, epsilon: float, delta: float) -> dict:
-        """Give the data set ``data`` the budget (epsilon, delta) (replacing an earlier one; the runs
-        booked stay booked). Returns :meth:`status` of the data set."""
+    def set_budget(self, data: DataIdentity, epsilon: float, delta: float, *, allow_raise: bool = False) -> dict:
+        """Give the data set ``data`` the budget (epsilon, delta) (the runs booked stay booked and count).
+
+        A filter's guarantee is for a budget fixed before the runs it stops: lowering a budget is
+        always safe, raising one after runs were booked (chosen, perhaps, after seeing their results)
+        is refused unless ``allow_raise``, and then recorded (``raised`` in :meth:`status`: the totals
+        shown are still true, the filter's guarantee no longer holds for the old budget nor for the
+        new one). Returns :meth:`status` of the data set."""
         from ..accountant import check_delta, check_epsilon
 
         check_epsilon(epsilon)
         check_delta(delta)
         now = _now()
         with self._db.transaction(write=True) as cur:
-            cur.run("INSERT INTO gsd_datasets (digest, name, how, epsilon, delta, created, updated) "
-                    "VALUES (:d, :n, :h, :e, :de, :t, :t) ON CONFLICT (digest) DO UPDATE SET epsilon = :e, delta = :de, updated = :t",
-                    {"d": data.digest, "n": data.name, "h": data.how, "e": float(epsilon), "de": float(delta), "t": now})
+            old = cur.run("SELECT epsilon, delta FROM gsd_datasets WHERE digest = :d", {"d": data.digest})
+            runs = cur.run("SELECT COUNT(*) FROM gsd_bookings WHERE digest = :d", {"d": data.digest})[0][0]
+            raising = bool(old) and old[0][0] is not None and runs > 0 and (epsilon > old[0][0] or delta > old[0][1])
+            if raising and not allow_raise:
+                raise GSDError(f"{data.name} has the budget epsilon {old[0][0]:g}, delta {old[0][1]:g} and {runs} run(s) booked under it: "
+                               "raising it after seeing results voids the filter's guarantee; keep it, or pass --raise to record that it was raised")
+            cur.run("INSERT INTO gsd_datasets (digest, name, how, epsilon, delta, created, updated, raised) "
+                    "VALUES (:d, :n, :h, :e, :de, :t, :t, 0) ON CONFLICT (digest) DO UPDATE SET epsilon = :e, delta = :de, updated = :t, "
+                    "raised = gsd_datasets.raised + :r",
+                    {"d": data.digest, "n": data.name, "h": data.how, "e": float(epsilon), "de": float(delta), "t": now, "r": int(raising)})
         return self.status(data.digest)[0]
 
     # -- bookings --------------------------------------------------------------------------------
@@ -223,13 +235,13 @@ class BudgetLedger:
         :func:`composed`, with ``remaining`` (epsilon_B minus the smaller spent figure that the
         filter may use) where a budget is set."""
         with self._db.transaction(write=False) as cur:
-            sets = cur.run("SELECT digest, name, how, epsilon, delta, created FROM gsd_datasets"
+            sets = cur.run("SELECT digest, name, how, epsilon, delta, created, raised FROM gsd_datasets"
                            + (" WHERE digest = :d" if digest else "") + " ORDER BY created, digest", {"d": digest})
             out = []
-            for d, name, how, eps, delta, created in sets:
+            for d, name, how, eps, delta, created, raised in sets:
                 runs = self._bookings(cur, d)
                 spent = composed(runs, delta)
-                budget = None if eps is None else {"epsilon": float(eps), "delta": float(delta)}
+                budget = None if eps is None else {"epsilon": float(eps), "delta": float(delta), "raised": int(raised)}
                 entry = {"digest": d, "name": name, "identified_by": how, "budget": budget, "spent": spent, "runs": runs}
                 if budget is not None:
                     entry["remaining"] = remaining(spent, budget)
