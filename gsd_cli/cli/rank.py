@@ -122,7 +122,8 @@ def rank(
         "per candidate on a Ray cluster; private subspaces stay in this process; pip install 'gsd-cli[ray]')."
     ),
     metric: str = typer.Option(
-        "gsd", "--metric", help="What ranks the candidates: gsd (default; DP-GSD with --dp), or a baseline beside it, "
+        "gsd", "--metric", help="What ranks the candidates: gsd (default; DP-GSD with --dp); dp-energy (with --dp: each "
+        "candidate's share of the private gradients' energy in its own subspace, Laplace mechanism, pure epsilon-DP); or a baseline beside it, "
         "not private and refused with --dp: otdd (optimal-transport dataset distance; pip install 'gsd-cli[ot]'), "
         "frechet (Frechet distance of the model's penultimate features), task2vec (Fisher embedding distance), "
         "logme (-LogME of the private labels on features trained on each public set). See gsd_cli.distance.baselines."
