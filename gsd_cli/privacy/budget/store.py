@@ -86,6 +86,15 @@ class _SQLite:
         finally:
             con.close()
 
+    def columns(self, table: str) -> set[str]:
+        import sqlite3
+
+        con = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT)
+        try:
+            return {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
+        finally:
+            con.close()
+
 
 class _SQLAlchemy:
     """A SQLAlchemy URL (PostgreSQL for teams; any backend SQLAlchemy speaks)."""
@@ -116,6 +125,9 @@ class _SQLAlchemy:
                 # every booking serialised: no two runs read the same spent total and both slip past the budget
                 cur.run("LOCK TABLE gsd_bookings IN EXCLUSIVE MODE")
             yield cur
+
+    def columns(self, table: str) -> set[str]:
+        return {c["name"] for c in self.sa.inspect(self.engine).get_columns(table)}
 
 
 class _Cursor:
@@ -149,6 +161,9 @@ class BudgetLedger:
             cur.run("INSERT INTO gsd_meta (key, value) VALUES ('orders', :v) ON CONFLICT (key) DO NOTHING", {"v": json.dumps(ORDERS)})
             cur.run("INSERT INTO gsd_meta (key, value) VALUES ('note', :v) ON CONFLICT (key) DO NOTHING", {"v": PRIVATE_NOTE})
             stored = cur.run("SELECT value FROM gsd_meta WHERE key = 'orders'")[0][0]
+        if "raised" not in self._db.columns("gsd_datasets"):  # a ledger from before budgets were marked when raised
+            with self._db.transaction(write=True, setup=True) as cur:
+                cur.run("ALTER TABLE gsd_datasets ADD COLUMN raised INTEGER NOT NULL DEFAULT 0")
         if tuple(json.loads(stored)) != ORDERS:
             raise GSDError(f"the ledger {self.location} keeps RDP curves at other orders than this gsd; "
                            "use the gsd version that created it, or a new --ledger")
