@@ -82,7 +82,10 @@ def rank(
     eigh), ``randomized`` (block Krylov certified in float64: distances within 2e-7 of exact, else the
     exact path) or ``auto`` (randomized from min(m, p) >= 1500 on); the DP draw never uses it.
     ``dp_sketch=D`` first projects every gradient
-    matrix, private and public alike, by one data-independent Gaussian matrix to D dimensions.
+    matrix, private and public alike, by one data-independent Gaussian matrix to D dimensions;
+    ``dp_sketch="public"`` (``"public+R"``; with ``dp``) projects the private rows onto the span of the
+    public candidates' own top-k subspaces (:mod:`gsd_cli.public_basis`). ``distance="dp-energy"`` (with
+    ``dp``): each candidate's noisy energy share instead of a subspace (:mod:`gsd_cli.distance.dpenergy`).
     ``weights`` and ``peft`` build the model exactly as ``gsd train`` does
     (:func:`gsd_cli.peft.build_model`), so the distance is computed on the parameters to be trained.
 
