@@ -101,8 +101,8 @@ def dicom_to_array(ds, file: str | Path, name: str, frame: int | None = None) ->
         if str(sop) == "1.2.840.10008.1.3.10":
             raise DatasetError(f"{name}: {file} is a DICOMDIR (a media directory, not an image); remove it")
         if "Image" in kind or "Rows" in ds:  # an image's header without its pixels: the file was cut short
-            raise DatasetError(f"{name}: {file} is an image ({kind}) without its pixel data: the file is truncated or "
-                               "damaged; copy it again or remove it")
+            raise DatasetError(f"{name}: {file} has no pixel data but is an image ({kind}): the file is probably "
+                               "truncated or damaged; copy it again or remove it")
         raise DatasetError(f"{name}: {file} has no pixel data (a DICOM without an image: {kind}); remove it")
     frames = int(ds.get("NumberOfFrames", 1) or 1)
     if frames > 1 and frame is None:
