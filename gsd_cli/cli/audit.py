@@ -80,8 +80,6 @@ def audit(
     check_not_inputs({"--json": json_file}, run_inputs([d for d in (private, public) if d], None, None, model))
     if private is not None and model is None:
         raise GSDError("--private needs --model (the model trained on it)")
-    if public is not None and (model is None or method != "gep"):
-        raise GSDError("--public is GEP's anchor set: it is used only with --method gep --model M --private P")
     _check_bounds(canaries, steps, examples, step_trials, model is None)
     kw: dict = {}
     if method == "dpgsd":
