@@ -49,6 +49,7 @@ class _Mixed(nn.Module):
         self.bn = nn.BatchNorm2d(8)
         self.sc = _Scale(8)
         self.c3 = nn.Conv2d(8, 12, 3, stride=2, padding=1, bias=False)
+        self.c4 = nn.Conv2d(12, 12, 3, padding=1)  # stride 1: its ghost norm by the pixel Gram
         self.seq = nn.Linear(12, 6)  # on the 16 positions of c3's output: T = 16
         self.emb = nn.Embedding(5, 6)
         self.fc = nn.Linear(6 * 16 + 6, 4)
@@ -61,7 +62,7 @@ class _Mixed(nn.Module):
     def forward(self, x):
         h = torch.tanh(self.gn(self.c1(x)))
         h = self.sc(self.bn(torch.tanh(self.c2(h))))
-        h = torch.tanh(self.c3(h))  # n x 12 x 4 x 4
+        h = torch.tanh(self.c4(torch.tanh(self.c3(h))))  # n x 12 x 4 x 4
         s = torch.tanh(self.seq(h.flatten(2).transpose(1, 2)))  # n x 16 x 6
         tok = (x[:, 0, 0, :2].abs() * 3).long().clamp(max=4)  # two tokens per example
         e = self.emb(tok).sum(1)
@@ -95,9 +96,29 @@ def test_clipped_sum_equals_brute_force_on_every_layer_rule(rule, C, brute_force
     kinds = {l.prefix: l.kind for l in eng.layers}
     assert kinds["sc"] == "func" and kinds["gn"] == kinds["bn"] == kinds["emb"] == "rule"
     if rule == "ghost":
-        assert eng.plan["c1"] == eng.plan["c2"] == eng.plan["c3"] == eng.plan["seq"] == "ghost"
+        assert eng.plan["c1"] == eng.plan["c2"] == eng.plan["c3"] == eng.plan["c4"] == eng.plan["seq"] == "ghost"
+        assert cs._pixels_cheaper(model.c4, torch.zeros(1, 12, 4, 4), 16) and not cs._pixels_cheaper(model.c1, torch.zeros(1, 3, 16, 16), 64)
     if rule == "materialise":
         assert set(eng.plan.values()) == {"materialised"}
+
+
+@pytest.mark.parametrize("kernel,stride,padding,dilation", [(3, 1, 1, 1), (3, 2, 1, 1), ((3, 2), (1, 2), (2, 0), (1, 2)), (1, 1, 0, 1), (5, 1, 2, 1)])
+def test_ghost_norm_by_pixel_gram_equals_the_patches_one(kernel, stride, padding, dilation):
+    """A convolution's ghost norm from the Gram of its input's pixels (shifted by each kernel offset)
+    equals the one from its patches, ||g_i||^2 of the per-example gradient."""
+    torch.manual_seed(0)
+    m = nn.Conv2d(5, 7, kernel, stride=stride, padding=padding, dilation=dilation, bias=False)
+    x = torch.randn(3, 5, 9, 8, dtype=torch.float64)
+    out = m.double()(x)
+    g = torch.randn_like(out)
+    T = out.shape[2] * out.shape[3]
+    B = g.reshape(3, 7, T).transpose(1, 2)
+    sq = cs._conv_ghost_by_pixels(m, x, B, out.shape[2], out.shape[3])
+    ref = torch.stack([torch.autograd.grad(m(x[i:i + 1]), m.weight, g[i:i + 1])[0].pow(2).sum() for i in range(3)])
+    A = cs._patches(m, x)
+    via_patches = (torch.bmm(A, A.transpose(1, 2)) * torch.bmm(B, B.transpose(1, 2))).sum((1, 2))
+    torch.testing.assert_close(sq, ref, rtol=1e-10, atol=0)
+    torch.testing.assert_close(via_patches, ref, rtol=1e-10, atol=0)
 
 
 def test_subset_of_parameters_and_non_finite_examples(brute_force, monkeypatch):
@@ -148,16 +169,20 @@ def test_frozen_batchnorm_backbone_by_batchnorm_freeze(brute_force):
                                     fc=nn.Linear(6 * 9, 3), bn1=nn.BatchNorm1d(3)))
     with torch.no_grad():
         net.bn.running_mean.uniform_(-1, 1), net.bn.running_var.uniform_(0.5, 2)
-    model, _ = make_exact(net, "freeze")
-    model.train()
-    names = [n for n, _ in model.named_parameters()]
-    x, y = torch.randn(5, 3, 7, 7), torch.randint(0, 3, (5,))
-    eng = ClippedSum(model, names)
-    with _only_trainable(model, names):
-        eng.check(x, y)
-        s, _ = eng(x, y, 0.2)
-    ref, _ = _clipped_brute(brute_force, model, x, y, names, 0.2)
-    torch.testing.assert_close(s, ref, rtol=2e-5, atol=2e-6 * float(ref.abs().max()))
+    seq = nn.Sequential(OrderedDict(c=nn.Conv1d(2, 4, 3), bn=nn.BatchNorm1d(4), f=nn.Flatten(), fc=nn.Linear(4 * 6, 3)))
+    with torch.no_grad():
+        seq.bn.running_mean.uniform_(-1, 1), seq.bn.running_var.uniform_(0.5, 2), seq.bn.weight.uniform_(0.5, 1.5)
+    for net, shape in ((net, (5, 3, 7, 7)), (seq, (5, 2, 8))):  # BatchNorm2d and BatchNorm1d on 2-d and 3-d inputs
+        model, _ = make_exact(net, "freeze")
+        model.train()
+        names = [n for n, _ in model.named_parameters()]
+        x, y = torch.randn(*shape) + 0.7, torch.randint(0, 3, (5,))
+        eng = ClippedSum(model, names)
+        with _only_trainable(model, names):
+            eng.check(x, y)
+            s, _ = eng(x, y, 0.2)
+        ref, _ = _clipped_brute(brute_force, model, x, y, names, 0.2)
+        torch.testing.assert_close(s, ref, rtol=2e-5, atol=2e-6 * float(ref.abs().max()))
 
 
 def test_lora_adapters_via_peft(brute_force):
