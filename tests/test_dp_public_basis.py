@@ -217,6 +217,9 @@ def test_dp_energy_rank_and_cli(capsys, npz_pair, tmp_path, monkeypatch):
     res = {r["public"]: r["distance"] for r in doc["results"]}  # as the non-private order here (checked: 0.41 < 0.46)
     assert res[f"npz:{npz_pair['near']}"] < res[f"npz:{npz_pair['far']}"]
     capsys.readouterr()
+    assert main([*common, "--metric", "dp-energy", "--dp", "--epsilon", "4"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "DP energy (epsilon=4)" in out and "Laplace mechanism" in out and "DP-GSD" not in out
     for bad in (["--metric", "dp-energy"], ["--metric", "dp-energy", "--dp", "--epsilon", "1", "--dp-sketch", "32"]):
         code = main([*common, *bad])
         out, err = capsys.readouterr()

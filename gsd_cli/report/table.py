@@ -27,9 +27,9 @@ def ranking_table(ranking: Ranking) -> Table:
     pv = ranking.privacy
     kind = _kind(ranking)
     if pv:
-        kind = f"DP-GSD (epsilon={pv['epsilon']:g}" + (")" if pv["exact"] else ", no proven guarantee)")
+        kind = f"{_dp_name(pv)} (epsilon={pv['epsilon']:g}" + (")" if pv["exact"] else ", no proven guarantee)")
         if pv.get("insecure_seed") is not None:
-            kind = f"DP-GSD with --insecure-seed (NOT DP, epsilon={pv['epsilon']:g} only if the seed is secret)"
+            kind = f"{_dp_name(pv)} with --insecure-seed (NOT DP, epsilon={pv['epsilon']:g} only if the seed is secret)"
     t = Table(
         title=f"{kind} to private [bold]{escape(ranking.private)}[/] ({ranking.private_examples} examples)",
         caption=(
@@ -61,9 +61,9 @@ def repeats_table(ranking: RepeatRanking) -> Table:
     pv = ranking.privacy
     kind = _kind(ranking)
     if pv:
-        kind = f"DP-GSD (total epsilon={pv['total_epsilon']:g}" + (")" if pv["exact"] else ", no proven guarantee)")
+        kind = f"{_dp_name(pv)} (total epsilon={pv['total_epsilon']:g}" + (")" if pv["exact"] else ", no proven guarantee)")
         if pv.get("insecure_seed") is not None:
-            kind = "DP-GSD with --insecure-seed (NOT DP)"
+            kind = f"{_dp_name(pv)} with --insecure-seed (NOT DP)"
     t = Table(
         title=f"{kind} to private [bold]{escape(ranking.private)}[/] ({ranking.private_examples} examples), "
         f"{ranking.repeats} repeat{'s' if ranking.repeats != 1 else ''}",
@@ -104,16 +104,23 @@ def how_to_read(ranking: Ranking) -> str:
     )
 
 
+def _dp_name(pv: dict) -> str:
+    """What a DP ranking's table calls itself: DP-GSD, or the DP energy distance (--metric dp-energy)."""
+    return "DP energy" if pv.get("mechanism") == "laplace-energy" else "DP-GSD"
+
+
 def privacy_line(ranking: Ranking) -> str | None:
     pv = ranking.privacy
     if not pv:
         return None
     delta = "0" if pv["delta"] == 0 else "unknown"
-    sample = "exact sample" if pv["exact"] else "NOT an exact sample"
+    energy = pv["mechanism"] == "laplace-energy"  # --metric dp-energy: noisy numbers, no sampled subspace
+    sample = "exact noise" if energy else ("exact sample" if pv["exact"] else "NOT an exact sample")
+    sketch = f" Sketch: {pv['sketch_description']}." if pv.get("sketch") and pv.get("sketch_description") else ""
     return (
-        f"DP-GSD: {pv['mechanism']} mechanism, epsilon={pv['epsilon']:g}, delta={delta}, clip={pv['clip']:g}, "
-        f"k={pv['k']}, at most {pv['examples']} private examples, {sample}: {pv['guarantee']} "
-        f"({pv['neighbouring']}); spent once for all candidates."
+        f"{'DP energy distance' if energy else 'DP-GSD'}: {pv['mechanism']} mechanism, epsilon={pv['epsilon']:g}, "
+        f"delta={delta}, clip={pv['clip']:g}, k={pv['k']}, at most {pv['examples']} private examples, {sample}: "
+        f"{pv['guarantee']} ({pv['neighbouring']}); spent once for all candidates.{sketch}"
     )
 
 
