@@ -393,6 +393,10 @@ def uniform_distance_quantiles(k: int, p: int, draws: int = 4000, seed: int = 0,
     Z's top k x k block and W = Z2^T Z2 ~ Wishart_k(p - k, I), drawn by Bartlett's decomposition.
     Depends on (k, p) only, so it reveals nothing about the data."""
     rng = np.random.default_rng(seed)
+    if p < 2 * k:  # Bartlett needs p - k >= k degrees of freedom: draw V2 = qr(Z) directly (p is small here)
+        Q = np.linalg.qr(rng.standard_normal((draws, p, k)))[0]
+        d = np.sqrt(np.clip(1.0 - (Q[:, :k, :] ** 2).sum(axis=(1, 2)) / k, 0.0, 1.0))
+        return [float(v) for v in np.quantile(d, qs)]
     Z1 = rng.standard_normal((draws, k, k))
     L = np.tril(rng.standard_normal((draws, k, k)), -1)
     dof = p - k - np.arange(k)  # chi-square degrees of freedom on the diagonal

@@ -224,3 +224,21 @@ def test_dp_energy_rank_and_cli(capsys, npz_pair, tmp_path, monkeypatch):
         code = main([*common, *bad])
         out, err = capsys.readouterr()
         assert code == 2 and "Traceback" not in err and "dp-energy" in (out + err)
+
+
+def test_uniform_quantiles_below_twice_k_and_a_basis_of_only_k_directions_is_refused(npz_pair):
+    # a sketch space with D < 2k (a small public basis, --dp-sketch 20 with k=16) had no Bartlett
+    # factorisation: the direct QR draw is used there; both agree at D = 2k, and E[d^2] = 1 - k/D
+    from gsd_cli import rank
+    from gsd_cli.dppca import uniform_distance_quantiles
+
+    lo, med, hi = uniform_distance_quantiles(4, 7, draws=20000)
+    assert 0 < lo < med < hi < 1
+    rng = np.random.default_rng(0)
+    Q = np.linalg.qr(rng.standard_normal((20000, 6, 3)))[0]
+    d = np.sqrt(np.clip(1 - (Q[:, :3, :] ** 2).sum((1, 2)) / 3, 0, 1))
+    assert np.allclose(uniform_distance_quantiles(3, 6, draws=20000), np.quantile(d, [0.005, 0.5, 0.995]), atol=0.02)
+    assert np.allclose(uniform_distance_quantiles(3, 5, draws=20000)[1] ** 2, 1 - 3 / 5, atol=0.05)
+    with pytest.raises(GSDError, match="not more than k"):
+        rank(f"npz:{npz_pair['priv']}", [f"npz:{npz_pair['near']}"], model="fmnist-cnn", examples=30, k=3, params="fc2.*",
+             dp=True, epsilon=4.0, dp_sketch="public", engine="vmap", device="cpu")

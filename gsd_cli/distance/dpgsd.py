@@ -77,9 +77,10 @@ class DPGSD(Distance):
         private rows are touched; the subspaces then live in its D dimensions (``ctx.dims``)."""
         self.basis = public_basis([s.V for s in publics], self.extra, self.config.seed)
         ctx.dims = int(self.basis.shape[1])
-        if not 1 <= self.config.gradients.k <= ctx.dims:
-            raise GSDError(f"the public basis has {ctx.dims} dimensions, fewer than k={self.config.gradients.k}; "
-                           f"use --dp-sketch public+R with more random directions, or a smaller --k")
+        if not 1 <= self.config.gradients.k < ctx.dims:  # D = k: the draw would be the whole basis, every distance fixed
+            raise GSDError(f"the public basis has {ctx.dims} dimensions, not more than k={self.config.gradients.k}: the DP "
+                           f"subspace would be the whole basis whatever the private data; use --dp-sketch public+R "
+                           f"(R random directions), more candidates, or a smaller --k")
 
     def private_rows(self, sample: gdata.Sample, publics=()) -> gdata.Sample:
         """A uniformly random m-subset, drawn with the secret generator (module docstring, (i)), of the
