@@ -150,8 +150,9 @@ def check_not_inputs(outputs: Mapping[str, str | Path | None], inputs: Iterable[
 def run_inputs(datasets: Iterable[str], catalog: str | Path | None = None, weights: str | None = None,
                model: str | None = None) -> list[Path]:
     """The files and folders a run reads, from its arguments alone: the datasets' paths
-    (:func:`gsd_cli.data.registry.spec_paths`), the catalogue and every path its datasets and jobs name,
-    a weights file and a model file (``net.py:make``)."""
+    (:func:`gsd_cli.data.registry.spec_paths`), a weights file, a model file (``net.py:make``) and the
+    catalogue file itself (the paths its datasets and jobs name: :func:`gsd_cli.catalog.catalog_inputs`,
+    which the command adds: this module sits below the catalogue)."""
     from .data.registry import spec_paths
     from .model_spec import split_file_reference
 
@@ -164,21 +165,6 @@ def run_inputs(datasets: Iterable[str], catalog: str | Path | None = None, weigh
         found += [Path(ref[0])] if ref else []
     if catalog is not None:
         found.append(Path(catalog))
-        try:
-            from .catalog import load_catalog
-
-            cat = load_catalog(catalog)
-        except GSDError:
-            return found  # the run itself reports the catalogue's error
-        for e in cat.datasets.values():
-            found += [cat._rel(p) for p in (e.path, e.groups, e.root) if p]
-        for job in cat.jobs:
-            for n in (job.private, *job.candidates):
-                if n not in cat.datasets:
-                    found += spec_paths(n)
-            found += [Path(str(job.options["weights"]))] if job.options.get("weights") else []
-            ref = split_file_reference(str(job.options.get("model") or ""))
-            found += [Path(ref[0])] if ref else []
     return found
 
 

@@ -144,3 +144,26 @@ def public_names(public: Optional[List[str]], extra: Optional[List[str]]) -> lis
 def new_run_dir(given: Optional[Path], prefix: str) -> Path:
     """``given``, else ``<prefix>-<local time>`` in the working folder."""
     return given or Path(f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def catalog_inputs(catalog: str | Path | None) -> list[Path]:
+    """Every path a catalogue's datasets and jobs name (for :func:`gsd_cli.outputs.check_not_inputs`);
+    [] for none, or for a catalogue that does not load (the run reports its error)."""
+    from ..catalog import load_catalog
+    from ..data.registry import spec_paths
+    from ..errors import GSDError
+    from ..model_spec import split_file_reference
+
+    if catalog is None:
+        return []
+    try:
+        cat = load_catalog(catalog)
+    except GSDError:
+        return []
+    found = [cat._rel(p) for e in cat.datasets.values() for p in (e.path, e.groups, e.root) if p]
+    for job in cat.jobs:
+        found += [p for n in (job.private, *job.candidates) if n not in cat.datasets for p in spec_paths(n)]
+        found += [Path(str(job.options["weights"]))] if job.options.get("weights") else []
+        ref = split_file_reference(str(job.options.get("model") or ""))
+        found += [Path(ref[0])] if ref else []
+    return found

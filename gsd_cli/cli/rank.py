@@ -151,6 +151,7 @@ def rank(
     from ..catalog import OPTIONS, run_jobs, run_json, run_markdown, write_partial
     from ..checks import EXIT_CHECK_FAILED, EXIT_USAGE, check_options, check_ranking
     from ..outputs import check_distinct, check_not_example_files, check_not_inputs, is_stdout, run_inputs
+    from .common import catalog_inputs
     from ..data import resolve
     from ..ranking import RankConfig, get_executor, rank as rank_fn
     from ..report import (
@@ -184,7 +185,7 @@ def rank(
     md_file = check_output_path(markdown_path, "--markdown")
     outputs = {"--json": json_file, "--csv": csv_file, "--markdown": md_file, "--plot": plot_file}
     check_distinct(outputs)
-    check_not_inputs(outputs, run_inputs([private, *publics], catalog, weights, model))  # before any work
+    check_not_inputs(outputs, run_inputs([private, *publics], catalog, weights, model) + catalog_inputs(catalog))  # before any work
     check_options(fail_above, expect_best)
     shown_on = err if any(is_stdout(f) for f in (json_file, csv_file, md_file, plot_file)) else out  # stdout is a file
     cache = None if no_cache else SubspaceCache()

@@ -204,23 +204,33 @@ def in_turns(items: list, attempt: Callable, executor) -> Iterator:
                 executor.stop()  # the jobs already running stop waiting instead of finishing
 
 def public_subspaces(tasks: Iterable[PublicTask], compute: Callable[[PublicTask], Subspace], *,
-                     executor: "str | Executor | None" = None, memo: dict | None = None, cache=None) -> dict[int, Subspace]:
+                     executor: "str | Executor | None" = None, memo: dict | None = None, cache=None,
+                     consume: Callable[[int, Subspace], object] | None = None) -> dict[int, object]:
     """Every task's subspace, by position: from ``memo`` (a dict kept across calls), else from the
     disk ``cache`` (a :class:`gsd_cli.cache.SubspaceCache`), else computed by the executor and then
     stored in both. A cache that cannot be written never fails the ranking: ``cache.put`` warns once
-    and stops writing (:meth:`gsd_cli.cache.SubspaceCache.put`)."""
+    and stops writing (:meth:`gsd_cli.cache.SubspaceCache.put`).
+
+    ``consume(position, subspace)``: called as each subspace arrives, and its (small) result is kept
+    instead of the subspace, which is then dropped (unless ``memo`` keeps it): a ranking compares each
+    public side with the private one as it comes, so the driver holds the private basis and the sides
+    in flight, not every public basis of a large catalogue."""
     tasks = list(tasks)
-    out: dict[int, Subspace] = {}
+    out: dict[int, object] = {}
+
+    def keep(i: int, sub: Subspace):
+        return sub if consume is None else consume(i, sub)
+
     pending = []
     for i, t in enumerate(tasks):
         kept = recall(memo, t.memo_key)
         if kept is not None:
-            out[i] = kept
+            out[i] = keep(i, kept)
             continue
         key = t.cache_key() if cache is not None else None
         hit = cache.get(key, t.name) if key is not None else None
         if hit is not None:
-            out[i] = remember(memo, t.memo_key, t.sample.source, hit)
+            out[i] = keep(i, remember(memo, t.memo_key, t.sample.source, hit))
         else:
             pending.append((i, key))
     where = {id(tasks[i]): (i, key) for i, key in pending}
@@ -228,7 +238,8 @@ def public_subspaces(tasks: Iterable[PublicTask], compute: Callable[[PublicTask]
         i, key = where[id(task)]
         if key is not None:
             cache.put(key, sub)
-        out[i] = remember(memo, task.memo_key, task.sample.source, sub)
+        out[i] = keep(i, remember(memo, task.memo_key, task.sample.source, sub))
+        del sub
     return out
 
 

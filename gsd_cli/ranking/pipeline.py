@@ -156,15 +156,18 @@ def rank_once(private, publics: Sequence, config: RankConfig, *, public_seed: in
     ctx.dims = getattr(priv, "dims", None) or ctx.dims  # the public basis's D, also for a shared draw recalled from the memo
     if g.engine == "auto" and priv.engine != "ghost" and not distance.private:  # chosen once on the private sample; the same engine for every candidate (under DP the private side takes vmap: DPGSD.private_side)
         ctx.common["engine"] = priv.engine
-    if subs is None:
-        subs = public_subspaces(tasks, PublicSide(distance, ctx), executor=executor, memo=memo,
-                                cache=cache if distance.disk_cache else None)  # a baseline's sides are no subspaces
-    rows = []
-    for i, smp in enumerate(pub_samples):
-        pub = subs[i]
+    def compared(i, pub):  # each public side compared as it arrives, then dropped (executors.public_subspaces)
         d, angles = distance.compare(priv, pub)
-        rows.append(RankResult(public=smp.source.name, distance=d, rank=0, examples=pub.examples,
-                               principal_angles_deg=angles, seconds=round(pub.seconds, 3)))
+        return RankResult(public=pub_samples[i].source.name, distance=d, rank=0, examples=pub.examples,
+                          principal_angles_deg=angles, seconds=round(pub.seconds, 3))
+
+    if subs is None:
+        results = public_subspaces(tasks, PublicSide(distance, ctx), executor=executor, memo=memo,
+                                   cache=cache if distance.disk_cache else None, consume=compared)  # a baseline's sides are no subspaces
+    else:
+        results = {i: compared(i, sub) for i, sub in subs.items()}
+    subs = None
+    rows = [results[i] for i in range(len(pub_samples))]
     rows.sort(key=lambda r: r.distance)
     for i, r in enumerate(rows, 1):
         r.rank = i

@@ -124,7 +124,7 @@ class RayExecutor:
                 with self.turns.waiting():  # another job's driver work may run meanwhile
                     ready, pending = self.ray.wait(pending, num_returns=1, timeout=1.0)
                 for ref in ready:
-                    task = owner[ref]
+                    task = owner.pop(ref)  # the driver keeps no reference to a result it has handed on
                     sub = self._get(ref, task.name)
                     if progress is not None:
                         progress(task.name, len(task.sample), len(task.sample))

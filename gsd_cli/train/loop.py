@@ -36,7 +36,7 @@ import json
 import secrets
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 import numpy as np
 import torch
@@ -52,6 +52,8 @@ from .config import SAVED_BEFORE, TrainConfig, lr_at, validate
 from .evaluate import evaluate, metric_row, summary_block
 from .gep import anchor_for
 from .methods import build_method
+from .overlap import left_out as _left_out, refuse_shared_public  # noqa: F401 (refuse_shared_public re-exported)
+from .size import run_size as _mechanism_size
 from .release import PRIVATE_SUMMARY, not_dp_fields, split_summary
 from .splits import private_parts
 from .distributed import current_world
@@ -59,64 +61,6 @@ from .step import flat_to_grads as _flat_to_grads, private_randomness, private_s
 from .transforms import StepContext, chain_step_event
 
 Progress = Callable[[str, int, int], None]
-
-
-def _mechanism_size(cfg: TrainConfig, n_train: int, meta: dict | None):
-    """The run's :class:`~gsd_cli.train.size.MechanismSize`: a resumed run keeps its own (no second
-    estimate, no budget spent twice; a run started before sizes were declared keeps its q and T)."""
-    from .size import MechanismSize, mechanism_size
-    from ..privacy.randomness import private_rng
-
-    if meta is not None:
-        saved = meta.get("privacy", {}).get("size")
-        if saved is None:  # started by gsd 0.1: q = B / N, kept so that the run's mechanism does not change
-            pv = meta.get("privacy", {})
-            return MechanismSize(float(pv["sampling_rate"]), max(1, int(pv["steps"]) // max(1, cfg.epochs)), "exact-size (0.1 run)", None, 0.0)
-        return mechanism_size(n_train, cfg.batch_size, cfg.epsilon, expected_size=cfg.expected_size, sampling_rate=cfg.sampling_rate,
-                              declared_size_epsilon=cfg.size_epsilon, estimate=saved.get("size"))
-    return mechanism_size(n_train, cfg.batch_size, cfg.epsilon, expected_size=cfg.expected_size, sampling_rate=cfg.sampling_rate,
-                          declared_size_epsilon=cfg.size_epsilon, rng=private_rng("size", cfg.private_seed))
-
-
-def refuse_shared_public(cfg: TrainConfig, private: Sequence[gdata.ImageSource], catalog=None) -> gdata.Sample | None:
-    """The public examples the method trains with (GEP's anchors, the second phase's public set;
-    None for a method without public data), after refusing them (:class:`GSDError`) when they are
-    one of the ``private`` parts as a whole (by name, path or the digest of all its examples). Examples
-    the two merely share are not refused (a refusal that turns on one example is a membership oracle):
-    :func:`train` leaves those private examples out of the private training set, a per-example rule
-    (:class:`gsd_cli.data.identity.PublicRows`)."""
-    if cfg.method not in ("gep", "second-phase") or not cfg.public:
-        return None
-    from ..ranking.pipeline import refuse_same_dataset
-
-    source = catalog.resolve(cfg.public) if catalog is not None else gdata.resolve(cfg.public)
-    drawn = gdata.draw(source, cfg.public_examples, cfg.seed)  # the examples the method will use
-    what = "GEP anchor set" if cfg.method == "gep" else "second-phase public set"
-    for part in private:
-        refuse_same_dataset(part, [drawn], what=what)
-    return drawn
-
-
-def _left_out(train_src, test_src, pub_sample, notes: list) -> np.ndarray | None:
-    """The private training examples among the public examples the run uses (left out of every
-    Poisson subsample: the mechanism runs on the filtered set), or None. How many, and how many test
-    examples the public set holds (they would inflate the test metrics), are private notes."""
-    if pub_sample is None:
-        return None
-    from ..data.identity import PublicRows
-
-    rule = PublicRows(train_src, [pub_sample])
-    if rule.empty:
-        return None
-    out = rule.mask(np.arange(len(train_src)))
-    if out.any():
-        notes.append(f"{int(out.sum())} private training example(s) are among the public examples of {pub_sample.source.name}: "
-                     "left out of the private training (a per-example rule, so the guarantee holds for the rest)")
-    n_test = int(PublicRows(test_src, [pub_sample]).mask(np.arange(len(test_src))).sum()) if len(test_src) else 0
-    if n_test:
-        notes.append(f"{n_test} private test example(s) are among the public examples of {pub_sample.source.name}: "
-                     "the test metrics count them")
-    return out if out.any() else None
 
 
 def _same_event(a, b) -> bool:

@@ -119,3 +119,19 @@ def mechanism_size(n_private: int, batch_size: int, epsilon: float, *, expected_
         estimate = laplace_size(n_private, eps_n, rng, floor=batch_size)
     estimate = max(int(estimate), int(batch_size))
     return MechanismSize(batch_size / estimate, max(1, round(estimate / batch_size)), "dp-estimate", estimate, eps_n)
+
+
+def run_size(cfg, n_train: int, meta: dict | None) -> MechanismSize:
+    """The run's :class:`~gsd_cli.train.size.MechanismSize`: a resumed run keeps its own (no second
+    estimate, no budget spent twice; a run started before sizes were declared keeps its q and T)."""
+    from ..privacy.randomness import private_rng
+
+    if meta is not None:
+        saved = meta.get("privacy", {}).get("size")
+        if saved is None:  # started by gsd 0.1: q = B / N, kept so that the run's mechanism does not change
+            pv = meta.get("privacy", {})
+            return MechanismSize(float(pv["sampling_rate"]), max(1, int(pv["steps"]) // max(1, cfg.epochs)), "exact-size (0.1 run)", None, 0.0)
+        return mechanism_size(n_train, cfg.batch_size, cfg.epsilon, expected_size=cfg.expected_size, sampling_rate=cfg.sampling_rate,
+                              declared_size_epsilon=cfg.size_epsilon, estimate=saved.get("size"))
+    return mechanism_size(n_train, cfg.batch_size, cfg.epsilon, expected_size=cfg.expected_size, sampling_rate=cfg.sampling_rate,
+                          declared_size_epsilon=cfg.size_epsilon, rng=private_rng("size", cfg.private_seed))

@@ -1,0 +1,60 @@
+"""Public data that a training run may not use, and private examples it leaves out.
+
+A public set that *is* one of the private parts (same name, same files, or the same examples under
+another path) is refused (:func:`refuse_shared_public`). Examples the two merely share are not refused:
+that refusal would be a membership oracle (the run stops if and only if a given image is in the private
+set). Instead :func:`left_out` marks the private training examples whose file or content is among the
+public examples the run uses, and the loop leaves them out of every Poisson subsample: Poisson sampling
+of the set followed by a rule that looks at each example alone is Poisson sampling of the filtered set,
+so the add/remove guarantee holds (:class:`gsd_cli.data.identity.PublicRows`).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .. import data as gdata
+from .config import TrainConfig
+
+
+def refuse_shared_public(cfg: TrainConfig, private: Sequence[gdata.ImageSource], catalog=None) -> gdata.Sample | None:
+    """The public examples the method trains with (GEP's anchors, the second phase's public set;
+    None for a method without public data), after refusing them (:class:`GSDError`) when they are
+    one of the ``private`` parts as a whole (by name, path or the digest of all its examples). Examples
+    the two merely share are not refused (a refusal that turns on one example is a membership oracle):
+    :func:`train` leaves those private examples out of the private training set, a per-example rule
+    (:class:`gsd_cli.data.identity.PublicRows`)."""
+    if cfg.method not in ("gep", "second-phase") or not cfg.public:
+        return None
+    from ..ranking.pipeline import refuse_same_dataset
+
+    source = catalog.resolve(cfg.public) if catalog is not None else gdata.resolve(cfg.public)
+    drawn = gdata.draw(source, cfg.public_examples, cfg.seed)  # the examples the method will use
+    what = "GEP anchor set" if cfg.method == "gep" else "second-phase public set"
+    for part in private:
+        refuse_same_dataset(part, [drawn], what=what)
+    return drawn
+
+
+def left_out(train_src, test_src, pub_sample, notes: list) -> np.ndarray | None:
+    """The private training examples among the public examples the run uses (left out of every
+    Poisson subsample: the mechanism runs on the filtered set), or None. How many, and how many test
+    examples the public set holds (they would inflate the test metrics), are private notes."""
+    if pub_sample is None:
+        return None
+    from ..data.identity import PublicRows
+
+    rule = PublicRows(train_src, [pub_sample])
+    if rule.empty:
+        return None
+    out = rule.mask(np.arange(len(train_src)))
+    if out.any():
+        notes.append(f"{int(out.sum())} private training example(s) are among the public examples of {pub_sample.source.name}: "
+                     "left out of the private training (a per-example rule, so the guarantee holds for the rest)")
+    n_test = int(PublicRows(test_src, [pub_sample]).mask(np.arange(len(test_src))).sum()) if len(test_src) else 0
+    if n_test:
+        notes.append(f"{n_test} private test example(s) are among the public examples of {pub_sample.source.name}: "
+                     "the test metrics count them")
+    return out if out.any() else None
