@@ -112,6 +112,10 @@ class PublicSide:
         )
 
 
+#: the model a worker process built for its last public side, by its spec (:meth:`PublicRecipe.compute`)
+_WORKER_MODELS: dict = {}
+
+
 @dataclass(frozen=True)
 class PublicRecipe:
     """A public side, described for a worker: the distance's class and the ranking's settings (its
@@ -132,8 +136,16 @@ class PublicRecipe:
         from ..peft import build_model
 
         m = self.config.model
-        _, net, names, _ = build_model(m.model, self.common["num_classes"], self.config.seed, weights=m.weights,
-                                       peft=m.peft, params=m.params, batchnorm=m.batchnorm)
+        key = (m.model, self.common["num_classes"], self.config.seed, m.weights, m.peft,
+               None if m.params is None else tuple([m.params] if isinstance(m.params, str) else m.params), m.batchnorm)
+        built = _WORKER_MODELS.get(key) if isinstance(m.model, str) else None
+        if built is None:  # a worker process keeps the model between tasks (as the local executor's one model serves
+            built = build_model(m.model, self.common["num_classes"], self.config.seed, weights=m.weights,  # every candidate)
+                                peft=m.peft, params=m.params, batchnorm=m.batchnorm)
+            if isinstance(m.model, str):
+                _WORKER_MODELS.clear()  # one model per worker process: a catalogue's jobs share it while they can
+                _WORKER_MODELS[key] = built
+        _, net, names, _ = built
         if list(names) != list(self.common["names"]):
             raise GSDError(f"model {m.model} built on this worker has other parameters than the driver's; "
                            "install the same gsd-cli and weights on every worker")
