@@ -114,8 +114,34 @@ def _tensor_digest(*tensors: torch.Tensor) -> str:
     for t in tensors:
         t = t.detach().to("cpu").contiguous()
         h.update(str((tuple(t.shape), str(t.dtype))).encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")  # reshape: a 0-dim buffer (num_batches_tracked)
+        h.update(t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b"")  # reshape: a 0-dim buffer (num_batches_tracked); no copy
     return h.hexdigest()
+
+
+#: bytes of the stored basis read (and converted) at a time by :meth:`SubspaceCache.load`
+LOAD_BLOCK = 64 << 20
+
+
+def _load_basis(f, h) -> torch.Tensor:
+    """The stored basis ``V`` of an open safetensors file ``f``, in float64, read by row blocks of
+    :data:`LOAD_BLOCK` bytes into one preallocated float64 tensor (the float32 file is never held whole
+    beside its float64 copy: a warm rank peaks no higher than one that computes the basis), each block's
+    stored bytes fed to ``h`` as :func:`_tensor_digest` would (row-major, so the same digest)."""
+    sl = f.get_slice("V")
+    shape = tuple(sl.get_shape())
+    first = sl[0:1] if shape and shape[0] else f.get_tensor("V")
+    h.update(str((shape, str(first.dtype))).encode())
+    if not shape or not shape[0] or first.numel() == 0:
+        t = f.get_tensor("V")
+        h.update(t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b"")
+        return t.to(torch.float64)
+    V = torch.empty(shape, dtype=torch.float64)
+    rows = max(1, LOAD_BLOCK // max(1, first[0].numel() * first.element_size()))
+    for a in range(0, shape[0], rows):
+        blk = sl[a:a + rows].contiguous()
+        h.update(blk.reshape(-1).view(torch.uint8).numpy())
+        V[a:a + rows] = blk
+    return V
 
 
 _MODEL_DIGESTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -228,7 +254,8 @@ class SubspaceCache:
 
     # -- entries -----------------------------------------------------------------------------------
     def load(self, key: str) -> tuple[torch.Tensor, torch.Tensor, dict] | None:
-        """``(V, s, meta)`` of a valid entry, else None (missing, unreadable, stale or corrupt)."""
+        """``(V, s, meta)`` of a valid entry (V in float64, streamed from the file: :func:`_load_basis`),
+        else None (missing, unreadable, stale or corrupt)."""
         from safetensors import safe_open
 
         if self.directory is None:
@@ -241,13 +268,18 @@ class SubspaceCache:
         try:
             if not file.is_file():
                 return None
+            h = hashlib.sha256()
             with safe_open(str(file), framework="pt") as f:
                 meta = dict(f.metadata() or {})
-                V, s = f.get_tensor("V"), f.get_tensor("s")
+                V = _load_basis(f, h)
+                s = f.get_tensor("s")
+            t = s.detach().contiguous()
+            h.update(str((tuple(t.shape), str(t.dtype))).encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b"")
             info = json.loads(meta.get("gsd", "{}"))
         except Exception:
             return None
-        if info.get("schema") != SCHEMA or info.get("key") != key or info.get("sha256") != _tensor_digest(V, s):
+        if info.get("schema") != SCHEMA or info.get("key") != key or info.get("sha256") != h.hexdigest():
             return None
         return V, s, info
 
