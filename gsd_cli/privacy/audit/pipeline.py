@@ -80,7 +80,10 @@ def audit_dpgsd_pipeline(epsilon: float = 1.0, *, trials: int = 15, examples: in
         raise GSDError(f"--epsilon must be positive (got {epsilon})")
     rng = np.random.default_rng(0x9A7)  # the audit's data: public, fixed
     out = {"D": [], "D'": [], "replay": []}
-    with tempfile.TemporaryDirectory(prefix="gsd-audit-") as tmp, _bug(bug):
+    from ..budget import unbooked
+
+    # the audit's neighbours are synthetic images it writes itself: no user's data, nothing to book
+    with tempfile.TemporaryDirectory(prefix="gsd-audit-") as tmp, _bug(bug), unbooked("the audit's synthetic neighbours"):
         d, d1, pubs = _write_sets(Path(tmp), examples, rng)
 
         def released(private: str, trial: int, side: int) -> np.ndarray:
