@@ -27,6 +27,9 @@ ROW_NORMS = ("unit", "none")
 
 #: ``progress(dataset_name, examples_done, examples_total)``, called after every chunk.
 Progress = Callable[[str, int, int], None]
+#: suffix of a DP private side's progress name: reported once, as m of m, and shown without its time
+#: (both would grow with min(m, N), the private set's size)
+DP_PROGRESS = " (DP)"
 
 
 @dataclass
@@ -151,7 +154,7 @@ def sample_subspace(
             V, s = ghost_subspace(model, bs, len(sample), names, k, loss=loss, device=dev, row_norm=row_norm,
                                   memory_budget=memory_budget, chunk_size=chunk_size, progress=prog, dp=dp)
             if progress is not None:  # done, whatever the passes' estimated total was (it may have counted a pass not run)
-                progress(sample.source.name, shown, shown)
+                progress(sample.source.name + DP_PROGRESS, shown, shown)
             return Subspace(sample.source.name, V, s, len(sample) if dp is None else shown, time.perf_counter() - t0, "ghost")
     G = gradient_matrix(model, batches(), len(sample), names, loss, engine, dev, row_norm, on_chunk, info)
     if sketch_dim:
@@ -170,7 +173,7 @@ def sample_subspace(
         V = private_top_k_subspace(G, k, dp["epsilon"], dp["clip"], dp["mechanism"], dp["rng"], dp.get("sweeps", 10))
         s = torch.empty(0, dtype=torch.float64)
         if progress is not None:
-            progress(sample.source.name, shown, shown)
+            progress(sample.source.name + DP_PROGRESS, shown, shown)
     del G
     if basis is not None:
         V = basis.to(V.device, torch.float64) @ V.to(torch.float64)

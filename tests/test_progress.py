@@ -98,3 +98,18 @@ def test_train_help_reads_at_80_columns():
         if m and "<" in line:
             start = line.index(m.group(2))
             assert 80 - start >= 28, line
+
+
+def test_a_dp_private_side_is_shown_without_its_time():
+    """Issue 32: the private side of a DP ranking reports once, m of m, and its line has no time (the
+    time grows with min(m, N))."""
+    from gsd_cli.cli import common
+    from gsd_cli.side import DP_PROGRESS
+
+    assert common.DP_PROGRESS == DP_PROGRESS
+    t = iter([0.0, 5.0, 9.0, 12.0])
+    lines = []
+    p = common.plain_progress(lines.append, lambda: next(t), after=0)
+    p("mnist-a" + DP_PROGRESS, 2000, 2000)
+    p("digits", 1797, 1797)
+    assert lines[0] == "mnist-a (DP): 2000/2000 done" and "done in" in lines[1]

@@ -181,7 +181,7 @@ def test_dp_rank_outputs_do_not_depend_on_n_below_m(tmp_path):
         seen = []
         rk = gsd_cli.rank(f"npz:{tmp_path / name}.npz", ["digits"], dp=True, epsilon=2.0, examples=40, k=30, model="fmnist-cnn",
                           params="fc*", engine="vmap", progress=lambda n, d, t: seen.append((n, d, t)))
-        priv_calls = [c for c in seen if c[0].endswith(f"{name}.npz")]
+        priv_calls = [c for c in seen if c[0].endswith(f"{name}.npz (DP)")]
         assert priv_calls == [(priv_calls[0][0], 40, 40)], priv_calls
         d = rk.to_dict()
         out[name] = (d["private_examples"], d["engine"], d["seconds"], d["dp"])

@@ -12,6 +12,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ..errors import GSDError
 
+DP_PROGRESS = " (DP)"  # = gsd_cli.side.DP_PROGRESS (not imported: the CLI's start-up stays free of torch)
+
 out = Console()
 err = Console(stderr=True)
 
@@ -81,7 +83,10 @@ def plain_progress(write: Callable[[str], None], clock: Callable[[], float] = ti
             t_start = began[name][0]
             if done >= total and name + "\0done" not in said:
                 said.add(name + "\0done")
-                write_now(f"{name}: {total}/{total} done in {_duration(now - t_start)} ({_duration(now - t0)} elapsed)")
+                if name.endswith(DP_PROGRESS):  # a DP private side: its time would tell the private set's size
+                    write_now(f"{name}: {total}/{total} done")
+                else:
+                    write_now(f"{name}: {total}/{total} done in {_duration(now - t_start)} ({_duration(now - t0)} elapsed)")
             elif 0 < done < total and name not in said and write_now is write:
                 said.add(name)
                 el = now - t_start
