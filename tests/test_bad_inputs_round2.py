@@ -126,7 +126,7 @@ CASES = [
      "not a regular expression"),
     ("npz-unknown-user-home", [*R, "--private", "npz:~nosuchuser36/x.npz", "--public", "npz:{d}/pub.npz"], "home folder is unknown"),
     ("rgb-to-5-channels", [*R[:5], "--model", "fmnist-cnn@28x5", "-q", "--private", "npz:{d}/rgb.npz", "--public", "npz:{d}/pub.npz"],
-     "3 channels but the model takes 5"),
+     "cannot map 3 channels to 5"),
     ("audit-examples-negative", ["audit", "--method", "dpsgd", "--examples", "-1"], "--examples -1"),
     # bounds
     ("repeats-1e6", [*R, "--private", "npz:{d}/priv.npz", "--public", "npz:{d}/pub.npz", "--repeats", "1000000"], "at most 1,000"),

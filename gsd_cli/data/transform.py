@@ -17,6 +17,7 @@ from typing import Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+\nfrom ..errors import ModelError
 
 #: Inputs are mapped from [0, 1] to [-1, 1]: (x - 0.5) / 0.5 per channel.
 MEAN, STD = 0.5, 0.5
@@ -56,11 +57,14 @@ def to_model_input(
     return out
 
 
-def _channel_error(c: int, channels: int) -> Exception:
-    from ..errors import ModelError
+class ChannelError(ModelError, ValueError):
+    """The images' channels cannot be mapped to the model's: a user error (exit 2), still a ValueError."""
 
-    return ModelError(f"the images have {c} channels but the model takes {channels}: grey images fit any channel count, "
-                      f"colour images 3 (or 1, converted to grey); give the model 1 or 3 channels (e.g. @SIZEx3 after its name)")
+
+def _channel_error(c: int, channels: int) -> Exception:
+    return ChannelError(f"cannot map {c} channels to {channels}: the images have {c} channels but the model takes "
+                        f"{channels}; grey images fit any channel count, colour images 3 (or 1, converted to grey): "
+                        "give the model 1 or 3 channels (e.g. @SIZEx3 after its name)")
 
 
 def _check_channels(c: int, channels: int) -> None:
