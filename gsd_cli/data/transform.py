@@ -17,7 +17,8 @@ from typing import Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-\nfrom ..errors import ModelError
+
+from ..errors import ModelError
 
 #: Inputs are mapped from [0, 1] to [-1, 1]: (x - 0.5) / 0.5 per channel.
 MEAN, STD = 0.5, 0.5
