@@ -6,6 +6,8 @@ For each model, on the embedded private data (mnist-a) with mnist-b as GEP's pub
 alternating order, so a change of load on a shared machine hits them all):
 
 * nonprivate        : one batched forward + backward (mean loss) + SGD step over the batch;
+* nonprivate_chunked: the same in the private steps' chunks (``default_chunk_size``: 64 on a CPU), the
+                      gradients accumulated (a floor with the same memory as the private step's);
 * dpsgd_ghost       : gsd's DP-SGD step with ``--clip-engine auto`` (the default): clipped sums by per-layer
                       ghost norms and book-keeping (:mod:`gsd_cli.train.clipsum`) + noise + SGD step;
 * dpsgd_materialise : the same with ``--clip-engine materialise``: per-sample gradients by torch.func in
@@ -91,6 +93,12 @@ def bench(model_name: str, batch: int, m: int, k: int, dev: torch.device, repeat
         F.cross_entropy(model(x), y).backward()
         opt.step()
 
+    def nonprivate_chunked():  # the same chunks as the private steps, gradients accumulated
+        opt.zero_grad()
+        for xc, yc in batches():
+            (F.cross_entropy(model(xc), yc, reduction="sum") / batch).backward()
+        opt.step()
+
     def apply(v):
         col = 0
         for n, prm in model.named_parameters():
@@ -107,7 +115,7 @@ def bench(model_name: str, batch: int, m: int, k: int, dev: torch.device, repeat
 
     ghost = build_method(TrainConfig(method="dpsgd", clip_engine="auto"), 1.0)
     mat = build_method(TrainConfig(method="dpsgd", clip_engine="materialise"), 1.0)
-    fns = {"nonprivate": nonprivate, "dpsgd_ghost": lambda: run_step(ghost), "dpsgd_materialise": lambda: run_step(mat)}
+    fns = {"nonprivate": nonprivate, "nonprivate_chunked": nonprivate_chunked, "dpsgd_ghost": lambda: run_step(ghost), "dpsgd_materialise": lambda: run_step(mat)}
 
     res = {"model": model_name, "input": spec.input_size, "params": p, "batch": batch, "chunk": chunk}
     if gep:
@@ -136,6 +144,8 @@ def bench(model_name: str, batch: int, m: int, k: int, dev: torch.device, repeat
             fns[f"gep_every_{n}_x{n}"] = gep_window(n, warm, anchor_batch)
     med = _interleaved(fns, dev, repeats)
     res["nonprivate_s"] = med["nonprivate"]
+    res["nonprivate_chunked_s"] = med["nonprivate_chunked"]
+    res["dpsgd_ghost_over_nonprivate_chunked"] = med["dpsgd_ghost"] / med["nonprivate_chunked"]
     res["dpsgd_ghost_s"] = med["dpsgd_ghost"]
     res["dpsgd_materialise_s"] = med["dpsgd_materialise"]
     res["clip_engine"] = ghost.clip_sum.reason
@@ -186,7 +196,9 @@ def main() -> None:
                   args.anchor_warm, args.anchor_batch, gep=name in args.gep_models)
         rows.append(r)
         line = (f"{name:11s} p={r['params']:>10,} B={r['batch']}: non-private {r['nonprivate_s']:.3f} s, "
-                f"DP-SGD ghost {r['dpsgd_ghost_s']:.3f} s ({r['dpsgd_ghost_over_nonprivate']:.2f}x), "
+                f"in chunks {r['nonprivate_chunked_s']:.3f} s, "
+                f"DP-SGD ghost {r['dpsgd_ghost_s']:.3f} s ({r['dpsgd_ghost_over_nonprivate']:.2f}x; "
+                f"{r['dpsgd_ghost_over_nonprivate_chunked']:.2f}x chunked), "
                 f"materialised {r['dpsgd_materialise_s']:.3f} s ({r['dpsgd_materialise_over_nonprivate']:.2f}x)")
         if "gep_s" in r:
             line += (f", GEP (m={r['anchors']} pool, k={r['k']}, defaults) {r['gep_s']:.3f} s ({r['gep_over_nonprivate']:.2f}x; "

@@ -371,3 +371,16 @@ def test_methods_that_need_every_vector_take_the_rows_of_the_layer_rules(method)
         if engine == "auto":
             assert m.clip_sum.reason.startswith("layers")
     torch.testing.assert_close(out["auto"], out["materialise"], rtol=1e-4, atol=1e-6)
+
+
+def test_cli_clip_engine_option(tiny, tmp_path, capsys):
+    from gsd_cli.cli import main
+
+    base = ["train", "--private", tiny["private"], "--method", "dpsgd", "--epochs", "1", "--batch-size", "30", "-q"]
+    assert main([*base, "--clip-engine", "fast", "--out", str(tmp_path / "bad")]) == 2
+    err = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
+    assert len(err) == 1 and "--clip-engine" in err[0] and not (tmp_path / "bad").exists()
+    assert main([*base, "--clip-engine", "ghost", "--out", str(tmp_path / "run")]) == 0, capsys.readouterr().err
+    import json
+
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["clip_engine"].startswith("ghost: ")

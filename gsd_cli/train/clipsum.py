@@ -168,17 +168,18 @@ def _group_columns(A: torch.Tensor, C: int, groups: int, gi: int) -> torch.Tenso
 
 def _batchnorm_per_sample(layer: nn.Module, x: torch.Tensor, g: torch.Tensor) -> dict:
     """A frozen BatchNorm's per-example gradients (y = x_hat w + b, x_hat = (x - running_mean) /
-    sqrt(running_var + eps)): dL_i/dw = rsqrt(var + eps) * sum_t g_i[t] (x_i[t] - mean), one batched
-    dot per channel (two passes over the activations instead of four:
-    :func:`gsd_cli.engine_layers.batchnorm_per_sample` forms x_hat and g x_hat)."""
+    sqrt(running_var + eps)): dL_i/dw = rsqrt(var + eps) * sum_t g_i[t] (x_i[t] - mean), the scale per
+    channel applied after the sum (three passes over the activations instead of five:
+    :func:`gsd_cli.engine_layers.batchnorm_per_sample` forms x_hat and g x_hat), in the tensors' own
+    memory format (no copy of a channels-last map)."""
     out = {}
     shape = (1, -1) + (1,) * (x.dim() - 2)
+    dims = tuple(range(2, x.dim()))
     if layer.weight is not None and layer.weight.requires_grad:
-        xc = x.to(g.dtype) - layer.running_mean.view(shape)
-        dots = (g * xc) if x.dim() == 2 else torch.einsum("nct,nct->nc", g.reshape(*g.shape[:2], -1), xc.reshape(*xc.shape[:2], -1))
-        out[layer.weight] = dots * torch.rsqrt(layer.running_var + layer.eps)
+        gx = g * (x.to(g.dtype) - layer.running_mean.view(shape))
+        out[layer.weight] = (gx.sum(dims) if dims else gx) * torch.rsqrt(layer.running_var + layer.eps)
     if layer.bias is not None and layer.bias.requires_grad:
-        out[layer.bias] = g.reshape(*g.shape[:2], -1).sum(2) if x.dim() > 2 else g
+        out[layer.bias] = g.sum(dims) if dims else g
     return out
 
 
