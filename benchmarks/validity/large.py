@@ -64,13 +64,13 @@ EPSILONS = (2.0, 8.0)
 #: there under load), large enough that DP-SGD trains (MNIST ~85% at epsilon 2)
 SETTINGS = dict(model="fmnist-cnn", delta=1e-5, epochs=3, batch_size=500, lr=1.0, clip=1.0, lr_schedule="step")
 #: GEP's settings (issue 33 tuning: benchmarks/bench_downstream.py tune); gsd's defaults where they agree
-GEP = dict(k=32, public_examples=2000, clip_embedding=2.0, clip_residual=0.8, anchor_every=4, anchor_warm=True,
-           anchor_batch=128, power_iters=1, groups="auto", lr=0.5)
+GEP = dict(k=32, public_examples=2000, clip_embedding=1.0, clip_residual=0.5, anchor_every=4, anchor_warm=True,
+           anchor_batch=128, power_iters=1, groups="auto")
 #: each method's own settings
 METHOD_SETTINGS = {
     "dpsgd": {},
     "gep": GEP,
-    "second-phase": dict(public_examples=2000, public_epochs=2, public_batch_size=64),
+    "second-phase": dict(public_examples=2000, public_epochs=2, public_batch_size=64, public_lr=3e-3),  # issue 24's stage 1
 }
 
 
@@ -106,15 +106,16 @@ def run_file(task: str, method: str, candidate: str | None, epsilon: float, seed
     return RUNS / task / f"{method}-{candidate or 'none'}-e{epsilon:g}-s{seed}-{h}.json"
 
 
-def jobs(tasks=None, seeds=(0, 1, 2), epsilons=EPSILONS, methods=(BASELINE, *METHODS)) -> list[tuple]:
-    """(task, method, candidate, epsilon, seed), seed-major then epsilon (a partial run has whole cells)."""
+def jobs(tasks=None, seeds=(0, 1, 2), epsilons=EPSILONS, methods=(BASELINE, *METHODS), first: int | None = None) -> list[tuple]:
+    """(task, method, candidate, epsilon, seed), seed-major then epsilon (a partial run has whole cells);
+    ``first``: only each task's first ``first`` candidates (the first is the same-distribution set)."""
     out = []
     for seed in seeds:
         for eps in epsilons:
             for task in tasks or TASKS:
                 if BASELINE in methods:
                     out.append((task, BASELINE, None, eps, seed))
-                for cand in TASKS[task][2]:
+                for cand in TASKS[task][2][:first]:
                     for m in methods:
                         if m != BASELINE:
                             out.append((task, m, cand, eps, seed))
