@@ -56,7 +56,6 @@ RGP keeps its own vmap path). Those chains keep the materialised path.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Callable, Sequence
