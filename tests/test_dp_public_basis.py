@@ -230,7 +230,7 @@ def test_uniform_quantiles_below_twice_k_and_a_basis_of_only_k_directions_is_ref
     # a sketch space with D < 2k (a small public basis, --dp-sketch 20 with k=16) had no Bartlett
     # factorisation: the direct QR draw is used there; both agree at D = 2k, and E[d^2] = 1 - k/D
     from gsd_cli import rank
-    from gsd_cli.dppca import uniform_distance_quantiles
+    from gsd_cli.distance.dp_report import uniform_distance_quantiles
 
     lo, med, hi = uniform_distance_quantiles(4, 7, draws=20000)
     assert 0 < lo < med < hi < 1

@@ -199,7 +199,7 @@ def test_matrix_gibbs_matches_exact_matrix_bingham_p3_k2():
 
 
 def test_matrix_mechanism_reports_no_guarantee():
-    from gsd_cli.dppca import mechanism_guarantee
+    from gsd_cli.distance.dp_report import mechanism_guarantee
 
     g = mechanism_guarantee("matrix", 10)
     assert g["exact"] is False and g["delta"] is None and g["guarantee"].startswith("NONE PROVEN")

@@ -187,7 +187,7 @@ def test_cli_refuses_anchor_every_0_in_one_line(capsys, tmp_path):
 
 def _cfg(tiny, **kw):
     base = dict(private=tiny["private"], public=tiny["public"], method="gep", epsilon=4.0, epochs=2, batch_size=30,
-                k=8, public_examples=40, deterministic_noise=True, physical_batch=16)
+                k=8, public_examples=40, deterministic_noise=True, physical_batch=16, expected_size=100)
     return TrainConfig(**{**base, **kw})
 
 
@@ -241,6 +241,7 @@ def test_a_run_saved_before_anchor_reuse_resumes_with_the_papers_schedule(tiny, 
     meta = json.loads((run / "checkpoint.json").read_text())
     for key in SAVED_BEFORE:
         del meta["settings"][key]
+    meta.pop("weights_sha256", None)  # an older run's checkpoint has no weights digest
     (run / "checkpoint.json").write_text(json.dumps(meta))
     wfile = run / "checkpoint.safetensors"  # as such a run's own weights would be: with its digest
     save_file(load_file(str(wfile)), str(wfile), metadata={**ckpt.tensor_metadata(wfile), "gsd_digest": ckpt.state_digest(meta)})

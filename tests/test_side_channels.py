@@ -249,3 +249,26 @@ def test_one_class_private_training_set_is_not_refused_on_its_labels(tmp_path):
     s = train(TrainConfig(private=f"npz:{tmp_path / 'p.npz'}", method="dpsgd", epochs=1, batch_size=20, expected_size=60,
                           physical_batch=64), tmp_path / "run")
     assert s["dp"] is True
+
+
+def test_a_nan_private_example_on_the_ghost_path_is_zeroed_not_refused(tmp_path):
+    """Under DP a NaN per-sample gradient of one private example must not stop the run (that would
+    tell the example is there): the Gram (ghost) path zeroes it, as the materialised path's clip does."""
+    import gsd_cli
+
+    (tmp_path / "net.py").write_text(
+        "import torch, torch.nn as nn\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self, n):\n        super().__init__()\n        self.a = nn.Linear(256, 8)\n        self.b = nn.Linear(8, n)\n"
+        "    def forward(self, x):\n"
+        "        h = self.a(x.flatten(1))\n"
+        "        bad = (x.flatten(1)[:, 0] > 0.99)[:, None]  # one example's first pixel is white: its output is NaN\n"
+        "        return self.b(h + torch.where(bad, torch.full_like(h, float('nan')), torch.zeros_like(h)))\n"
+        "def make(num_classes):\n    return Net(num_classes)\n")
+    x = np.random.default_rng(0).integers(0, 200, size=(30, 16, 16), dtype=np.uint8)
+    x[7, 0, 0] = 255
+    np.savez(tmp_path / "p.npz", x=x, y=np.arange(30) % 2, classes=np.array(["a", "b"]))
+    np.savez(tmp_path / "pub.npz", x=np.random.default_rng(1).integers(0, 200, size=(30, 16, 16), dtype=np.uint8), y=np.arange(30) % 2)
+    rk = gsd_cli.rank(f"npz:{tmp_path / 'p.npz'}", [f"npz:{tmp_path / 'pub.npz'}"], dp=True, epsilon=2.0, examples=30, k=2,
+                      model=f"{tmp_path / 'net.py'}:make@16x1", gram="ghost")
+    assert rk.dp and all(np.isfinite(r.distance) for r in rk.results)

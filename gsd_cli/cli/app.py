@@ -93,12 +93,19 @@ def main(argv: list[str] | None = None) -> int:
     """Console-script entry: user errors print one line and exit 2, never a traceback; an operating
     system error (disk full, read-only folder) is a user error too; anything else is a bug: one line
     ``error: internal error: ...`` and exit 3 (the traceback with ``--debug`` or ``GSD_DEBUG=1``)."""
-    _debug["on"] = False
     invoked["argv"] = list(sys.argv[1:] if argv is None else argv)  # the command, as the privacy ledger records it
+    try:
+        return _main(argv)
+    finally:  # a library call made after this command (in the same process) is not booked under it
+        invoked["argv"] = None
+
+
+def _main(argv: list[str] | None) -> int:
+    _debug["on"] = False
     keep_freed_memory()  # glibc: no page fault per large CPU tensor (gsd_cli.allocator; GSD_MALLOC=system: off)
     try:
         _check_encoding(sys.argv[1:] if argv is None else argv)
-        rc = app(args=argv, standalone_mode=False)  # click returns a typer.Exit's code here
+        rc = app(args=argv, prog_name="gsd", standalone_mode=False)  # click returns a typer.Exit's code here
         if rc == 130:  # Typer turns Ctrl-C (KeyboardInterrupt) into exit code 130, silently: say so
             err.print("interrupted")
         if isinstance(rc, int) and rc:

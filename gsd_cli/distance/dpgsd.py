@@ -130,7 +130,7 @@ class DPGSD(Distance):
         the requested m, k, p) and the released distances, never the private singular values (paper
         004's Theorem 3 bound needs the private eigengap, so it is not reported). m = min(m, N) would
         reveal N when N < m: the requested m is used and printed."""
-        from ..dppca import concentration_bound, mechanism_guarantee, uniform_distance_quantiles
+        from .dp_report import concentration_bound, mechanism_guarantee, uniform_distance_quantiles
 
         cfg, g, ins = self.settings, self.config.gradients, self.config.privacy.insecure_seed
         k, m, p = g.k, int(g.examples), ctx.dims

@@ -33,6 +33,10 @@ class Streaming:
     """Passes over the data: :meth:`_pass` (one forward+backward per chunk), :meth:`_measure` (sizes and
     chunk size), :meth:`_groups` (layer groups within the budget), :meth:`_run` (stored or streamed)."""
 
+    #: zero each example's factors that hold a NaN or an infinity (set by a DP release: see
+    #: :func:`_zero_nonfinite_examples`)
+    zero_nonfinite = False
+
     def _pass(self, units: list[Unit], chunk: int, on_chunk: Callable[[int, list[Factors]], None]) -> None:
         model = self.model
         handles = []

@@ -144,7 +144,8 @@ def _command() -> str:
     cli = sys.modules.get("gsd_cli.cli.app")
     given = getattr(cli, "invoked", {}).get("argv") if cli is not None else None
     argv = ["gsd", *given] if given is not None else (list(sys.argv) or ["python"])
-    return shlex.join(argv)[:1000]
+    # an argument that is not valid UTF-8 (a file name in another encoding) is kept, escaped: the ledger is text
+    return shlex.join(argv)[:1000].encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class BudgetLedger:
