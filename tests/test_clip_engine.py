@@ -384,3 +384,28 @@ def test_cli_clip_engine_option(tiny, tmp_path, capsys):
     import json
 
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["clip_engine"].startswith("ghost: ")
+
+
+@pytest.mark.parametrize("rule", ["ghost", "materialise"])
+def test_sensitivity_of_the_clipped_sum_is_the_clip_norm(rule, monkeypatch):
+    """Add/remove one example: the released sum moves by that example's clipped gradient, of norm at most
+    C (and exactly C when its gradient is larger), whatever the other examples (one with inputs scaled
+    by 1e3 among them)."""
+    monkeypatch.setattr(cs, "ghost_cheaper", RULES[rule])
+    torch.manual_seed(2)
+    model = _Mixed().train()
+    model.bn.eval()
+    names = [n for n, _ in model.named_parameters()]
+    x, y = _data(6, seed=8)
+    x[3] *= 1e3
+    eng = ClippedSum(model, names)
+    C = 0.05
+    with _only_trainable(model, names):
+        full, sq = eng(x, y, C)
+        for i in range(x.shape[0]):
+            keep = [j for j in range(x.shape[0]) if j != i]
+            without, _ = eng(x[keep], y[keep], C)
+            moved = float((full - without).norm())
+            assert moved <= C * (1 + 1e-5)
+            if float(sq[i]) > (C * 1.01) ** 2:
+                assert moved == pytest.approx(C, rel=1e-4)
