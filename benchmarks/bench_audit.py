@@ -1,6 +1,6 @@
 """Claimed against empirical epsilon for every trainer and DP-GSD (issue 20), and the audits' teeth.
 
-Trainers: the one-run white-box canary audit (``gsd_cli.privacy.audit.audit_training``; Steinke,
+Trainers: the one-run white-box canary audit (``gsd_cli.audit.audit_training``; Steinke,
 Nasr, Jagielski 2023) at each claimed epsilon, with m canaries, T steps at Poisson rate q, on the
 default Linear audit model beside 64 synthetic examples; every audit draws its secret randomness
 from the OS unless ``--insecure-seed``. Bugs: the same audits with an injected bug (noise halved,
@@ -21,7 +21,7 @@ import os
 import platform
 import time
 
-from gsd_cli.privacy.audit import audit
+from gsd_cli.audit import audit
 
 GEP = {"k": 8, "clip_embedding": 1.0, "clip_residual": 1.0}
 SETTINGS = {"gep": GEP, "gep+rs": GEP, "rgp": {"rgp_warmup": 0}}

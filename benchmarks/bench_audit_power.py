@@ -19,7 +19,7 @@ import os
 import platform
 import time
 
-from gsd_cli.privacy.audit import audit, audit_config, audit_dpgsd, audit_dpgsd_pipeline, audit_step
+from gsd_cli.audit import audit, audit_config, audit_dpgsd, audit_dpgsd_pipeline, audit_step
 
 FACTORS = {1.0: None, 0.9: "noise-x0.9", 0.8: "noise-x0.8", 0.7: "noise-x0.7", 0.5: "noise-halved", 0.25: "noise-quartered"}
 

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import torch
 
-from gsd_cli.dppca import bingham_scale, sample_sequential
+from gsd_cli.subspace.dppca import bingham_scale, sample_sequential
 from gsd_cli.gradients import resolve_device
 from gsd_cli.subspace import gram, projection_metric, top_k_subspace
 

@@ -192,7 +192,7 @@ def train_steps(batch: int, anchors: int, repeats: int, dev: torch.device, model
     """Median seconds of one step of each method and of a non-private step."""
     import dataclasses
 
-    from gsd_cli.peft import build_model
+    from gsd_cli.models.peft import build_model
     from gsd_cli.train import StepContext, TrainConfig, build_method, private_step
 
     src = resolve(f"{DEFAULT_PRIVATE}:train")

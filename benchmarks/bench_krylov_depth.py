@@ -1,9 +1,9 @@
 """How deep the float32 Krylov phase of ``--subspace-method randomized`` should be (``DEPTH`` in
-:mod:`gsd_cli.subspace_krylov`), measured on the gradient matrices of the default ``gsd rank``.
+:mod:`gsd_cli.subspace.krylov`), measured on the gradient matrices of the default ``gsd rank``.
 
 Runs the default ranking once (``-m M``, probe, random labels, unit rows; an empty cache folder) and
 keeps every gradient matrix with at least ``--min-rows`` rows (the private set and the public sets of
-``-m`` examples), then runs :func:`~gsd_cli.subspace_krylov.krylov_top_k` on each for each depth and
+``-m`` examples), then runs :func:`~gsd_cli.subspace.krylov.krylov_top_k` on each for each depth and
 records the float32 / float64 passes, whether it was certified (else ``gsd`` takes the exact path,
 whose CPU time is recorded too) and the CPU seconds (steadier than wall time on a shared machine).
 Each ``--depths`` value is a fixed depth (``adaptive=False``); the row ``adaptive`` is the default:
@@ -27,7 +27,7 @@ import torch
 def default_rank_matrices(m: int, min_rows: int) -> list[tuple[int, int]]:
     """The gradient matrices (float32, m x p) of ``gsd rank -m M`` on the default data, in the order computed."""
     os.environ["GSD_CACHE_DIR"] = tempfile.mkdtemp(prefix="gsd-bench-cache-")
-    import gsd_cli.side as side
+    import gsd_cli.subspace.side as side
     from gsd_cli.cli.app import main
 
     real, kept = side.top_k_subspace, []
@@ -50,7 +50,7 @@ def default_rank_matrices(m: int, min_rows: int) -> list[tuple[int, int]]:
 def main() -> None:
     from gsd_cli.subspace import _exact_top_k
     from gsd_cli.allocator import keep_freed_memory
-    from gsd_cli.subspace_krylov import DEPTH, KrylovInfo, krylov_top_k
+    from gsd_cli.subspace.krylov import DEPTH, KrylovInfo, krylov_top_k
 
     keep_freed_memory()  # as the gsd command runs
 

@@ -14,7 +14,7 @@ Every run: fmnist-cnn, Poisson batches of 250 expected (digits: 100, it has 1437
 examples), SGD lr 0.1 (``--lr``) momentum 0.9, lr / 10 from the middle, clip 1 (GEP: S1 2, S2 0.4,
 k 50, 1000 anchors), RGP rank 4 with 20 warm-up steps, TopAgg K 0.7, RS final rate 0.5,
 delta 1e-5, seeds 0..n-1 (deterministic noise). Each (task, epsilon) is one
-:func:`gsd_cli.compare.compare` call.
+:func:`gsd_cli.train.compare.compare` call.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_methods.py --json benchmarks/results/methods_cpu.json
     OMP_NUM_THREADS=1 python benchmarks/bench_methods.py --epsilons 2 --methods dpsgd,rgp,topagg --lr 0.4 \
@@ -34,7 +34,7 @@ import time
 
 import torch
 
-from gsd_cli.compare import compare
+from gsd_cli.train.compare import compare
 from gsd_cli.train import TrainConfig
 
 TASKS = {"mnist": ("mnist-a", "mnist-b", 250), "digits": ("digits", "mnist-b", 100)}  # private, public, batch size

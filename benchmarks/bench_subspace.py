@@ -41,7 +41,7 @@ def real_gradients(model: str, datasets: list[str], m: int, seed: int = 0, chunk
 
     from gsd_cli import data as gdata
     from gsd_cli.gradients import gradient_matrix
-    from gsd_cli.peft import build_model
+    from gsd_cli.models.peft import build_model
 
     spec = get_model_spec(model)
     _, net, names, _ = build_model(model, 10, seed)

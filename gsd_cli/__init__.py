@@ -25,8 +25,8 @@ _EXPORTS = {
     "uniform_baseline": "subspace",
     "gradient_subspace_distance": "ranking", "rank": "ranking", "RankConfig": "ranking", "Ranking": "ranking",
     "RankResult": "ranking", "rank_repeats": "ranking", "RepeatRanking": "ranking", "RepeatResult": "ranking",
-    "private_top_k_subspace": "dppca", "sample_sequential": "dppca", "sample_matrix_gibbs": "dppca",
-    "bingham_dense": "dppca", "keep_freed_memory": "allocator",
+    "private_top_k_subspace": "subspace.dppca", "sample_sequential": "subspace.dppca", "sample_matrix_gibbs": "subspace.dppca",
+    "bingham_dense": "subspace.dppca", "keep_freed_memory": "allocator",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -42,3 +42,64 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted([*globals(), *_EXPORTS])
+
+
+# --- old import paths (gsd 0.1): modules moved into packages in 0.2 keep working -----------------------
+#: old module -> new module (``import gsd_cli.opacus`` is ``gsd_cli.integrations.opacus``, the same object)
+MOVED = {
+    "gsd_cli.model_spec": "gsd_cli.models.spec",
+    "gsd_cli.model_digest": "gsd_cli.models.digest",
+    "gsd_cli.model_exact": "gsd_cli.models.exact",
+    "gsd_cli.weights": "gsd_cli.models.weights",
+    "gsd_cli.peft": "gsd_cli.models.peft",
+    "gsd_cli.models_info": "gsd_cli.models.info",
+    "gsd_cli.subspace_krylov": "gsd_cli.subspace.krylov",
+    "gsd_cli.dppca": "gsd_cli.subspace.dppca",
+    "gsd_cli.side": "gsd_cli.subspace.side",
+    "gsd_cli.public_basis": "gsd_cli.subspace.public_basis",
+    "gsd_cli.opacus": "gsd_cli.integrations.opacus",
+    "gsd_cli.tracking": "gsd_cli.integrations.tracking",
+    "gsd_cli.checks": "gsd_cli.ranking.checks",
+    "gsd_cli.compare": "gsd_cli.train.compare",
+    "gsd_cli.outputs": "gsd_cli.report.outputs",
+    "gsd_cli.privacy.audit": "gsd_cli.audit",
+}
+
+
+class _MovedFinder:
+    """A meta-path finder that answers an old module path with its new module (one module object
+    under two names, so ``isinstance`` checks and monkeypatching agree)."""
+
+    @staticmethod
+    def find_spec(fullname, path=None, target=None):
+        new = next((n + fullname[len(o):] for o, n in MOVED.items() if fullname == o or fullname.startswith(o + ".")), None)
+        if new is None:
+            return None
+        import importlib.util
+
+        return importlib.util.spec_from_loader(fullname, _MovedLoader(new))
+
+
+class _MovedLoader:
+    def __init__(self, new: str):
+        self.new = new
+
+    def create_module(self, spec):
+        module = importlib.import_module(self.new)
+        import sys
+
+        sys.modules[spec.name] = module
+        return module
+
+    def exec_module(self, module):
+        pass
+
+
+def _install_finder() -> None:
+    import sys
+
+    if not any(isinstance(f, _MovedFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _MovedFinder())  # first: an old path must never find a stale file elsewhere
+
+
+_install_finder()

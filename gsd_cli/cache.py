@@ -49,7 +49,7 @@ import torch
 
 from .data.fingerprint import sample_fingerprint
 from .data.transform import TRANSFORM
-from .side import Subspace, sample_labels
+from .subspace.side import Subspace, sample_labels
 
 #: 2: keyed on what the examples are made of (1: on the resized model input)
 SCHEMA = 2
@@ -198,7 +198,7 @@ class SubspaceCache:
 
     def set_max_bytes(self, value: int) -> dict:
         """Set the size cap (kept in the folder's :data:`SETTINGS_FILE`) and evict down to it; returns :meth:`evict`'s."""
-        from .outputs import write_output
+        from .report.outputs import write_output
 
         if self.directory is None:
             from .errors import GSDError
@@ -431,12 +431,12 @@ def _size(f: Path) -> int:
 
 
 def public_cache_key(cache: SubspaceCache | None, model, sample, common: dict) -> str | None:
-    """The disk-cache key of a public ``sample``'s subspace under :func:`gsd_cli.side.sample_subspace`'s
+    """The disk-cache key of a public ``sample``'s subspace under :func:`gsd_cli.subspace.side.sample_subspace`'s
     keyword arguments ``common``, or None when it is not cached (no cache; a custom loss function,
     which cannot be hashed)."""
     if cache is None or common.get("loss") is not None:
         return None
-    from .model_spec import model_identity
+    from .models.spec import model_identity
 
     labels = sample_labels(sample, common["labels"], common["num_classes"], common["seed"])
     settings = {

@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import GSDError
-from .model_spec import split_file_reference
+from .models.spec import split_file_reference
 
 #: Options a job may set (the flat options of :class:`gsd_cli.ranking.RankConfig`).
 OPTIONS = ("k", "examples", "seed", "model", "params", "labels", "row_norm", "device", "chunk_size", "engine",
@@ -253,7 +253,7 @@ def load_catalog(path: str | Path) -> Catalog:
         w = job.options.get("weights")
         if w and cat._rel(w).is_file():
             job.options["weights"] = str(cat._rel(w))
-        model = split_file_reference(job.options.get("model") or "")  # a user's model file (gsd_cli.model_spec)
+        model = split_file_reference(job.options.get("model") or "")  # a user's model file (gsd_cli.models.spec)
         if model and cat._rel(model[0]).is_file():
             job.options["model"] = str(cat._rel(model[0])) + job.options["model"][len(model[0]):]
     cat.data_root = str(cat._rel(root)) if root else None

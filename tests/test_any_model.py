@@ -17,9 +17,9 @@ import gsd_cli
 from gsd_cli.cli import main
 from gsd_cli.data import ArraySource
 from gsd_cli.errors import ModelError
-from gsd_cli.model_exact import batch_mixing_layers, make_exact
-from gsd_cli.model_spec import TIMM_INSTALL, model_identity, model_label, resolve_model
-from gsd_cli.peft import build_model
+from gsd_cli.models.exact import batch_mixing_layers, make_exact
+from gsd_cli.models.spec import TIMM_INSTALL, model_identity, model_label, resolve_model
+from gsd_cli.models.peft import build_model
 
 FAST = dict(examples=12, k=2, device="cpu", engine="vmap")
 
@@ -242,7 +242,7 @@ def test_identity_follows_code_weights_and_file(model_file, tmp_path):
 
 
 def test_models_show_takes_any_reference(model_file):
-    from gsd_cli.models_info import show_model
+    from gsd_cli.models.info import show_model
 
     d = show_model(f"{model_file}:make@16x1", 3)
     assert d["input_size"] == 16 and d["channels"] == 1 and d["batchnorm"] is None

@@ -9,11 +9,11 @@ import torch
 from scipy import stats
 
 from gsd_cli.errors import GSDError
-from gsd_cli.privacy.audit import (
+from gsd_cli.audit import (
     audit, audit_config, audit_dpgsd, audit_epsilon, audit_training, clopper_pearson, exact_privacy_loss, one_run_epsilon,
     one_run_p_value,
 )
-from gsd_cli.privacy.audit.dpgsd import neighbours
+from gsd_cli.audit.dpgsd import neighbours
 
 
 # --- the bound -------------------------------------------------------------------------------------
@@ -116,7 +116,7 @@ def test_halved_noise_raises_the_bound_but_is_below_one_run_resolution():
 def test_the_step_audit_detects_halved_noise_and_passes_correct_code(method):
     """The many-trial distinguishing audit of one step is tight where the one-run audit is not:
     halved noise (and every other bug) is flagged, the correct step stays below its claim."""
-    from gsd_cli.privacy.audit import audit_step
+    from gsd_cli.audit import audit_step
 
     cfg = audit_config(method, 2.0, 1e-5)
     ok = audit_step(cfg, insecure_seed=3)
@@ -239,7 +239,7 @@ def test_cli_table_json_and_errors(tmp_path):
 def test_step_audit_flags_noise_cut_to_0_7_by_the_gaussian_dp_fit():
     """Issue 32: the threshold tests missed 0.7x the claimed noise; the Gaussian-DP fit flags it with
     20,000 trials, and stays below the claim for the correct code."""
-    from gsd_cli.privacy.audit import audit_step
+    from gsd_cli.audit import audit_step
 
     cfg = audit_config("dpsgd", 2.0, 1e-5)
     ok = audit_step(cfg, trials=20_000, insecure_seed=5)
@@ -253,7 +253,7 @@ def test_gdp_epsilon_matches_the_pld_accountant():
     """An independent computation: a Gaussian mechanism with noise multiplier sigma is (1/sigma)-GDP,
     and dp-accounting's PLD accountant calibrates sigma for (epsilon, delta) to the same curve."""
     from gsd_cli.privacy import calibrate_noise, dpsgd_step_event
-    from gsd_cli.privacy.audit.bound import gdp_delta, gdp_epsilon
+    from gsd_cli.audit.bound import gdp_delta, gdp_epsilon
 
     sigma = calibrate_noise(dpsgd_step_event, 2.0, 1e-5, 1.0, 1, "pld", cache=False)
     assert gdp_epsilon(1 / sigma, 1e-5) == pytest.approx(2.0, abs=2e-3)
@@ -264,7 +264,7 @@ def test_dpgsd_audit_runs_the_pipeline_and_flags_a_reseeded_draw():
     """Issue 32: with the private draw of `gsd rank --dp` seeded from --seed (the old bug put back in
     the DP-GSD distance, not in the sampler), the audit now says PRIVACY BUG; the correct pipeline's
     replays never match."""
-    from gsd_cli.privacy.audit import audit_dpgsd_pipeline
+    from gsd_cli.audit import audit_dpgsd_pipeline
 
     bad = audit("dpgsd", 0.5, canaries=200, bug="pipeline-public-seed", trials=14, insecure_seed=1)
     assert not bad.consistent and bad.details["best_audit"] == "dpgsd (pipeline)"

@@ -240,7 +240,7 @@ def test_a_shared_postgresql_ledger(tmp_path):
 
 
 def test_audit_on_real_data_and_the_opacus_hook_book(npz_pair, tmp_path):
-    from gsd_cli.opacus import gep_epsilon
+    from gsd_cli.integrations.opacus import gep_epsilon
 
     assert main(["audit", "--method", "dpsgd", "--model", "fmnist-cnn", "--private", f"npz:{npz_pair['priv']}", "--canaries", "200",
                  "--examples", "16", "--insecure-seed", "2"]) == 0

@@ -166,7 +166,7 @@ def test_catalogue_job_weights_and_peft(tmp_path, npz_pair):
     ``gsd rank --weights --peft`` does: same distances; --peft on the command line wins for every job."""
     from safetensors.torch import save_file
 
-    from gsd_cli.peft import build_model
+    from gsd_cli.models.peft import build_model
     from gsd_cli.ranking import rank
 
     _, net, _, _ = build_model("probe", 4, seed=7)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from gsd_cli import GSDError
-from gsd_cli.dppca import bingham_scale, clip_rows, private_top_k_subspace, square_factor
-from gsd_cli.public_basis import parse_dp_sketch, project_rows, public_basis, resolve_dp_sketch
+from gsd_cli.subspace.dppca import bingham_scale, clip_rows, private_top_k_subspace, square_factor
+from gsd_cli.subspace.public_basis import parse_dp_sketch, project_rows, public_basis, resolve_dp_sketch
 
 
 def _orthonormal(rng, p, k):

@@ -207,7 +207,7 @@ def test_nan_pixel_in_a_private_npz_is_refused(declared, capsys):
 
 
 def test_clip_zeroes_non_finite_rows():
-    from gsd_cli.dppca import clip_rows
+    from gsd_cli.subspace.dppca import clip_rows
     from gsd_cli.train import StepContext, clip
 
     G = torch.tensor([[3.0, 4.0], [float("nan"), 1.0], [float("inf"), 0.0], [0.3, 0.4]])

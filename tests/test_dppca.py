@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gsd_cli import GSDError
-from gsd_cli.dppca import (
+from gsd_cli.subspace.dppca import (
     bingham_dense,
     bingham_scale,
     clip_rows,
@@ -152,7 +152,7 @@ def test_large_epsilon_recovers_top_subspace_small_epsilon_is_uniform():
 
 
 def test_sketch_is_data_independent_seeded_and_preserves_geometry():
-    from gsd_cli.side import sketch
+    from gsd_cli.subspace.side import sketch
 
     rng = np.random.default_rng(0)
     G = torch.from_numpy(rng.normal(size=(30, 40000))).float()
@@ -183,7 +183,7 @@ def test_rank_with_sketch(npz_pair):
 def test_matrix_gibbs_matches_exact_matrix_bingham_p3_k2():
     # For p=3, k=2: V V^T = I - n n^T with n the unit normal of span(V), and tr(V^T B V) = tr B - n^T B n,
     # so under the matrix Bingham n follows exp(-n^T B n): E[V V^T] = I - E[n n^T] exactly.
-    from gsd_cli.dppca import sample_matrix_gibbs
+    from gsd_cli.subspace.dppca import sample_matrix_gibbs
 
     B = np.diag([3.0, 1.0, 0.0])
     exact = np.eye(3) - sphere_moments(-B)
@@ -208,7 +208,7 @@ def test_matrix_mechanism_reports_no_guarantee():
 
 def test_sequential_budget_split_and_composition(monkeypatch):
     # each of the k steps uses B_j = (epsilon/k) / (2 C^2) G^T G restricted: check the first step's exponent
-    import gsd_cli.dppca as dppca
+    import gsd_cli.subspace.dppca as dppca
     from dp_accounting import dp_event
     from dp_accounting.pld import pld_privacy_accountant
 

@@ -264,7 +264,7 @@ class _FrozenNorms(nn.Module):
 
 
 def _frozen_norms(seed: int = 0):
-    from gsd_cli.model_exact import make_exact
+    from gsd_cli.models.exact import make_exact
 
     torch.manual_seed(seed)
     model, done = make_exact(_FrozenNorms(), "freeze")
@@ -314,7 +314,7 @@ class _NormAct(nn.BatchNorm2d):
 
 def test_a_batchnorm_with_its_own_forward_gets_no_rule_even_frozen():
     from gsd_cli.engine_layers import frozen_batchnorm
-    from gsd_cli.model_exact import make_exact
+    from gsd_cli.models.exact import make_exact
 
     model, _ = make_exact(nn.Sequential(nn.Conv2d(3, 4, 3), _NormAct(4), nn.Flatten(), nn.Linear(4 * 6 * 6, 3)), "freeze")
     assert not frozen_batchnorm(model[1])

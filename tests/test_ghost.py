@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from gsd_cli.dppca import DenseOperator, private_top_k_subspace
+from gsd_cli.subspace.dppca import DenseOperator, private_top_k_subspace
 from gsd_cli.errors import GSDError
 from gsd_cli.ghost import GhostOperator, choose_gram, parse_bytes, top_k_from_operator
 from gsd_cli.gradients import per_sample_gradients

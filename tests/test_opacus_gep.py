@@ -1,4 +1,4 @@
-"""GEP inside Opacus (gsd_cli.opacus): the update of an Opacus step equals gsd train's for the same
+"""GEP inside Opacus (gsd_cli.integrations.opacus): the update of an Opacus step equals gsd train's for the same
 weights, Poisson subsample and noise; the epsilon is gsd train's; the example script runs."""
 
 import copy
@@ -15,7 +15,7 @@ from opacus.accountants import RDPAccountant
 
 from gsd_cli import data as gdata
 from gsd_cli.errors import GSDError
-from gsd_cli.opacus import GEPAccountant, GEPOptimizer, gep_epsilon, gep_noise_multiplier, make_private, secret_generator
+from gsd_cli.integrations.opacus import GEPAccountant, GEPOptimizer, gep_epsilon, gep_noise_multiplier, make_private, secret_generator
 from gsd_cli.train import StepContext, TrainConfig, build_method, train
 from gsd_cli.train.gep import anchor_for
 from gsd_cli.train.step import flat_to_grads, private_randomness, private_step

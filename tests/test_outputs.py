@@ -17,7 +17,7 @@ import pytest
 
 from gsd_cli.cli import main
 from gsd_cli.errors import GSDError
-from gsd_cli.outputs import check_distinct, check_output_path, write_output
+from gsd_cli.report.outputs import check_distinct, check_output_path, write_output
 
 RANK = ["rank", "-m", "20", "-k", "2", "--model", "fmnist-cnn", "--params", "fc*", "-q", "--private", "mnist-a",
         "--public", "mnist-b"]

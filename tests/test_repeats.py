@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import gsd_cli.distance.registry
-import gsd_cli.dppca
+import gsd_cli.subspace.dppca
 import gsd_cli.ranking
 from gsd_cli import rank
 from gsd_cli.cli import main
@@ -129,8 +129,8 @@ def test_dp_repeats_shared_spends_once_and_fresh_composes(monkeypatch):
     priv, pubs = _sources()
     pubs = pubs[1:]
     draws = []
-    real = gsd_cli.dppca.private_top_k_subspace
-    monkeypatch.setattr(gsd_cli.dppca, "private_top_k_subspace", lambda *a, **k: draws.append(1) or real(*a, **k))
+    real = gsd_cli.subspace.dppca.private_top_k_subspace
+    monkeypatch.setattr(gsd_cli.subspace.dppca, "private_top_k_subspace", lambda *a, **k: draws.append(1) or real(*a, **k))
     kw = dict(KW, dp=True, epsilon=2.0, repeats=3)
     shared = rank_repeats(priv, pubs, dp_repeats="shared", **kw)
     assert len(draws) == 1

@@ -11,9 +11,9 @@ import torch
 
 from gsd_cli.cli import main
 from gsd_cli.errors import GSDError, ModelError
-from gsd_cli.peft import apply_peft, build_model, parse_peft
+from gsd_cli.models.peft import apply_peft, build_model, parse_peft
 from gsd_cli.train import TrainConfig, train
-from gsd_cli.weights import load_weights
+from gsd_cli.models.weights import load_weights
 
 
 @pytest.fixture

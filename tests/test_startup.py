@@ -49,6 +49,6 @@ def test_the_cli_answers_without_heavy_libraries(tmp_path):
 def test_importing_the_library_loads_no_plotting_or_metrics_library():
     """The trainers, the ranking and the reports import matplotlib and sklearn when they draw or
     evaluate, not when they are imported."""
-    r = _modules_after("import gsd_cli.train, gsd_cli.ranking, gsd_cli.report, gsd_cli.compare, gsd_cli.cli.train")
+    r = _modules_after("import gsd_cli.train, gsd_cli.ranking, gsd_cli.report, gsd_cli.train.compare, gsd_cli.cli.train")
     assert "matplotlib" not in r["loaded"] and "sklearn" not in r["loaded"]
     assert "torch" in r["loaded"]  # (the check sees imports: the trainers do load torch)

@@ -12,7 +12,7 @@ import torch
 
 from gsd_cli import GSDError, projection_metric, top_k_subspace
 from gsd_cli.subspace import SUBSPACE_METHODS, _exact_top_k, choose_method
-from gsd_cli.subspace_krylov import KrylovInfo, certificate, krylov_top_k
+from gsd_cli.subspace.krylov import KrylovInfo, certificate, krylov_top_k
 
 
 def orth(n, r, gen):
@@ -84,7 +84,7 @@ def test_real_gradients_match_exact():
     neighbouring singular values are closest (a near tie, as the README's ResNet20 case)."""
     from gsd_cli import data as gdata
     from gsd_cli.gradients import per_sample_gradients
-    from gsd_cli.peft import build_model
+    from gsd_cli.models.peft import build_model
     from gsd_cli.subspace import gram
 
     _, net, names, _ = build_model("fmnist-cnn", 10, 0)
@@ -158,7 +158,7 @@ def test_certificate_against_a_direct_computation():
 def test_adaptive_depth_stops_early_on_a_clear_gap_and_goes_deeper_near_a_tie():
     """The float32 phase stops once its own Ritz certificate reaches float32's floor: few steps where
     s_k / s_{k+1} is large, more where it is small; both certified and equal to the exact answer."""
-    from gsd_cli.subspace_krylov import DEPTH, MIN_DEPTH
+    from gsd_cli.subspace.krylov import DEPTH, MIN_DEPTH
 
     depths = {}
     for ratio in (1.5, 1.01):

@@ -1,4 +1,4 @@
-"""Experiment tracking (gsd_cli.tracking): --log tensorboard and --log mlflow for gsd train and
+"""Experiment tracking (gsd_cli.integrations.tracking): --log tensorboard and --log mlflow for gsd train and
 gsd rank --catalog, read back with TensorBoard's EventAccumulator and MLflow's client."""
 
 import json
@@ -8,7 +8,7 @@ import pytest
 
 from gsd_cli.cli import main
 from gsd_cli.errors import GSDError
-from gsd_cli.tracking import check_backends, flat_metrics, log_ranking, train_tracked
+from gsd_cli.integrations.tracking import check_backends, flat_metrics, log_ranking, train_tracked
 from gsd_cli.train import TrainConfig
 
 

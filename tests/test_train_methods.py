@@ -320,7 +320,7 @@ def test_train_rgp_topagg_and_rs_end_to_end(tiny, tmp_path):
 
 
 def test_compare_runs_tabulates_and_never_overwrites(tiny, tmp_path, capsys):
-    from gsd_cli.compare import compare, parse_methods
+    from gsd_cli.train.compare import compare, parse_methods
 
     assert [m[0] for m in parse_methods("dpsgd, GEP+rs")] == ["dpsgd", "gep+rs"]
     for bad in ("dpsgd,sgd", "", "rgp+rs", "dpsgd,dpsgd"):
@@ -393,7 +393,7 @@ def test_resume_of_a_run_saved_before_the_new_settings_existed(tiny, tmp_path, i
 def test_compare_second_phase_gets_the_public_set_and_its_privacy(tiny, tmp_path):
     """``gsd compare`` runs second-phase with --public (stage 1) and states its privacy; dpsgd in the same
     comparison trains without public data, at the same sigma and epsilon."""
-    from gsd_cli.compare import compare
+    from gsd_cli.train.compare import compare
 
     base = TrainConfig(epochs=1, batch_size=48, public_examples=20, public_epochs=1, deterministic_noise=True, physical_batch=32)
     res = compare(tiny["private"], tiny["public"], "dpsgd,second-phase", 3.0, seeds=1, out=tmp_path / "cmp", base=base, device="cpu")
@@ -410,7 +410,7 @@ def test_rgp_on_lora_adapters(tmp_path):
     weights; peft's layers read ``lora_A.weight`` (to cast their input), which the wrapper provides as
     L R + W~, so the swapped model computes the same function and the carrier gradients exist."""
     pytest.importorskip("peft")
-    from gsd_cli.peft import build_model
+    from gsd_cli.models.peft import build_model
     from gsd_cli.train.rgp import RGP
 
     _, model, names, _ = build_model("fmnist-cnn", 10, seed=0, peft="lora:r=2")

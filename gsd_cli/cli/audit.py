@@ -1,4 +1,4 @@
-"""``gsd audit``: one call of ``gsd_cli.privacy.audit.audit``, its table and ``--json``."""
+"""``gsd audit``: one call of ``gsd_cli.audit.audit``, its table and ``--json``."""
 
 from __future__ import annotations
 
@@ -70,12 +70,12 @@ def audit(
     from rich.table import Table
 
     from ..errors import GSDError
-    from ..privacy.audit import audit as audit_fn
+    from ..audit import audit as audit_fn
 
-    from ..outputs import check_output_path, write_output
+    from ..report.outputs import check_output_path, write_output
 
     json_file = check_output_path(json_path, "--json")
-    from ..outputs import check_not_inputs, run_inputs
+    from ..report.outputs import check_not_inputs, run_inputs
 
     check_not_inputs({"--json": json_file}, run_inputs([d for d in (private, public) if d], None, None, model))
     if private is not None and model is None:
@@ -91,8 +91,8 @@ def audit(
             settings["sparsify"] = sparsify
         kw = {"settings": settings, "steps": steps, "sampling_rate": sampling_rate, "examples": examples}
         if model is not None:
-            from ..privacy.audit import audit_config
-            from ..privacy.audit.setup import real_setup
+            from ..audit import audit_config
+            from ..audit.setup import real_setup
 
             if private is None:
                 raise GSDError("--model needs --private (the data it trains on)")
@@ -104,7 +104,7 @@ def audit(
             kw["book"] = audit_booking(cfg, insecure_seed)  # real private examples: booked in the privacy ledger
             settings.update(model=model, private=private, public=public)
     if step_trials is not None:
-        from ..privacy.audit import STEP_METHODS, audit_config, audit_step
+        from ..audit import STEP_METHODS, audit_config, audit_step
 
         if method not in STEP_METHODS or model is not None:
             raise GSDError(f"--step-trials audits --method {' or '.join(STEP_METHODS)} on synthetic gradients (no --model)")

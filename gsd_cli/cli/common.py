@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ..errors import GSDError
 
-DP_PROGRESS = " (DP)"  # = gsd_cli.side.DP_PROGRESS (not imported: the CLI's start-up stays free of torch)
+DP_PROGRESS = " (DP)"  # = gsd_cli.subspace.side.DP_PROGRESS (not imported: the CLI's start-up stays free of torch)
 
 out = Console()
 err = Console(stderr=True)
@@ -152,12 +152,12 @@ def new_run_dir(given: Optional[Path], prefix: str) -> Path:
 
 
 def catalog_inputs(catalog: str | Path | None) -> list[Path]:
-    """Every path a catalogue's datasets and jobs name (for :func:`gsd_cli.outputs.check_not_inputs`);
+    """Every path a catalogue's datasets and jobs name (for :func:`gsd_cli.report.outputs.check_not_inputs`);
     [] for none, or for a catalogue that does not load (the run reports its error)."""
     from ..catalog import load_catalog
     from ..data.registry import spec_paths
     from ..errors import GSDError
-    from ..model_spec import split_file_reference
+    from ..models.spec import split_file_reference
 
     if catalog is None:
         return []

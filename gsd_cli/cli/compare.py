@@ -1,4 +1,4 @@
-"""``gsd compare``: one call of ``gsd_cli.compare.compare``, its table."""
+"""``gsd compare``: one call of ``gsd_cli.train.compare.compare``, its table."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def compare(
     are separate releases about one private set: together they spend the sum of their budgets, which
     the table and comparison.json report. The files hold test metrics of private data: not publishable.
     """
-    from ..compare import compare as compare_fn, comparison_table
+    from ..train.compare import compare as compare_fn, comparison_table
     from ..train import TrainConfig
     base = TrainConfig(delta=delta, model=model, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, clip=clip, k=k,
                        expected_size=expected_size, sampling_rate=sampling_rate,

@@ -1,4 +1,4 @@
-"""``gsd models``: the registry, parameter names and counts, PEFT presets (``gsd_cli.models_info``)."""
+"""``gsd models``: the registry, parameter names and counts, PEFT presets (``gsd_cli.models.info``)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def models_list() -> None:
     """Every registered model with its input size and presets."""
     from rich.table import Table
 
-    from ..models_info import list_models_info
+    from ..models.info import list_models_info
 
     t = Table(title="models (NAME@SIZE builds a model for SIZExSIZE inputs, e.g. resnet18@32)")
     for c in ("name", "input", "presets", "description"):
@@ -47,11 +47,11 @@ def models_show(
 
     from rich.table import Table
 
-    from ..models_info import show_model
+    from ..models.info import show_model
     from ..report import check_output_path, write_text
 
     json_file = check_output_path(json_path, "--json")
-    from ..outputs import check_not_inputs, run_inputs
+    from ..report.outputs import check_not_inputs, run_inputs
 
     check_not_inputs({"--json": json_file}, run_inputs([], None, None, name))  # a model file net.py:make
     d = show_model(name, classes, peft, batchnorm.value)

@@ -35,7 +35,7 @@ ROOT_HELP = "Folder of the built-in datasets. Default: $GSD_DATA_ROOT, else $XDG
 
 MODEL_FORMS = ("; also timm:NAME (pip install 'gsd-cli[timm]'; pretrained=False, --weights FILE for pre-trained weights) or "
                "PATH.py:FACTORY (your nn.Module, FACTORY(num_classes=N); loading it runs that file), each with @SIZE or "
-               "@SIZExCHANNELS for its input (gsd_cli.model_spec).")
+               "@SIZExCHANNELS for its input (gsd_cli.models.spec).")
 BATCHNORM_HELP = ("BatchNorm layers, which mix the examples of a batch and so break exact per-sample gradients: freeze (running "
                   "statistics, fixed: for pre-trained weights), groupnorm (Opacus's GroupNorm replacement: from scratch), "
                   "refuse (an error naming them). Default: {default}.")

@@ -149,8 +149,8 @@ def rank(
     """
     from ..cache import SubspaceCache
     from ..catalog import OPTIONS, run_jobs, run_json, run_markdown, write_partial
-    from ..checks import EXIT_CHECK_FAILED, EXIT_USAGE, check_options, check_ranking
-    from ..outputs import check_distinct, check_not_example_files, check_not_inputs, is_stdout, run_inputs
+    from ..ranking.checks import EXIT_CHECK_FAILED, EXIT_USAGE, check_options, check_ranking
+    from ..report.outputs import check_distinct, check_not_example_files, check_not_inputs, is_stdout, run_inputs
     from .common import catalog_inputs
     from ..data import resolve
     from ..ranking import RankConfig, get_executor, rank as rank_fn
@@ -160,7 +160,7 @@ def rank(
     )
 
     publics = public_names(public, extra)
-    from ..tracking import check_backends, log_ranking, track_catalog  # gsd_cli.tracking: --log, --log-dir
+    from ..integrations.tracking import check_backends, log_ranking, track_catalog  # gsd_cli.integrations.tracking: --log, --log-dir
 
     log = check_backends(log)  # a missing extra fails before any work
     if not dp and epsilon is not None:

@@ -71,7 +71,7 @@ def source_kinds() -> list[str]:
 def spec_paths(spec) -> list[Path]:
     """The files and folders a dataset name reads, found from the name alone (nothing opened): the path
     of ``folder:``/``csv:``/``npz:``/``hf:`` specs and an option's file (``?groups=FILE``); [] for
-    other names. For :func:`gsd_cli.outputs.check_not_inputs`."""
+    other names. For :func:`gsd_cli.report.outputs.check_not_inputs`."""
     if not isinstance(spec, str):
         return []
     kind, sep, arg = spec.partition(":")

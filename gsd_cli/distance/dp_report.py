@@ -1,7 +1,7 @@
 """What a DP-GSD release can and cannot say, from data-independent quantities only: the guarantee
 each mechanism delivers (:func:`mechanism_guarantee`), the bound epsilon m / (2k) on each draw's
 concentration (:func:`concentration_bound`) and the distances of a uniformly random subspace
-(:func:`uniform_distance_quantiles`). The samplers are :mod:`gsd_cli.dppca`."""
+(:func:`uniform_distance_quantiles`). The samplers are :mod:`gsd_cli.subspace.dppca`."""
 
 from __future__ import annotations
 

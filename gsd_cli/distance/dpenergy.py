@@ -13,7 +13,7 @@ candidates ordered by s_j follow the GSD order closely (Kendall tau 0.87 to 1 on
 tasks); s_j is the private rows' energy inside V_j, GSD's ||V_j^T V_priv||_F^2 without the top-k cut.
 
 Privacy (pure epsilon-DP under add/remove one example). Let Q (p x D) be an orthonormal basis of
-span(V_1..V_K) and W_j = Q^T V_j (public; :mod:`gsd_cli.public_basis`). Each row becomes q_i = Q^T g_i
+span(V_1..V_K) and W_j = Q^T V_j (public; :mod:`gsd_cli.subspace.public_basis`). Each row becomes q_i = Q^T g_i
 (a function of that example alone), clipped to norm C; then s_j = sum_i |W_j^T q_i|^2, and one row
 contributes the vector (|W_j^T q|^2)_j with L1 norm q^T (sum_j W_j W_j^T) q <= C^2 Lambda, where
 Lambda = lambda_max(sum_j V_j V_j^T) <= K is a function of the public subspaces only. Replacing one
@@ -38,8 +38,8 @@ import torch
 from .. import data as gdata
 from ..errors import GSDError
 from ..privacy.randomness import INSECURE_NOTE
-from ..public_basis import project_rows, public_basis
-from ..side import Subspace
+from ..subspace.public_basis import project_rows, public_basis
+from ..subspace.side import Subspace
 from .dpgsd import DPGSD
 from .registry import SideContext, register_distance
 
@@ -65,7 +65,7 @@ def laplace_scale(epsilon: float, clip: float, lam: float) -> float:
 def private_energies(P: torch.Tensor, W: list[torch.Tensor], epsilon: float, clip: float, lam: float,
                      rng: np.random.Generator) -> np.ndarray:
     """s~_j = sum_i |W_j^T clip(q_i)|^2 + Laplace(b) for the projected private rows P (m x D)."""
-    from ..dppca import clip_rows
+    from ..subspace.dppca import clip_rows
 
     Pc = clip_rows(P.to(torch.float64), clip)
     s = np.array([float(((Pc @ Wj.to(Pc.device, torch.float64)) ** 2).sum()) for Wj in W])
@@ -98,7 +98,7 @@ class DPEnergy(DPGSD):
 
     def private_side(self, ctx: SideContext, sample: gdata.Sample) -> Subspace:
         from ..gradients import default_chunk_size, gradient_matrix, resolve_device
-        from ..side import sample_labels
+        from ..subspace.side import sample_labels
 
         if self.basis is None:
             raise GSDError("dp-energy: the public sides must come first (use_public_sides)")

@@ -16,11 +16,11 @@ other row. (i) N >= m: couple the draws. Given x is not drawn from D', the draw 
 m-subset of D; given x is drawn, removing x and adding a uniform element y of D not yet drawn gives
 a uniform m-subset S of D. So P_D'(O) = (1 - a) P_D(O) + a E[M(S - y + x)(O)] with a = m / (N + 1),
 where S - y + x differs from S in one row. The mechanism M is epsilon-DP on its m rows under one row
-replaced (score sensitivity C^2, :mod:`gsd_cli.dppca`), so M(S - y + x)(O) is within e^{+-epsilon} of
+replaced (score sensitivity C^2, :mod:`gsd_cli.subspace.dppca`), so M(S - y + x)(O) is within e^{+-epsilon} of
 M(S)(O) for every (S, y), hence P_D'(O) within e^{+-epsilon} of P_D(O). (ii) N < m: every example is a
 row and D' adds one row, which changes the score by (g . v)^2 in [0, C^2]: within the sensitivity,
 so epsilon-DP directly. The model w0, the sketch and the public side do not depend on D (with
-``--dp-sketch public`` the sketch is the span of the public sides themselves, :mod:`gsd_cli.public_basis`,
+``--dp-sketch public`` the sketch is the span of the public sides themselves, :mod:`gsd_cli.subspace.public_basis`,
 built before the private rows are touched, and each row's projection Q^T g is a function of that row
 alone, clipped after: the sensitivity argument above is unchanged); the
 distances and the ranking are post-processing. The number of rows m = min(m, N) would reveal N when
@@ -34,20 +34,20 @@ from __future__ import annotations
 from .. import data as gdata
 from ..errors import GSDError
 from ..privacy.randomness import INSECURE_NOTE, check_insecure_seed, private_rng, randomness_statement
-from ..public_basis import public_basis, public_extra, resolve_dp_sketch
-from ..side import Subspace
+from ..subspace.public_basis import public_basis, public_extra, resolve_dp_sketch
+from ..subspace.side import Subspace
 from .registry import Distance, SideContext, register_distance
 
 
 @register_distance("dp-gsd")
 class DPGSD(Distance):
-    """The private side by :func:`gsd_cli.dppca.private_top_k_subspace` (rows clipped to ``clip``,
+    """The private side by :func:`gsd_cli.subspace.dppca.private_top_k_subspace` (rows clipped to ``clip``,
     ``mechanism`` sequential or matrix) with a secret generator; ``s`` is never released."""
 
     private = True
 
     def __init__(self, config) -> None:
-        from ..dppca import MECHANISMS, bingham_scale
+        from ..subspace.dppca import MECHANISMS, bingham_scale
 
         super().__init__(config)
         pv, g = config.privacy, config.gradients

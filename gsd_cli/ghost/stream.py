@@ -182,7 +182,7 @@ class Streaming:
 
 def _zero_nonfinite_examples(facs: list, n: int) -> None:
     """Zero, in place, every factor of each example of the chunk whose factors hold a NaN or an
-    infinity, as :func:`gsd_cli.dppca.clip_rows` zeroes such a row of a materialised G: a per-example
+    infinity, as :func:`gsd_cli.subspace.dppca.clip_rows` zeroes such a row of a materialised G: a per-example
     rule (it looks at that example alone), so a DP release's sensitivity is unchanged, and one bad
     example cannot turn the release into NaN (which would show its presence)."""
     from .factors import tensors

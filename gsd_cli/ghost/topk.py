@@ -19,7 +19,7 @@ def top_k_from_operator(op, k: int, row_norm: str = "none", v_dtype: torch.dtype
     """Top-k right singular subspace ``(V, s)`` of G (optionally with unit rows), from the Gram matrix
     and one product G^T W: eigh(K) = U diag(s^2) U^T, V = G^T U diag(1/s), re-orthonormalised.
 
-    ``op`` is a :class:`GhostOperator` or :class:`gsd_cli.dppca.DenseOperator`. ``V`` is p x k in
+    ``op`` is a :class:`GhostOperator` or :class:`gsd_cli.subspace.dppca.DenseOperator`. ``V`` is p x k in
     ``v_dtype`` (float32 halves the memory of large models; the orthonormalisation runs in float64)."""
     m, p = op.shape
     if k < 1:
@@ -77,8 +77,8 @@ def ghost_subspace(
     """Top-k subspace ``(V, s)`` of the per-sample gradients of ``m`` examples by the Gram path.
 
     V is p x k: float64 when p*k*8 bytes is at most a quarter of the budget, else float32 (resnet50:
-    1.5 GB instead of 3 GB), orthonormal either way. With ``dp`` (as :func:`gsd_cli.side.sample_subspace`)
-    the subspace is drawn by :func:`gsd_cli.dppca.private_top_k_subspace` on the operator, with the
+    1.5 GB instead of 3 GB), orthonormal either way. With ``dp`` (as :func:`gsd_cli.subspace.side.sample_subspace`)
+    the subspace is drawn by :func:`gsd_cli.subspace.dppca.private_top_k_subspace` on the operator, with the
     private generator ``dp["rng"]``, and ``s`` is empty."""
     budget = DEFAULT_BUDGET if memory_budget is None else parse_bytes(memory_budget)
     model = model.to(device)
@@ -88,7 +88,7 @@ def ghost_subspace(
     if dp is None:
         V, s = top_k_from_operator(op, k, row_norm, v_dtype)
     else:
-        from ..dppca import private_top_k_subspace
+        from ..subspace.dppca import private_top_k_subspace
 
         if row_norm == "unit":
             n = op.gram().diagonal().sqrt()

@@ -3,7 +3,7 @@
 The package follows the data flow: :mod:`.config` (the settings, :class:`RankConfig`), then
 :mod:`.pipeline` (one draw: datasets, model at w0, the private side once, every public side through
 an executor of :mod:`.executors` and the caches, compare, sort), :mod:`.repeats` (R draws with error
-bars) and :mod:`.results` (what comes back). The sides are computed by :mod:`gsd_cli.side`, compared
+bars) and :mod:`.results` (what comes back). The sides are computed by :mod:`gsd_cli.subspace.side`, compared
 by a distance of :mod:`gsd_cli.distance`.
 
 >>> from gsd_cli.ranking import RankConfig, rank
@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 
 from .. import data as gdata
 from ..distance import gradient_subspace_distance
-from ..side import Progress, Subspace, sample_labels, sample_subspace
+from ..subspace.side import Progress, Subspace, sample_labels, sample_subspace
 from .config import GradientSettings, ModelSettings, PrivacySettings, RankConfig, option_names
 from .executors import Executor, LocalExecutor, PublicTask, executor_names, get_executor, register_executor
 from . import ray_executor  # noqa: F401,E402  (registers "ray"; imports Ray only when that executor is built)
@@ -54,8 +54,8 @@ def rank(
     repeats, dp_repeats, gram, memory_budget, weights, peft, insecure_seed, classes, distance,
     subspace_method, batchnorm``) build one, or override a given one. ``model`` is a registry name,
     ``timm:NAME``, ``PATH.py:FACTORY``, an ``nn.Module`` (copied; its own weights are w0) or a factory
-    ``f(num_classes=N)`` (:mod:`gsd_cli.model_spec`); ``batchnorm`` (``freeze``, ``groupnorm``,
-    ``refuse``) keeps its per-sample gradients exact (:mod:`gsd_cli.model_exact`). The rest are how it runs, not what it computes: ``progress``
+    ``f(num_classes=N)`` (:mod:`gsd_cli.models.spec`); ``batchnorm`` (``freeze``, ``groupnorm``,
+    ``refuse``) keeps its per-sample gradients exact (:mod:`gsd_cli.models.exact`). The rest are how it runs, not what it computes: ``progress``
     (``progress(name, done, total)`` after every chunk), ``memo`` (a dict in which subspaces are kept
     and reused when the same settings recur), ``cache`` (a :class:`gsd_cli.cache.SubspaceCache`: the
     *public* subspaces on disk), ``executor`` (where public subspaces are computed: ``"local"``, the
@@ -84,10 +84,10 @@ def rank(
     ``dp_sketch=D`` first projects every gradient
     matrix, private and public alike, by one data-independent Gaussian matrix to D dimensions;
     ``dp_sketch="public"`` (``"public+R"``; with ``dp``) projects the private rows onto the span of the
-    public candidates' own top-k subspaces (:mod:`gsd_cli.public_basis`). ``distance="dp-energy"`` (with
+    public candidates' own top-k subspaces (:mod:`gsd_cli.subspace.public_basis`). ``distance="dp-energy"`` (with
     ``dp``): each candidate's noisy energy share instead of a subspace (:mod:`gsd_cli.distance.dpenergy`).
     ``weights`` and ``peft`` build the model exactly as ``gsd train`` does
-    (:func:`gsd_cli.peft.build_model`), so the distance is computed on the parameters to be trained.
+    (:func:`gsd_cli.models.peft.build_model`), so the distance is computed on the parameters to be trained.
 
     ``repeats=R`` > 1: R independent repeats with means, intervals, win fractions and ties, by
     :func:`rank_repeats` (returns a :class:`RepeatRanking`; under DP, ``dp_repeats`` = ``shared``

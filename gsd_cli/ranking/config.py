@@ -27,12 +27,12 @@ from ..privacy.randomness import check_seed
 class ModelSettings:
     """The model whose gradients are compared, at its initial weights w0 (from the ranking's seed)."""
 
-    model: object = "probe"  # a registry name (gsd models list), timm:NAME, PATH.py:FACTORY, or an nn.Module (gsd_cli.model_spec)
+    model: object = "probe"  # a registry name (gsd models list), timm:NAME, PATH.py:FACTORY, or an nn.Module (gsd_cli.models.spec)
     params: Sequence[str] | str | None = None  # glob patterns of the parameters that get gradients
     weights: str | None = None  # pre-trained weights (new head), as gsd train --weights
     peft: str | None = None  # the trainable set, as gsd train --peft
     classes: int | str | None = None  # the private set's classes where its source declares none
-    batchnorm: str = "freeze"  # BatchNorm layers: freeze, groupnorm or refuse (gsd_cli.model_exact)
+    batchnorm: str = "freeze"  # BatchNorm layers: freeze, groupnorm or refuse (gsd_cli.models.exact)
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class GradientSettings:
     loss: LossFn | None = None
     gram: str = "auto"  # materialize, ghost, auto
     memory_budget: int | str | None = None
-    dp_sketch: int | str | None = None  # D: Gaussian sketch of every gradient (both sides); "public[+R]": DP-GSD's public basis (gsd_cli.public_basis)
+    dp_sketch: int | str | None = None  # D: Gaussian sketch of every gradient (both sides); "public[+R]": DP-GSD's public basis (gsd_cli.subspace.public_basis)
     subspace_method: str = "auto"  # top-k of a materialised matrix: exact, randomized, auto (gsd_cli.subspace)
 
 

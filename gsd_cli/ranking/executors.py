@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Protocol
 from .. import data as gdata
 from ..errors import GSDError
 from ..registry import Registry
-from ..side import Subspace
+from ..subspace.side import Subspace
 
 if TYPE_CHECKING:
     from ..distance import Distance, SideContext
@@ -133,7 +133,7 @@ class PublicRecipe:
     def compute(self, sample: gdata.Sample, seed: int) -> Subspace:
         """The public side of ``sample`` (labels seeded by ``seed``), computed in this process."""
         from ..distance import SideContext
-        from ..peft import build_model
+        from ..models.peft import build_model
 
         m = self.config.model
         key = (m.model, self.common["num_classes"], self.config.seed, m.weights, m.peft,

@@ -21,8 +21,8 @@ from ..cache import public_cache_key
 from ..distance import SideContext, make_distance
 from ..errors import GSDError
 from ..gradients import resolve_device
-from ..public_basis import resolve_dp_sketch
-from ..side import LABELS, ROW_NORMS, Progress
+from ..subspace.public_basis import resolve_dp_sketch
+from ..subspace.side import LABELS, ROW_NORMS, Progress
 from ..subspace import check_method, uniform_baseline
 from .config import RankConfig
 from .executors import PublicSide, PublicTask, public_subspaces, recall, remember
@@ -76,8 +76,8 @@ def _memo_key(source: gdata.ImageSource) -> tuple:
 def rank_once(private, publics: Sequence, config: RankConfig, *, public_seed: int | None = None,
               progress: Progress | None = None, memo: dict | None = None, cache=None, executor=None) -> Ranking:
     """One draw of a ranking (``config.repeats`` is not looked at): see :func:`gsd_cli.ranking.rank`."""
-    from ..model_spec import model_label, resolve_model
-    from ..peft import build_model
+    from ..models.spec import model_label, resolve_model
+    from ..models.peft import build_model
 
     t0 = time.perf_counter()
     _check(config, publics)
@@ -123,7 +123,7 @@ def rank_once(private, publics: Sequence, config: RankConfig, *, public_seed: in
     num_params = sum(dict(net.named_parameters())[n].numel() for n in names)
     if g.k > num_params:
         raise GSDError(f"k={g.k} is larger than the {num_params} selected parameters; use a smaller --k")
-    sketch = resolve_dp_sketch(g.dp_sketch, g.k, distance.private)  # None, a Gaussian D, or public[+R] (gsd_cli.public_basis)
+    sketch = resolve_dp_sketch(g.dp_sketch, g.k, distance.private)  # None, a Gaussian D, or public[+R] (gsd_cli.subspace.public_basis)
     gauss = sketch if isinstance(sketch, int) else None
     ctx = SideContext(net, dims=gauss or num_params, common=dict(
         sketch_dim=gauss, k=g.k, input_size=spec.input_size, channels=spec.channels, num_classes=num_classes,

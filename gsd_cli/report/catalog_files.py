@@ -62,7 +62,7 @@ def run_markdown(run, failures: list[str] | None = None) -> str:
 
 def run_check_failures(run, fail_above: float | None = None, expect_best: str | None = None) -> list[str]:
     """The failed checks of the finished jobs (the flags win over a job's own checks)."""
-    from ..checks import check_ranking
+    from ..ranking.checks import check_ranking
 
     failures = []
     for job, rk in run.results:

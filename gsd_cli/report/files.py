@@ -9,12 +9,12 @@ import json
 import math
 from pathlib import Path
 
-from ..outputs import check_distinct, check_output_path, write_output  # noqa: F401 - re-exported
+from .outputs import check_distinct, check_output_path, write_output  # noqa: F401 - re-exported
 from ..ranking import Ranking, RepeatRanking
 
 
 def write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` by the one writer, :func:`gsd_cli.outputs.write_output` (atomic for a
+    """Write ``text`` to ``path`` by the one writer, :func:`gsd_cli.report.outputs.write_output` (atomic for a
     file; ``-`` is standard output; devices and pipes written directly)."""
     write_output(path, text)
 

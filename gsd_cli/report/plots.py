@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import GSDError
-from ..outputs import save_output
+from .outputs import save_output
 from ..ranking import Ranking
 from .files import check_output_path
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from ..errors import GSDError
-from ..outputs import write_output
+from ..report.outputs import write_output
 
 FORMAT = 2  # 2: the weights file carries the digest of checkpoint.json (1: no digest, not resumable)
 CKPT_WEIGHTS = "checkpoint.safetensors"
@@ -41,7 +41,7 @@ SUMMARY = "summary.json"
 
 def atomic_write(path: Path, data: bytes | str, private: bool = False) -> None:
     """Write via a temporary file in the same folder and rename: never half a file (the one writer,
-    :func:`gsd_cli.outputs.write_output`; ``private``: created 0600)."""
+    :func:`gsd_cli.report.outputs.write_output`; ``private``: created 0600)."""
     write_output(path, data, private=private)
 
 

@@ -96,7 +96,7 @@ def train(
     torch.distributed process group the run uses that group. Process 0 writes and returns the
     summary; the others write nothing and return None.
     """
-    from ..model_spec import model_label, resolve_model
+    from ..models.spec import model_label, resolve_model
 
     cfg = config
     validate(cfg)
@@ -158,7 +158,7 @@ def train(
     total_steps = cfg.epochs * steps_per_epoch
     train_epsilon = cfg.epsilon - size.epsilon  # basic composition with the size estimate (size.py)
 
-    from ..peft import build_model
+    from ..models.peft import build_model
 
     spec, model, names, model_info = build_model(cfg.model, train_src.num_classes, cfg.seed, weights=cfg.weights, peft=cfg.peft, params=cfg.params,
                                                 batchnorm=cfg.batchnorm)

@@ -35,7 +35,7 @@ import torch.nn as nn
 from .. import data as gdata
 from ..errors import GSDError
 from ..gradients import default_loss
-from ..weights import head_prefix
+from ..models.weights import head_prefix
 from . import checkpoint as ckpt
 
 STAGE1_WEIGHTS = "stage1.safetensors"

@@ -3,7 +3,7 @@ and the :class:`BaselineDistance` base class (non-private, labelled so in every 
 
 Features. Every baseline looks at the ranking's model at its initial weights w0 (the same model and
 seed as GSD, so the comparison is fair): the *input of its classification head* (the last
-``nn.Linear``, :func:`gsd_cli.weights.head_prefix`), i.e. the penultimate activations: 144 numbers for
+``nn.Linear``, :func:`gsd_cli.models.weights.head_prefix`), i.e. the penultimate activations: 144 numbers for
 the probe network, 32 for fmnist-cnn. A random-weight network is a fixed random-feature map; it is
 what the ranking has without training anything.
 """
@@ -19,7 +19,7 @@ import torch.nn as nn
 
 from ... import data as gdata
 from ...errors import GSDError
-from ...side import Subspace
+from ...subspace.side import Subspace
 from ..registry import Distance, SideContext
 
 #: What every output of a non-private metric says (JSON "metric", "dp": false; the table's note).
@@ -47,7 +47,7 @@ def own_labels(sample: gdata.Sample) -> np.ndarray:
 def head_input_features(model: nn.Module, x_batches, device: torch.device) -> torch.Tensor:
     """The input of the model's classification head for every example of ``x_batches`` (an iterable
     of input tensors), stacked: m x d, float64, on the CPU."""
-    from ...weights import head_prefix
+    from ...models.weights import head_prefix
 
     head = model.get_submodule(head_prefix(model))
     got: list[torch.Tensor] = []

@@ -82,7 +82,7 @@ def logme(F, labels, iters: int = 100, tol: float = 1e-5) -> float:
 def train_on_public(model: nn.Module, sample: gdata.Sample, common: dict, seed: int) -> dict:
     """A copy of ``model`` trained on the public ``sample`` (own labels, a new head); its state
     without the head."""
-    from ...weights import head_prefix
+    from ...models.weights import head_prefix
 
     dev = common.get("device") or torch.device("cpu")
     net = copy.deepcopy(model).to(dev)

@@ -93,7 +93,7 @@ def book_training_run(config, private, event, epsilon: float, mechanism: str, se
 
 def audit_booking(config, insecure_seed: int | None = None):
     """``gsd audit --private``'s hook: a function ``book(event, epsilon)`` that books the audited
-    training (:func:`gsd_cli.privacy.audit.audit_training` calls it before its first step) on
+    training (:func:`gsd_cli.audit.audit_training` calls it before its first step) on
     ``config.private``: its real examples train beside the canaries under the accounted mechanism,
     so the audit is a DP release about them. With ``insecure_seed``: booked, marked not DP."""
 
@@ -106,9 +106,9 @@ def audit_booking(config, insecure_seed: int | None = None):
 
 def book_opacus(private, noise_multiplier: float, sample_rate: float, steps: int, delta: float, *, method: str = "gep",
                 residual: bool = True, accountant: str = "rdp", dp: bool = True, ledger_location=None) -> dict:
-    """Opt-in hook for a training script that uses gsd's Opacus adapter (:mod:`gsd_cli.opacus`) or Opacus
+    """Opt-in hook for a training script that uses gsd's Opacus adapter (:mod:`gsd_cli.integrations.opacus`) or Opacus
     itself: book its planned run (``steps`` Poisson-subsampled steps at rate ``sample_rate`` and
-    multiplier ``noise_multiplier``; ``method`` ``"gep"`` as :func:`gsd_cli.opacus.gep_event`, or
+    multiplier ``noise_multiplier``; ``method`` ``"gep"`` as :func:`gsd_cli.integrations.opacus.gep_event`, or
     ``"dpsgd"``) on ``private`` **before** training, so that a run past the budget is refused
     (:class:`BudgetExceeded`) before any step."""
     from ..accountant import dpsgd_step_event, epsilon_of, gep_step_event, training_event

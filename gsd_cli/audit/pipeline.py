@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...errors import GSDError
+from ..errors import GSDError
 from .bound import AuditResult, distinguishing_epsilon
 
 BUGS = ("public-seed",)
@@ -41,7 +41,7 @@ def _bug(bug: str | None):
         return
     if bug not in BUGS:
         raise GSDError(f"unknown DP-GSD pipeline bug {bug!r}; use one of {', '.join(BUGS)}")
-    from ...distance import dpgsd
+    from ..distance import dpgsd
 
     real = dpgsd.private_rng
     dpgsd.private_rng = lambda stream, insecure_seed=None, *words: np.random.default_rng(words[0] if words else 0)
@@ -70,8 +70,8 @@ def audit_dpgsd_pipeline(epsilon: float = 1.0, *, trials: int = 15, examples: in
     each neighbour plus one replay each (3 x ``trials`` rankings of a tiny model). ``bug``: one of
     :data:`BUGS`. ``insecure_seed``: each ranking's private randomness from (seed, trial, side),
     for a repeatable audit (a *fixed* insecure seed for every call would be flagged, rightly)."""
-    from ...ranking import rank
-    from ..randomness import check_insecure_seed
+    from ..ranking import rank
+    from ..privacy.randomness import check_insecure_seed
 
     check_insecure_seed(insecure_seed)
     if trials < 5 or examples < 2:
@@ -80,7 +80,7 @@ def audit_dpgsd_pipeline(epsilon: float = 1.0, *, trials: int = 15, examples: in
         raise GSDError(f"--epsilon must be positive (got {epsilon})")
     rng = np.random.default_rng(0x9A7)  # the audit's data: public, fixed
     out = {"D": [], "D'": [], "replay": []}
-    from ..budget import unbooked
+    from ..privacy.budget import unbooked
 
     # the audit's neighbours are synthetic images it writes itself: no user's data, nothing to book
     with tempfile.TemporaryDirectory(prefix="gsd-audit-") as tmp, _bug(bug), unbooked("the audit's synthetic neighbours"):

@@ -38,8 +38,8 @@ import secrets
 import numpy as np
 import torch
 
-from ...errors import GSDError
-from .. import calibrate_noise, epsilon_of, training_event
+from ..errors import GSDError
+from ..privacy import calibrate_noise, epsilon_of, training_event
 from .bound import AuditResult, clopper_pearson
 from .trainers import inject_bug
 
@@ -64,10 +64,10 @@ def audit_step(cfg, *, trials: int = 200_000, examples: int = 8, dims: int = 16,
     """Distinguishing audit of one full-batch step of ``cfg.method`` (one of :data:`STEP_METHODS`)
     at (``cfg.epsilon``, ``cfg.delta``): ``examples`` random per-example gradients in ``dims``
     dimensions form D, D' adds a canary of norm 10 C (clipped to C by the method), and the step is
-    released ``trials`` times under each. ``bug``: as :func:`gsd_cli.privacy.audit.inject_bug`."""
-    from ...privacy.randomness import private_rng
-    from ...train.methods import build_method
-    from ...train.transforms import StepContext, chain_step_event
+    released ``trials`` times under each. ``bug``: as :func:`gsd_cli.audit.inject_bug`."""
+    from ..privacy.randomness import private_rng
+    from ..train.methods import build_method
+    from ..train.transforms import StepContext, chain_step_event
 
     if cfg.method not in STEP_METHODS or cfg.sparsify:
         raise GSDError(f"the step audit takes --method {', '.join(STEP_METHODS)} (without --sparsify); got {cfg.method}")

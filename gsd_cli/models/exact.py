@@ -36,7 +36,7 @@ import math
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from .errors import ModelError
+from ..errors import ModelError
 
 POLICIES = ("freeze", "groupnorm", "refuse")
 HINT = ("use --batchnorm freeze (its running statistics, fixed: right with pre-trained --weights), --batchnorm groupnorm "

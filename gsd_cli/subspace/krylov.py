@@ -11,7 +11,7 @@ m <= p (n = m, N = p), else A = G^T (n = p, N = m), and K is only ever applied t
    float64 against the earlier ones; Rayleigh-Ritz there keeps the top ``keep`` Ritz vectors Q.
    X0 comes from a fixed generator (``START_SEED``): the start is data-independent and the result
    reproducible. It is not private randomness and needs none: the non-private subspace is no DP
-   release (DP-GSD draws its private subspace by its own mechanism, :mod:`gsd_cli.dppca`).
+   release (DP-GSD draws its private subspace by its own mechanism, :mod:`gsd_cli.subspace.dppca`).
 2. Exact phase, float64. Z = K Q with the column blocks of A converted to float64 on the fly (a G
    of at most HOLD64_BYTES in float64 is converted once and kept), Rayleigh-Ritz on span(Q): Ritz values theta_1 >= theta_2 >= ..., vectors
    U = Q Y, residuals R = K U - U diag(theta), all exact to float64 rounding. Until certified (below),

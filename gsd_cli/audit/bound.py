@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from scipy import stats
 
-from ...errors import GSDError
+from ..errors import GSDError
 
 
 def rr_accuracy(epsilon: float) -> float:

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import IO, Callable, Iterable, Mapping
 
-from .errors import GSDError
+from ..errors import GSDError
 
 STDOUT = "-"
 
@@ -153,8 +153,8 @@ def run_inputs(datasets: Iterable[str], catalog: str | Path | None = None, weigh
     (:func:`gsd_cli.data.registry.spec_paths`), a weights file, a model file (``net.py:make``) and the
     catalogue file itself (the paths its datasets and jobs name: :func:`gsd_cli.catalog.catalog_inputs`,
     which the command adds: this module sits below the catalogue)."""
-    from .data.registry import spec_paths
-    from .model_spec import split_file_reference
+    from ..data.registry import spec_paths
+    from ..models.spec import split_file_reference
 
     found: list[Path] = []
     for spec in datasets:

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Protocol, Sequence
 
-from .errors import GSDError
+from ..errors import GSDError
 
 BACKENDS = ("tensorboard", "mlflow")
 INSTALL = "install it with: pip install 'gsd-cli[{extra}]'"
@@ -261,7 +261,7 @@ class MetricsFollower:
             self.inner(kind, done, total)
 
     def flush(self, upto: int | None = None) -> None:
-        from .train.checkpoint import METRICS
+        from ..train.checkpoint import METRICS
 
         f = self.out / METRICS
         if not f.is_file():
@@ -284,7 +284,7 @@ def train_tracked(config, out: str | Path, *, log: Sequence[str], log_dir: str |
     settings, the ``dp`` tag and the final privacy ledger sent to the trackers ``log`` (``tensorboard``,
     ``mlflow``) under ``log_dir`` (default: the run folder ``out``; see the module docstring). Under
     torchrun only process 0 logs."""
-    from .train import train
+    from ..train import train
 
     kinds = check_backends(log)
     if not kinds or os.environ.get("RANK", "0") != "0":

@@ -5,7 +5,7 @@ Embedding Perturbation (paper 000) on public anchor data by swapping the optimiz
 
 .. code-block:: python
 
-    from gsd_cli.opacus import make_private, public_examples
+    from .opacus import make_private, public_examples
     anchors = public_examples("mnist-b", 200, 28, 1)        # the public set gsd rank chose
     model, optimizer, loader = make_private(model, optimizer, loader, public_x=anchors, num_classes=10,
                                             target_epsilon=2.0, delta=1e-5, epochs=5, k=50)
@@ -55,13 +55,13 @@ import torch
 from opacus.accountants.accountant import IAccountant
 from opacus.optimizers.optimizer import DPOptimizer, _check_processed_flag, _mark_as_processed
 
-from .errors import GSDError
-from .privacy import calibrate_noise, effective_noise_multiplier, epsilon_of, gep_step_event, training_event
-from .privacy.randomness import private_rng
-from .train.config import TrainConfig, validate
-from .train.gep import anchor_for
-from .train.methods import build_method
-from .train.transforms import StepContext, chain_step_event
+from ..errors import GSDError
+from ..privacy import calibrate_noise, effective_noise_multiplier, epsilon_of, gep_step_event, training_event
+from ..privacy.randomness import private_rng
+from ..train.config import TrainConfig, validate
+from ..train.gep import anchor_for
+from ..train.methods import build_method
+from ..train.transforms import StepContext, chain_step_event
 
 
 #: The hook tables of an nn.Module that run on a forward or backward pass.
@@ -130,7 +130,7 @@ class GEPAccountant(IAccountant):
 def public_examples(name: str, m: int, input_size: int, channels: int, seed: int = 0, device=None) -> torch.Tensor:
     """``m`` examples of the public dataset ``name`` (any name ``gsd rank`` takes) as model input
     (m x channels x input_size x input_size), drawn as ``gsd train --public-examples m --seed seed``."""
-    from . import data as gdata
+    from .. import data as gdata
 
     return gdata.draw(gdata.resolve(name), m, seed).tensor(input_size, channels, device)
 

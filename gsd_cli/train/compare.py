@@ -1,6 +1,6 @@
 """``gsd compare``: private trainers side by side on one task, under one budget.
 
->>> from gsd_cli.compare import compare
+>>> from gsd_cli.train.compare import compare
 >>> result = compare("mnist-a", "mnist-b", ["dpsgd", "gep", "rgp", "topagg", "gep+rs"], epsilon=2.0, seeds=3,
 ...                  out="cmp")  # doctest: +SKIP
 
@@ -33,10 +33,10 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .errors import GSDError
-from .train.checkpoint import atomic_write, prepare_run_dir
-from .train.config import METHODS, SPARSIFIABLE, TrainConfig, validate
-from .train.methods import method_privacy
+from ..errors import GSDError
+from .checkpoint import atomic_write, prepare_run_dir
+from .config import METHODS, SPARSIFIABLE, TrainConfig, validate
+from .methods import method_privacy
 
 COMPARABLE = tuple(METHODS) + tuple(f"{m}+rs" for m in SPARSIFIABLE)
 
@@ -97,8 +97,8 @@ def compare(
                                       insecure_seed=None if base.insecure_seed is None else base.insecure_seed + i)
             validate(cfg)  # every user error before the first run
             cfgs.append((label, cfg))
-    from .train.loop import refuse_shared_public
-    from .train.splits import private_parts
+    from .loop import refuse_shared_public
+    from .splits import private_parts
 
     parts = private_parts(private)
     for _, cfg in cfgs:  # public data that holds private examples: refused before the first run
@@ -108,7 +108,7 @@ def compare(
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise GSDError(f"--out {out} exists and is not empty; give a new folder (gsd compare never overwrites)")
     out = prepare_run_dir(out, resume=False)
-    from .train import train
+    from . import train
 
     runs = []
     t0 = time.perf_counter()
@@ -212,7 +212,7 @@ def comparison_table(result: dict):
     accuracy: :mod:`gsd_cli.train.evaluate`), epsilon, sigma, time, sparsity."""
     from rich.table import Table
 
-    from .train.evaluate import LABELS
+    from .evaluate import LABELS
 
     metric = (result["table"] or [{}])[0].get("metric", "accuracy")
 

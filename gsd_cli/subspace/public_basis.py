@@ -10,7 +10,7 @@ It does not look at the private examples, their gradients or their number, nor a
 wins. Each private row g (one example's gradient, after ``--row-norm``) becomes Q^T g, a function of
 that example alone, and is then clipped to C; the score v^T (G Q)^T (G Q) v with the clipped rows
 changes by at most C^2 when one row is added, removed or replaced, exactly as without the sketch, so
-the exponential mechanism in R^D keeps its guarantee (:mod:`gsd_cli.dppca`), and mapping its draw
+the exponential mechanism in R^D keeps its guarantee (:mod:`gsd_cli.subspace.dppca`), and mapping its draw
 back (V = Q V_D) and comparing it with every candidate is post-processing.
 
 Utility. The Bingham draw now lives in D = K k (+ extra) dimensions instead of p, so each step's
@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .errors import GSDError
+from ..errors import GSDError
 
 #: the value of ``--dp-sketch`` that selects this sketch (``public+R``: with R extra random directions)
 PUBLIC = "public"
@@ -97,7 +97,7 @@ def public_basis(subspaces: Sequence[torch.Tensor], extra: int = 0, seed: int = 
     order of candidates. The span's basis is the left singular vectors of [V_1 ... V_K] whose singular
     values exceed ``tol`` times the largest (candidates whose subspaces overlap give fewer than K k
     dimensions; D is then smaller, and it is still a function of public data only). The extra
-    directions are Gaussian, drawn from ``seed`` alone in row blocks (as :func:`gsd_cli.side.sketch`),
+    directions are Gaussian, drawn from ``seed`` alone in row blocks (as :func:`gsd_cli.subspace.side.sketch`),
     and orthonormalised against the span. Deterministic: the same public inputs give the same Q bit
     for bit, whatever the private data."""
     if not subspaces:

@@ -3,7 +3,7 @@ train, and the one resolver that ``gsd rank`` and ``gsd train`` share (paper 004
 
 GSD must be computed on exactly the parameters that will be trained (the paper: "we use the same model
 setting for private training and distance computation"), so both commands build their model with
-:func:`build_model`: the registry's model, pre-trained weights (:mod:`gsd_cli.weights`) with a new
+:func:`build_model`: the registry's model, pre-trained weights (:mod:`gsd_cli.models.weights`) with a new
 head sized to the task, then the ``--peft`` choice. Everything else is frozen (``requires_grad``
 False, never in the optimiser, unchanged by training).
 
@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from .errors import ModelError
-from .gradients import match_patterns
+from ..errors import ModelError
+from ..gradients import match_patterns
 
 KEYWORDS = ("head", "last", "bitfit", "lora")
 LORA_INSTALL = "LoRA needs the peft library: pip install 'gsd-cli[lora]' (or pip install peft)"
@@ -167,13 +167,13 @@ def apply_peft(model: nn.Module, spec: str | PeftChoice, *, model_name: str | No
 def build_model(model_name, num_classes: int, seed: int = 0, *, weights: str | None = None, peft: str | None = None,
                 params=None, batchnorm: str = "freeze"):
     """The model that ``gsd rank`` and ``gsd train`` use: ``model_name`` (any model reference of
-    :mod:`gsd_cli.model_spec`: registry name, ``timm:NAME``, ``PATH.py:FACTORY``, ``nn.Module``) with
+    :mod:`gsd_cli.models.spec`: registry name, ``timm:NAME``, ``PATH.py:FACTORY``, ``nn.Module``) with
     initial weights from ``seed``, then ``weights`` (stage 0: pre-trained weights, new head), its
-    BatchNorm layers made exact by ``batchnorm`` (:mod:`gsd_cli.model_exact`), then ``peft``
+    BatchNorm layers made exact by ``batchnorm`` (:mod:`gsd_cli.models.exact`), then ``peft``
     (or the older ``params`` glob selection; not both). Returns ``(spec, model, names, info)``."""
-    from .gradients import select_parameters
-    from .model_exact import make_exact
-    from .model_spec import build_spec_model, model_label
+    from ..gradients import select_parameters
+    from .exact import make_exact
+    from .spec import build_spec_model, model_label
 
     if peft is not None and params:
         raise ModelError("give --peft or --params, not both (--peft also accepts parameter patterns)")

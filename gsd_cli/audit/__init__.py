@@ -29,8 +29,8 @@ def audit(method: str, epsilon: float = 2.0, delta: float = 1e-5, *, canaries: i
     """Audit ``method`` (one of :data:`METHODS`) at (``epsilon``, ``delta``): DP-GSD by
     :func:`audit_dpgsd` (``canaries`` draws per neighbour; pure DP, delta unused), every trainer by
     :func:`audit_training` with ``settings`` (TrainConfig fields) and ``kw`` (its options)."""
-    from ...errors import GSDError
-    from .. import check_delta, check_epsilon
+    from ..errors import GSDError
+    from ..privacy import check_delta, check_epsilon
 
     if method not in METHODS:
         raise GSDError(f"unknown --method {method!r}; use one of {', '.join(METHODS)}")
@@ -53,7 +53,7 @@ def audit_dpgsd_both(epsilon: float, *, draws: int = 2000, trials: int = 15, ins
     sampler_bug = bug if bug in (None, "public-seed") else None
     pipe_bug = "public-seed" if bug == "pipeline-public-seed" else None
     if bug is not None and sampler_bug is None and pipe_bug is None:
-        from ...errors import GSDError
+        from ..errors import GSDError
 
         raise GSDError(f"unknown DP-GSD bug {bug!r}; use public-seed (the sampler's) or pipeline-public-seed")
     a = audit_dpgsd(epsilon, draws=draws, insecure_seed=insecure_seed, bug=sampler_bug, confidence=half, **kw)

@@ -1,4 +1,4 @@
-"""Audit of DP-GSD's exponential mechanism (:func:`gsd_cli.dppca.private_top_k_subspace`, k = 1):
+"""Audit of DP-GSD's exponential mechanism (:func:`gsd_cli.subspace.dppca.private_top_k_subspace`, k = 1):
 a distinguishing test on two neighbouring low-dimensional gradient matrices, and the exact privacy
 loss of that pair by numerical integration.
 
@@ -31,7 +31,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ...errors import GSDError
+from ..errors import GSDError
 from .bound import AuditResult, distinguishing_epsilon
 
 QUANTILES = (0.01, 0.03, 0.1, 0.3, 0.5, 0.7, 0.9)
@@ -65,7 +65,7 @@ def _grid(p: int, n: int) -> np.ndarray:
 def _log_densities(D: torch.Tensor, D2: torch.Tensor, epsilon: float, clip: float, n: int | None = None):
     """Grid points V of the circle or sphere and the log densities (w.r.t. the uniform law) of the
     k = 1 mechanism on D and D' there."""
-    from ...dppca import bingham_scale, clip_rows
+    from ..subspace.dppca import bingham_scale, clip_rows
 
     scale = bingham_scale(epsilon, clip)
     V = _grid(D.shape[1], n or (20000 if D.shape[1] == 2 else 600))
@@ -98,7 +98,7 @@ def thresholds(D: torch.Tensor, D2: torch.Tensor, epsilon: float, clip: float) -
 
 
 def _draws(G: torch.Tensor, epsilon: float, clip: float, draws: int, rng, bug: str | None, offset: int) -> np.ndarray:
-    from ...dppca import private_top_k_subspace
+    from ..subspace.dppca import private_top_k_subspace
 
     out = np.empty((draws, G.shape[1]))
     for i in range(draws):
@@ -123,8 +123,8 @@ def audit_dpgsd(
     """Audit DP-GSD's k = 1 mechanism at ``epsilon`` (pure DP, delta = 0) with ``draws`` draws under
     each neighbour. ``bug="public-seed"`` draws from a generator seeded by the public trial seed (the
     old bug). ``details["exact_loss"]``: the exact privacy loss of the pair."""
-    from ...dppca import private_top_k_subspace
-    from ..randomness import check_insecure_seed, private_rng
+    from ..subspace.dppca import private_top_k_subspace
+    from ..privacy.randomness import check_insecure_seed, private_rng
 
     check_insecure_seed(insecure_seed)
     if bug is not None and bug not in BUGS:

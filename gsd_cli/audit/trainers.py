@@ -43,8 +43,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ...errors import GSDError
-from .. import calibrate_noise, epsilon_of, training_event
+from ..errors import GSDError
+from ..privacy import calibrate_noise, epsilon_of, training_event
 from .bound import AuditResult, audit_epsilon
 
 BUGS = ("noise-halved", "noise-quartered", "no-clip", "gep-no-residual-noise", "noise-x0.9", "noise-x0.8", "noise-x0.7")
@@ -86,7 +86,7 @@ def inject_bug(chain, bug: str | None) -> None:
     """Break ``chain`` on purpose (the audit's teeth): scale every noise std by a factor
     (:data:`NOISE_FACTORS`: 0.9, 0.8, 0.7, halved, quartered), remove every clip, or drop GEP's
     residual noise."""
-    from ...train.transforms import Clip, GaussianNoise
+    from ..train.transforms import Clip, GaussianNoise
 
     if bug is None:
         return
@@ -139,14 +139,14 @@ def audit_training(
     is the correct code's). Private randomness from the OS unless ``insecure_seed``. ``book(event,
     epsilon)``: called with the audited run's dp-accounting event before any step (real private
     examples: :func:`gsd_cli.privacy.budget.audit_booking` books it in the privacy ledger)."""
-    from ...gradients import gradient_matrix
-    from ...train.gep import Anchor, split_groups
-    from ...train.loop import private_randomness, private_step
-    from ...train.methods import build_method
-    from ...train.rgp import RGPReconstruct
-    from ...train.sparsify import RandomSparsify
-    from ...train.transforms import Chain, StepContext, chain_step_event
-    from ..randomness import check_insecure_seed, private_rng
+    from ..gradients import gradient_matrix
+    from ..train.gep import Anchor, split_groups
+    from ..train.loop import private_randomness, private_step
+    from ..train.methods import build_method
+    from ..train.rgp import RGPReconstruct
+    from ..train.sparsify import RandomSparsify
+    from ..train.transforms import Chain, StepContext, chain_step_event
+    from ..privacy.randomness import check_insecure_seed, private_rng
 
     check_insecure_seed(insecure_seed)
     if canaries < 2:
@@ -224,7 +224,7 @@ def audit_training(
     value = canary_norm / math.sqrt(spread)
     weights = torch.ones(canaries, spread)
     if cfg.method == "topagg":  # the part NormTopK keeps of one canary row: what the score reads
-        from ...train.topagg import norm_top_k
+        from ..train.topagg import norm_top_k
 
         kept = norm_top_k(torch.full((1, spread), value), cfg.topk_fraction)[0] != 0
         if not bool(kept.any()):
@@ -294,7 +294,7 @@ def audit_training(
 def audit_config(method: str, epsilon: float, delta: float, **settings):
     """A :class:`~gsd_cli.train.TrainConfig` for an audit of ``method`` (``dpsgd+rs``/``gep+rs``: with
     ``sparsify``, default 0.5)."""
-    from ...train import TrainConfig
+    from ..train import TrainConfig
 
     sparsify = settings.pop("sparsify", None)
     if method.endswith("+rs"):

@@ -1,13 +1,13 @@
 """``gsd models list`` / ``gsd models show NAME``: the registered models, their parameters, presets.
 
 Only the model is built (random weights, nothing downloaded; no forward pass for a registered model,
-one on a zero image for a timm or user model, :mod:`gsd_cli.model_spec`), so even resnet152 or
+one on a zero image for a timm or user model, :mod:`gsd_cli.models.spec`), so even resnet152 or
 vit_b_16 is listed in seconds. ``show`` takes any model reference: ``timm:NAME``, ``PATH.py:FACTORY``...
 """
 
 from __future__ import annotations
 
-from .errors import ModelError
+from ..errors import ModelError
 
 
 def list_models_info() -> list[dict]:
@@ -23,11 +23,11 @@ def list_models_info() -> list[dict]:
 
 def show_model(name, num_classes: int = 10, peft: str | None = None, batchnorm: str = "freeze") -> dict:
     """Parameter names, shapes and counts of model ``name`` (any reference of
-    :mod:`gsd_cli.model_spec`: a registry name, ``timm:NAME``, ``PATH.py:FACTORY``, an ``nn.Module``;
+    :mod:`gsd_cli.models.spec`: a registry name, ``timm:NAME``, ``PATH.py:FACTORY``, an ``nn.Module``;
     head sized to ``num_classes``), its presets with the parameters each selects, with ``peft`` what
-    that choice trains, and what ``batchnorm`` (:mod:`gsd_cli.model_exact`) did to its BatchNorm layers.
+    that choice trains, and what ``batchnorm`` (:mod:`gsd_cli.models.exact`) did to its BatchNorm layers.
     Every entry of ``parameters`` is ``{"name", "shape", "count", "trainable"}``."""
-    from .model_spec import model_label, resolve_model
+    from .spec import model_label, resolve_model
     from .peft import apply_peft, build_model
 
     resolve_model(name)  # an unknown name fails before the class count is looked at

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...errors import GSDError
+from ..errors import GSDError
 
 
 def real_setup(cfg, examples: int, insecure_seed: int | None = None, catalog=None):
@@ -14,11 +14,11 @@ def real_setup(cfg, examples: int, insecure_seed: int | None = None, catalog=Non
     examples of ``cfg.private`` (drawn with private randomness), and ``cfg.public_examples`` anchors
     of ``cfg.public`` for GEP (drawn with ``cfg.seed``, public)."""
     import torch
-    from ... import data as gdata
-    from ...model_spec import resolve_model
-    from ...peft import build_model
-    from ...train.splits import private_parts
-    from ..randomness import private_rng
+    from .. import data as gdata
+    from ..models.spec import resolve_model
+    from ..models.peft import build_model
+    from ..train.splits import private_parts
+    from ..privacy.randomness import private_rng
 
     resolve_model(cfg.model)  # a bad --model fails before any data is read
     train_src, _ = private_parts(cfg.private, cfg.private_test, catalog)
@@ -38,7 +38,7 @@ def real_setup(cfg, examples: int, insecure_seed: int | None = None, catalog=Non
         if not cfg.public:
             raise GSDError("--method gep needs --public (the anchor set) with --private")
         sample = gdata.draw(catalog.resolve(cfg.public) if catalog else gdata.resolve(cfg.public), cfg.public_examples, cfg.seed)
-        from ...ranking.pipeline import refuse_same_dataset
+        from ..ranking.pipeline import refuse_same_dataset
 
         for part in private_parts(cfg.private, cfg.private_test, catalog):  # as gsd train refuses it
             refuse_same_dataset(part, [sample], what="GEP anchor set")

@@ -16,11 +16,11 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from . import data as gdata
-from .data.loader import AHEAD
-from .errors import GSDError
-from .gradients import LossFn, default_chunk_size, gradient_matrix, resolve_device
-from .subspace import top_k_subspace
+from .. import data as gdata
+from ..data.loader import AHEAD
+from ..errors import GSDError
+from ..gradients import LossFn, default_chunk_size, gradient_matrix, resolve_device
+from . import top_k_subspace
 
 LABELS = ("random", "own")
 ROW_NORMS = ("unit", "none")
@@ -103,7 +103,7 @@ def sample_subspace(
     """Per-sample gradients of ``sample`` at the model's weights, then their top-k subspace.
 
     With ``dp = {"epsilon", "clip", "mechanism", "rng"}`` the subspace is drawn by the epsilon-DP
-    mechanism of :func:`gsd_cli.dppca.private_top_k_subspace` instead, with the private generator
+    mechanism of :func:`gsd_cli.subspace.dppca.private_top_k_subspace` instead, with the private generator
     ``rng`` for the random labels and the draw (``s`` is then empty: the private singular values are
     never released). ``label_seed`` (default ``seed``) seeds the random labels alone otherwise;
     ``seed`` also seeds the sketch (public). ``prefetch``: chunks of model input prepared by a
@@ -113,7 +113,7 @@ def sample_subspace(
     benchmarks/bench_end_to_end.py: no gain on 2 cores, and more variance). ``subspace_method``: how the non-private top-k
     subspace of the materialised matrix is found (:func:`gsd_cli.subspace.top_k_subspace`). ``basis``: an
     orthonormal p x D basis computed from public data only (``--dp-sketch public``,
-    :mod:`gsd_cli.public_basis`): each row g becomes Q^T g before the clip and the subspace, and the
+    :mod:`gsd_cli.subspace.public_basis`): each row g becomes Q^T g before the clip and the subspace, and the
     subspace found in R^D is mapped back to R^p (V = Q V_D: post-processing)."""
     t0 = time.perf_counter()
     dev = resolve_device(device)
@@ -146,7 +146,7 @@ def sample_subspace(
 
     info: dict = {}
     if gram != "materialize":
-        from .ghost import choose_gram, ghost_subspace
+        from ..ghost import choose_gram, ghost_subspace
 
         if choose_gram(gram, shown, p, memory_budget, sketch_dim or (basis is not None and basis.shape[1])) == "ghost":
             bs = lambda c: ((x, y[s : s + x.shape[0]]) for s, x in sample.batches(input_size, channels, c, dev, ahead=prefetch))  # noqa: E731
@@ -190,7 +190,7 @@ def sketch(G: torch.Tensor, dim: int, seed: int, block: int = 16384) -> torch.Te
     if dim < 1:
         raise GSDError(f"--dp-sketch must be at least 1 (got {dim})")
     m, p = G.shape
-    from .memory import check_fits
+    from ..memory import check_fits
 
     check_fits(4 * dim * (m + min(block, p)), f"--dp-sketch {dim} ({m} rows and a {min(block, p)}-row block of the "
                f"projection, float32)", "give a smaller --dp-sketch (a few thousand dimensions suffice)", G.device)

@@ -6,7 +6,7 @@ A model reference is one of
 * a registered name (``gsd models list``), e.g. ``probe``, ``resnet18@32``;
 * ``timm:NAME`` (timm, an optional extra: ``pip install 'gsd-cli[timm]'``): ``timm.create_model(NAME,
   pretrained=False, num_classes=N, in_chans=C)``. Nothing is downloaded: pre-trained weights come
-  from a local file with ``--weights FILE`` (:mod:`gsd_cli.weights`; e.g. the ``model.safetensors``
+  from a local file with ``--weights FILE`` (:mod:`gsd_cli.models.weights`; e.g. the ``model.safetensors``
   that timm saved in the Hugging Face cache where there was internet), head new as always;
 * ``PATH.py:FACTORY``: a user's own ``nn.Module``. **Loading it executes the file** (as ``python
   PATH.py`` would, its folder first on ``sys.path`` while it loads), once per content; then
@@ -23,7 +23,7 @@ Input size and channels, first that applies: the suffix ``@SIZE`` or ``@SIZExC``
 forward pass of a zero image must give ``num_classes`` logits, else a one-line :class:`ModelError`.
 
 Per-sample gradients must stay exact: BatchNorm layers are frozen, replaced or refused by
-:mod:`gsd_cli.model_exact`. What identifies a model in the cache: :func:`model_identity`.
+:mod:`gsd_cli.models.exact`. What identifies a model in the cache: :func:`model_identity`.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ import types
 from dataclasses import replace
 from pathlib import Path
 
-from .errors import ModelError
-from .model_digest import model_label, module_identity, qualname
+from ..errors import ModelError
+from .digest import model_label, module_identity, qualname
 
 TIMM_INSTALL = "install it with: pip install 'gsd-cli[timm]'"
 _LOADED: dict[tuple[str, str], types.ModuleType] = {}  # (path, sha256) -> the executed user file
@@ -295,7 +295,7 @@ def _check_model_memory(spec, num_classes: int, seed: int) -> None:
     """Refuse a model whose parameters (with their gradients and a per-example copy: x3) would not fit."""
     import torch
 
-    from .memory import check_fits
+    from ..memory import check_fits
 
     try:
         with torch.device("meta"):
@@ -323,7 +323,7 @@ def build_spec_model(ref, num_classes: int, seed: int = 0):
 def model_identity(model_or_spec, *, weights: bool = True) -> str:
     """A string that changes when the model's architecture, code or (with ``weights``) weights change.
 
-    For a built ``nn.Module``: :func:`gsd_cli.model_digest.module_identity` (its class, a digest of its
+    For a built ``nn.Module``: :func:`gsd_cli.models.digest.module_identity` (its class, a digest of its
     ``repr``, of its classes' code, where it came from: timm name and version, the file's SHA-256 and
     factory, and with ``weights`` of its state dict). For a reference (a name, ``timm:NAME``,
     ``PATH.py:FACTORY``, a spec): what it resolves to, without building it. The disk cache of public

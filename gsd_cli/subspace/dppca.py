@@ -38,8 +38,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .errors import GSDError
-from .subspace import gram
+from ..errors import GSDError
+from . import gram
 
 MECHANISMS = ("sequential", "matrix")
 

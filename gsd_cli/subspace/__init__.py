@@ -1,11 +1,13 @@
-"""Top-k gradient subspaces and the distance between them (paper 004, Algorithm 1 and Definition 3).
+"""Package :mod:`gsd_cli.subspace`: from gradients to subspaces. This module holds the top-k subspace, the projection metric and principal angles; :mod:`.krylov` the Krylov top-k; :mod:`.dppca` the DP samplers (exact real matrix Bingham); :mod:`.public_basis` the public sketch of DP-GSD; :mod:`.side` one sample's subspace at a model (gradients, then top-k or the DP draw). Layer: above :mod:`gsd_cli.gradients`, below :mod:`gsd_cli.distance`.
+
+Top-k gradient subspaces and the distance between them (paper 004, Algorithm 1 and Definition 3).
 
 Top-k subspace. G is m x p. When m <= p, eigh(G G^T) = U diag(s^2) U^T and V_k = G^T U_k diag(1/s_k)
 (the top-k right singular vectors, the same subspace as the SVD's, at O(m^2 p) instead of a full SVD);
 otherwise eigh(G^T G). The Gram matrix is formed in float64: in float32 the subspace is already wrong
 (error ~0.1) when s_k / s_1 is near 1e-4. eigh returns ascending order; the *largest* k are taken.
 That is ``method="exact"``; ``"randomized"`` is block Krylov with a float64 certificate
-(:mod:`gsd_cli.subspace_krylov`: the same V and s, any distance within 1e-7, the exact path when it
+(:mod:`gsd_cli.subspace.krylov`: the same V and s, any distance within 1e-7, the exact path when it
 cannot certify that), and ``"auto"`` picks by size (:func:`choose_method`).
 
 Projection metric. Paper 004's Definition 3 is the unnormalised (sum_i sin^2 theta_i)^(1/2) =
@@ -24,8 +26,8 @@ import math
 
 import torch
 
-from .errors import GSDError
-from .subspace_krylov import KrylovInfo, krylov_top_k, krylov_top_k_gram
+from ..errors import GSDError
+from .krylov import KrylovInfo, krylov_top_k, krylov_top_k_gram
 
 #: How :func:`top_k_subspace` finds the top-k subspace (``--subspace-method``).
 SUBSPACE_METHODS = ("auto", "exact", "randomized")

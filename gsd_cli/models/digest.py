@@ -1,6 +1,6 @@
 """What identifies a model: :func:`module_identity` (architecture, code, origin, weights) and
 :func:`model_label` (how a model is written in settings and outputs). The public entry point is
-:func:`gsd_cli.model_spec.model_identity`, which also takes a model reference."""
+:func:`gsd_cli.models.spec.model_identity`, which also takes a model reference."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from .errors import ModelError
+from ..errors import ModelError
 
 # torchvision's DenseNet checkpoints use the old names 'denselayer1.norm.1.weight' for 'norm1.weight'
 _DENSENET_OLD = re.compile(r"^(.*denselayer\d+\.(?:norm|relu|conv))\.((?:[12])\.(?:weight|bias|running_mean|running_var))$")
@@ -58,7 +58,7 @@ def read_state_dict(source: str | Path, model_name: str | None = None) -> tuple[
 
     if not stat.S_ISREG(path.stat().st_mode):  # /dev/zero, a FIFO: read_bytes would never end
         raise ModelError(f"--weights {path} is not a regular file (a device or pipe); give a .safetensors or .pt file")
-    from .memory import check_fits
+    from ..memory import check_fits
 
     check_fits(2 * path.stat().st_size, f"--weights {path} ({path.stat().st_size:,} bytes, read and then loaded)",
                "give a smaller weights file or free memory")
@@ -109,7 +109,7 @@ def _torchvision_weights(name: str, model_name: str | None) -> tuple[dict, dict]
     if enum_name is None or "/" in name or name.endswith((".pt", ".pth", ".safetensors", ".bin")):
         raise ModelError(f"--weights {name}: no such file" + (
             f"; for {base} give a .safetensors / .pt file or a torchvision weight name such as IMAGENET1K_V1" if enum_name else ""))
-    from .data.torchvision_sets import import_torchvision
+    from ..data.torchvision_sets import import_torchvision
 
     tvm = import_torchvision("torchvision.models")
     enum = getattr(tvm, enum_name)
