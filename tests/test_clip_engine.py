@@ -162,7 +162,7 @@ def test_registered_models_match_brute_force(name, brute_force):
 
 def test_frozen_batchnorm_backbone_by_batchnorm_freeze(brute_force):
     """--batchnorm freeze on a model with BatchNorm layers in training mode (made exact by make_exact)."""
-    from gsd_cli.model_exact import make_exact
+    from gsd_cli.models.exact import make_exact
 
     torch.manual_seed(0)
     net = nn.Sequential(OrderedDict(c=nn.Conv2d(3, 6, 3, stride=2), bn=nn.BatchNorm2d(6), r=nn.ReLU(), f=nn.Flatten(),
@@ -187,7 +187,7 @@ def test_frozen_batchnorm_backbone_by_batchnorm_freeze(brute_force):
 
 def test_lora_adapters_via_peft(brute_force):
     pytest.importorskip("peft")
-    from gsd_cli.peft import build_model
+    from gsd_cli.models.peft import build_model
 
     _, model, names, _ = build_model("fmnist-cnn", 10, 0, peft="lora:r=2,targets=fc1|fc2")
     with torch.no_grad():  # B adapters start at zero: move them so every adapter has a gradient
@@ -409,3 +409,32 @@ def test_sensitivity_of_the_clipped_sum_is_the_clip_norm(rule, monkeypatch):
             assert moved <= C * (1 + 1e-5)
             if float(sq[i]) > (C * 1.01) ** 2:
                 assert moved == pytest.approx(C, rel=1e-4)
+
+
+@pytest.mark.parametrize("C", [0.02, 1e6])
+def test_rgp_carrier_clipped_sums_by_ghost_clipping_equal_its_vmap_path(C):
+    """RGP's clipped carrier gradients (dL, dR of each layer and the other parameters, one vector per
+    example) by the ghost engine on the model with its layers as leaf carriers: the same release as
+    RGP's own vmap path, before and after the warm-up (carriers from W_t, then from W_t - W_0)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(OrderedDict(c1=nn.Conv2d(2, 5, 3), r1=nn.ReLU(), c2=nn.Conv2d(5, 4, 3, stride=2, padding=1, bias=False),
+                                      r2=nn.Tanh(), flat=nn.Flatten(), fc=nn.Linear(4 * 3 * 3, 3)))
+    names = [n for n, _ in model.named_parameters()]
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(7, 2, 7, 7, generator=g), torch.randint(0, 3, (7,), generator=g)
+    chunks = [(x[:4], y[:4]), (x[4:], y[4:])]
+    for step in (0, 5):
+        if step:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.05 * torch.randn_like(p))
+        out = {}
+        for engine in ("auto", "materialise"):
+            m = build_method(TrainConfig(method="rgp", clip=C, rgp_rank=2, rgp_warmup=3, clip_engine=engine), 0.7, model=model, names=names)
+            ctx = StepContext(step=step, model=model, names=names, generator=torch.Generator().manual_seed(3))
+            out[engine] = private_step(m.chain, model, names, chunks, 0, ctx, m.per_sample, clip_sum=m.clip_sum)["grad"]
+            if engine == "auto":
+                assert m.clip_sum.reason.startswith("ghost (RGP carriers)"), m.clip_sum.reason
+            assert ctx.info["clipped_grad"][1] == 7
+        torch.testing.assert_close(out["auto"], out["materialise"], rtol=1e-4, atol=1e-6)
+    assert [n for n, _ in model.named_parameters()] == names  # the swap is undone

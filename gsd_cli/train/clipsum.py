@@ -424,7 +424,7 @@ def fusable(chain) -> bool:
     from .transforms import Clip, Transform
 
     per = [t for t in chain.transforms if type(t).per_example is not Transform.per_example]
-    return len(per) == 1 and isinstance(per[0], Clip) and per[0].part == "grad" and chain.transforms[0] is per[0]
+    return len(per) == 1 and isinstance(per[0], Clip) and per[0].part == "grad"
 
 
 class ClipSumStep:
@@ -524,6 +524,50 @@ class LazyClipSum:
                 model.train(was)
             self.decided = True
         return self.step
+
+
+class RGPClipSum:
+    """RGP's clipped sums (paper 001, Algorithm 1 lines 7-10: the carrier gradients dL, dR of every layer
+    and the other trained parameters' gradients, clipped to C as one vector, summed) by the same engine:
+    each step the model with its reparametrized layers as three leaf layers (``r`` weight R, ``l``
+    weight L, ``res`` the frozen W~ with the bias: :meth:`~gsd_cli.train.rgp.RGP.leaves`), whose
+    selected parameters are exactly the carriers and the others, in :meth:`~gsd_cli.train.rgp.RGP.order`.
+    The first-use check (synthetic batch) runs on that model; a refusal keeps RGP's vmap path."""
+
+    def __init__(self, mode: str, max_norm: float, rgp, loss=None):
+        self.mode, self.max_norm, self.rgp, self.loss = mode, float(max_norm), rgp, loss
+        self.decided, self.ok = False, False
+        self.reason = ""
+
+    def rows(self, model, names, x, y, out) -> bool:
+        return False
+
+    def hook(self, model, names, x, y):
+        if not self.decided:
+            from ..gradients import _full_precision, _only_trainable
+
+            was = model.training
+            try:
+                model.train()
+                with self.rgp.leaves(model) as (m2, names2), _only_trainable(m2, names2), _full_precision():
+                    eng = ClippedSum(m2, names2, self.loss)
+                    eng.check(x, y)
+                self.ok = True
+                self.reason = "ghost (RGP carriers): " + ", ".join(f"{k} {v}" for k, v in eng.plan.items())
+            except NotImplementedError as e:
+                if self.mode == "ghost":
+                    raise GSDError(f"--clip-engine ghost: {str(e).splitlines()[0]}; use --clip-engine auto or materialise") from None
+                self.reason = f"materialise ({str(e).splitlines()[0]})"
+            finally:
+                model.train(was)
+            self.decided = True
+        return self if self.ok else None
+
+    def __call__(self, model, names, x, y, ctx) -> dict:
+        if ctx is not None and ctx.model is not None:
+            self.rgp.compute(model, ctx.step)
+        with self.rgp.leaves(model) as (m2, names2):
+            return ClipSumStep(ClippedSum(m2, names2, self.loss), self.max_norm)(m2, names2, x, y, ctx)
 
 
 def _default_loss():

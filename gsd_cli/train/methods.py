@@ -142,6 +142,11 @@ def build_other(cfg, sigma: float, *, model=None, names=None, rgp: RGP | None = 
                f"RGP: rank-{cfg.rgp_rank} carrier gradients ({rgp.width} of {full} coordinates per example) clipped to C, "
                "N(0, (sigma C)^2 I) on their sum, update reconstructed by Eq. 3", details)
     m.per_sample = _PerSample(per_sample, rgp)
+    if getattr(cfg, "clip_engine", "auto") != "materialise":  # the clipped sums of the carriers by ghost clipping
+        from .clipsum import RGPClipSum, fusable
+
+        assert fusable(ch)
+        m.clip_sum = RGPClipSum(cfg.clip_engine, C, rgp)
     return m
 
 

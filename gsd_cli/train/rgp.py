@@ -117,6 +117,33 @@ class _RGPConv2d(_LowRankWeight, nn.Module):
         return F.conv2d(h, self.L) + F.conv2d(x, self.residual, self.bias, self.stride, self.padding, self.dilation)
 
 
+class _RGPLeaves(nn.Module):
+    """The same L R + W~ form as three leaf layers, for the ghost clipped sum (:class:`RGPClipSum`):
+    ``r`` (W's kernel, r outputs, weight R), ``l`` (r -> p, 1x1 for a convolution, weight L) and ``res``
+    (W~ and the original bias, the same Parameter); y = l(r(x)) + res(x)."""
+
+    def __init__(self, orig: nn.Module, L: torch.Tensor, R: torch.Tensor, residual: torch.Tensor):
+        super().__init__()
+        conv = isinstance(orig, nn.Conv2d)
+        if conv:
+            kw = dict(stride=orig.stride, padding=orig.padding, dilation=orig.dilation)
+            self.r = nn.Conv2d(R.shape[1], R.shape[0], tuple(R.shape[2:]), bias=False, **kw)
+            self.l = nn.Conv2d(L.shape[1], L.shape[0], 1, bias=False)
+            self.res = nn.Conv2d(residual.shape[1], residual.shape[0], tuple(residual.shape[2:]), bias=False, **kw)
+        else:
+            self.r = nn.Linear(R.shape[1], R.shape[0], bias=False)
+            self.l = nn.Linear(L.shape[1], L.shape[0], bias=False)
+            self.res = nn.Linear(residual.shape[1], residual.shape[0], bias=False)
+        self.r.weight = nn.Parameter(R.detach().clone())
+        self.l.weight = nn.Parameter(L.detach().clone())
+        self.res.weight = nn.Parameter(residual.detach().clone(), requires_grad=False)
+        if orig.bias is not None:
+            self.res.bias = orig.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l(self.r(x)) + self.res(x)
+
+
 def reparametrizable(module: nn.Module) -> bool:
     if isinstance(module, nn.Linear):
         return True
@@ -166,6 +193,7 @@ class RGP:
             raise GSDError("--method rgp found no trained Linear or Conv2d weight to reparametrize; check --params")
         self.weights = {l.weight_name for l in self.layers}
         self.other = [n for n in self.names if n not in self.weights]
+        self._others = {n: params[n] for n in self.other}  # the Parameter objects (found again after a swap)
         self.sizes = {n: params[n].numel() for n in self.names}
         self.w0 = {l.weight_name: params[l.weight_name].detach().clone() for l in self.layers}
         self.step = None
@@ -223,6 +251,31 @@ class RGP:
                 setattr(parent, child, wrap)
                 saved.append((parent, child, layer.module))
             yield model
+        finally:
+            for parent, child, mod in reversed(saved):
+                setattr(parent, child, mod)
+
+    @contextlib.contextmanager
+    def leaves(self, model: nn.Module):
+        """The model with every reparametrized layer replaced by :class:`_RGPLeaves` (same outputs), and
+        the names, in the swapped model, of the per-sample vector's entries in :meth:`order` (each layer's
+        ``l.weight``, ``r.weight``, then the other trained parameters, a reparametrized layer's bias now
+        ``res.bias``)."""
+        saved = []
+        try:
+            for layer in self.layers:
+                parent_name, _, child = layer.mname.rpartition(".")
+                parent = model.get_submodule(parent_name) if parent_name else model
+                W = layer.module.weight.detach()
+                Ls, Rs = self.carrier_shapes(layer)
+                residual = (W.double().reshape(layer.p, layer.d) - layer.L @ layer.R).to(W.dtype).reshape(layer.shape)
+                wrap = _RGPLeaves(layer.module, layer.L.to(W.dtype).reshape(Ls), layer.R.to(W.dtype).reshape(Rs), residual)
+                setattr(parent, child, wrap)
+                saved.append((parent, child, layer.module))
+            by_id = {id(p): n for n, p in model.named_parameters()}
+            names = [f"{layer.mname}.{part}.weight" for layer in self.layers for part in ("l", "r")]
+            names += [by_id[id(self._others[n])] for n in self.other]
+            yield model, names
         finally:
             for parent, child, mod in reversed(saved):
                 setattr(parent, child, mod)

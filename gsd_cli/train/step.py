@@ -59,7 +59,7 @@ def private_step(chain: Chain, model: torch.nn.Module, names: Sequence[str], bat
     sums = None
     dtypes = None
     for x, y in batches:
-        fused = clip_sum.hook(model, names, x, y) if clip_sum is not None and per_sample is None else None
+        fused = clip_sum.hook(model, names, x, y) if clip_sum is not None else None
         if fused is not None:
             chunk_sums = fused(model, names, x, y, ctx)
             dtypes = dtypes or {"grad": dict(model.named_parameters())[names[0]].dtype}
