@@ -48,6 +48,8 @@ from typing import Callable
 import torch
 
 from .data.fingerprint import sample_fingerprint
+from .models.digest import _tensor_digest, model_digest  # noqa: F401 (the cache keys on them)
+from .data.roots import CACHE_ENV as ENV, CALIBRATION_SUBFOLDER, cache_dir_or_reason, default_cache_dir  # noqa: F401 (where the cache lives)
 from .data.transform import TRANSFORM
 from .subspace.side import Subspace, sample_labels
 
@@ -55,10 +57,7 @@ from .subspace.side import Subspace, sample_labels
 SCHEMA = 2
 #: every schema gsd has written: ``clear`` deletes entries of these only
 KNOWN_SCHEMAS = (1, 2)
-ENV = "GSD_CACHE_DIR"
 _ENTRY = re.compile(r"[0-9a-f]{64}\.safetensors")
-#: The subfolder where gsd keeps noise calibrations (:mod:`gsd_cli.privacy.calibration_cache`).
-CALIBRATION_SUBFOLDER = "calibration"
 #: gsd's temporary files: ``.gsd-tmp-<the entry's 64-hex key>.<mkstemp's 8 characters>.tmp``, a name a
 #: user's file does not have by chance (``clear`` deletes these and nothing else that is not an entry)
 _TEMP_PREFIX = ".gsd-tmp-"
@@ -67,31 +66,6 @@ _TEMP = re.compile(r"\.gsd-tmp-[0-9a-f]{64}\.[a-z0-9_]{8}\.tmp")
 SETTINGS_FILE = "gsd-cache-settings.json"
 #: the default size cap of the cache's entries: least recently used entries are deleted beyond it
 DEFAULT_MAX_BYTES = 2 * 2**30
-
-
-def cache_dir_or_reason() -> tuple[Path | None, str | None]:
-    """``(folder, None)`` of the cache: ``$GSD_CACHE_DIR``, else ``$XDG_CACHE_HOME/gsd/subspaces`` when
-    ``$XDG_CACHE_HOME`` is an existing folder, else ``$HOME/.cache/gsd/subspaces`` when ``$HOME`` is one;
-    else ``(None, why)``: a missing ``$HOME`` or ``$XDG_CACHE_HOME`` is never created, and with ``$HOME``
-    unset the cache is off (the password database's home may be another user's, under sudo)."""
-    if os.environ.get(ENV):
-        return Path(os.environ[ENV]).expanduser(), None
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg:
-        if not os.path.isabs(xdg) or not os.path.isdir(xdg):
-            return None, f"XDG_CACHE_HOME={xdg} is not an existing folder"
-        return Path(xdg) / "gsd" / "subspaces", None
-    home = os.environ.get("HOME")
-    if not home:
-        return None, "HOME is not set"
-    if not os.path.isabs(home) or not os.path.isdir(home):
-        return None, f"HOME={home} is not an existing folder"
-    return Path(home) / ".cache" / "gsd" / "subspaces", None
-
-
-def default_cache_dir() -> Path | None:
-    """The cache folder (:func:`cache_dir_or_reason`), or None when there is no usable one."""
-    return cache_dir_or_reason()[0]
 
 
 def parse_size(text: str | int) -> int:
@@ -107,15 +81,6 @@ def parse_size(text: str | int) -> int:
     if value > 2**62:
         raise GSDError(f"size {text!r} is too large; give at most 4E bytes")
     return int(value)
-
-
-def _tensor_digest(*tensors: torch.Tensor) -> str:
-    h = hashlib.sha256()
-    for t in tensors:
-        t = t.detach().to("cpu").contiguous()
-        h.update(str((tuple(t.shape), str(t.dtype))).encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b"")  # reshape: a 0-dim buffer (num_batches_tracked); no copy
-    return h.hexdigest()
 
 
 #: bytes of the stored basis read (and converted) at a time by :meth:`SubspaceCache.load`
@@ -142,29 +107,6 @@ def _load_basis(f, h) -> torch.Tensor:
         h.update(blk.reshape(-1).view(torch.uint8).numpy())
         V[a:a + rows] = blk
     return V
-
-
-_MODEL_DIGESTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def model_digest(model: torch.nn.Module) -> str:
-    """SHA-256 of a model's description (its ``repr``: layers, their shapes and activations; which
-    modules are in training mode) and of its state (parameters and buffers, by name). Kept per model
-    object while no tensor of it changes (same storage, same in-place version counter), so that the
-    candidates of one ranking hash the weights once."""
-    state = sorted(model.state_dict(keep_vars=True).items())
-    stamp = tuple((n, t.data_ptr(), t._version, tuple(t.shape), str(t.dtype)) for n, t in state)
-    kept = _MODEL_DIGESTS.get(model)
-    if kept is not None and kept[0] == stamp:
-        return kept[1]
-    h = hashlib.sha256()
-    h.update(repr(model).encode())
-    h.update(repr([m.training for m in model.modules()]).encode())
-    h.update(json.dumps([n for n, _ in state]).encode())
-    h.update(_tensor_digest(*[t.detach() for _, t in state]).encode())
-    digest = h.hexdigest()
-    _MODEL_DIGESTS[model] = (stamp, digest)
-    return digest
 
 
 class SubspaceCache:

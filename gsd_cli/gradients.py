@@ -11,7 +11,6 @@ and ``info["engine_choice"]`` say which and how.
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 from typing import Callable, Iterable, Sequence
 
 import torch
@@ -24,6 +23,7 @@ from .engines import VmapEngine as _VmapEngine  # noqa: F401
 from .engines import LossFn, start_engine
 from .engines import scatter as _scatter  # noqa: F401
 from .errors import GSDError, ModelError
+from .models.params import match_patterns, select_parameters  # noqa: F401 (their home is the models layer)
 
 ENGINES = ("auto", "vmap", "hooks", "layers")
 
@@ -43,40 +43,6 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise GSDError("--device cuda was asked for but no CUDA GPU is visible; use --device auto or cpu")
     return dev
-
-
-def select_parameters(model: nn.Module, patterns: Sequence[str] | str | None = None) -> list[str]:
-    """Names of the parameters that get gradients.
-
-    ``patterns``: glob patterns (``fnmatch``) over ``model.named_parameters()`` names, or a comma-
-    separated string of them (a pattern naming a module matches its parameters, as ``--peft``);
-    ``None`` means every trainable parameter. A pattern that matches no parameter is an error (it is
-    almost always a typo).
-    """
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    if patterns is None:
-        if not names:
-            raise ModelError("the model has no trainable parameters; select some with --params")
-        return names
-    if isinstance(patterns, str):
-        patterns = [patterns]
-    pats = [q.strip() for pat in patterns for q in pat.split(",") if q.strip()]
-    if not pats:
-        raise ModelError("--params is empty; give glob patterns such as '*' or 'fc.*,layer3.*'")
-    return match_patterns([n for n, _ in model.named_parameters()], pats, "--params")
-
-
-def match_patterns(names: list[str], patterns: list[str], what: str = "--peft") -> list[str]:
-    """The names matched by glob ``patterns``; a pattern naming a module matches its parameters.
-    A pattern that matches nothing is an error (it is almost always a typo)."""
-    chosen: set[str] = set()
-    for pat in patterns:
-        hit = [n for n in names if fnmatch.fnmatchcase(n, pat) or fnmatch.fnmatchcase(n, pat + ".*")]
-        if not hit:
-            near = [n for n in names if n.split(".")[0] == pat.split(".")[0]][:4] or names[:4]
-            raise ModelError(f"{what} pattern {pat!r} matches no parameter; names look like: {', '.join(near)}, ... (gsd models show MODEL)")
-        chosen.update(hit)
-    return [n for n in names if n in chosen]
 
 
 def default_chunk_size(device: torch.device, num_params: int) -> int:

@@ -160,3 +160,51 @@ def test_the_cli_and_the_package_load_without_torch():
     code = "import sys, gsd_cli, gsd_cli.cli; assert 'torch' not in sys.modules, 'torch was imported'; print(gsd_cli.__version__)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+# --- the layers of the data flow (issue 35) ------------------------------------------------------------
+#: each top-level part of gsd_cli and its layer: a module may import its own layer and those below,
+#: never one above (privacy knows nothing of training; data nothing of models or gradients)
+LAYERS = {
+    "": 0, "errors": 0, "defaults": 0, "registry": 0, "memory": 0, "allocator": 0,  # cross-cutting
+    "data": 1,
+    "privacy": 2, "models": 2,
+    "gradients": 3, "engines": 3, "engine_layers": 3,
+    "subspace": 4, "ghost": 4,
+    "distance": 5,
+    "ranking": 6, "report": 6, "cache": 6, "catalog": 6,
+    "train": 7,
+    "audit": 8, "integrations": 8,
+    "cli": 9,
+}
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")[1:]
+    top = parts[0] if parts else ""
+    assert top in LAYERS, f"{module}: add its part to LAYERS (tests/test_architecture.py) and the architecture page"
+    return LAYERS[top]
+
+
+def test_no_import_runs_from_a_lower_layer_to_a_higher_one():
+    modules = _modules()
+    up = sorted(f"{m} -> {n}" for m, p in modules.items() for n in _imports(m, p, modules) if _layer(n) > _layer(m))
+    assert not up, "imports against the layer order:\n" + "\n".join(up)
+
+
+def test_the_old_import_paths_still_work():
+    """Modules moved into packages in 0.2 are the same module objects under their old names."""
+    import importlib
+
+    for old, new in gsd_cli.MOVED.items():
+        assert importlib.import_module(old) is importlib.import_module(new), old
+    from gsd_cli.opacus import GEPOptimizer  # noqa: F401 (a user's script of 0.1)
+    from gsd_cli.privacy.audit import audit  # noqa: F401
+
+
+def test_top_level_modules_are_few():
+    """Besides __init__ and the packages, only cross-cutting modules (and those not yet moved, listed)."""
+    top = sorted(p.stem for p in ROOT.glob("*.py") if p.stem != "__init__")
+    allowed = {k for k, v in LAYERS.items() if k} - {"data", "privacy", "models", "subspace", "ghost", "distance", "ranking",
+                                                        "report", "train", "audit", "integrations", "cli"}
+    assert set(top) <= allowed, set(top) - allowed

@@ -111,7 +111,7 @@ def test_datasets_check(tmp_path, npz_pair, capsys):
     cat = tmp_path / "gsd.toml"
     cat.write_text(f'[datasets.derm]\nsource = "csv"\npath = "labels.csv"\n[datasets.priv]\nsource = "npz"\npath = "{npz_pair["priv"]}"\n'
                    '[[jobs]]\nprivate = "priv"\ncandidates = ["derm", "missing-one"]\n')
-    report = check_datasets(catalog=cat)
+    report = check_datasets(catalog=load_catalog(cat))
     by = {d.name: d for d in report.datasets}
     assert list(by) == ["priv", "derm", "missing-one"] and not report.ok
     assert not by["priv"].problems and by["priv"].examples == 60

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import inspect
 import sys
 import weakref
@@ -94,3 +95,39 @@ def module_identity(model, *, weights: bool = True) -> str:
     if weights:
         parts.append(f"weights={_weights_digest(m)[:32]}")
     return " ".join(parts)
+
+
+# --- the digest of a model object (its description and state): what a cached public subspace is keyed on
+
+def _tensor_digest(*tensors: "torch.Tensor") -> str:
+    import torch
+
+    h = hashlib.sha256()
+    for t in tensors:
+        t = t.detach().to("cpu").contiguous()
+        h.update(str((tuple(t.shape), str(t.dtype))).encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b"")  # reshape: a 0-dim buffer (num_batches_tracked); no copy
+    return h.hexdigest()
+
+
+_MODEL_DIGESTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def model_digest(model: "torch.nn.Module") -> str:
+    """SHA-256 of a model's description (its ``repr``: layers, their shapes and activations; which
+    modules are in training mode) and of its state (parameters and buffers, by name). Kept per model
+    object while no tensor of it changes (same storage, same in-place version counter), so that the
+    candidates of one ranking hash the weights once."""
+    state = sorted(model.state_dict(keep_vars=True).items())
+    stamp = tuple((n, t.data_ptr(), t._version, tuple(t.shape), str(t.dtype)) for n, t in state)
+    kept = _MODEL_DIGESTS.get(model)
+    if kept is not None and kept[0] == stamp:
+        return kept[1]
+    h = hashlib.sha256()
+    h.update(repr(model).encode())
+    h.update(repr([m.training for m in model.modules()]).encode())
+    h.update(json.dumps([n for n, _ in state]).encode())
+    h.update(_tensor_digest(*[t.detach() for _, t in state]).encode())
+    digest = h.hexdigest()
+    _MODEL_DIGESTS[model] = (stamp, digest)
+    return digest

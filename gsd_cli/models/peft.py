@@ -36,7 +36,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import ModelError
-from ..gradients import match_patterns
+from .params import match_patterns
 
 KEYWORDS = ("head", "last", "bitfit", "lora")
 LORA_INSTALL = "LoRA needs the peft library: pip install 'gsd-cli[lora]' (or pip install peft)"
@@ -171,7 +171,7 @@ def build_model(model_name, num_classes: int, seed: int = 0, *, weights: str | N
     initial weights from ``seed``, then ``weights`` (stage 0: pre-trained weights, new head), its
     BatchNorm layers made exact by ``batchnorm`` (:mod:`gsd_cli.models.exact`), then ``peft``
     (or the older ``params`` glob selection; not both). Returns ``(spec, model, names, info)``."""
-    from ..gradients import select_parameters
+    from .params import select_parameters
     from .exact import make_exact
     from .spec import build_spec_model, model_label
 

@@ -36,7 +36,7 @@ TIGHT = 1e-3
 def calibration_dir() -> Path | None:
     """``calibration/`` under the cache folder of :func:`gsd_cli.cache.default_cache_dir` (None: there
     is no usable cache folder, and then nothing is cached)."""
-    from ..cache import CALIBRATION_SUBFOLDER, default_cache_dir
+    from ..data.roots import CALIBRATION_SUBFOLDER, default_cache_dir
 
     base = default_cache_dir()
     return None if base is None else base / CALIBRATION_SUBFOLDER
