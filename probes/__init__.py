@@ -33,12 +33,12 @@ class ModelSpec:
 
     name: str
     constructor: Callable[..., nn.Module]
-    input_size: int | None  # None: read off the built model (a user's model, gsd_cli.model_spec.settle_spec)
+    input_size: int | None  # None: read off the built model (a user's model, gsd_cli.models.spec.settle_spec)
     channels: int | None  # None: read off the built model (as input_size)
     description: str = ""
     presets: dict[str, tuple[str, ...]] = field(default_factory=dict)
     takes_input_size: bool = False  # the constructor also takes ``input_size`` (ViT's patch grid)
-    #: where the model comes from, for its identity (:func:`gsd_cli.model_spec.model_identity`): empty
+    #: where the model comes from, for its identity (:func:`gsd_cli.models.spec.model_identity`): empty
     #: for a registered model; ``{"kind": "timm" | "file" | "module" | "factory", ...}`` otherwise
     origin: dict = field(default_factory=dict)
 
@@ -80,7 +80,7 @@ def parse_input(name: str) -> tuple[str, int | None, int | None]:
 def get_model_spec(name: str) -> ModelSpec:
     """Look a model up by name; raises ``KeyError`` listing the known names. ``NAME@SIZE`` (e.g.
     ``resnet18@32``) is model NAME built for SIZE x SIZE inputs, ``NAME@SIZExC`` also for C channels.
-    (``timm:NAME``, ``FILE.py:FACTORY`` and ``nn.Module`` objects: :func:`gsd_cli.model_spec.resolve_model`.)"""
+    (``timm:NAME``, ``FILE.py:FACTORY`` and ``nn.Module`` objects: :func:`gsd_cli.models.spec.resolve_model`.)"""
     base, size, chans = parse_input(name)
     try:
         spec = _REGISTRY[base]

@@ -2,7 +2,7 @@
 
 ``resnet18``, ``resnet50-bn``, ``resnet152``, ``densenet121`` and ``vit_b_16`` are torchvision's
 architectures built with ``weights=None`` (nothing is downloaded here; pre-trained weights come from
-``--weights``, see :mod:`gsd_cli.weights`), with the classification head sized to the task.
+``--weights``, see :mod:`gsd_cli.models.weights`), with the classification head sized to the task.
 (``resnet50`` is the GroupNorm ResNet-50 of :mod:`probes.resnet50`, meant for training from scratch;
 ``resnet50-bn`` is torchvision's, whose ImageNet weights load.)
 
@@ -113,7 +113,7 @@ class LinearSelfAttention(nn.Module):
     projections as ``nn.Linear`` layers: ``in_proj`` (query, key and value stacked, as the fused
     ``in_proj_weight``) and ``out_proj``. The same function and the same tensors, but LoRA (peft) can
     wrap the projections and torch.func sees every parameter. torchvision's state-dict names
-    ``in_proj_weight`` / ``in_proj_bias`` load into it (:mod:`gsd_cli.weights` renames them)."""
+    ``in_proj_weight`` / ``in_proj_bias`` load into it (:mod:`gsd_cli.models.weights` renames them)."""
 
     def __init__(self, mha: nn.MultiheadAttention):
         super().__init__()
