@@ -16,7 +16,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from gsd_cli.cache import SubspaceCache
+from gsd_cli.ranking.cache import SubspaceCache
 from gsd_cli.defaults import DEFAULT_PRIVATE, DEFAULT_PUBLIC
 from gsd_cli.ranking import RankConfig, rank
 

@@ -20,7 +20,7 @@ In one run (figures are seconds and ratios; the JSON keeps both):
            calibration is cached), and ``gsd --help`` / ``gsd datasets list`` start-up (wall and CPU
            seconds: the CPU seconds are steadier on a busy machine);
 * engines: (``--engines``) the three per-sample engines per chunk, interleaved: the evidence for
-           ``engine="auto"``'s rule on this device (:mod:`gsd_cli.engines`).
+           ``engine="auto"``'s rule on this device (:mod:`gsd_cli.gradients.engines`).
 
 It measures whatever the tree contains (input pipeline, top-k, engines). Record the load: figures
 taken while other work runs on the machine are slower and noisier (``loadavg`` in the JSON). A
@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from gsd_cli.data import DEFAULT_PRIVATE, DEFAULT_PUBLIC, draw, resolve
-from gsd_cli.engines import engine_choices, forget_engine_choices
+from gsd_cli.gradients.engines import engine_choices, forget_engine_choices
 from gsd_cli.gradients import default_chunk_size, gradient_matrix, per_sample_gradients, resolve_device, select_parameters
 from probes import get_model_spec
 
@@ -279,10 +279,10 @@ def _anchor(cfg, pub, model, names, num_classes, chunk, dev):
 # -------------------------------------------------------------------------------------- engines
 def engine_rounds(models: list[str], chunks: list[int], rounds: int, dev: torch.device) -> list[dict]:
     """The evidence for ``auto``'s rule: per chunk, every engine in interleaved rounds
-    (:func:`gsd_cli.engines.measure_engines`: one warm-up round, then alternating order), median
+    (:func:`gsd_cli.gradients.engines.measure_engines`: one warm-up round, then alternating order), median
     seconds, each engine's median over vmap's, and in how many rounds ``layers`` was the fastest. An engine that refuses the model (Opacus refuses BatchNorm) is
     left out of that model's rows (``None``)."""
-    from gsd_cli.engines import measure_engines
+    from gsd_cli.gradients.engines import measure_engines
     from gsd_cli.gradients import default_loss
 
     kinds = ("vmap", "hooks", "layers")

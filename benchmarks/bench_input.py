@@ -10,7 +10,7 @@ checked equal (``torch.equal``), and the seconds of the public cache key
 
 * old: every drawn example loaded and resized again and the 224x224x3 float tensors hashed (the
   schema-1 key), plus the weights;
-* new: :func:`gsd_cli.cache.public_cache_key` (raw rows / file bytes, labels, settings, weights).
+* new: :func:`gsd_cli.ranking.cache.public_cache_key` (raw rows / file bytes, labels, settings, weights).
 
 ``--overlap``: seconds of :func:`gsd_cli.subspace.side.sample_subspace` on one set with the input prepared in
 the caller's thread (``prefetch=0``) and by the background thread (``prefetch=1``).
@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from gsd_cli import data as gdata
-from gsd_cli.cache import SubspaceCache, _tensor_digest, public_cache_key
+from gsd_cli.ranking.cache import SubspaceCache, _tensor_digest, public_cache_key
 from gsd_cli.data.base import read_images
 from gsd_cli.data.transform import to_model_input
 from gsd_cli.gradients import select_parameters

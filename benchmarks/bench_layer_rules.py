@@ -1,7 +1,7 @@
 """The two Conv2d rules of the ``layers`` engine, per layer shape: patches (one batched matmul of the
 output gradient with the input's channels-last patches) against torch's grouped weight-gradient kernel
 (a convolution with n groups), on channels-first and channels-last inputs. The evidence for
-``GROUPED_MIN_CHANNELS`` in :mod:`gsd_cli.engine_layers`.
+``GROUPED_MIN_CHANNELS`` in :mod:`gsd_cli.gradients.layers`.
 
 Shapes: the convolutions of the probe (224x224), the FMNIST CNN (28x28) and ResNet20 (32x32).
 
@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 
 from gsd_cli.allocator import keep_freed_memory
-from gsd_cli.engine_layers import conv2d_grouped, conv2d_patches
+from gsd_cli.gradients.layers import conv2d_grouped, conv2d_patches
 
 #: name, in channels, out channels, kernel, stride, padding, input size
 SHAPES = [

@@ -75,7 +75,7 @@ def catalogue_part(args) -> dict:
     import ray
     import torch
 
-    from gsd_cli.catalog import run_catalog
+    from gsd_cli.ranking.catalog import run_catalog
     from gsd_cli.ranking.ray_executor import RayExecutor
 
     torch.set_num_threads(1)

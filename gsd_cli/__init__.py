@@ -47,6 +47,10 @@ def __dir__() -> list[str]:
 # --- old import paths (gsd 0.1): modules moved into packages in 0.2 keep working -----------------------
 #: old module -> new module (``import gsd_cli.opacus`` is ``gsd_cli.integrations.opacus``, the same object)
 MOVED = {
+    "gsd_cli.engines": "gsd_cli.gradients.engines",
+    "gsd_cli.engine_layers": "gsd_cli.gradients.layers",
+    "gsd_cli.cache": "gsd_cli.ranking.cache",
+    "gsd_cli.catalog": "gsd_cli.ranking.catalog",
     "gsd_cli.model_spec": "gsd_cli.models.spec",
     "gsd_cli.model_digest": "gsd_cli.models.digest",
     "gsd_cli.model_exact": "gsd_cli.models.exact",

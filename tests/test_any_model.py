@@ -252,7 +252,7 @@ def test_models_show_takes_any_reference(model_file):
 
 
 def test_the_disk_cache_keys_a_batchnorm_module_and_hits_the_second_time(tmp_path):
-    from gsd_cli.cache import SubspaceCache
+    from gsd_cli.ranking.cache import SubspaceCache
 
     priv, a, b = _source("priv", 0), _source("a", 1), _source("b", 2)
     cache = SubspaceCache(tmp_path / "cache")

@@ -189,7 +189,7 @@ def test_outputs_inside_inputs_are_refused(tmp_path, d, capsys):
 
 
 def test_cache_clear_keeps_a_user_file_shaped_like_an_old_temporary(tmp_path, monkeypatch, capsys):
-    from gsd_cli.cache import SubspaceCache
+    from gsd_cli.ranking.cache import SubspaceCache
     from gsd_cli.subspace.side import Subspace
 
     monkeypatch.setenv("GSD_CACHE_DIR", str(tmp_path))
@@ -222,7 +222,7 @@ def test_a_missing_home_is_never_created_and_the_run_says_so_once(tmp_path, d, m
 
 
 def test_cache_size_cap_evicts_the_least_recently_used_and_stores_float32(tmp_path, monkeypatch, capsys):
-    from gsd_cli.cache import SubspaceCache, parse_size
+    from gsd_cli.ranking.cache import SubspaceCache, parse_size
     from gsd_cli.subspace.side import Subspace
 
     def sub():
@@ -303,7 +303,7 @@ def test_a_damaged_checkpoint_or_metrics_file_is_refused_on_resume(tmp_path, d, 
 
 
 def test_catalogue_type_errors_and_a_bom(d, capsys):
-    from gsd_cli.catalog import load_catalog
+    from gsd_cli.ranking.catalog import load_catalog
 
     for body, needle in ((JOB + "params = 5\n", "params = 5"), (JOB + "device = true\n", "device"),
                          ('[[jobs]]\nprivate = "p"\ncandidates = "mnist-b"\n', "should be a list of names")):

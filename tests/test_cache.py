@@ -6,7 +6,7 @@ import torch
 
 import gsd_cli.ranking as ranking
 import gsd_cli.subspace.side as side
-from gsd_cli.cache import SubspaceCache
+from gsd_cli.ranking.cache import SubspaceCache
 from gsd_cli.cli import main
 
 OPTS = dict(k=2, examples=16, engine="vmap")

@@ -15,7 +15,7 @@ from PIL import Image
 
 import gsd_cli.data.loader as loader
 import gsd_cli.data.transform as transform
-from gsd_cli.cache import SCHEMA, SubspaceCache, public_cache_key
+from gsd_cli.ranking.cache import SCHEMA, SubspaceCache, public_cache_key
 from gsd_cli.data import ArraySource, ImageSource, draw, resolve
 from gsd_cli.data.fingerprint import content_digest
 from gsd_cli.errors import DatasetError
@@ -156,7 +156,7 @@ def test_a_read_setting_of_a_file_backed_source_changes_the_key(tmp_path):
 def test_the_key_is_the_same_in_another_process():
     script = (
         "import json, sys, torch, torch.nn as nn\n"
-        "from gsd_cli.cache import SubspaceCache, public_cache_key\n"
+        "from gsd_cli.ranking.cache import SubspaceCache, public_cache_key\n"
         "from gsd_cli.data import draw, resolve\n"
         "common = json.loads(sys.argv[1])\n"
         "torch.manual_seed(0)\n"
@@ -179,7 +179,7 @@ def test_entries_of_the_old_schema_miss_and_are_cleared(tmp_path):
     V, s = torch.eye(4, 2, dtype=torch.float64), torch.ones(2)
     cache.store(key, V, s, {"name": "x", "examples": 4, "engine": "vmap"})
     assert cache.load(key) is not None and SCHEMA == 2
-    from gsd_cli.cache import _tensor_digest
+    from gsd_cli.ranking.cache import _tensor_digest
 
     meta = {"gsd": json.dumps({"schema": 1, "key": key, "sha256": _tensor_digest(V, s), "examples": 4})}
     save_file({"V": V, "s": s}, str(cache.path(key)), metadata=meta)

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-import gsd_cli.cache as cache_mod
-from gsd_cli.cache import SubspaceCache
+import gsd_cli.ranking.cache as cache_mod
+from gsd_cli.ranking.cache import SubspaceCache
 from gsd_cli.cli import main
 from gsd_cli.subspace.side import Subspace
 

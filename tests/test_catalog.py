@@ -5,7 +5,7 @@ import json
 import pytest
 
 from gsd_cli import GSDError
-from gsd_cli.catalog import load_catalog, run_catalog
+from gsd_cli.ranking.catalog import load_catalog, run_catalog
 from gsd_cli.cli import main
 
 FAST = ["-k", "2", "-m", "60", "--labels", "own", "-q", "--engine", "vmap"]  # all examples, own labels: no dependence on the tmp path

@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from gsd_cli import GSDError
-from gsd_cli.catalog import CatalogError, load_catalog, run_catalog, run_jobs
+from gsd_cli.ranking.catalog import CatalogError, load_catalog, run_catalog, run_jobs
 from gsd_cli.cli import main
 from gsd_cli.data.check import check_datasets
 

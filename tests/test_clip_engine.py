@@ -14,7 +14,8 @@ import gsd_cli.train.clipsum as cs
 from gsd_cli.errors import GSDError
 from gsd_cli.gradients import _only_trainable
 from gsd_cli.train import StepContext, TrainConfig, build_method, private_step
-from gsd_cli.train.clipsum import ClippedSum, LazyClipSum, fusable
+from gsd_cli.train.clipsum import ClippedSum
+from gsd_cli.train.clipsum_step import LazyClipSum, fusable
 
 
 def _clipped_brute(brute_force, model, x, y, names, C):

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from gsd_cli import per_sample_gradients, top_k_subspace
-from gsd_cli.engines import engine_choices, forget_engine_choices
+from gsd_cli.gradients.engines import engine_choices, forget_engine_choices
 from gsd_cli.gradients import gradient_matrix, select_parameters
 from probes import get_model_spec
 
@@ -132,7 +132,7 @@ def test_warm_rank_on_the_gpu_reads_the_cached_public_subspaces(tmp_path):
     """Regression: cached public bases are loaded on the CPU while the private basis is on the GPU; the
     warm rank failed with 'Expected all tensors to be on the same device'."""
     import gsd_cli
-    from gsd_cli.cache import SubspaceCache
+    from gsd_cli.ranking.cache import SubspaceCache
 
     opts = dict(examples=64, k=8, model="probe", device="cuda")
     cold_cache, warm_cache = SubspaceCache(tmp_path), SubspaceCache(tmp_path)

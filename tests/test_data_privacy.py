@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from gsd_cli import DatasetError, GSDError
-from gsd_cli.catalog import load_catalog
+from gsd_cli.ranking.catalog import load_catalog
 from gsd_cli.data import (
     DEFAULT_PRIVATE, DEFAULT_PUBLIC, ArraySource, draw, read_images, require_declared_classes, resolve,
     shared_examples, with_classes,

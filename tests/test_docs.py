@@ -97,7 +97,7 @@ def test_mkdocs_build_strict(tmp_path):
     assert (site / "index.html").exists() and (site / "tutorials" / "dicom-patients" / "index.html").exists()
     api = (site / "api" / "index.html").read_text()
     for name in ("gsd_cli.ranking.rank", "gsd_cli.ranking.config.RankConfig", "gsd_cli.train.loop.train",
-                 "gsd_cli.train.compare.compare", "gsd_cli.catalog.run_catalog", "gsd_cli.audit.audit"):
+                 "gsd_cli.train.compare.compare", "gsd_cli.ranking.catalog.run_catalog", "gsd_cli.audit.audit"):
         assert f'id="{name}"' in api, f"{name} missing from the API reference"
     assert ":class:" not in api                   # the hook turned Sphinx roles into plain code
     assert "--8&lt;--" not in (site / "tutorials" / "catalogue-ci" / "index.html").read_text()   # snippet included

@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gsd_cli import engine_layers
-from gsd_cli.engine_layers import LayersEngine, conv2d_grouped, conv2d_patches, conv2d_per_sample
+from gsd_cli.gradients.layers import LayersEngine, conv2d_grouped, conv2d_patches, conv2d_per_sample
 from gsd_cli.errors import GSDError
 from gsd_cli.gradients import default_loss, per_sample_gradients
 
@@ -274,7 +274,7 @@ def _frozen_norms(seed: int = 0):
 
 @pytest.mark.parametrize("select", ["all", "weights", "biases"])
 def test_frozen_batchnorm_rule_matches_brute_force(select, brute_force):
-    from gsd_cli.engine_layers import frozen_batchnorm
+    from gsd_cli.gradients.layers import frozen_batchnorm
 
     model = _frozen_norms()
     names = [n for n, _ in model.named_parameters()
@@ -313,7 +313,7 @@ class _NormAct(nn.BatchNorm2d):
 
 
 def test_a_batchnorm_with_its_own_forward_gets_no_rule_even_frozen():
-    from gsd_cli.engine_layers import frozen_batchnorm
+    from gsd_cli.gradients.layers import frozen_batchnorm
     from gsd_cli.models.exact import make_exact
 
     model, _ = make_exact(nn.Sequential(nn.Conv2d(3, 4, 3), _NormAct(4), nn.Flatten(), nn.Linear(4 * 6 * 6, 3)), "freeze")

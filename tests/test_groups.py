@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
-from gsd_cli.catalog import load_catalog
+from gsd_cli.ranking.catalog import load_catalog
 from gsd_cli.cli import app, main
 from gsd_cli.data import describe_dataset, resolve
 from gsd_cli.data.check import check_datasets

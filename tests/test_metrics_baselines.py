@@ -212,7 +212,7 @@ def test_an_unknown_metric_is_a_one_line_error(capsys):
 def test_baselines_rank_the_same_distribution_first_and_keep_out_of_the_subspace_cache(tmp_path):
     """mnist-b (the other half of the private set's distribution) against noise; nothing is written
     to the disk cache of public subspaces (a baseline's sides are no subspaces)."""
-    from gsd_cli.cache import SubspaceCache
+    from gsd_cli.ranking.cache import SubspaceCache
 
     cache = SubspaceCache(tmp_path / "cache")
     r = rank("mnist-a", ["noise", "mnist-b"], examples=60, k=3, model="fmnist-cnn", device="cpu", distance="frechet", cache=cache)

@@ -195,7 +195,7 @@ def test_a_cache_that_cannot_be_written(capsys, problem):
     """A read-only or full cache folder: no traceback (the ranking goes on without the cache, with one
     warning, or stops with one error line)."""
     e = OSError(errno.EROFS if problem == "read-only" else errno.ENOSPC, os.strerror(errno.EROFS if problem == "read-only" else errno.ENOSPC))
-    with mock.patch("gsd_cli.cache.SubspaceCache.store", side_effect=e):
+    with mock.patch("gsd_cli.ranking.cache.SubspaceCache.store", side_effect=e):
         code, out, err = run(capsys, *RANK)
     assert "Traceback" not in err
     if code == 0:

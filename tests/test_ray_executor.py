@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from gsd_cli import GSDError
-from gsd_cli.cache import SubspaceCache
-from gsd_cli.catalog import run_catalog, run_jobs
+from gsd_cli.ranking.cache import SubspaceCache
+from gsd_cli.ranking.catalog import run_catalog, run_jobs
 from gsd_cli.cli import main
 from gsd_cli.ranking import get_executor, rank
 from gsd_cli.ranking.executors import DriverTurns, in_turns

@@ -241,7 +241,7 @@ KW = dict(examples=60, k=3, model="fmnist-cnn", params="fc*", engine="vmap", dev
 
 
 def test_setting_reaches_the_ranking_json_and_the_cache_key(tmp_path):
-    from gsd_cli.cache import SubspaceCache
+    from gsd_cli.ranking.cache import SubspaceCache
     from gsd_cli.ranking import RankConfig, rank
 
     assert RankConfig().gradients.subspace_method == "auto"

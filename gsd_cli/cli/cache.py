@@ -1,4 +1,4 @@
-"""``gsd cache``: the cache of public gradient subspaces (``gsd_cli.cache.SubspaceCache``)."""
+"""``gsd cache``: the cache of public gradient subspaces (``gsd_cli.ranking.cache.SubspaceCache``)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def _calibrations(n: int) -> str:
 @cache_app.command("info")
 def cache_info() -> None:
     """Where the cache is and what it holds: gsd's entries (count, size), its noise calibrations, and other files it leaves alone."""
-    from ..cache import SubspaceCache
+    from ..ranking.cache import SubspaceCache
 
     i = SubspaceCache().info()
     if i["directory"] == "None":
@@ -49,7 +49,7 @@ def cache_info() -> None:
 @cache_app.command("clear")
 def cache_clear() -> None:
     """Delete gsd's cached public subspaces (and its unfinished temporary files); noise calibrations and other files in the folder are left alone."""
-    from ..cache import SubspaceCache
+    from ..ranking.cache import SubspaceCache
     from ..errors import GSDError
 
     c = SubspaceCache().clear()
@@ -71,7 +71,7 @@ def cache_limit(
 ) -> None:
     """Show or set the size cap of the cache: after each write, the least recently used entries are deleted
     until the rest fit (default 2 GiB; kept in the cache folder)."""
-    from ..cache import SubspaceCache, parse_size
+    from ..ranking.cache import SubspaceCache, parse_size
     from ..errors import GSDError
 
     c = SubspaceCache()

@@ -154,7 +154,7 @@ def new_run_dir(given: Optional[Path], prefix: str) -> Path:
 def catalog_inputs(catalog: str | Path | None) -> list[Path]:
     """Every path a catalogue's datasets and jobs name (for :func:`gsd_cli.report.outputs.check_not_inputs`);
     [] for none, or for a catalogue that does not load (the run reports its error)."""
-    from ..catalog import load_catalog
+    from ..ranking.catalog import load_catalog
     from ..data.registry import spec_paths
     from ..errors import GSDError
     from ..models.spec import split_file_reference

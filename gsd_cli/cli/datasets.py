@@ -74,8 +74,8 @@ def datasets_check(
 
     from .common import with_progress
 
-    if catalog is not None:  # the data layer takes the catalogue loaded (it sits below gsd_cli.catalog)
-        from ..catalog import load_catalog
+    if catalog is not None:  # the data layer takes the catalogue loaded (it sits below gsd_cli.ranking.catalog)
+        from ..ranking.catalog import load_catalog
 
         catalog = load_catalog(catalog)
     report = with_progress(quiet, lambda pr: check_datasets(names or None, catalog=catalog, data_root=data_root, quick=quick, progress=pr))

@@ -147,8 +147,8 @@ def rank(
     all from data that ships inside installed packages. Exit codes: 0 ok, 1 a check (--fail-above,
     --expect-best) failed, 2 bad usage or input.
     """
-    from ..cache import SubspaceCache
-    from ..catalog import OPTIONS, run_jobs, run_json, run_markdown, write_partial
+    from ..ranking.cache import SubspaceCache
+    from ..ranking.catalog import OPTIONS, run_jobs, run_json, run_markdown, write_partial
     from ..ranking.checks import EXIT_CHECK_FAILED, EXIT_USAGE, check_options, check_ranking
     from ..report.outputs import check_distinct, check_not_example_files, check_not_inputs, is_stdout, run_inputs
     from .common import catalog_inputs
@@ -238,7 +238,7 @@ def rank(
     if catalog is None and not many:
         shown_on.print("[dim]One draw: no interval and no tie test; --repeats 5 shows which candidates are tied.[/]")
     if catalog is not None:
-        from ..catalog import catalog_privacy_total
+        from ..ranking.catalog import catalog_privacy_total
 
         for tot in catalog_privacy_total(ran.results).values():  # what the DP jobs spent together, per private set
             shown_on.print(f"privacy total for {escape(tot['private'])}: epsilon={tot['total_epsilon']:.4g} over "

@@ -226,12 +226,12 @@ def _check_one(name: str, catalog, data_root, download: bool, quick: bool = Fals
 def check_datasets(names: list[str] | None = None, catalog=None, data_root: str | Path | None = None,
                    download: bool = False, quick: bool = False, progress=None) -> CheckReport:
     """Check ``names`` (catalogue datasets or any name ``gsd rank`` accepts); with none, every dataset
-    of ``catalog``'s jobs (a :class:`gsd_cli.catalog.Catalog`, from :func:`gsd_cli.catalog.load_catalog`),
+    of ``catalog``'s jobs (a :class:`gsd_cli.ranking.catalog.Catalog`, from :func:`gsd_cli.ranking.catalog.load_catalog`),
     else the default private and public sets. A dataset's problems go into the report.
     Every image is decoded as a ranking reads it unless ``quick`` (first bytes only); ``progress(name,
     done, total)`` follows the decoding."""
     if catalog is not None and not hasattr(catalog, "jobs"):
         from ..errors import GSDError
 
-        raise GSDError("check_datasets takes a loaded catalogue: catalog=gsd_cli.catalog.load_catalog(path)")
+        raise GSDError("check_datasets takes a loaded catalogue: catalog=gsd_cli.ranking.catalog.load_catalog(path)")
     return CheckReport([_check_one(n, catalog, data_root, download, quick, progress) for n in _targets(names, catalog)])

@@ -1,5 +1,5 @@
 """What a drawn sample is made of, hashed cheaply and exactly: the data part of the public-subspace
-cache key (:mod:`gsd_cli.cache`).
+cache key (:mod:`gsd_cli.ranking.cache`).
 
 The key must change whenever the model input of a drawn example could, and must not cost a second
 decode-and-resize of the sample. So it hashes what the images are *made from*, read as cheaply as

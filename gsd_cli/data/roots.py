@@ -22,7 +22,7 @@ def data_root(root: str | Path | None = None) -> Path:
     return Path(root).expanduser() if root is not None else default_data_root()
 
 
-# --- where gsd keeps its caches (the subspace cache, gsd_cli.cache; noise calibrations,
+# --- where gsd keeps its caches (the subspace cache, gsd_cli.ranking.cache; noise calibrations,
 # gsd_cli.privacy.calibration_cache): here, below both, so that privacy does not import the ranking's cache
 
 CACHE_ENV = "GSD_CACHE_DIR"

@@ -348,7 +348,7 @@ def log_ranking(ranking, name: str, log: Sequence[str], log_dir: str | Path = ".
 
 
 def track_catalog(log: Sequence[str], log_dir: str | Path = ".", inner: Callable | None = None) -> Callable:
-    """An ``on_job(run)`` callback for :func:`gsd_cli.catalog.run_jobs`: logs each job's ranking as it
+    """An ``on_job(run)`` callback for :func:`gsd_cli.ranking.catalog.run_jobs`: logs each job's ranking as it
     finishes (:func:`log_ranking`, one run per job named after it), then calls ``inner(run)``."""
     kinds = check_backends(log)
     seen = [0]

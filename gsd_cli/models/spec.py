@@ -327,7 +327,7 @@ def model_identity(model_or_spec, *, weights: bool = True) -> str:
     ``repr``, of its classes' code, where it came from: timm name and version, the file's SHA-256 and
     factory, and with ``weights`` of its state dict). For a reference (a name, ``timm:NAME``,
     ``PATH.py:FACTORY``, a spec): what it resolves to, without building it. The disk cache of public
-    subspaces keys on it (:func:`gsd_cli.cache.public_cache_key`)."""
+    subspaces keys on it (:func:`gsd_cli.ranking.cache.public_cache_key`)."""
     import torch.nn as nn
 
     if isinstance(model_or_spec, nn.Module):

@@ -3,7 +3,7 @@ method over the accountant (1-3 s with RDP, 3-20 s with PLD on a 2-core CPU); th
 (epsilon, delta, q, T, mechanism, accountant) always gives the same sigma, so it is kept.
 
 An entry is a JSON file ``<sha256 of the key>.json`` in ``calibration/`` under the cache folder
-(:func:`gsd_cli.cache.default_cache_dir`: ``$GSD_CACHE_DIR``, else ``$XDG_CACHE_HOME/gsd/subspaces``,
+(:func:`gsd_cli.ranking.cache.default_cache_dir`: ``$GSD_CACHE_DIR``, else ``$XDG_CACHE_HOME/gsd/subspaces``,
 else ``~/.cache/gsd/subspaces``). The key holds every input of the calibration: the target epsilon,
 delta, sampling rate, steps, accountant, the per-step event at two noise multipliers (its shape as a
 function of sigma), the RDP orders, the calibration's own version and the installed dp-accounting
@@ -34,7 +34,7 @@ TIGHT = 1e-3
 
 
 def calibration_dir() -> Path | None:
-    """``calibration/`` under the cache folder of :func:`gsd_cli.cache.default_cache_dir` (None: there
+    """``calibration/`` under the cache folder of :func:`gsd_cli.ranking.cache.default_cache_dir` (None: there
     is no usable cache folder, and then nothing is cached)."""
     from ..data.roots import CALIBRATION_SUBFOLDER, default_cache_dir
 

@@ -57,7 +57,7 @@ def rank(
     ``f(num_classes=N)`` (:mod:`gsd_cli.models.spec`); ``batchnorm`` (``freeze``, ``groupnorm``,
     ``refuse``) keeps its per-sample gradients exact (:mod:`gsd_cli.models.exact`). The rest are how it runs, not what it computes: ``progress``
     (``progress(name, done, total)`` after every chunk), ``memo`` (a dict in which subspaces are kept
-    and reused when the same settings recur), ``cache`` (a :class:`gsd_cli.cache.SubspaceCache`: the
+    and reused when the same settings recur), ``cache`` (a :class:`gsd_cli.ranking.cache.SubspaceCache`: the
     *public* subspaces on disk), ``executor`` (where public subspaces are computed: ``"local"``, the
     default, ``"ray"`` (one Ray task per candidate: :mod:`.ray_executor`), or a registered or given
     :class:`Executor`), ``public_seed`` (default ``seed``: seeds the

@@ -219,9 +219,9 @@ def public_subspaces(tasks: Iterable[PublicTask], compute: Callable[[PublicTask]
                      executor: "str | Executor | None" = None, memo: dict | None = None, cache=None,
                      consume: Callable[[int, Subspace], object] | None = None) -> dict[int, object]:
     """Every task's subspace, by position: from ``memo`` (a dict kept across calls), else from the
-    disk ``cache`` (a :class:`gsd_cli.cache.SubspaceCache`), else computed by the executor and then
+    disk ``cache`` (a :class:`gsd_cli.ranking.cache.SubspaceCache`), else computed by the executor and then
     stored in both. A cache that cannot be written never fails the ranking: ``cache.put`` warns once
-    and stops writing (:meth:`gsd_cli.cache.SubspaceCache.put`).
+    and stops writing (:meth:`gsd_cli.ranking.cache.SubspaceCache.put`).
 
     ``consume(position, subspace)``: called as each subspace arrives, and its (small) result is kept
     instead of the subspace, which is then dropped (unless ``memo`` keeps it): a ranking compares each

@@ -17,7 +17,7 @@ import time
 from typing import Sequence
 
 from .. import data as gdata
-from ..cache import public_cache_key
+from .cache import public_cache_key
 from ..distance import SideContext, make_distance
 from ..errors import GSDError
 from ..gradients import resolve_device

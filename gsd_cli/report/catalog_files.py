@@ -1,4 +1,4 @@
-"""What a catalogue run (:func:`gsd_cli.catalog.run_jobs`) writes and reports: its JSON and Markdown,
+"""What a catalogue run (:func:`gsd_cli.ranking.catalog.run_jobs`) writes and reports: its JSON and Markdown,
 the failed checks of its jobs, the files rewritten after each job, and what its DP jobs spent together
 per private data set (``privacy_total``)."""
 

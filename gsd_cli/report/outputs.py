@@ -151,7 +151,7 @@ def run_inputs(datasets: Iterable[str], catalog: str | Path | None = None, weigh
                model: str | None = None) -> list[Path]:
     """The files and folders a run reads, from its arguments alone: the datasets' paths
     (:func:`gsd_cli.data.registry.spec_paths`), a weights file, a model file (``net.py:make``) and the
-    catalogue file itself (the paths its datasets and jobs name: :func:`gsd_cli.catalog.catalog_inputs`,
+    catalogue file itself (the paths its datasets and jobs name: :func:`gsd_cli.ranking.catalog.catalog_inputs`,
     which the command adds: this module sits below the catalogue)."""
     from ..data.registry import spec_paths
     from ..models.spec import split_file_reference

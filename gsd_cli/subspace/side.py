@@ -1,7 +1,7 @@
 """One side of a comparison: a sample's labels and its top-k gradient subspace.
 
 Below both the distances (:mod:`gsd_cli.distance`) and the ranking (:mod:`gsd_cli.ranking`), and the
-public-subspace cache (:mod:`gsd_cli.cache`): the types and steps they share.
+public-subspace cache (:mod:`gsd_cli.ranking.cache`): the types and steps they share.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ backward pass; what it computes is, for every example, the same function clip_C(
      ||g_i||^2 = <A_i A_i^T, B_i B_i^T> (Li et al. 2022; Opacus's fast gradient clipping), and for T = 1
      simply ||a_i||^2 ||b_i||^2 -- the per-example gradient is never formed;
    * otherwise the layer's per-sample gradients (gsd's Conv2d/Linear/frozen BatchNorm rules of
-     :mod:`gsd_cli.engine_layers`, Opacus's samplers for GroupNorm, LayerNorm, Embedding..., torch.func on
+     :mod:`gsd_cli.gradients.layers`, Opacus's samplers for GroupNorm, LayerNorm, Embedding..., torch.func on
      the layer alone for any other leaf layer), kept for step 4;
 
 3. ||g_i||^2 = the sum over layers, and the clip weights w_i = min(1, C / ||g_i||) exactly as
@@ -62,124 +62,17 @@ from typing import Callable, Sequence
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from ..errors import GSDError
+from .clipsum_rules import (  # noqa: F401 (the per-layer rules)
+    ghost_cheaper, _conv_plain, _conv_per_sample, _patches, _conv_ghost_by_pixels, _pixels_cheaper, _group_columns, _batchnorm_per_sample,
+)
 
 CLIP_ENGINES = ("auto", "ghost", "materialise")
 #: relative tolerance of the first-use check against the materialised path (float32 products)
 CHECK_RTOL = 1e-3
 #: synthetic examples of the first-use check
 CHECK_EXAMPLES = 4
-
-
-def ghost_cheaper(T: int, D: int, C: int) -> bool:
-    """fastDP's layer-wise rule: ghost norm when 2 T^2 < D C (the T x T Grams per example against the
-    D x C per-example gradient)."""
-    return 2 * T * T < D * C
-
-
-def _conv_plain(m: nn.Module) -> bool:
-    return type(m).forward is nn.Conv2d.forward and m.padding_mode == "zeros" and not isinstance(m.padding, str)
-
-
-#: a one-group Conv2d with fewer input channels than 16 gets its per-example gradients from its patches
-#: when one example's patch matrix has at most this many entries, else from the grouped weight-gradient
-#: kernel (2-core CPU: FMNIST CNN's conv1, 12.5k entries, patches 3.7 ms against 4.1 ms per 250
-#: examples; ResNet-18's conv1 at 224, 1.8M entries, patches 110 ms against 49 ms per 16)
-PATCHES_MAX = 1 << 16
-
-
-def _conv_per_sample(layer: nn.Conv2d, x: torch.Tensor, g: torch.Tensor) -> dict:
-    """Per-example Conv2d gradients (any groups): by patches (small inputs with few channels) or torch's
-    weight-gradient kernel with n * groups groups."""
-    from ..engine_layers import conv2d_patches
-
-    kk = layer.kernel_size[0] * layer.kernel_size[1]
-    if layer.groups == 1 and x.shape[1] < 16 and g.shape[2] * g.shape[3] * kk * x.shape[1] <= PATCHES_MAX:
-        return conv2d_patches(layer, x, g)
-    n, Cin, H, W = x.shape
-    O, oh, ow = g.shape[1:]
-    out = {}
-    if layer.weight.requires_grad:
-        w = layer.weight.detach()
-        _, gw, _ = torch.ops.aten.convolution_backward(
-            g.reshape(1, n * O, oh, ow), x.reshape(1, n * Cin, H, W).to(g.dtype), w.repeat(n, 1, 1, 1),
-            None, layer.stride, layer.padding, layer.dilation, False, [0, 0], n * layer.groups, [False, True, False])
-        out[layer.weight] = gw.view(n, *w.shape)
-    if layer.bias is not None and layer.bias.requires_grad:
-        out[layer.bias] = g.sum((2, 3))
-    return out
-
-
-def _patches(layer: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
-    """The input's patches, n x T x (kh kw C) in channels-last order (one strided read, 3-4x faster than
-    stacking shifted slices on the CPU). A ghost norm <A_i A_i^T, B_i B_i^T> does not depend on the
-    order of A's columns; a group's columns are picked by :func:`_group_columns`."""
-    n, C = x.shape[:2]
-    (kh, kw), (sh, sw), (dh, dw), (ph, pw) = layer.kernel_size, layer.stride, layer.dilation, layer.padding
-    xl = x.permute(0, 2, 3, 1)  # n H W C: a view when x is channels-last
-    if ph or pw:
-        xl = F.pad(xl, (0, 0, pw, pw, ph, ph))
-    xl = xl.contiguous()
-    H, W = xl.shape[1], xl.shape[2]
-    oh, ow = (H - dh * (kh - 1) - 1) // sh + 1, (W - dw * (kw - 1) - 1) // sw + 1
-    p = xl.as_strided((n, oh, ow, kh, kw, C), (H * W * C, sh * W * C, sw * C, dh * W * C, dw * C, 1))
-    return p.reshape(n, oh * ow, kh * kw * C)
-
-
-def _conv_ghost_by_pixels(layer: nn.Conv2d, x: torch.Tensor, B: torch.Tensor, oh: int, ow: int) -> torch.Tensor:
-    """||g_i||^2 of a one-group Conv2d's weight from the Gram of the padded input's pixels instead of its
-    patches: (A_i A_i^T)[t, t'] = sum over kernel offsets o of P_i[s t + o, s t' + o] with
-    P_i = X_i^T X_i (pixels x pixels, the channels summed), so ||g_i||^2 = sum_o <P_i[o-shifted], B_i B_i^T>.
-    It costs (H_p W_p)^2 C per example against T^2 k_h k_w C for the patches: about k_h k_w / s^4 times
-    less for a stride-s convolution (9x for 3x3, stride 1), the case of ResNets' deeper stages."""
-    n = x.shape[0]
-    (kh, kw), (sh, sw), (dh, dw), (ph, pw) = layer.kernel_size, layer.stride, layer.dilation, layer.padding
-    xp = F.pad(x, (pw, pw, ph, ph)) if ph or pw else x
-    Hp, Wp = xp.shape[2], xp.shape[3]
-    X = xp.reshape(n, xp.shape[1], Hp * Wp)
-    P = torch.bmm(X.transpose(1, 2), X).view(n, Hp, Wp, Hp, Wp)
-    Gb = torch.bmm(B, B.transpose(1, 2)).view(n, oh, ow, oh, ow)
-    sq = torch.zeros(n, dtype=B.dtype, device=B.device)
-    for a in range(kh):
-        for b in range(kw):
-            r, c = a * dh, b * dw
-            Ps = P[:, r:r + sh * (oh - 1) + 1:sh, c:c + sw * (ow - 1) + 1:sw, r:r + sh * (oh - 1) + 1:sh, c:c + sw * (ow - 1) + 1:sw]
-            sq += (Ps * Gb).sum((1, 2, 3, 4))
-    return sq
-
-
-def _pixels_cheaper(layer: nn.Conv2d, x: torch.Tensor, T: int) -> bool:
-    (kh, kw), (ph, pw) = layer.kernel_size, layer.padding
-    pixels = (x.shape[2] + 2 * ph) * (x.shape[3] + 2 * pw)
-    return layer.groups == 1 and pixels * pixels < T * T * kh * kw
-
-
-def _group_columns(A: torch.Tensor, C: int, groups: int, gi: int) -> torch.Tensor:
-    """Group ``gi``'s columns of channels-last patches (n x T x kk C, C input channels in all)."""
-    if groups == 1:
-        return A
-    n, T = A.shape[:2]
-    cg = C // groups
-    return A.view(n, T, -1, C)[..., gi * cg:(gi + 1) * cg].reshape(n, T, -1)
-
-
-def _batchnorm_per_sample(layer: nn.Module, x: torch.Tensor, g: torch.Tensor) -> dict:
-    """A frozen BatchNorm's per-example gradients (y = x_hat w + b, x_hat = (x - running_mean) /
-    sqrt(running_var + eps)): dL_i/dw = rsqrt(var + eps) * sum_t g_i[t] (x_i[t] - mean), the scale per
-    channel applied after the sum (three passes over the activations instead of five:
-    :func:`gsd_cli.engine_layers.batchnorm_per_sample` forms x_hat and g x_hat), in the tensors' own
-    memory format (no copy of a channels-last map)."""
-    out = {}
-    shape = (1, -1) + (1,) * (x.dim() - 2)
-    dims = tuple(range(2, x.dim()))
-    if layer.weight is not None and layer.weight.requires_grad:
-        gx = g * (x.to(g.dtype) - layer.running_mean.view(shape))
-        out[layer.weight] = (gx.sum(dims) if dims else gx) * torch.rsqrt(layer.running_var + layer.eps)
-    if layer.bias is not None and layer.bias.requires_grad:
-        out[layer.bias] = g.sum(dims) if dims else g
-    return out
 
 
 @dataclass
@@ -199,7 +92,7 @@ class ClippedSum:
     a model it cannot treat; :meth:`check` refuses one whose examples interact."""
 
     def __init__(self, model: nn.Module, names: Sequence[str], loss: Callable | None = None):
-        from ..engine_layers import _rule, frozen_batchnorm
+        from ..gradients.layers import _rule, frozen_batchnorm
         from ..gradients import default_loss
 
         self.model, self.names = model, list(names)
@@ -278,7 +171,7 @@ class ClippedSum:
             if layer.kind == "conv2d":
                 d = _conv_per_sample(layer.module, args[0], g)
             elif layer.kind == "linear":
-                from ..engine_layers import linear_per_sample
+                from ..gradients.layers import linear_per_sample
 
                 d = linear_per_sample(layer.module, args[0], g)
             elif layer.kind == "rule" and self._frozen_bn(layer.module):
@@ -393,7 +286,7 @@ class ClippedSum:
     def check(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Refuse (``NotImplementedError``) unless the engine equals the materialised path on a synthetic
         batch shaped like ``(x, y)`` (public: seeded inputs, label 0), example 0 alone and among others."""
-        from ..engines import VmapEngine
+        from ..gradients.engines import VmapEngine
 
         gen = torch.Generator().manual_seed(0x37C11)
         shape = (CHECK_EXAMPLES, *x.shape[1:])
@@ -418,167 +311,9 @@ class ClippedSum:
         self.checked = True
 
 
-def fusable(chain) -> bool:
-    """Whether ``chain``'s per-example pass is exactly one clip of ``"grad"`` (DP-SGD): then the sum of
-    its per-example outputs is a clipped sum this engine computes."""
-    from .transforms import Clip, Transform
-
-    per = [t for t in chain.transforms if type(t).per_example is not Transform.per_example]
-    return len(per) == 1 and isinstance(per[0], Clip) and per[0].part == "grad"
-
-
-class ClipSumStep:
-    """The loop's hook for a fusable chain: ``(model, names, x, y, ctx) -> {"grad": float64 sum}``,
-    counting the clipped examples into ``ctx.info`` as :class:`~gsd_cli.train.transforms.Clip` does."""
-
-    def __init__(self, engine: ClippedSum, max_norm: float):
-        self.engine, self.max_norm = engine, float(max_norm)
-
-    def __call__(self, model, names, x, y, ctx) -> dict:
-        from ..gradients import _full_precision, _only_trainable
-
-        was = model.training
-        try:
-            model.train()
-            with _only_trainable(model, names), _full_precision():
-                s, sq = self.engine(x, y, self.max_norm)
-        finally:
-            model.train(was)
-        info = ctx.info.setdefault("clipped_grad", [0, 0])
-        info[0] += int((torch.nan_to_num(sq, nan=0.0) > self.max_norm ** 2).sum())
-        info[1] += x.shape[0]
-        return {"grad": s}
-
-
-class LazyClipSum:
-    """Chooses the path on the first chunk (``mode``: ``auto``, ``ghost``) from the model's structure and
-    a synthetic batch of the chunk's shape (never the private examples), then keeps it. ``None`` from
-    :meth:`hook` means the materialised path; ``reason`` says why.
-
-    ``max_norm=None``: a chain that needs every example's vector (GEP, TopAgg, random sparsification):
-    :meth:`rows` then gives the per-sample gradient matrix of a chunk by the same per-layer rules (one
-    batched forward, one backward to the layer outputs: :class:`gsd_cli.engine_layers.LayersEngine`)
-    where the same synthetic check passes, else ``None`` (torch.func's vmap, as before)."""
-
-    def __init__(self, mode: str, max_norm: float | None, loss=None):
-        self.mode, self.loss = mode, loss
-        self.max_norm = None if max_norm is None else float(max_norm)
-        self.step: ClipSumStep | None = None
-        self.layers = None
-        self.decided = False
-        self.reason = ""
-
-    def rows(self, model, names, x, y, out: torch.Tensor) -> bool:
-        """Fill ``out`` (n x p) with the chunk's per-sample gradients by the layers rules and return True,
-        or return False (the caller takes vmap)."""
-        from ..gradients import _full_precision, _only_trainable
-
-        if not self.decided:
-            from ..engine_layers import LayersEngine
-
-            was = model.training
-            try:
-                model.train()
-                with _only_trainable(model, names), _full_precision():
-                    ClippedSum(model, names, self.loss).check(x, y)
-                    self.layers = LayersEngine(model, names, self.loss or _default_loss())
-                    self.layers.checked = True  # the synthetic check above: no private example read
-                self.reason = "layers (per-sample gradients by per-layer rules)"
-            except NotImplementedError as e:
-                if self.mode == "ghost":
-                    raise GSDError(f"--clip-engine ghost: {str(e).splitlines()[0]}; use --clip-engine auto or materialise") from None
-                self.reason = f"materialise ({str(e).splitlines()[0]})"
-            finally:
-                model.train(was)
-            self.decided = True
-        if self.layers is None:
-            return False
-        was = model.training
-        try:
-            model.train()
-            with _only_trainable(model, names), _full_precision():
-                self.layers(x, y, out)
-        finally:
-            model.train(was)
-        return True
-
-    def hook(self, model, names, x, y) -> ClipSumStep | None:
-        if self.max_norm is None:
-            return None
-        if not self.decided:
-            from ..gradients import _full_precision, _only_trainable
-
-            was = model.training
-            try:
-                model.train()
-                with _only_trainable(model, names), _full_precision():
-                    eng = ClippedSum(model, names, self.loss)
-                    eng.check(x, y)
-                self.step = ClipSumStep(eng, self.max_norm)
-                self.reason = "ghost: " + ", ".join(f"{k or 'model'} {v}" for k, v in eng.plan.items())
-            except NotImplementedError as e:
-                if self.mode == "ghost":
-                    raise GSDError(f"--clip-engine ghost: {str(e).splitlines()[0]}; use --clip-engine auto or materialise") from None
-                self.reason = f"materialise ({str(e).splitlines()[0]})"
-            finally:
-                model.train(was)
-            self.decided = True
-        return self.step
-
-
-class RGPClipSum:
-    """RGP's clipped sums (paper 001, Algorithm 1 lines 7-10: the carrier gradients dL, dR of every layer
-    and the other trained parameters' gradients, clipped to C as one vector, summed) by the same engine:
-    each step the model with its reparametrized layers as three leaf layers (``r`` weight R, ``l``
-    weight L, ``res`` the frozen W~ with the bias: :meth:`~gsd_cli.train.rgp.RGP.leaves`), whose
-    selected parameters are exactly the carriers and the others, in :meth:`~gsd_cli.train.rgp.RGP.order`.
-    The first-use check (synthetic batch) runs on that model; a refusal keeps RGP's vmap path."""
-
-    def __init__(self, mode: str, max_norm: float, rgp, loss=None):
-        self.mode, self.max_norm, self.rgp, self.loss = mode, float(max_norm), rgp, loss
-        self.decided, self.ok = False, False
-        self.reason = ""
-
-    def rows(self, model, names, x, y, out) -> bool:
-        return False
-
-    def hook(self, model, names, x, y):
-        if not self.decided:
-            from ..gradients import _full_precision, _only_trainable
-
-            was = model.training
-            try:
-                model.train()
-                with self.rgp.leaves(model) as (m2, names2), _only_trainable(m2, names2), _full_precision():
-                    eng = ClippedSum(m2, names2, self.loss)
-                    eng.check(x, y)
-                self.ok = True
-                self.reason = "ghost (RGP carriers): " + ", ".join(f"{k} {v}" for k, v in eng.plan.items())
-            except NotImplementedError as e:
-                if self.mode == "ghost":
-                    raise GSDError(f"--clip-engine ghost: {str(e).splitlines()[0]}; use --clip-engine auto or materialise") from None
-                self.reason = f"materialise ({str(e).splitlines()[0]})"
-            finally:
-                model.train(was)
-            self.decided = True
-        return self if self.ok else None
-
-    def __call__(self, model, names, x, y, ctx) -> dict:
-        if ctx is not None and ctx.model is not None:
-            self.rgp.compute(model, ctx.step)
-        with self.rgp.leaves(model) as (m2, names2):
-            return ClipSumStep(ClippedSum(m2, names2, self.loss), self.max_norm)(m2, names2, x, y, ctx)
-
-
-def _default_loss():
-    from ..gradients import default_loss
-
-    return default_loss
-
-
 def check_clip_engine(mode: str) -> None:
     if mode not in CLIP_ENGINES:
         raise GSDError(f"unknown --clip-engine {mode!r}; use one of {', '.join(CLIP_ENGINES)}")
 
 
-__all__ = ["CLIP_ENGINES", "ClippedSum", "ClipSumStep", "LazyClipSum", "fusable", "ghost_cheaper", "check_clip_engine"]
+__all__ = ["CLIP_ENGINES", "ClippedSum", "ghost_cheaper", "check_clip_engine"]

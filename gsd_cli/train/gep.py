@@ -282,7 +282,7 @@ def anchor_for(cfg, public_x: torch.Tensor, model: torch.nn.Module, names: Seque
     the public examples ``public_x`` (on ``device``), the groups of ``cfg.groups``, per-sample anchor
     gradients in chunks of ``chunk`` on ``device`` (the basis then lives there too), and
     ``cfg.anchor_every`` / ``cfg.anchor_warm`` / ``cfg.anchor_batch``. The anchor gradients come from the
-    ``auto`` per-sample engine (:mod:`gsd_cli.engines`: the per-layer rules where the model allows them,
+    ``auto`` per-sample engine (:mod:`gsd_cli.gradients.engines`: the per-layer rules where the model allows them,
     checked on these public anchors, else vmap); ``cfg.clip_engine == "materialise"`` keeps vmap."""
     from ..gradients import gradient_matrix
 

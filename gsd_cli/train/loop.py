@@ -133,7 +133,7 @@ def train(
 
     cat = None
     if cfg.catalog:
-        from ..catalog import load_catalog
+        from ..ranking.catalog import load_catalog
 
         cat = load_catalog(cfg.catalog)
     train_src, test_src = private_parts(cfg.private, cfg.private_test, cat)

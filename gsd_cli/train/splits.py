@@ -2,7 +2,7 @@
 
 ``NAME`` trains on ``NAME:train`` and evaluates on ``NAME:test``: the dataset's official split where it
 has one, HAM10000's lesion grouping, else the per-example hash split (see :mod:`gsd_cli.data.splits`),
-whether ``NAME`` is a dataset name or a catalogue entry (:meth:`gsd_cli.catalog.Catalog.resolve` with
+whether ``NAME`` is a dataset name or a catalogue entry (:meth:`gsd_cli.ranking.catalog.Catalog.resolve` with
 ``split``), so a dataset gets the same parts however it is named. A name that already names a split
 (``chestxray:train``) needs the test part named explicitly (``--private-test``).
 """
@@ -16,7 +16,7 @@ from ..errors import DatasetError, GSDError
 
 def private_parts(name: str | ImageSource, test: str | ImageSource | None = None, catalog=None) -> tuple[ImageSource, ImageSource]:
     """``(train, test)`` sources for the private dataset ``name`` (see the module docstring).
-    ``catalog`` (a :class:`gsd_cli.catalog.Catalog`) resolves the names it defines."""
+    ``catalog`` (a :class:`gsd_cli.ranking.catalog.Catalog`) resolves the names it defines."""
     res = catalog.resolve if catalog is not None else resolve
     if test is not None:
         return res(name), res(test)

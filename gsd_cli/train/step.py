@@ -51,8 +51,8 @@ def private_step(chain: Chain, model: torch.nn.Module, names: Sequence[str], bat
     process's shard of the subsample; the sums are all-reduced, process 0 alone runs
     :meth:`Chain.aggregated` (adds the noise) and every process returns its ``"grad"``.
 
-    ``clip_sum`` (a :class:`~gsd_cli.train.clipsum.LazyClipSum`, for a chain whose per-example pass is
-    one clip of ``"grad"``: :func:`~gsd_cli.train.clipsum.fusable`): each chunk's clipped sum by ghost
+    ``clip_sum`` (a :class:`~gsd_cli.train.clipsum_step.LazyClipSum`, for a chain whose per-example pass is
+    one clip of ``"grad"``: :func:`~gsd_cli.train.clipsum_step.fusable`): each chunk's clipped sum by ghost
     norms and book-keeping instead of the per-sample gradient matrix, where the model allows it
     (the same sum to float rounding; :mod:`gsd_cli.train.clipsum`)."""
     chain.begin_step(ctx)
@@ -69,7 +69,7 @@ def private_step(chain: Chain, model: torch.nn.Module, names: Sequence[str], bat
             parts = chain.per_example(per_sample(model, names, x, y, ctx), ctx)
         else:
             G = None
-            if clip_sum is not None:  # the per-layer rules where the model allows them (clipsum.LazyClipSum.rows)
+            if clip_sum is not None:  # the per-layer rules where the model allows them (clipsum_step.LazyClipSum.rows)
                 G = torch.empty(x.shape[0], num_params, device=ctx.device)
                 if not clip_sum.rows(model, names, x.to(ctx.device), y.to(ctx.device), G):
                     G = None

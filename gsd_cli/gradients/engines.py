@@ -7,7 +7,7 @@ All compute the same rows (one per example, the selected parameters flattened in
 * ``hooks``: Opacus's ``GradSampleModule``: per-layer grad samplers for the layers Opacus knows
   (Linear, Conv, GroupNorm, LayerNorm, Embedding...; the convolution one is an unfold + einsum over
   the layer's captured input and output gradient) and torch.func for any other layer with parameters.
-* ``layers`` (:mod:`gsd_cli.engine_layers`): one batched forward, one backward to the outputs of the
+* ``layers`` (:mod:`gsd_cli.gradients.layers`): one batched forward, one backward to the outputs of the
   layers that own selected parameters (no summed parameter gradient), then each layer's per-sample
   gradients from its input and output gradient (gsd's rules for Conv2d and Linear, with the chunk in
   channels-last order on a CPU; Opacus's samplers for the other layer types). It refuses a model whose
@@ -49,7 +49,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn as nn
 
-from .engine_layers import LayersEngine, LossFn
+from .layers import LayersEngine, LossFn
 #: timed rounds per engine when ``auto`` measures (after one untimed warm-up round)
 ROUNDS = 3
 #: measure instead of the rule, on every device (tests; a device where the rule may not hold)

@@ -1,10 +1,12 @@
-"""Per-sample gradients at fixed weights w0, in chunks, on the chosen device.
+"""Package :mod:`gsd_cli.gradients`: per-sample gradients. This module holds the public API (:func:`per_sample_gradients`, :func:`gradient_matrix`); :mod:`.engines` the engines (vmap, Opacus hooks, and the choice between them) and :mod:`.layers` the ``layers`` engine's per-layer rules. The Gram ("ghost") path is :mod:`gsd_cli.ghost`. Layer: above :mod:`gsd_cli.models`, below :mod:`gsd_cli.subspace`.
+
+Per-sample gradients at fixed weights w0, in chunks, on the chosen device.
 
 Three engines compute the same matrix G (m x p, one row per example): ``vmap`` (torch.func),
 ``hooks`` (Opacus's ``GradSampleModule``) and ``layers`` (one batched forward, one backward to the layer
-outputs, per-layer rules), in :mod:`gsd_cli.engines`. ``engine="auto"`` picks one once per process and
+outputs, per-layer rules), in :mod:`gsd_cli.gradients.engines`. ``engine="auto"`` picks one once per process and
 model structure, by rule on every device (layers where it accepts the model, else vmap; a measurement
-when asked, :func:`gsd_cli.engines.start_engine`), and remembered; ``info["engine"]``
+when asked, :func:`gsd_cli.gradients.engines.start_engine`), and remembered; ``info["engine"]``
 and ``info["engine_choice"]`` say which and how.
 """
 
@@ -22,8 +24,8 @@ from .engines import HooksEngine as _HooksEngine  # noqa: F401
 from .engines import VmapEngine as _VmapEngine  # noqa: F401
 from .engines import LossFn, start_engine
 from .engines import scatter as _scatter  # noqa: F401
-from .errors import GSDError, ModelError
-from .models.params import match_patterns, select_parameters  # noqa: F401 (their home is the models layer)
+from ..errors import GSDError, ModelError
+from ..models.params import match_patterns, select_parameters  # noqa: F401 (their home is the models layer)
 
 ENGINES = ("auto", "vmap", "hooks", "layers")
 

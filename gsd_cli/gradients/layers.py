@@ -144,7 +144,7 @@ def frozen_batchnorm(layer: nn.Module) -> bool:
     torch's own: each example's output depends on that example alone."""
     from probes.backbones import FrozenBatchNorm2d
 
-    from .models.exact import is_frozen
+    from ..models.exact import is_frozen
 
     if not isinstance(layer, nn.modules.batchnorm._BatchNorm) or layer.running_mean is None or layer.running_var is None:
         return False

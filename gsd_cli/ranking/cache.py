@@ -47,11 +47,11 @@ from typing import Callable
 
 import torch
 
-from .data.fingerprint import sample_fingerprint
-from .models.digest import _tensor_digest, model_digest  # noqa: F401 (the cache keys on them)
-from .data.roots import CACHE_ENV as ENV, CALIBRATION_SUBFOLDER, cache_dir_or_reason, default_cache_dir  # noqa: F401 (where the cache lives)
-from .data.transform import TRANSFORM
-from .subspace.side import Subspace, sample_labels
+from ..data.fingerprint import sample_fingerprint
+from ..models.digest import _tensor_digest, model_digest  # noqa: F401 (the cache keys on them)
+from ..data.roots import CACHE_ENV as ENV, CALIBRATION_SUBFOLDER, cache_dir_or_reason, default_cache_dir  # noqa: F401 (where the cache lives)
+from ..data.transform import TRANSFORM
+from ..subspace.side import Subspace, sample_labels
 
 #: 2: keyed on what the examples are made of (1: on the resized model input)
 SCHEMA = 2
@@ -70,7 +70,7 @@ DEFAULT_MAX_BYTES = 2 * 2**30
 
 def parse_size(text: str | int) -> int:
     """``2G``, ``512M``, ``100k``, ``0`` or a byte count -> bytes (powers of 1024); else GSDError."""
-    from .errors import GSDError
+    from ..errors import GSDError
 
     if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
         return text
@@ -140,10 +140,10 @@ class SubspaceCache:
 
     def set_max_bytes(self, value: int) -> dict:
         """Set the size cap (kept in the folder's :data:`SETTINGS_FILE`) and evict down to it; returns :meth:`evict`'s."""
-        from .report.outputs import write_output
+        from ..report.outputs import write_output
 
         if self.directory is None:
-            from .errors import GSDError
+            from ..errors import GSDError
 
             raise GSDError(f"no cache folder ({self.unusable}); set {ENV} to a folder")
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -378,7 +378,7 @@ def public_cache_key(cache: SubspaceCache | None, model, sample, common: dict) -
     which cannot be hashed)."""
     if cache is None or common.get("loss") is not None:
         return None
-    from .models.spec import model_identity
+    from ..models.spec import model_identity
 
     labels = sample_labels(sample, common["labels"], common["num_classes"], common["seed"])
     settings = {

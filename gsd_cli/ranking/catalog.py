@@ -57,8 +57,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import GSDError
-from .models.spec import split_file_reference
+from ..errors import GSDError
+from ..models.spec import split_file_reference
 
 #: Options a job may set (the flat options of :class:`gsd_cli.ranking.RankConfig`).
 OPTIONS = ("k", "examples", "seed", "model", "params", "labels", "row_norm", "device", "chunk_size", "engine",
@@ -132,7 +132,7 @@ class Catalog:
         (ChestX-ray14's patient-wise lists, the Kaggle folders, torchvision's), HAM10000's lesion
         grouping, else the per-example hash split; the source is then named ``name:split``. An entry
         that already is a split cannot be split again."""
-        from .data import resolve
+        from ..data import resolve
 
         e = self.datasets.get(name)
         if e is None:
@@ -146,9 +146,9 @@ class Catalog:
 
     def _source(self, e: DatasetEntry, split: str | None, download: bool):
         """Entry ``e`` at ``split`` (None: all of it)."""
-        from .data import resolve
-        from .data.csvsource import csv_source, hf_source
-        from .data.splits import fixed_split
+        from ..data import resolve
+        from ..data.csvsource import csv_source, hf_source
+        from ..data.splits import fixed_split
 
         full = e.source if split is None else f"{e.source}:{split}"
         if e.source == "csv":
@@ -156,7 +156,7 @@ class Catalog:
                              label_columns=e.label_columns, group_column=e.group_column, frame=e.frame)
             return src if split is None else fixed_split(src, split, f"{e.name}:{split}")
         if e.source == "folder" and (e.groups or e.frame is not None):
-            from .data.files import FolderSource
+            from ..data.files import FolderSource
 
             src = FolderSource(self._file(e), e.name, self._rel(e.groups) if e.groups else None, e.frame)
             return src if split is None else fixed_split(src, split, f"{e.name}:{split}")
@@ -165,8 +165,8 @@ class Catalog:
         if e.source in ("folder", "npz"):
             return resolve(f"{e.source}:{self._file(e)}" + (f":{split}" if split else ""))
         if e.root is not None:
-            from .data.published import PUBLISHED
-            from .data.registry import canonical
+            from ..data.published import PUBLISHED
+            from ..data.registry import canonical
 
             key = canonical(e.source)
             if key in PUBLISHED:
@@ -336,8 +336,8 @@ def run_jobs(catalog: Catalog | str | Path, private: str | None = None, *, downl
     ``fail_fast`` the first failure raises its :class:`GSDError` (every unusable dataset at once, before
     any job). ``executor`` (in ``rank_kwargs``; ``"ray"``, a name or an object) is built once for all
     jobs; one that computes elsewhere overlaps the jobs (:func:`gsd_cli.ranking.executors.in_turns`)."""
-    from .ranking import RankConfig, get_executor, rank
-    from .ranking.executors import in_turns
+    from . import RankConfig, get_executor, rank
+    from .executors import in_turns
 
     if not isinstance(catalog, Catalog):
         catalog = load_catalog(catalog)
@@ -389,4 +389,4 @@ def run_catalog(catalog: Catalog | str | Path, private: str | None = None, *, do
 
 
 # What a catalogue run writes and reports (JSON, Markdown, checks, privacy totals): gsd_cli.report.catalog_files
-from .report.catalog_files import catalog_privacy_total, run_check_failures, run_json, run_markdown, write_partial  # noqa: E402,F401
+from ..report.catalog_files import catalog_privacy_total, run_check_failures, run_json, run_markdown, write_partial  # noqa: E402,F401

@@ -1,0 +1,172 @@
+"""How a training step uses ghost clipping (:mod:`gsd_cli.train.clipsum`): which chains it fuses with
+(:func:`fusable`: one clip of ``"grad"``), the step of DP-SGD (:class:`ClipSumStep`, :class:`LazyClipSum`:
+the path chosen once on a synthetic batch, never on private data) and of RGP's carriers
+(:class:`RGPClipSum`)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import GSDError
+from .clipsum import ClippedSum
+
+
+def fusable(chain) -> bool:
+    """Whether ``chain``'s per-example pass is exactly one clip of ``"grad"`` (DP-SGD): then the sum of
+    its per-example outputs is a clipped sum this engine computes."""
+    from .transforms import Clip, Transform
+
+    per = [t for t in chain.transforms if type(t).per_example is not Transform.per_example]
+    return len(per) == 1 and isinstance(per[0], Clip) and per[0].part == "grad"
+
+
+class ClipSumStep:
+    """The loop's hook for a fusable chain: ``(model, names, x, y, ctx) -> {"grad": float64 sum}``,
+    counting the clipped examples into ``ctx.info`` as :class:`~gsd_cli.train.transforms.Clip` does."""
+
+    def __init__(self, engine: ClippedSum, max_norm: float):
+        self.engine, self.max_norm = engine, float(max_norm)
+
+    def __call__(self, model, names, x, y, ctx) -> dict:
+        from ..gradients import _full_precision, _only_trainable
+
+        was = model.training
+        try:
+            model.train()
+            with _only_trainable(model, names), _full_precision():
+                s, sq = self.engine(x, y, self.max_norm)
+        finally:
+            model.train(was)
+        info = ctx.info.setdefault("clipped_grad", [0, 0])
+        info[0] += int((torch.nan_to_num(sq, nan=0.0) > self.max_norm ** 2).sum())
+        info[1] += x.shape[0]
+        return {"grad": s}
+
+
+class LazyClipSum:
+    """Chooses the path on the first chunk (``mode``: ``auto``, ``ghost``) from the model's structure and
+    a synthetic batch of the chunk's shape (never the private examples), then keeps it. ``None`` from
+    :meth:`hook` means the materialised path; ``reason`` says why.
+
+    ``max_norm=None``: a chain that needs every example's vector (GEP, TopAgg, random sparsification):
+    :meth:`rows` then gives the per-sample gradient matrix of a chunk by the same per-layer rules (one
+    batched forward, one backward to the layer outputs: :class:`gsd_cli.gradients.layers.LayersEngine`)
+    where the same synthetic check passes, else ``None`` (torch.func's vmap, as before)."""
+
+    def __init__(self, mode: str, max_norm: float | None, loss=None):
+        self.mode, self.loss = mode, loss
+        self.max_norm = None if max_norm is None else float(max_norm)
+        self.step: ClipSumStep | None = None
+        self.layers = None
+        self.decided = False
+        self.reason = ""
+
+    def rows(self, model, names, x, y, out: torch.Tensor) -> bool:
+        """Fill ``out`` (n x p) with the chunk's per-sample gradients by the layers rules and return True,
+        or return False (the caller takes vmap)."""
+        from ..gradients import _full_precision, _only_trainable
+
+        if not self.decided:
+            from ..gradients.layers import LayersEngine
+
+            was = model.training
+            try:
+                model.train()
+                with _only_trainable(model, names), _full_precision():
+                    ClippedSum(model, names, self.loss).check(x, y)
+                    self.layers = LayersEngine(model, names, self.loss or _default_loss())
+                    self.layers.checked = True  # the synthetic check above: no private example read
+                self.reason = "layers (per-sample gradients by per-layer rules)"
+            except NotImplementedError as e:
+                if self.mode == "ghost":
+                    raise GSDError(f"--clip-engine ghost: {str(e).splitlines()[0]}; use --clip-engine auto or materialise") from None
+                self.reason = f"materialise ({str(e).splitlines()[0]})"
+            finally:
+                model.train(was)
+            self.decided = True
+        if self.layers is None:
+            return False
+        was = model.training
+        try:
+            model.train()
+            with _only_trainable(model, names), _full_precision():
+                self.layers(x, y, out)
+        finally:
+            model.train(was)
+        return True
+
+    def hook(self, model, names, x, y) -> ClipSumStep | None:
+        if self.max_norm is None:
+            return None
+        if not self.decided:
+            from ..gradients import _full_precision, _only_trainable
+
+            was = model.training
+            try:
+                model.train()
+                with _only_trainable(model, names), _full_precision():
+                    eng = ClippedSum(model, names, self.loss)
+                    eng.check(x, y)
+                self.step = ClipSumStep(eng, self.max_norm)
+                self.reason = "ghost: " + ", ".join(f"{k or 'model'} {v}" for k, v in eng.plan.items())
+            except NotImplementedError as e:
+                if self.mode == "ghost":
+                    raise GSDError(f"--clip-engine ghost: {str(e).splitlines()[0]}; use --clip-engine auto or materialise") from None
+                self.reason = f"materialise ({str(e).splitlines()[0]})"
+            finally:
+                model.train(was)
+            self.decided = True
+        return self.step
+
+
+class RGPClipSum:
+    """RGP's clipped sums (paper 001, Algorithm 1 lines 7-10: the carrier gradients dL, dR of every layer
+    and the other trained parameters' gradients, clipped to C as one vector, summed) by the same engine:
+    each step the model with its reparametrized layers as three leaf layers (``r`` weight R, ``l``
+    weight L, ``res`` the frozen W~ with the bias: :meth:`~gsd_cli.train.rgp.RGP.leaves`), whose
+    selected parameters are exactly the carriers and the others, in :meth:`~gsd_cli.train.rgp.RGP.order`.
+    The first-use check (synthetic batch) runs on that model; a refusal keeps RGP's vmap path."""
+
+    def __init__(self, mode: str, max_norm: float, rgp, loss=None):
+        self.mode, self.max_norm, self.rgp, self.loss = mode, float(max_norm), rgp, loss
+        self.decided, self.ok = False, False
+        self.reason = ""
+
+    def rows(self, model, names, x, y, out) -> bool:
+        return False
+
+    def hook(self, model, names, x, y):
+        if not self.decided:
+            from ..gradients import _full_precision, _only_trainable
+
+            was = model.training
+            try:
+                model.train()
+                with self.rgp.leaves(model) as (m2, names2), _only_trainable(m2, names2), _full_precision():
+                    eng = ClippedSum(m2, names2, self.loss)
+                    eng.check(x, y)
+                self.ok = True
+                self.reason = "ghost (RGP carriers): " + ", ".join(f"{k} {v}" for k, v in eng.plan.items())
+            except NotImplementedError as e:
+                if self.mode == "ghost":
+                    raise GSDError(f"--clip-engine ghost: {str(e).splitlines()[0]}; use --clip-engine auto or materialise") from None
+                self.reason = f"materialise ({str(e).splitlines()[0]})"
+            finally:
+                model.train(was)
+            self.decided = True
+        return self if self.ok else None
+
+    def __call__(self, model, names, x, y, ctx) -> dict:
+        if ctx is not None and ctx.model is not None:
+            self.rgp.compute(model, ctx.step)
+        with self.rgp.leaves(model) as (m2, names2):
+            return ClipSumStep(ClippedSum(m2, names2, self.loss), self.max_norm)(m2, names2, x, y, ctx)
+
+
+def _default_loss():
+    from ..gradients import default_loss
+
+    return default_loss
+
+
+__all__ = ["ClipSumStep", "LazyClipSum", "RGPClipSum", "fusable"]
