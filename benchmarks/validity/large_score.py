@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .large import EPSILONS, FAMILIES, HELD_OUT, KIND, METHODS, SELECTION, TASKS, load_runs, register
+from .large import EPSILONS, FAMILIES, HELD_OUT, KIND, METHODS, SELECTION, SETTINGS, TASKS, load_runs, register
 
 ROOT = Path(__file__).resolve().parents[1] / "results"
 RANKS = ROOT / "validity" / "large_ranks"
@@ -236,7 +236,8 @@ def package_figures(doc: dict) -> dict:
             for m, r in doc["rule"].items()}
     return {"source": "python benchmarks/bench_downstream.py score --update-package (issue 33)",
             "predictor": "GSD probe",
-            "where": "auto-select's ranking (probe, k=16, m=2000); fmnist-cnn trained 5 epochs at epsilon 2 and 8, 3 seeds, 2-core CPU",
+            "where": f"auto-select's ranking (probe, k=16, m=2000); fmnist-cnn trained {SETTINGS['epochs']} epochs at epsilon 2 and 8, "
+                     f"{len(SEEDS)} seeds, 2-core CPU",
             "tasks": len(doc["tasks"]), "spearman": {"gep": rho["gep"], "second_phase": rho["second-phase"]},
             "cases": cases, "winner_best": best, "winner_below_none": below,
             "rank": doc["rank"], "rule": rule,

@@ -77,7 +77,7 @@ def train(
     power_iters: int = typer.Option(1, "--power-iters", help="gep: power iterations per step (the paper uses 1).", rich_help_panel="GEP (--method gep)"),
     groups: str = typer.Option("auto", "--groups", help="gep: parameter groups, ';' between groups, ',' between glob patterns; auto = the paper's 5 groups for resnet20, one group otherwise; none = one group.", rich_help_panel="GEP (--method gep)"),
     clip_embedding: float = typer.Option(2.0, "--clip-embedding", help="gep: clip norm S1 of the embedding; noise std sigma*S1.", rich_help_panel="GEP (--method gep)"),
-    clip_residual: float = typer.Option(0.4, "--clip-residual", help="gep: clip norm S2 of the residual; noise std sigma*S2 (paper 000 keeps S2 = S1/5).", rich_help_panel="GEP (--method gep)"),
+    clip_residual: float = typer.Option(1.0, "--clip-residual", help="gep: clip norm S2 of the residual; noise std sigma*S2 (default S1/2, from gsd's downstream benchmark; paper 000 keeps S2 = S1/5).", rich_help_panel="GEP (--method gep)"),
     residual: bool = typer.Option(True, "--residual/--no-residual", help="gep: release the residual (GEP) or drop it (B-GEP, biased).", rich_help_panel="GEP (--method gep)"),
     anchor_every: int = typer.Option(2, "--anchor-every", help="gep: recompute the anchor subspace every N steps (and at each epoch's first step), reusing it in between; 1 = every step, as paper 000. Same epsilon for any N: the basis is public.", rich_help_panel="GEP (--method gep)"),
     anchor_warm: bool = typer.Option(True, "--anchor-warm/--anchor-cold", help="gep: start each recomputation's power iteration from the previous basis (subspace tracking; cold at each epoch's first step); --anchor-cold: from a random matrix, as paper 000.", rich_help_panel="GEP (--method gep)"),
@@ -98,6 +98,7 @@ def train(
     rank_k: int = typer.Option(16, "--rank-k", help="--auto-select: subspace dimension of the ranking.", rich_help_panel="Auto-select ranking (--auto-select)"),
     rank_examples: int = typer.Option(2000, "--rank-examples", help="--auto-select: examples per dataset in the ranking.", rich_help_panel="Auto-select ranking (--auto-select)"),
     select_epsilon: Optional[float] = typer.Option(None, "--select-epsilon", help="--auto-select with DP-GSD at this epsilon (added to the budget); without it the selection is not private.", rich_help_panel="Auto-select ranking (--auto-select)"),
+    fallback: bool = typer.Option(True, "--fallback/--no-fallback", help="--auto-select: apply the calibrated rule of gsd's downstream benchmark (validity.json): when the winner's GSD is above the threshold at which public data helped --method, train DP-SGD without public data (or the other public method whose threshold it passes) and say so. Applied only to the default non-private ranking (--rank-model probe, --rank-k 16, --rank-examples 2000).", rich_help_panel="Auto-select ranking (--auto-select)"),
     device: Device = _panel(device_option(), "Run folder and output"),
     nproc: int = typer.Option(1, "--nproc", help="Train with N processes on this machine (torch.distributed: gloo on CPU, NCCL with one GPU each), each on its shard of every Poisson subsample; the same mechanism, epsilon and weights (to float rounding) as one process. Under torchrun leave it out: the processes exist already.", rich_help_panel="Run folder and output"),
     quiet: bool = _panel(quiet_option("No progress bars."), "Run folder and output"),
@@ -212,7 +213,21 @@ def train(
             best = ranking.results[0]
             cfg.public, cfg.public_distance = best.public, best.distance
             selection = ranking.to_dict()
-            out.print(f"training with [bold]{escape(best.public)}[/] (GSD {best.distance:.4f})")
+            if fallback:
+                from ..train.fallback import decide
+
+                decision = decide(cfg.method, best.public, best.distance, rank_settings=rank_opts, dp=select_epsilon is not None)
+                out.print(escape(decision.message), highlight=False, soft_wrap=True)
+                selection["fallback"] = decision.to_dict()
+                if decision.fell_back:
+                    cfg.method, cfg.public = decision.method, decision.public
+                    if decision.public is None:
+                        cfg.public_distance = None
+                    validate(cfg)
+            if cfg.public is not None:
+                out.print(f"training with [bold]{escape(cfg.public)}[/] (GSD {best.distance:.4f}, --method {cfg.method})")
+            else:
+                out.print(f"training without public data (--method {cfg.method})")
 
     summary = with_progress(quiet, lambda pr: train_fn(cfg, run, resume=resume is not None, device=device.value, progress=pr,
                                                        selection=selection, notify=warn, nproc=nproc), width=8, eta=True)

@@ -35,4 +35,22 @@ def validity_line(metric: str = "gsd") -> str | None:
     return (f"validity: on {doc['tasks']} benchmark tasks ({doc['where']}) the default's Spearman was "
             + " and ".join(parts) + f" (-1: the same order); its winner was the best candidate in "
             f"{doc['winner_best']} of {doc['cases']} cases and worse than no public data in {doc['winner_below_none']}. "
-            f"{doc['advice']}")
+            + doc["advice"] + (" " + rule_sentence(doc) if rule_sentence(doc) else ""))
+
+
+def rule_sentence(doc: dict) -> str | None:
+    """The calibrated fallback rule of ``gsd train --auto-select`` (:mod:`gsd_cli.train.fallback`) with
+    its measured error, or None when the figures hold no rule."""
+    rules = doc.get("rule") or {}
+    if not rules:
+        return None
+    parts = []
+    for method, r in rules.items():
+        err = f"wrong on {r['errors']} of {r['cells']} benchmark cells"
+        if r.get("held_out_cells"):
+            err += f", {r['held_out_errors']} of {r['held_out_cells']} held out"
+        parts.append(f"{method} when its GSD <= {r['threshold']:g} ({err})")
+    rank = doc.get("rank") or {}
+    return ("Rule (auto-select): train with the winner by " + "; by ".join(parts)
+            + "; otherwise DP-SGD without public data"
+            + (f" (for rankings with model={rank.get('model')}, k={rank.get('k')}, m={rank.get('examples')})." if rank else "."))
