@@ -63,8 +63,11 @@ def train(
     public_epochs: int = typer.Option(5, "--public-epochs", help="second-phase: epochs of stage 1 (supervised training of the --peft parameters on --public-examples public examples, their own labels).", rich_help_panel="Second phase (--method second-phase)"),
     public_lr: Optional[float] = typer.Option(None, "--public-lr", help="second-phase: Adam learning rate of stage 1 (default: paper 004's 3e-3 for transformers, 5e-5 for CNNs).", rich_help_panel="Second phase (--method second-phase)"),
     public_batch_size: int = typer.Option(64, "--public-batch-size", help="second-phase: minibatch size of stage 1.", rich_help_panel="Second phase (--method second-phase)"),
-    epochs: int = typer.Option(20, "--epochs", help="Epochs; one epoch is round(N / batch size) steps.", rich_help_panel="Optimisation"),
-    batch_size: int = typer.Option(250, "--batch-size", help="Expected batch size: each step samples every private example with probability batch_size/N (Poisson).", rich_help_panel="Optimisation"),
+    epochs: int = typer.Option(20, "--epochs", help="Epochs; one epoch is round(size / batch size) steps, size declared or DP-estimated.", rich_help_panel="Optimisation"),
+    batch_size: int = typer.Option(250, "--batch-size", help="Expected batch size: each step samples every private example with probability q = batch_size/size (Poisson).", rich_help_panel="Optimisation"),
+    expected_size: Optional[int] = typer.Option(None, "--expected-size", help="Declared (public) size N0 of the private training set: q = batch size / N0 and round(N0 / batch size) steps per epoch. Default: a DP estimate of N (--size-epsilon); the exact N never sets the mechanism.", rich_help_panel="Optimisation"),
+    sampling_rate: Optional[float] = typer.Option(None, "--sampling-rate", help="Declared (public) Poisson sampling rate q, instead of --expected-size; round(1/q) steps per epoch.", rich_help_panel="Optimisation"),
+    size_epsilon: Optional[float] = typer.Option(None, "--size-epsilon", help="Epsilon of the Laplace estimate of N when no size is declared (default 2% of --epsilon; part of --epsilon, by basic composition).", rich_help_panel="Privacy"),
     lr: float = typer.Option(0.1, "--lr", help="SGD learning rate.", rich_help_panel="Optimisation"),
     momentum: float = typer.Option(0.9, "--momentum", help="SGD momentum.", rich_help_panel="Optimisation"),
     weight_decay: float = typer.Option(1e-4, "--weight-decay", help="SGD weight decay.", rich_help_panel="Optimisation"),
@@ -129,8 +132,8 @@ def train(
     publics = public_names(public, extra)
     if log_dir is not None and not log:
         raise GSDError("--log-dir is only used with --log tensorboard or --log mlflow")
-    if log:  # gsd_cli.tracking.train_tracked: train() plus the trackers; a missing extra fails here, before any work
-        from ..tracking import check_backends, train_tracked
+    if log:  # gsd_cli.integrations.tracking.train_tracked: train() plus the trackers; a missing extra fails here, before any work
+        from ..integrations.tracking import check_backends, train_tracked
 
         train_fn = partial(train_tracked, log=check_backends(log), log_dir=log_dir)
     from ..train.distributed import launched_by_torchrun
@@ -144,6 +147,7 @@ def train(
     fields = dict(
         private=private, method=method.value, epsilon=epsilon, delta=delta, private_test=private_test, model=model,
         params=list(params) if params else None, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum,
+        expected_size=expected_size, sampling_rate=sampling_rate, size_epsilon=size_epsilon,
         weight_decay=weight_decay, lr_schedule=lr_schedule.value, seed=seed, clip=clip, clip_engine=clip_engine, k=k,
         public_examples=public_examples, power_iters=power_iters, groups=groups, clip_embedding=clip_embedding,
         clip_residual=clip_residual, residual=residual, anchor_every=anchor_every, anchor_warm=anchor_warm, anchor_batch=anchor_batch,
@@ -176,7 +180,7 @@ def train(
     else:
         cat = None
         if catalog_path is not None:
-            from ..catalog import load_catalog, select_jobs
+            from ..ranking.catalog import load_catalog, select_jobs
 
             cat = load_catalog(catalog_path)
             if auto_select and not publics:
@@ -195,9 +199,10 @@ def train(
             cfg.public = publics[0]
         validate(cfg)
         prepare_run_dir(run, resume=False, create=False)  # fail before the ranking, not after it
-        from ..outputs import check_not_inputs, run_inputs
+        from ..report.outputs import check_not_inputs, run_inputs
+        from .common import catalog_inputs
 
-        check_not_inputs({"--out": run}, run_inputs([private, *publics], catalog_path, None, None))  # not inside a folder: source
+        check_not_inputs({"--out": run}, run_inputs([private, *publics], catalog_path, None, None) + catalog_inputs(catalog_path))  # not inside a folder: source
         if auto_select:
             from ..report import print_ranking
 
