@@ -80,7 +80,7 @@ class TrainConfig:
     groups: str = "auto"  # parameter groups (:func:`parse_groups`)
     power_iters: int = 1  # power iterations per step (also RGP's K)
     clip_embedding: float = 2.0  # clip norm S1 of the embedding
-    clip_residual: float = 1.0  # clip norm S2 of the residual (S1/2: issue 33's benchmark; paper 000's S1/5 lost 8-16 points there)
+    clip_residual: float = 1.0  # clip norm S2 of the residual (S1/2: issue 33's benchmark; paper 000's S1/5 lost 7-12 points there)
     residual: bool = True  # release the residual (GEP) or drop it (B-GEP)
     anchor_every: int = 2  # recompute the anchor subspace every N steps and at each epoch's start (1: every step, paper 000)
     anchor_warm: bool = True  # start each recomputation's power iteration from the previous basis (cold at epoch starts)
