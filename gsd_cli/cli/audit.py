@@ -49,7 +49,7 @@ def audit(
     public: Optional[str] = typer.Option(None, "--public", help="gep with --model: the public anchor set."),
     clip: float = typer.Option(1.0, "--clip", help="dpsgd, rgp, topagg: clip norm C; dpgsd: row clip."),
     clip_embedding: float = typer.Option(2.0, "--clip-embedding", help="gep: S1."),
-    clip_residual: float = typer.Option(0.4, "--clip-residual", help="gep: S2."),
+    clip_residual: float = typer.Option(1.0, "--clip-residual", help="gep: S2 (as gsd train's default)."),
     k: int = typer.Option(16, "--k", help="gep: anchor subspace dimension."),
     rgp_rank: int = typer.Option(4, "--rgp-rank", help="rgp: carrier rank r."),
     topk_fraction: float = typer.Option(0.7, "--topk-fraction", help="topagg: K."),

@@ -155,7 +155,7 @@ class GEPOptimizer(DPOptimizer):
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, module: torch.nn.Module, public_x: torch.Tensor, num_classes: int,
                  noise_multiplier: float, expected_batch_size: int | None, sample_rate: float | None = None,
-                 k: int = 100, clip_embedding: float = 2.0, clip_residual: float = 0.4, residual: bool = True,
+                 k: int = 100, clip_embedding: float = 2.0, clip_residual: float = 1.0, residual: bool = True,
                  power_iters: int = 1, groups: str = "none", anchor_every: int = 1, anchor_warm: bool = False,
                  seed: int = 0, multilabel: bool = False, chunk: int = 64, loss_reduction: str = "mean",
                  generator: torch.Generator | None = None, insecure_seed: int | None = None,
