@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from .. import data as gdata
 from ..errors import GSDError
-from ..model_exact import POLICIES
+from ..models.exact import POLICIES
 from ..privacy import check_delta, check_epsilon
 from ..privacy.randomness import check_insecure_seed, check_seed
 
@@ -45,11 +45,11 @@ class TrainConfig:
     public_distance: float | None = None  # distance of ``public`` in the ranking that chose it (recorded only)
 
     # --- model and trainable parameters ---
-    model: str = "fmnist-cnn"  # model to train: a registry name (gsd models list), timm:NAME, PATH.py:FACTORY or an nn.Module (gsd_cli.model_spec)
+    model: str = "fmnist-cnn"  # model to train: a registry name (gsd models list), timm:NAME, PATH.py:FACTORY or an nn.Module (gsd_cli.models.spec)
     params: list[str] | None = None  # glob patterns of the parameters to train (None: all)
     weights: str | None = None  # initial weights (--weights: safetensors or a weights-only state dict)
-    peft: str | None = None  # parameter-efficient subset to train (--peft: preset or patterns, gsd_cli.peft)
-    batchnorm: str = "refuse"  # BatchNorm layers: refuse, freeze or groupnorm (gsd_cli.model_exact)
+    peft: str | None = None  # parameter-efficient subset to train (--peft: preset or patterns, gsd_cli.models.peft)
+    batchnorm: str = "refuse"  # BatchNorm layers: refuse, freeze or groupnorm (gsd_cli.models.exact)
 
     # --- optimisation: SGD on Poisson-subsampled steps ---
     epochs: int = 20  # epochs; one epoch is round(N / batch_size) steps
@@ -96,7 +96,7 @@ class TrainConfig:
     # --- random sparsification (paper 003; dpsgd and gep) ---
     sparsify: float = 0.0  # final rate R in [0, 1) of the coordinates dropped (0: off)
 
-    # --- second phase (paper 004): stage 1 on public data (gsd_cli.peft, gsd_cli.train.second_phase) ---
+    # --- second phase (paper 004): stage 1 on public data (gsd_cli.models.peft, gsd_cli.train.second_phase) ---
     public_epochs: int = 5  # epochs of stage 1
     public_lr: float | None = None  # Adam learning rate of stage 1 (None: by model)
     public_batch_size: int = 64  # minibatch size of stage 1
@@ -107,7 +107,7 @@ class TrainConfig:
         named = {f.name: getattr(self, f.name).name for f in dataclasses.fields(self)
                  if isinstance(getattr(self, f.name), gdata.ImageSource)}
         if not isinstance(self.model, str):  # an nn.Module or factory of the Python API: its label (and digest)
-            from ..model_spec import model_label
+            from ..models.spec import model_label
 
             named["model"] = model_label(self.model)
         return {**dataclasses.asdict(dataclasses.replace(self, **dict.fromkeys(named))), **named}
