@@ -247,3 +247,14 @@ def test_the_validity_line_is_printed_from_the_shipped_figures():
         return console.export_text()
 
     assert "validity: on" in shown("gsd") and "validity: on" not in shown("otdd")
+
+
+def test_logme_of_degenerate_features_is_finite():
+    """Features that carry nothing (all zero, or one constant column) gave a ZeroDivisionError (alpha -> 0)."""
+    import numpy as np
+
+    from gsd_cli.distance.baselines.logme import logme
+
+    labels = np.arange(40) % 4
+    for F in (np.zeros((40, 8)), np.ones((40, 1)), np.r_[np.ones((39, 3)), np.zeros((1, 3))]):
+        assert np.isfinite(logme(F, labels))

@@ -65,7 +65,9 @@ def logme(F, labels, iters: int = 100, tol: float = 1e-5) -> float:
             mt = beta * s * z / (alpha + beta * sig)  # m in the right-singular basis
             mm = float(mt @ mt)
             res = float(np.sum((s * mt - z) ** 2)) + rest
-            a_new, b_new = gamma / max(mm, 1e-300), (n - gamma) / max(res, 1e-300)
+            # floored: degenerate features (gamma -> 0, e.g. a candidate whose features are all equal)
+            # would drive alpha to 0 and divide by it below
+            a_new, b_new = max(gamma / max(mm, 1e-300), 1e-300), max((n - gamma) / max(res, 1e-300), 1e-300)
             done = abs(a_new - alpha) / alpha < tol and abs(b_new - beta) / beta < tol
             alpha, beta = a_new, b_new
             if done:
