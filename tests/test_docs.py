@@ -109,3 +109,14 @@ def test_every_page_is_in_the_nav():
     listed = set(re.findall(r":\s*([\w./-]+\.md)\s*$", text, re.M))
     pages = {p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")}
     assert pages == listed, f"not in the nav: {sorted(pages - listed)}; missing files: {sorted(listed - pages)}"
+
+
+def test_readme_is_a_front_page():
+    """README <= 250 lines (issue 35), and every relative link in it names a file that exists."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 250
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    local = [l for l in links if not re.match(r"[a-z]+://", l)]
+    assert any(l.startswith("docs/") for l in local)
+    missing = [l for l in local if not (ROOT / l).exists()]
+    assert not missing, f"README links to files that do not exist: {missing}"
