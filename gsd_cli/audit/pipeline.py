@@ -35,7 +35,7 @@ MODEL, PARAMS, SIZE = "fmnist-cnn", "fc2*", 28
 @contextlib.contextmanager
 def _bug(bug: str | None):
     """``public-seed``: the DP-GSD distance's private generator seeded from the public ``--seed``
-    (the bug of gsd before 0.3, put back for the audit's teeth)."""
+    (the bug of gsd before 0.2.0, put back for the audit's teeth)."""
     if bug is None:
         yield
         return

@@ -25,7 +25,7 @@ built before the private rows are touched, and each row's projection Q^T g is a 
 alone, clipped after: the sensitivity argument above is unchanged); the
 distances and the ranking are post-processing. The number of rows m = min(m, N) would reveal N when
 N < m, so a DP ranking prints the requested m, never N, and every data-independent utility figure
-uses the requested m. Position-assigned labels or a public-seed draw (as before 0.3) break (i):
+uses the requested m. Position-assigned labels or a public-seed draw (as before 0.2.0) break (i):
 adding one example would re-draw other rows and labels.
 """
 
