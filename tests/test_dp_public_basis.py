@@ -12,6 +12,8 @@ from gsd_cli import GSDError
 from gsd_cli.subspace.dppca import bingham_scale, clip_rows, private_top_k_subspace, square_factor
 from gsd_cli.subspace.public_basis import parse_dp_sketch, project_rows, public_basis, resolve_dp_sketch
 
+from test_dppca import sphere_moments  # the quadrature of E[x x^T] under the Bingham density (tests/)
+
 
 def _orthonormal(rng, p, k):
     return torch.linalg.qr(torch.from_numpy(rng.normal(size=(p, k))))[0]
@@ -49,17 +51,6 @@ def test_dp_sketch_values():
     assert resolve_dp_sketch("0", 16, True) is None
 
 
-def _sphere_moments(B, n_theta=500, n_phi=1000):
-    """E[x x^T] under exp(x^T B x) on S^2 by quadrature (independent of any sampler)."""
-    th = (np.arange(n_theta) + 0.5) * math.pi / n_theta
-    ph = (np.arange(n_phi) + 0.5) * 2 * math.pi / n_phi
-    T, P = np.meshgrid(th, ph, indexing="ij")
-    x = np.stack([np.sin(T) * np.cos(P), np.sin(T) * np.sin(P), np.cos(T)], -1)
-    w = np.exp(np.einsum("...i,ij,...j->...", x, B, x)) * np.sin(T)
-    w /= w.sum()
-    return np.einsum("ab,abi,abj->ij", w, x, x)
-
-
 def test_mechanism_in_the_sketch_space_matches_the_exact_density_of_projected_clipped_rows():
     # p=6 parameters, a public basis of D=3 directions; 40 private rows (m > D: the sampler runs on the
     # square factor R, R^T R = (GQ)^T (GQ)). Some rows project to norm > C and must be clipped *after*
@@ -75,7 +66,7 @@ def test_mechanism_in_the_sketch_space_matches_the_exact_density_of_projected_cl
     Pc = clip_rows(P, C)
     B = bingham_scale(eps, C) * (Pc.T @ Pc).numpy()
     assert torch.allclose(square_factor(Pc).T @ square_factor(Pc), Pc.T @ Pc, atol=1e-10)
-    exact = np.diag(_sphere_moments(B))
+    exact = np.diag(sphere_moments(B))
     n = 5000
     gen = np.random.default_rng(9)
     xs = torch.stack([(Q @ private_top_k_subspace(P, 1, eps, C, generator=gen))[:, 0] for _ in range(n)])
@@ -86,7 +77,7 @@ def test_mechanism_in_the_sketch_space_matches_the_exact_density_of_projected_cl
     assert np.all(np.abs(got - exact) < 5 * se + 2e-3), (got, exact)
     # the same test rejects the unclipped rows' density (the clip must act on the projected rows)
     B_unclipped = bingham_scale(eps, C) * (P.T @ P).numpy()
-    assert np.abs(got - np.diag(_sphere_moments(B_unclipped))).max() > 5 * se.max()
+    assert np.abs(got - np.diag(sphere_moments(B_unclipped))).max() > 5 * se.max()
 
 
 def _capture_bases(monkeypatch, cls=None):

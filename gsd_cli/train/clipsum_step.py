@@ -99,22 +99,11 @@ class LazyClipSum:
         if self.max_norm is None:
             return None
         if not self.decided:
-            from ..gradients import _full_precision, _only_trainable
+            from ..gradients import _only_trainable
 
-            was = model.training
-            try:
-                model.train()
-                with _only_trainable(model, names), _full_precision():
-                    eng = ClippedSum(model, names, self.loss)
-                    eng.check(x, y)
-                self.step = ClipSumStep(eng, self.max_norm)
-                self.reason = "ghost: " + ", ".join(f"{k or 'model'} {v}" for k, v in eng.plan.items())
-            except NotImplementedError as e:
-                if self.mode == "ghost":
-                    raise GSDError(f"--clip-engine ghost: {str(e).splitlines()[0]}; use --clip-engine auto or materialise") from None
-                self.reason = f"materialise ({str(e).splitlines()[0]})"
-            finally:
-                model.train(was)
+            eng, self.reason = _first_use(self.mode, model, lambda: _only_trainable(model, names),
+                                          lambda m, n: ClippedSum(m, n, self.loss), (model, names), x, y, "ghost")
+            self.step = ClipSumStep(eng, self.max_norm) if eng is not None else None
             self.decided = True
         return self.step
 
@@ -137,22 +126,9 @@ class RGPClipSum:
 
     def hook(self, model, names, x, y):
         if not self.decided:
-            from ..gradients import _full_precision, _only_trainable
-
-            was = model.training
-            try:
-                model.train()
-                with self.rgp.leaves(model) as (m2, names2), _only_trainable(m2, names2), _full_precision():
-                    eng = ClippedSum(m2, names2, self.loss)
-                    eng.check(x, y)
-                self.ok = True
-                self.reason = "ghost (RGP carriers): " + ", ".join(f"{k} {v}" for k, v in eng.plan.items())
-            except NotImplementedError as e:
-                if self.mode == "ghost":
-                    raise GSDError(f"--clip-engine ghost: {str(e).splitlines()[0]}; use --clip-engine auto or materialise") from None
-                self.reason = f"materialise ({str(e).splitlines()[0]})"
-            finally:
-                model.train(was)
+            eng, self.reason = _first_use(self.mode, model, lambda: self.rgp.leaves(model),
+                                          lambda m, n: ClippedSum(m, n, self.loss), None, x, y, "ghost (RGP carriers)")
+            self.ok = eng is not None
             self.decided = True
         return self if self.ok else None
 
@@ -161,6 +137,37 @@ class RGPClipSum:
             self.rgp.compute(model, ctx.step)
         with self.rgp.leaves(model) as (m2, names2):
             return ClipSumStep(ClippedSum(m2, names2, self.loss), self.max_norm)(m2, names2, x, y, ctx)
+
+
+def _first_use(mode: str, model, context, make, fixed, x, y, label: str):
+    """The first-use check of ghost clipping on one synthetic batch: ``(engine, reason)``, or ``(None,
+    reason)`` when the model is refused (``mode`` ghost: a one-line GSDError instead). ``context()``
+    yields the model and parameter names to check (``fixed`` when it yields nothing of its own: the
+    model and names as they are), ``make(model, names)`` builds the engine; train mode and full
+    precision during the check, the model's mode restored after."""
+    from ..gradients import _full_precision, _only_trainable
+
+    was = model.training
+    try:
+        model.train()
+        with context() as got, _full_precision():
+            m, n = fixed if fixed is not None else got
+            with _only_trainable(m, n) if fixed is None else _nullcontext():
+                eng = make(m, n)
+                eng.check(x, y)
+        return eng, f"{label}: " + ", ".join(f"{k or 'model'} {v}" for k, v in eng.plan.items())
+    except NotImplementedError as e:
+        if mode == "ghost":
+            raise GSDError(f"--clip-engine ghost: {str(e).splitlines()[0]}; use --clip-engine auto or materialise") from None
+        return None, f"materialise ({str(e).splitlines()[0]})"
+    finally:
+        model.train(was)
+
+
+def _nullcontext():
+    from contextlib import nullcontext
+
+    return nullcontext()
 
 
 def _default_loss():
