@@ -89,6 +89,8 @@ class DPGSD(Distance):
         function of each example alone, so (i) and (ii) hold for it). The draw walks a secret random
         permutation, skipping examples the rule leaves out, until it has m (or the set is exhausted):
         a uniform m-subset of the filtered set, with only the examples walked ever hashed."""
+        import numpy as np
+
         from ..data.identity import PublicRows
 
         n, m = len(sample.source), len(sample)
@@ -104,8 +106,6 @@ class DPGSD(Distance):
             keep = block[~rule.mask(block)]
             kept.append(keep[: m - have])
             have += len(kept[-1])
-        import numpy as np
-
         return gdata.Sample(sample.source, np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64))
 
     def private_side(self, ctx: SideContext, sample: gdata.Sample) -> Subspace:

@@ -21,7 +21,7 @@ import torch
 
 from ..errors import GSDError, ModelError
 from ..gradients import _full_precision, _only_trainable
-from .factors import Factors, rows
+from .factors import Factors, rows, tensors
 from .units import Unit
 
 
@@ -185,8 +185,6 @@ def _zero_nonfinite_examples(facs: list, n: int) -> None:
     infinity, as :func:`gsd_cli.subspace.dppca.clip_rows` zeroes such a row of a materialised G: a per-example
     rule (it looks at that example alone), so a DP release's sensitivity is unchanged, and one bad
     example cannot turn the release into NaN (which would show its presence)."""
-    from .factors import tensors
-
     bad = None
     for f in facs:
         for t in tensors(f):
