@@ -39,7 +39,7 @@ def compare(
     weights: Optional[str] = weights_option("Pre-trained weights of --model for every method (as gsd train --weights)."),
     peft: Optional[str] = peft_option("Trainable parameters for every method (as gsd train --peft); all else frozen."),
     public_epochs: int = typer.Option(5, "--public-epochs", help="second-phase: epochs of stage 1 on the public set."),
-    public_lr: Optional[float] = typer.Option(None, "--public-lr", help="second-phase: Adam learning rate of stage 1 (default 5e-5 CNN, 3e-3 transformer)."),
+    public_lr: Optional[float] = typer.Option(None, "--public-lr", help="second-phase: Adam learning rate of stage 1 (default 3e-3 from scratch; with --weights paper 004's 5e-5 CNN, 3e-3 transformer)."),
     insecure_seed: Optional[int] = insecure_seed_option("the sampling and noise of run i: this seed + i"),
     deterministic_noise: bool = deterministic_noise_option(),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="New folder for the runs and comparison.json/.csv/.png (default gsd-compare-<time>); never overwritten."),

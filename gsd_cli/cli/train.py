@@ -61,7 +61,7 @@ def train(
     weights: Optional[str] = _panel(weights_option(), "Model"),
     peft: Optional[str] = _panel(peft_option(), "Model"),
     public_epochs: int = typer.Option(5, "--public-epochs", help="second-phase: epochs of stage 1 (supervised training of the --peft parameters on --public-examples public examples, their own labels).", rich_help_panel="Second phase (--method second-phase)"),
-    public_lr: Optional[float] = typer.Option(None, "--public-lr", help="second-phase: Adam learning rate of stage 1 (default: paper 004's 3e-3 for transformers, 5e-5 for CNNs).", rich_help_panel="Second phase (--method second-phase)"),
+    public_lr: Optional[float] = typer.Option(None, "--public-lr", help="second-phase: Adam learning rate of stage 1 (default: 3e-3 from scratch, gsd's benchmark; with --weights, paper 004's 5e-5 for CNNs, 3e-3 for transformers).", rich_help_panel="Second phase (--method second-phase)"),
     public_batch_size: int = typer.Option(64, "--public-batch-size", help="second-phase: minibatch size of stage 1.", rich_help_panel="Second phase (--method second-phase)"),
     epochs: int = typer.Option(20, "--epochs", help="Epochs; one epoch is round(size / batch size) steps, size declared or DP-estimated.", rich_help_panel="Optimisation"),
     batch_size: int = typer.Option(250, "--batch-size", help="Expected batch size: each step samples every private example with probability q = batch_size/size (Poisson).", rich_help_panel="Optimisation"),
