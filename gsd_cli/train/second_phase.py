@@ -99,6 +99,8 @@ def run_second_phase(model: nn.Module, names: list[str], cfg, spec, out: Path, d
     sample = gdata.draw(source, cfg.public_examples, cfg.seed)
     y_all, public_head = _public_labels(sample, num_classes, multilabel)
     lr = cfg.public_lr if cfg.public_lr is not None else default_public_lr(model, pretrained=cfg.weights is not None)
+    if saved is not None and cfg.public_lr is None:  # a resumed stage 1 keeps its lr (one begun before 0.3: paper 004's default)
+        lr = float(saved.get("lr", default_public_lr(model)))
     head = head_prefix(model)
     private_head = None
     train_names = list(names)
@@ -141,7 +143,7 @@ def run_second_phase(model: nn.Module, names: list[str], cfg, spec, out: Path, d
                 total += float(loss.detach()) * len(part)
                 count += len(part)
             losses.append(total / count)
-            state = json.loads(json.dumps({"settings": settings, "run_settings": cfg.to_dict(), "epochs_done": epoch + 1, "losses": losses}))
+            state = json.loads(json.dumps({"settings": settings, "run_settings": cfg.to_dict(), "epochs_done": epoch + 1, "losses": losses, "lr": lr}))
             state["weights_sha256"] = _save(weights_file, model, opt, train_names, state)  # verified on --resume
             ckpt.atomic_write(meta_file, json.dumps(state, indent=2) + "\n")
             if progress:
@@ -169,13 +171,15 @@ def run_second_phase(model: nn.Module, names: list[str], cfg, spec, out: Path, d
     }
     sha = (json.loads(meta_file.read_text()).get("weights_sha256") if meta_file.is_file() else None)
     ckpt.atomic_write(meta_file, json.dumps({"settings": settings, "run_settings": cfg.to_dict(), "epochs_done": cfg.public_epochs, "losses": losses,
-                                             "weights_sha256": sha, "record": {k: v for k, v in record.items() if k != "seconds"}}, indent=2) + "\n")
+                                             "lr": lr, "weights_sha256": sha, "record": {k: v for k, v in record.items() if k != "seconds"}}, indent=2) + "\n")
     return record
 
 
 def stage1_digest(state: dict) -> str:
-    """SHA-256 of the canonical JSON of ``stage1.json``'s settings, run settings, epochs done and losses."""
+    """SHA-256 of the canonical JSON of ``stage1.json``'s settings, run settings, epochs done, losses and lr."""
     doc = {k: state.get(k) for k in ("settings", "run_settings", "epochs_done", "losses")}
+    if "lr" in state:  # since 0.3 (stage 1's default lr depends on --weights); earlier files keep their digest
+        doc["lr"] = state["lr"]
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(b"gsd-stage1-v1\0" + text.encode()).hexdigest()
 
