@@ -29,7 +29,9 @@ Size: the entries are capped (:data:`DEFAULT_MAX_BYTES`, 2 GiB; ``gsd cache limi
 the folder's :data:`SETTINGS_FILE`); after each write the least recently used entries (a hit touches its
 file's modification time) are deleted until the rest fit. Bases ``V`` are stored in float32 (half the
 bytes; a distance moves by less than 1e-6, measured by ``benchmarks/bench_cache_float32.py``) and
-used in float64; the singular values keep their dtype. Temporary files are named
+read back by blocks in the dtype they were computed in (float64; float32 for the large bases of the
+Gram path), so a warm rank holds no more than a cold one (:mod:`gsd_cli.ranking.cache_read`); the
+singular values keep their dtype. Temporary files are named
 ``.gsd-tmp-<64 hex key>.<8 characters>.tmp``; ``clear`` deletes no other name.
 """
 
@@ -51,6 +53,7 @@ from ..data.fingerprint import sample_fingerprint
 from ..models.digest import _tensor_digest, model_digest  # noqa: F401 (the cache keys on them)
 from ..data.roots import CACHE_ENV as ENV, CALIBRATION_SUBFOLDER, cache_dir_or_reason, default_cache_dir  # noqa: F401 (where the cache lives)
 from ..data.transform import TRANSFORM
+from .cache_read import computed_dtype, read_entry
 from ..subspace.side import Subspace, sample_labels
 
 #: 2: keyed on what the examples are made of (1: on the resized model input)
@@ -81,32 +84,6 @@ def parse_size(text: str | int) -> int:
     if value > 2**62:
         raise GSDError(f"size {text!r} is too large; give at most 4E bytes")
     return int(value)
-
-
-#: bytes of the stored basis read (and converted) at a time by :meth:`SubspaceCache.load`
-LOAD_BLOCK = 64 << 20
-
-
-def _load_basis(f, h) -> torch.Tensor:
-    """The stored basis ``V`` of an open safetensors file ``f``, in float64, read by row blocks of
-    :data:`LOAD_BLOCK` bytes into one preallocated float64 tensor (the float32 file is never held whole
-    beside its float64 copy: a warm rank peaks no higher than one that computes the basis), each block's
-    stored bytes fed to ``h`` as :func:`_tensor_digest` would (row-major, so the same digest)."""
-    sl = f.get_slice("V")
-    shape = tuple(sl.get_shape())
-    first = sl[0:1] if shape and shape[0] else f.get_tensor("V")
-    h.update(str((shape, str(first.dtype))).encode())
-    if not shape or not shape[0] or first.numel() == 0:
-        t = f.get_tensor("V")
-        h.update(t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b"")
-        return t.to(torch.float64)
-    V = torch.empty(shape, dtype=torch.float64)
-    rows = max(1, LOAD_BLOCK // max(1, first[0].numel() * first.element_size()))
-    for a in range(0, shape[0], rows):
-        blk = sl[a:a + rows].contiguous()
-        h.update(blk.reshape(-1).view(torch.uint8).numpy())
-        V[a:a + rows] = blk
-    return V
 
 
 class SubspaceCache:
@@ -196,10 +173,10 @@ class SubspaceCache:
 
     # -- entries -----------------------------------------------------------------------------------
     def load(self, key: str) -> tuple[torch.Tensor, torch.Tensor, dict] | None:
-        """``(V, s, meta)`` of a valid entry (V in float64, streamed from the file: :func:`_load_basis`),
-        else None (missing, unreadable, stale or corrupt)."""
-        from safetensors import safe_open
-
+        """``(V, s, meta)`` of a valid entry, else None (missing, unreadable, stale or corrupt). V
+        comes in the dtype its basis was computed in (the entry's ``dtype``: float64, or float32 for the
+        large bases of the Gram path; float64 for entries written before it was recorded), read from the
+        file by blocks (:func:`gsd_cli.ranking.cache_read.read_entry`)."""
         if self.directory is None:
             if self.unusable is not None and not getattr(self, "_said", False):  # said once, on the first lookup
                 self._said = True
@@ -211,13 +188,7 @@ class SubspaceCache:
             if not file.is_file():
                 return None
             h = hashlib.sha256()
-            with safe_open(str(file), framework="pt") as f:
-                meta = dict(f.metadata() or {})
-                V = _load_basis(f, h)
-                s = f.get_tensor("s")
-            t = s.detach().contiguous()
-            h.update(str((tuple(t.shape), str(t.dtype))).encode())
-            h.update(t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b"")
+            V, s, meta = read_entry(file, h, computed_dtype)
             info = json.loads(meta.get("gsd", "{}"))
         except Exception:
             return None
@@ -230,10 +201,12 @@ class SubspaceCache:
         from safetensors.torch import save_file
 
         self.directory.mkdir(parents=True, exist_ok=True)
-        # V in float32: half the bytes, and the distance moves by < 1e-6 (benchmarks/bench_cache_float32.py)
+        # V in float32: half the bytes, and the distance moves by < 1e-6 (benchmarks/bench_cache_float32.py);
+        # read back in the dtype it was computed in (``dtype``), so a warm rank holds what a cold one does
+        dtype = str(V.dtype).removeprefix("torch.")
         V = V.detach().cpu().to(torch.float32 if V.is_floating_point() else V.dtype).contiguous()
         s = s.detach().cpu().contiguous()
-        meta = {"gsd": json.dumps({**info, "schema": SCHEMA, "key": key, "sha256": _tensor_digest(V, s)})}
+        meta = {"gsd": json.dumps({**info, "schema": SCHEMA, "key": key, "sha256": _tensor_digest(V, s), "dtype": dtype})}
         fd, tmp = tempfile.mkstemp(prefix=f"{_TEMP_PREFIX}{key}.", suffix=".tmp", dir=self.directory)
         os.close(fd)
         try:
@@ -255,7 +228,7 @@ class SubspaceCache:
         except OSError:
             pass
         V, s, info = hit
-        return Subspace(name, V.to(torch.float64), s, int(info["examples"]), 0.0, info.get("engine", "") + " (cached)")
+        return Subspace(name, V, s, int(info["examples"]), 0.0, info.get("engine", "") + " (cached)")
 
     def put(self, key: str, sub: "Subspace") -> bool:
         """Store a computed subspace under ``key``; False when the cache cannot be written (warned once,
