@@ -220,6 +220,24 @@ def test_cli_executor_options(cluster, sets, tmp_path, capsys):
     assert "unknown executor 'spark'" in capsys.readouterr().err
 
 
+def test_workers_keep_their_model_and_few_tasks_are_in_flight(cluster, sets, tmp_path):
+    """Issue 37: one model per worker process (not one per task), at most ``tasks_in_flight`` tasks
+    submitted and not yet handed on, and nothing left in the object store by the run."""
+    rng = np.random.default_rng(9)
+    pubs = []
+    for i in range(6):
+        np.savez(tmp_path / f"extra{i}.npz", x=rng.integers(0, 256, (40, 16, 16), dtype=np.uint8), y=rng.integers(0, 4, 40))
+        pubs.append(f"npz:{tmp_path / f'extra{i}.npz'}")
+    kw = {**KW, "seed": 11}  # a model no worker has built yet
+    ex = RayExecutor(tasks_in_flight=2)
+    got = rank(sets["secretpriv"], pubs, executor=ex, **kw)
+    assert ex.submitted == 6 and ex.most_in_flight == 2 and not ex._refs
+    assert set(ex.models_built.values()) == {1} and len(ex.models_built) < 6  # each worker built it once, and kept it
+    _same(_pairs(got), _pairs(rank(sets["secretpriv"], pubs, **kw)))
+    ex.connect()
+    assert RayExecutor()._window(ex._options("cpu")) == 4  # by default twice the tasks the 2 CPUs run at once
+
+
 # the two tests that kill workers come last: the replacements start (and import torch) only if needed
 
 

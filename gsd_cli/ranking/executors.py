@@ -114,6 +114,8 @@ class PublicSide:
 
 #: the model a worker process built for its last public side, by its spec (:meth:`PublicRecipe.compute`)
 _WORKER_MODELS: dict = {}
+#: how many models this process has built in :meth:`PublicRecipe.compute` (the Ray executor reports it per worker)
+WORKER_BUILDS = [0]
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,7 @@ class PublicRecipe:
         if built is None:  # a worker process keeps the model between tasks (as the local executor's one model serves
             built = build_model(m.model, self.common["num_classes"], self.config.seed, weights=m.weights,  # every candidate)
                                 peft=m.peft, params=m.params, batchnorm=m.batchnorm)
+            WORKER_BUILDS[0] += 1
             if isinstance(m.model, str):
                 _WORKER_MODELS.clear()  # one model per worker process: a catalogue's jobs share it while they can
                 _WORKER_MODELS[key] = built
