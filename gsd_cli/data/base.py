@@ -62,15 +62,16 @@ def non_finite_message(name: str, index: int, file: str | None = None) -> str:
     return f"{name}: {where} has NaN or infinite pixel values; fix or remove it"
 
 
-def read_images(source: "ImageSource", indices: Sequence[int]) -> list[np.ndarray]:
-    """``source.images(indices)``, refusing any image with a NaN or infinite value.
+def read_images(source: "ImageSource", indices: Sequence[int], size: int | None = None) -> list[np.ndarray]:
+    """``source.images(indices)`` (``source.images_at(indices, size)`` when the images will be resized
+    to ``size``), refusing any image with a NaN or infinite value.
 
     One such pixel in a private example would turn a DP model (or a DP subspace) into NaN, and that
     it did would show the example's presence with certainty; so it is an input error (exit 2) naming
     the dataset, the example's index in ``source`` and its file, not something to train through."""
     from ..errors import DatasetError
 
-    images = source.images(indices)
+    images = source.images(indices) if size is None else source.images_at(indices, size)
     for i, img in zip(indices, images):
         if not np.isfinite(img).all():
             raise DatasetError(non_finite_message(source.name, int(i), source.example_file(int(i))))
@@ -103,6 +104,12 @@ class ImageSource(ABC):
     @abstractmethod
     def images(self, indices: Sequence[int]) -> list[np.ndarray]:
         """The given examples as arrays ``H x W`` or ``H x W x C`` (C in 1, 3), float32 in [0, 1]."""
+
+    def images_at(self, indices: Sequence[int], size: int) -> list[np.ndarray]:
+        """:meth:`images` for a model input of ``size`` x ``size``: a source may decode an image at a
+        reduced scale whose sides stay >= ``size`` (JPEG files: :mod:`gsd_cli.data.decode`); by
+        default the images at their native size."""
+        return self.images(indices)
 
     def example_keys(self, indices: Sequence[int] | None = None) -> list[str]:
         """The identity of each example (None: all): a string that depends on that example alone.

@@ -81,6 +81,9 @@ class ClassedSource(ImageSource):
     def images(self, indices: Sequence[int]) -> list[np.ndarray]:
         return self.parent.images(indices)
 
+    def images_at(self, indices: Sequence[int], size: int) -> list[np.ndarray]:
+        return self.parent.images_at(indices, size)
+
     def example_keys(self, indices: Sequence[int] | None = None) -> list[str]:
         return self.parent.example_keys(indices)
 

@@ -23,7 +23,9 @@ import numpy as np
 
 from ..errors import DatasetError
 from .base import ArraySource, ImageSource, non_finite_message
-from .dicom import DICOM_EXTENSIONS, is_dicom_file, pydicom_module, read_dicom
+from .decode import IMAGE_EXTENSIONS, open_image
+from .decode import pil_to_array as _pil_to_array  # noqa: F401 - imported from here by the torch and HF sources
+from .dicom import DICOM_EXTENSIONS, is_dicom_file, pydicom_module
 from .groups import read_groups_file
 from .splits import group_summary
 
@@ -58,26 +60,6 @@ def list_image_folder(path: Path) -> tuple[list[str], list[tuple[str, int]]]:
         if len(samples) == before:  # as ImageFolder: an empty class folder is an error
             raise FileNotFoundError(f"Found no valid file for the class {cls}.")
     return classes, samples
-
-
-def _pil_to_array(img) -> np.ndarray:
-    """A PIL image as float32 in [0, 1]: 8-bit grey/colour by /255, 16-bit grey (mode I;16, usual for
-    X-rays) by /65535, 32-bit integer grey by its type's range, float grey refused outside [0, 1]."""
-    if img.mode.startswith("I;16") or img.mode == "I":
-        a = np.asarray(img).astype(np.float64)
-        top = 65535.0 if img.mode.startswith("I;16") or a.max(initial=0) <= 65535 else 2.0**32 - 1
-        return (np.clip(a, 0, None) / top).astype(np.float32)
-    if img.mode == "F":  # float TIFF: values must lie in [0, 1], as in an npz (never clipped silently)
-        a = np.asarray(img, dtype=np.float32)
-        finite = a[np.isfinite(a)]
-        if finite.size and (finite.min() < -1e-6 or finite.max() > 1 + 1e-6):
-            raise ValueError(f"float pixel values {finite.min():.3g}..{finite.max():.3g} outside [0, 1]; rescale the image to [0, 1]")
-        return np.clip(a, 0.0, 1.0)
-    if img.mode in ("LA", "1"):
-        img = img.convert("L")
-    elif img.mode not in ("L", "RGB"):
-        img = img.convert("RGB")
-    return np.asarray(img, dtype=np.float32) / 255.0
 
 
 class FolderSource(ImageSource):
@@ -139,15 +121,15 @@ class FolderSource(ImageSource):
     def images(self, indices: Sequence[int]) -> list[np.ndarray]:
         return [open_image(self._folder.samples[int(i)][0], self.name, self.frame) for i in indices]
 
+    def images_at(self, indices: Sequence[int], size: int) -> list[np.ndarray]:
+        """:meth:`images`, JPEGs decoded at a reduced scale still >= ``size`` (:mod:`.decode`)."""
+        return [open_image(self._folder.samples[int(i)][0], self.name, self.frame, draft=size) for i in indices]
+
     def describe(self) -> dict:
         d = super().describe()
         d["class_names"] = self.classes
         d.update(group_summary(self))
         return d
-
-
-#: Extensions PIL reads (torchvision's ``IMG_EXTENSIONS``); anything else is looked at as DICOM.
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
 def check_frame(frame, name: str) -> int | None:
@@ -342,6 +324,10 @@ class FileListSource(ImageSource):
     def images(self, indices: Sequence[int]) -> list[np.ndarray]:
         return [open_image(self.files[int(i)], self.name, self.frame) for i in indices]
 
+    def images_at(self, indices: Sequence[int], size: int) -> list[np.ndarray]:
+        """:meth:`images`, JPEGs decoded at a reduced scale still >= ``size`` (:mod:`.decode`)."""
+        return [open_image(self.files[int(i)], self.name, self.frame, draft=size) for i in indices]
+
     def describe(self) -> dict:
         d = super().describe()
         d.update(class_names=self.classes, layout=self.layout, root=self.root)
@@ -349,20 +335,3 @@ class FileListSource(ImageSource):
             d["image_size"] = list(open_image(self.files[0], self.name, self.frame).shape)
         d.update(group_summary(self))
         return d
-
-
-def open_image(file: str | Path, name: str, frame: int | None = None) -> np.ndarray:
-    """One image file as float32 in [0, 1]: DICOM (:func:`gsd_cli.data.dicom.read_dicom`, ``frame`` of
-    a multi-frame file) or any image PIL reads (:func:`_pil_to_array`); unreadable -> DatasetError."""
-    from PIL import Image, UnidentifiedImageError
-
-    if is_dicom_file(file, IMAGE_EXTENSIONS):
-        return read_dicom(file, name, frame)
-    try:
-        with Image.open(file) as img:
-            return _pil_to_array(img)
-    except Image.DecompressionBombError as e:  # PIL refuses images over 2 x Image.MAX_IMAGE_PIXELS
-        raise DatasetError(f"{name}: image {file} is too large to open ({e}); shrink it or remove it") from None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:  # PIL raises SyntaxError for some broken files
-        why = str(e) if "outside [0, 1]" in str(e) else type(e).__name__
-        raise DatasetError(f"{name}: cannot read image {file} ({why}); remove or replace it") from None

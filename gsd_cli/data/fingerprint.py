@@ -9,7 +9,9 @@ the source allows:
   declared class lists): the raw rows of the drawn examples, with their dtype and shape;
 * file-backed sources (``folder:``, ``csv:``, the published sets, DICOM): the bytes of each drawn
   file (SHA-256), with the read settings that change what a file decodes to (:data:`READ_SETTINGS`,
-  e.g. the frame of multi-frame DICOMs) and the versions of the decoders (:func:`library_versions`);
+  e.g. the frame of multi-frame DICOMs), how the input pipeline decodes files
+  (:data:`gsd_cli.data.decode.DECODE`: JPEGs at a reduced DCT scale) and the versions of the decoders
+  (:func:`library_versions`);
 * anything else (torchvision's sets, Hugging Face and torch datasets): the decoded images at their
   native size (float32 bytes and shape), still without the resize to the model's input size.
 
@@ -29,6 +31,7 @@ import numpy as np
 from ..errors import DatasetError
 from .base import HASH_CHUNK, ArraySource, ImageSource
 from .classes import ClassedSource
+from .decode import DECODE
 from .splits import SubsetSource
 
 #: Attributes of a source (or of a source it wraps) that change what its files decode to.
@@ -106,7 +109,7 @@ def content_digest(source: ImageSource, indices: Sequence[int]) -> dict:
     if len(files) and all(f is not None for f in files):
         for i, f in zip(idx, files):
             h.update(_file_digest(source, int(i), f).encode())
-        return {"how": "files", "sha256": h.hexdigest(), "read": read_settings(source)}
+        return {"how": "files", "sha256": h.hexdigest(), "read": read_settings(source), "decode": DECODE}
     for start in range(0, len(idx), HASH_CHUNK):
         for img in source.images(idx[start : start + HASH_CHUNK]):
             a = np.ascontiguousarray(img, dtype=np.float32)

@@ -76,6 +76,9 @@ class SubsetSource(ImageSource):
     def images(self, indices: Sequence[int]) -> list[np.ndarray]:
         return self.parent.images(self.indices[np.asarray(indices, dtype=np.int64)])
 
+    def images_at(self, indices: Sequence[int], size: int) -> list[np.ndarray]:
+        return self.parent.images_at(self.indices[np.asarray(indices, dtype=np.int64)], size)
+
     def example_keys(self, indices: Sequence[int] | None = None) -> list[str]:
         idx = self.indices if indices is None else self.indices[np.asarray(indices, dtype=np.int64)]
         return self.parent.example_keys(idx)
