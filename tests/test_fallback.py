@@ -81,3 +81,81 @@ def test_auto_select_falls_back_to_dpsgd(capsys, tmp_path, tiny, monkeypatch):
     out, err = capsys.readouterr()
     assert code == 0, err
     assert json.loads((tmp_path / "nofb" / "summary.json").read_text())["method"] == "gep"
+
+
+# -- --method auto (auto-select's default): the method the benchmark favours ----------------------
+
+GAINS = {"rank": RANK, "rule": {"gep": {"threshold": 0.3, "errors": 2, "cells": 20, "gain": 0.9},
+                                "second-phase": {"threshold": 0.5, "errors": 3, "cells": 20, "gain": 4.4}}}
+
+
+def test_auto_takes_the_largest_gain_whose_threshold_passes():
+    from gsd_cli.train.fallback import by_gain, choose
+
+    assert by_gain(GAINS["rule"]) == ["second-phase", "gep"]
+    d = choose("a", 0.25, rank_settings=RANK, figures=GAINS)  # both pass: the larger gain
+    assert (d.method, d.public, d.applied, d.fell_back) == ("second-phase", "a", True, False)
+    assert "+4.4 points" in d.message and "0.2500 <= 0.5" in d.message
+    swapped = {"rank": RANK, "rule": {**GAINS["rule"], "gep": {**GAINS["rule"]["gep"], "threshold": 0.6, "gain": 5.0}}}
+    assert choose("a", 0.55, rank_settings=RANK, figures=swapped).method == "gep"  # gep now gains more and passes
+    assert choose("a", 0.55, rank_settings=RANK, figures=GAINS).method == "dpsgd"  # passes neither threshold
+    d = choose("a", 0.55, rank_settings=RANK, figures=GAINS)
+    assert (d.public, d.fell_back, d.threshold) == (None, True, 0.5) and "no candidate is predicted" in d.message
+    assert decide("auto", "a", 0.25, rank_settings=RANK, figures=GAINS).method == "second-phase"  # decide delegates
+
+
+def test_auto_outside_the_calibration_and_without_rules():
+    from gsd_cli.train.fallback import choose
+
+    d = choose("a", 0.9, rank_settings={**RANK, "k": 8}, figures=GAINS)  # not applied: the largest gain, with the winner
+    assert (d.method, d.public, d.applied, d.fell_back) == ("second-phase", "a", False, False) and "not applied" in d.message
+    d = choose("a", 0.9, rank_settings=RANK, dp=True, figures=GAINS)
+    assert (d.method, d.applied) == ("second-phase", False)
+    d = choose("a", 0.9, rank_settings=RANK, figures={})
+    assert (d.method, d.public, d.applied) == ("gep", "a", False)
+
+
+def test_shipped_rule_favours_a_method_by_measured_gain():
+    """validity.json (written by bench_downstream.py score --update-package) carries each rule's gain."""
+    from gsd_cli.train.fallback import by_gain
+
+    table, _ = rules()
+    assert all(isinstance(r.get("gain"), (int, float)) for r in table.values())
+    best = by_gain(table)[0]
+    assert table[best]["gain"] == max(r["gain"] for r in table.values())
+    from gsd_cli.report.validity import LABELS, figures, validity_line
+
+    doc = figures()  # the method the order is validated for: Spearman <= -0.8 in every selection cell
+    m = doc["validated_for"]
+    if m is not None:
+        sel = [v for k, v in doc["spearman"][m.replace("-", "_")].items() if k.split("@")[0] in doc["selection_tasks"]]
+        assert sel and max(sel) <= -0.8
+        assert f"validated for {LABELS[m]}" in validity_line("gsd")
+    line = validity_line("gsd")
+    assert line.index(f"by {best} when") < min(line.index(f"by {o} when") for o in table if o != best)
+
+
+def test_method_auto_is_auto_selects_default(capsys, tmp_path, tiny, monkeypatch):
+    import gsd_cli.report.validity as v
+    from gsd_cli.cli import main
+
+    rule = {**GAINS["rule"], "second-phase": {**GAINS["rule"]["second-phase"], "threshold": 1.01}}  # a GSD is <= 1
+    fig = {**v.figures(), "rank": RANK, "rule": rule}
+    monkeypatch.setattr(v, "figures", lambda: fig)
+    monkeypatch.setattr("gsd_cli.train.fallback._applicable", lambda *a: None)  # the tiny ranking counts as calibrated
+    args = ["train", "--private", tiny["private"], "--auto-select", "--public", tiny["public"], "--epochs", "1",
+            "--batch-size", "30", "--public-examples", "30", "--public-epochs", "1", "-q", "--insecure-seed", "0",
+            "--rank-examples", "30", "--rank-k", "2"]
+    code = main([*args, "--out", str(tmp_path / "auto")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    s = json.loads((tmp_path / "auto" / "summary.json").read_text())
+    assert s["selection"]["fallback"]["applied"] and s["selection"]["fallback"]["method"] == "second-phase"
+    assert s["method"] == "second-phase" and s["public"] == tiny["public"] and "--method auto" in out
+    code = main([*args, "--method", "gep", "--no-fallback", "--out", str(tmp_path / "gep")])  # an explicit method stands
+    assert code == 0 and json.loads((tmp_path / "gep" / "summary.json").read_text())["method"] == "gep"
+    capsys.readouterr()
+    code = main(["train", "--private", tiny["private"], "--public", tiny["public"], "--method", "auto", "-q",
+                 "--out", str(tmp_path / "no")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--auto-select" in err and "Traceback" not in err and not (tmp_path / "no").exists()

@@ -51,7 +51,7 @@ def train(
     public: Optional[List[str]] = _panel(public_list_option("Public dataset for GEP; with --auto-select, the candidates (list names after it)."), "Data"),
     auto_select: bool = typer.Option(False, "--auto-select", help="Rank the --public candidates (or the --catalog job's) with gsd rank first (probe network, random labels) and train with the closest.", rich_help_panel="Data"),
     catalog_path: Optional[Path] = typer.Option(None, "--catalog", help="TOML catalogue: its datasets resolve by name; with --auto-select the candidates are those of the job whose private set is --private.", rich_help_panel="Data"),
-    method: Method = typer.Option(Method.gep, "--method", help="gep: Gradient Embedding Perturbation (paper 000) on the public anchor subspace; dpsgd: DP-SGD without public data; rgp: low-rank reparametrized gradient perturbation (paper 001), no public data; topagg: DP-SGD with NormTopK compression (paper 002); second-phase: train the --peft parameters on the public set first (no privacy cost), then DP-SGD on the private set (paper 004 Sec. 5; the paper uses --lr 0.8 --clip 0.1).", rich_help_panel="Privacy"),
+    method: Optional[Method] = typer.Option(None, "--method", show_default=False, help="Default: auto with --auto-select, else gep. auto (--auto-select only): the method gsd's downstream benchmark favours for the winner's distance (validity.json: the public method with the largest measured gain whose threshold the winner passes, else DP-SGD without public data; today the second phase for close winners), printed with its evidence. gep: Gradient Embedding Perturbation (paper 000) on the public anchor subspace; dpsgd: DP-SGD without public data; rgp: low-rank reparametrized gradient perturbation (paper 001), no public data; topagg: DP-SGD with NormTopK compression (paper 002); second-phase: train the --peft parameters on the public set first (no privacy cost), then DP-SGD on the private set (paper 004 Sec. 5; the paper uses --lr 0.8 --clip 0.1).", rich_help_panel="Privacy"),
     epsilon: float = typer.Option(2.0, "--epsilon", help="Target epsilon of the training; sigma is calibrated so the final epsilon is never above it.", rich_help_panel="Privacy"),
     delta: float = typer.Option(1e-5, "--delta", help="Target delta, in (0, 1); use less than 1/N.", rich_help_panel="Privacy"),
     private_test: Optional[str] = typer.Option(None, "--private-test", help="Test set for evaluation (default: the private dataset's test part).", rich_help_panel="Data"),
@@ -144,6 +144,10 @@ def train(
         quiet = quiet or os.environ.get("RANK", "0") != "0"
     if data_root is not None:
         _use_data_root(ctx, data_root)
+    if method is None:
+        method = Method.auto if auto_select else Method.gep
+    if method is Method.auto and not auto_select:
+        raise GSDError("--method auto picks the method from the ranking: add --auto-select (or name a method: gep, dpsgd, rgp, topagg, second-phase)")
     fields = dict(
         private=private, method=method.value, epsilon=epsilon, delta=delta, private_test=private_test, model=model,
         params=list(params) if params else None, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum,
@@ -197,7 +201,10 @@ def train(
 
         if auto_select:
             cfg.public = publics[0]
-        validate(cfg)
+        if cfg.method == "auto":  # checked as GEP with a public set until the ranking decides
+            validate(TrainConfig(**{**fields, "method": "gep"}, public=cfg.public))
+        else:
+            validate(cfg)
         prepare_run_dir(run, resume=False, create=False)  # fail before the ranking, not after it
         from ..report.outputs import check_not_inputs, run_inputs
         from .common import catalog_inputs
@@ -218,17 +225,19 @@ def train(
             best = ranking.results[0]
             cfg.public, cfg.public_distance = best.public, best.distance
             selection = ranking.to_dict()
-            if fallback:
-                from ..train.fallback import decide
+            from ..train.fallback import by_gain, decide, rules
 
+            if fallback:
                 decision = decide(cfg.method, best.public, best.distance, rank_settings=rank_opts, dp=select_epsilon is not None)
                 out.print(escape(decision.message), highlight=False, soft_wrap=True)
                 selection["fallback"] = decision.to_dict()
-                if decision.fell_back:
-                    cfg.method, cfg.public = decision.method, decision.public
-                    if decision.public is None:
-                        cfg.public_distance = None
-                    validate(cfg)
+                cfg.method, cfg.public = decision.method, decision.public
+                if decision.public is None:
+                    cfg.public_distance = None
+            elif cfg.method == "auto":  # --no-fallback: the winner, by the method the benchmark favours
+                cfg.method = (by_gain(rules()[0]) or ["gep"])[0]
+                out.print(f"--method auto with --no-fallback: {cfg.method} with the winner (the benchmark's largest gain)", highlight=False)
+            validate(cfg)
             if cfg.public is not None:
                 out.print(f"training with [bold]{escape(cfg.public)}[/] (GSD {best.distance:.4f}, --method {cfg.method})")
             else:

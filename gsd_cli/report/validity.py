@@ -35,7 +35,24 @@ def validity_line(metric: str = "gsd") -> str | None:
     return (f"validity: on {doc['tasks']} benchmark tasks ({doc['where']}) the default's Spearman was "
             + " and ".join(parts) + f" (-1: the same order); its winner was the best candidate in "
             f"{doc['winner_best']} of {doc['cases']} cases and worse than no public data in {doc['winner_below_none']}. "
+            + (validated_sentence(doc) + " " if validated_sentence(doc) else "")
             + doc["advice"] + (" " + rule_sentence(doc) if rule_sentence(doc) else ""))
+
+
+LABELS = {"gep": "GEP", "second-phase": "the second phase", "second_phase": "the second phase"}
+
+
+def validated_sentence(doc: dict) -> str | None:
+    """Which downstream method the order is validated for (Spearman <= -0.8 on every selection task of
+    the benchmark), with the held-out task's figure beside it; None when the figures name none."""
+    m = doc.get("validated_for")
+    if not m:
+        return "The order is validated for no method (Spearman <= -0.8 on every selection task was not reached)." if "validated_for" in doc else None
+    rho = doc["spearman"].get(m.replace("-", "_"), {})
+    sel = [v for k, v in rho.items() if k.split("@")[0] in doc.get("selection_tasks", [])]
+    held = [v for k, v in rho.items() if k.split("@")[0] in doc.get("held_out", [])]
+    s = f"The order is validated for {LABELS.get(m, m)} (Spearman {_span(sel)} on the selection tasks"
+    return s + (f"; {_span(held)} on the held-out task)." if held else ").")
 
 
 def rule_sentence(doc: dict) -> str | None:
@@ -45,12 +62,16 @@ def rule_sentence(doc: dict) -> str | None:
     if not rules:
         return None
     parts = []
-    for method, r in rules.items():
+    gain = lambda m: rules[m].get("gain") if rules[m].get("gain") is not None else float("-inf")  # noqa: E731
+    for method in sorted(rules, key=lambda m: -gain(m)):  # the order --method auto tries them in
+        r = rules[method]
         err = f"wrong on {r['errors']} of {r['cells']} benchmark cells"
         if r.get("held_out_cells"):
             err += f", {r['held_out_errors']} of {r['held_out_cells']} held out"
+        if r.get("gain") is not None:
+            err += f"; mean gain {r['gain']:+.1f} points over DP-SGD alone"
         parts.append(f"{method} when its GSD <= {r['threshold']:g} ({err})")
     rank = doc.get("rank") or {}
-    return ("Rule (auto-select): train with the winner by " + "; by ".join(parts)
+    return ("Rule (auto-select's --method auto): train with the winner by " + "; else by ".join(parts)
             + "; otherwise DP-SGD without public data"
             + (f" (for rankings with model={rank.get('model')}, k={rank.get('k')}, m={rank.get('examples')})." if rank else "."))
