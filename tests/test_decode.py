@@ -143,3 +143,42 @@ def test_the_cache_key_of_a_file_backed_sample_names_the_decoding(tmp_path):
     src = resolve(f"folder:{_folder(tmp_path, n=6, side=32)}")
     fp = sample_fingerprint(src, [0, 1, 2])
     assert fp["content"]["how"] == "files" and fp["content"]["decode"] == DECODE
+
+
+def test_16_bit_values_divided_in_float32_equal_the_float64_quotient_rounded():
+    """pil_to_array divides 16-bit pixels in float32: the same float32 for every one of the 65,536 values."""
+    v = np.arange(65536)
+    assert np.array_equal((v / 65535.0).astype(np.float32), v.astype(np.float32) / np.float32(65535.0))
+    from gsd_cli.data.decode import pil_to_array
+
+    img = Image.fromarray(v.reshape(256, 256).astype(np.uint16))
+    np.testing.assert_array_equal(pil_to_array(img), (v.reshape(256, 256) / 65535.0).astype(np.float32))
+
+
+@pytest.mark.parametrize("header", [
+    dict(dtype=np.uint16, bits_stored=12, window=(2048, 4000)),
+    dict(dtype=np.uint16, photometric="MONOCHROME1"),
+    dict(dtype=np.int16, signed=True, rescale=(1, -1024), window=(40, 400)),
+    dict(dtype=np.uint8, voi_lut=255 - np.arange(256)),
+])
+def test_dicom_pixels_looked_up_per_value_equal_the_steps_on_every_pixel(tmp_path, header):
+    """read_dicom computes the grey-scale steps once per stored value (a table) for images over 4,096
+    pixels: the same float32 values, bit for bit, as the steps applied to every pixel."""
+    pytest.importorskip("pydicom")
+    import pydicom
+
+    from gsd_cli.data.dicom import _grey, output_range, read_dicom
+    from test_dicom import write_dicom
+
+    header = dict(header)
+    dtype = header.pop("dtype")
+    info = np.iinfo(dtype)
+    rng = np.random.default_rng(0)
+    top = min(info.max, 4095) if header.get("bits_stored") == 12 else info.max
+    px = rng.integers(max(info.min, -2000) if header.get("signed") else 0, top, (96, 96)).astype(dtype)
+    f = write_dicom(tmp_path / "x.dcm", px, **header)
+    got = read_dicom(f, "t")
+    ds = pydicom.dcmread(f)
+    lo, hi = output_range(ds)
+    want = _grey(ds.pixel_array, ds, lo, hi, str(ds.PhotometricInterpretation))
+    assert got.dtype == np.float32 and got.shape == px.shape and np.array_equal(got, want)
