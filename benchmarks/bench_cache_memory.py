@@ -7,6 +7,8 @@ its own peak resident set size (``ru_maxrss``); the three share one temporary ca
 
     OMP_NUM_THREADS=1 python benchmarks/bench_cache_memory.py --model resnet18 --examples 64 \\
         --json benchmarks/results/cache_memory_cpu.json
+    OMP_NUM_THREADS=1 python benchmarks/bench_cache_memory.py --model resnet50 --examples 64 \\
+        --json benchmarks/results/cache_memory_resnet50_cpu.json     # the Gram path, a float32 basis
 """
 
 from __future__ import annotations
