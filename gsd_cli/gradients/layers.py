@@ -191,6 +191,23 @@ def _rule(layer: nn.Module):
     return lambda m, args, g: sampler(m, [a.contiguous() if isinstance(a, torch.Tensor) else a for a in args], g.contiguous())
 
 
+def _to_channels_last(mod, args):
+    x = args[0]
+    if isinstance(x, torch.Tensor) and x.dim() == 4 and x.device.type == "cpu":
+        return (x.contiguous(memory_format=torch.channels_last), *args[1:])
+    return None
+
+
+def maxpool_channels_last(model: nn.Module) -> list:
+    """Forward pre-hooks (remove them after the forward) that give every ``nn.MaxPool2d`` of ``model``
+    its CPU input in channels-last order. Converting the chunk is not enough when it has one channel
+    (a 1-channel tensor is channels-first and channels-last at once, so the first convolution's output
+    stays channels-first): on the 2-core CPU the FMNIST CNN's first max-pool of a chunk of 64 took
+    2.2 ms channels-first against 0.23 ms channels-last, 0.06 ms of it the copy. Same values, so the
+    same gradients to float rounding."""
+    return [m.register_forward_pre_hook(_to_channels_last) for m in model.modules() if isinstance(m, nn.MaxPool2d)]
+
+
 class LayersEngine:
     """Per-sample gradients from one batched forward and one backward to the layer outputs (module
     docstring). Opening it refuses (``NotImplementedError``) a model it cannot treat exactly; so may its
@@ -243,6 +260,8 @@ class LayersEngine:
             return h
 
         try:
+            if self.channels_last:
+                handles += maxpool_channels_last(self.model)
             for i, mod in enumerate(self.layers):
                 handles.append(mod.register_forward_hook(hook(i)))
             total = self.loss(self.model(x), y).sum()

@@ -146,6 +146,10 @@ class ClippedSum:
             return h
 
         try:
+            if self.channels_last:
+                from ..gradients.layers import maxpool_channels_last
+
+                handles += maxpool_channels_last(self.model)
             for i, layer in enumerate(self.layers):
                 handles.append(layer.module.register_forward_hook(hook(i), with_kwargs=True))
             total = self.loss(self.model(x), y).sum()

@@ -98,9 +98,16 @@ def build_method(cfg: TrainConfig, sigma: float, anchor: Anchor | None = None, *
         parts.append(gaussian_noise(sigma * s2, "residual", sensitivity=s2))
     parts.append(GEPReconstruct(anchor))
     if cfg.residual:
-        return _with_rows(cfg, Method(Chain(*parts), lambda z: gep_step_event(z, z),
-                                      "GEP: embedding (clip S1, noise sigma S1) and residual (clip S2, noise sigma S2) of one subsample"))
-    return _with_rows(cfg, Method(Chain(*parts), lambda z: gep_step_event(z, None), "B-GEP: embedding only (clip S1, noise sigma S1)"))
+        m = Method(Chain(*parts), lambda z: gep_step_event(z, z),
+                   "GEP: embedding (clip S1, noise sigma S1) and residual (clip S2, noise sigma S2) of one subsample")
+    else:
+        m = Method(Chain(*parts), lambda z: gep_step_event(z, None), "B-GEP: embedding only (clip S1, noise sigma S1)")
+    if getattr(cfg, "clip_engine", "auto") != "materialise":  # the residual's clipped sum without R (gep_sum)
+        from .gep_sum import GEPClipSum
+
+        m.clip_sum = GEPClipSum(cfg.clip_engine, anchor, s1, s2 if cfg.residual else None)
+        return m
+    return _with_rows(cfg, m)
 
 
 def _with_rows(cfg, method: Method) -> Method:

@@ -62,7 +62,7 @@ def private_step(chain: Chain, model: torch.nn.Module, names: Sequence[str], bat
         fused = clip_sum.hook(model, names, x, y) if clip_sum is not None else None
         if fused is not None:
             chunk_sums = fused(model, names, x, y, ctx)
-            dtypes = dtypes or {"grad": dict(model.named_parameters())[names[0]].dtype}
+            dtypes = dtypes or dict.fromkeys(chunk_sums, dict(model.named_parameters())[names[0]].dtype)
             sums = chunk_sums if sums is None else {k: sums[k] + chunk_sums[k] for k in sums}
             continue
         if per_sample is not None:
