@@ -1,0 +1,464 @@
+"""Issue 37, real image folders: gsd's input pipeline and ``gsd rank`` on folders of large images,
+against the decode+resize floor, in one run.
+
+Four sets are GENERATED (nothing is downloaded), ``--n`` images each (default 2,000), 1024 x 1024,
+two class folders per set, into ``--cache`` (default ``~/.cache/gsd-bench/folders``; reused when
+present):
+
+* ``png8``: 8-bit grey PNG (ChestX-ray14 ships its X-rays so);
+* ``png16``: 16-bit grey PNG (PIL mode ``I;16``);
+* ``jpeg``: baseline colour JPEG, quality 90 (ISIC-style dermatology photos);
+* ``dicom``: 16-bit MONOCHROME2 DICOM, 12 bits stored, with a window (a chest X-ray's header),
+  uncompressed (Explicit VR Little Endian).
+
+The pictures are smooth structures (random fields at 3-4 scales, an X-ray-like body outline and
+ribs for the grey sets) plus pixel noise, so that they compress and decode like photographs and
+radiographs (a constant image would decode many times faster).
+
+Per set, the seconds to turn ``--m`` drawn files into the model's input (``gsd rank``'s default
+model, the probe: 224 x 224 x 3, normalised float32):
+
+* **floor**: the fastest of the ways the installed libraries do it, each on every core (a pool of
+  ``os.cpu_count()`` threads, and of processes): PIL (with ``Image.draft`` for JPEG, which decodes at
+  1/2..1/8 scale in the DCT) and PIL's own resize; torchvision.io's decoders (``decode_jpeg`` /
+  ``decode_png``) and torch's antialiased resize; pydicom's ``pixel_array`` then the resize;
+* **gsd**: :func:`gsd_cli.data.loader.model_batches` over the drawn sample (what ``gsd rank``
+  consumes), at gsd's chunk size for the probe on the CPU;
+* **gsd rank**: one ``gsd rank`` per set (private = the set, public = the set's other half is not
+  needed: one public candidate, the embedded ``mnist-b``), end to end in the process, against the
+  compute alone (the same rank on the drawn images already at 224 x 224, as an npz) and the input
+  alone (above): end to end / max(input, compute).
+* **memory**: peak RSS of a fresh process that runs the gsd pipeline over ``--n`` and over
+  ``--n-small`` images of one set (bounded by chunks: the two should be equal).
+
+    nice -n 10 python benchmarks/bench_image_folders.py --n 2000 --json benchmarks/results/cpu_image_folders.json
+
+Every time is the minimum of ``--repeats`` runs; the load average is recorded before and after (the
+machine may be shared: compare the ratios taken in one run, not seconds across runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+SIZE = 1024
+SETS = ("png8", "png16", "jpeg", "dicom")
+EXT = {"png8": ".png", "png16": ".png", "jpeg": ".jpg", "dicom": ".dcm"}
+
+
+# ---------------------------------------------------------------- generation
+def _field(rng: np.random.Generator, channels: int, octaves=((6, 1.0), (24, 0.45), (96, 0.2), (384, 0.08))) -> np.ndarray:
+    """A smooth random picture: Gaussian fields drawn at a few resolutions, upsampled bicubically, summed."""
+    from PIL import Image
+
+    out = np.zeros((SIZE, SIZE, channels), np.float32)
+    for res, amp in octaves:
+        for c in range(channels):
+            small = rng.standard_normal((res, res)).astype(np.float32)
+            out[..., c] += amp * np.asarray(Image.fromarray(small).resize((SIZE, SIZE), Image.BICUBIC))
+    return out
+
+
+_BANK: dict = {}
+
+
+def _bank(kind: str) -> list[np.ndarray]:
+    """Per process, 8 pictures of ``kind`` built from scratch (:func:`_xray`, :func:`_photo`) and one
+    of pixel noise; every image mixes two pictures and the noise at random offsets (cheap, all distinct)."""
+    if kind not in _BANK:
+        rng = np.random.default_rng([SETS.index(kind), 37])  # the same bank in every process: a reproducible set
+        make = _photo if kind == "jpeg" else _xray
+        ch = 3 if kind == "jpeg" else 1
+        _BANK[kind] = [make(rng) for _ in range(8)] + [rng.standard_normal((SIZE, SIZE, ch)).astype(np.float32).squeeze(-1 if ch == 1 else None)]
+    return _BANK[kind]
+
+
+def _picture(kind: str, rng: np.random.Generator) -> np.ndarray:
+    bank = _bank(kind)
+    i, j = rng.choice(8, 2, replace=False)
+    w = rng.uniform(0.6, 0.9)
+    roll = lambda a: np.roll(a, tuple(rng.integers(-SIZE // 16, SIZE // 16, 2)), axis=(0, 1))  # noqa: E731
+    noise = np.roll(bank[8], tuple(rng.integers(0, SIZE, 2)), axis=(0, 1))
+    if rng.random() < 0.5:
+        noise = noise[::-1]
+    return np.clip(w * roll(bank[i]) + (1 - w) * roll(bank[j]) + (0.02 if kind == "jpeg" else 0.015) * noise, 0, 1)
+
+
+def _xray(rng: np.random.Generator) -> np.ndarray:
+    """An X-ray-like grey picture in [0, 1]: a body outline, two darker lung fields, ribs, texture."""
+    yy, xx = np.mgrid[-1:1:SIZE * 1j, -1:1:SIZE * 1j].astype(np.float32)
+    body = 1 / (1 + np.exp(-(0.85 - np.sqrt((xx / 0.95) ** 2 + (yy / 1.1) ** 2)) * 25))
+    cx = 0.35 + 0.05 * rng.standard_normal()
+    lungs = sum(np.exp(-(((xx - s * cx) / 0.22) ** 2 + ((yy + 0.05) / 0.45) ** 2) ** 2) for s in (-1, 1))
+    ribs = 0.5 + 0.5 * np.sin(yy * (18 + 2 * rng.standard_normal()) + 3 * np.abs(xx) ** 1.5)
+    tex = _field(rng, 1)[..., 0]
+    return np.clip(0.15 + 0.6 * body - 0.35 * lungs * (0.8 + 0.2 * ribs) + 0.04 * tex, 0, 1).astype(np.float32)
+
+
+def _photo(rng: np.random.Generator) -> np.ndarray:
+    """A photo-like colour picture in [0, 1]: a skin-toned background, a blob with a textured rim."""
+    base = np.array([0.78, 0.6, 0.5], np.float32) + 0.05 * rng.standard_normal(3).astype(np.float32)
+    tex = _field(rng, 3)
+    yy, xx = np.mgrid[-1:1:SIZE * 1j, -1:1:SIZE * 1j].astype(np.float32)
+    r = np.sqrt(((xx - 0.1 * rng.standard_normal()) / 0.5) ** 2 + (yy / 0.4) ** 2) + 0.15 * tex[..., 0]
+    lesion = (1 / (1 + np.exp((r - 1) * 12)))[..., None] * np.array([-0.45, -0.4, -0.3], np.float32)
+    return np.clip(base + lesion + 0.06 * tex, 0, 1)
+
+
+def _write(kind: str, file: Path, seed: int) -> None:
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    img = _picture(kind, rng)
+    if kind == "jpeg":
+        Image.fromarray((img * 255 + 0.5).astype(np.uint8)).save(file, quality=90)
+        return
+    if kind == "png8":
+        Image.fromarray((img * 255 + 0.5).astype(np.uint8)).save(file, compress_level=3)
+    elif kind == "png16":
+        Image.fromarray((img * 65535 + 0.5).astype(np.uint16)).save(file, compress_level=3)
+    else:
+        _write_dicom(file, (img * 4095 + 0.5).astype(np.uint16), seed)
+
+
+def _write_dicom(file: Path, pixels: np.ndarray, seed: int) -> None:
+    """A DX-like 12-bit MONOCHROME2 DICOM, uncompressed, with a window (as chest X-ray headers have)."""
+    from pydicom.dataset import FileDataset, FileMetaDataset
+    from pydicom.uid import ExplicitVRLittleEndian, generate_uid
+
+    meta = FileMetaDataset()
+    meta.MediaStorageSOPClassUID = "1.2.840.10008.5.1.4.1.1.1.1"  # Digital X-Ray Image Storage - For Presentation
+    meta.MediaStorageSOPInstanceUID = generate_uid(entropy_srcs=[str(seed)])
+    meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds = FileDataset(str(file), {}, file_meta=meta, preamble=b"\0" * 128)
+    ds.SOPClassUID, ds.SOPInstanceUID = meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID
+    ds.Modality, ds.PatientID = "DX", f"synthetic-{seed}"
+    ds.Rows, ds.Columns = pixels.shape
+    ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, "MONOCHROME2"
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 16, 12, 11, 0
+    ds.WindowCenter, ds.WindowWidth = 2048, 4000
+    ds.PixelData = pixels.astype("<u2").tobytes()
+    ds.save_as(file, enforce_file_format=True)
+
+
+def _write_many(job: tuple[str, list[tuple[str, int]]]) -> int:
+    kind, items = job
+    for file, seed in items:
+        _write(kind, Path(file), seed)
+    return len(items)
+
+
+def generate(cache: Path, n: int, workers: int) -> dict[str, Path]:
+    """``{set: folder}`` with ``n`` images per set in two class folders (reused when present)."""
+    folders, todo = {}, []
+    for kind in SETS:
+        root = cache / f"{kind}-{SIZE}"
+        folders[kind] = root
+        for i in range(n):
+            file = root / f"c{i % 2}" / f"{i:05d}{EXT[kind]}"
+            if not file.exists():
+                file.parent.mkdir(parents=True, exist_ok=True)
+                todo.append((kind, str(file), 1000 * SETS.index(kind) + i))
+    if todo:
+        t0 = time.perf_counter()
+        jobs = [(k, [(f, s) for kk, f, s in todo[j::workers * 4] if kk == k]) for j in range(workers * 4) for k in SETS]
+        with ProcessPoolExecutor(workers) as pool:
+            done = sum(pool.map(_write_many, [j for j in jobs if j[1]]))
+        print(f"generated {done} images in {time.perf_counter() - t0:.0f} s into {cache}", flush=True)
+    return folders
+
+
+# ---------------------------------------------------------------- the floor
+def _layout(t, channels: int):
+    """``t`` (c, S, S) float in [0, 1] -> the model's (channels, S, S), normalised as gsd does."""
+    from gsd_cli.data.transform import MEAN, STD
+
+    t = (t - MEAN) / STD
+    return t.expand(channels, -1, -1) if t.shape[0] == 1 else t
+
+
+def _resize(t, side: int):
+    """torch's antialiased bilinear resize of (c, H, W) (uint8 stays uint8: torch has a fast kernel for it)."""
+    import torch.nn.functional as F
+
+    return F.interpolate(t[None], size=(side, side), mode="bilinear", antialias=True, align_corners=False)[0]
+
+
+def floor_one(job: tuple[str, str, int, int]):
+    """One file -> its model input row, by ``method`` (see :data:`METHODS`); float32 (channels, S, S)."""
+    import torch
+
+    method, file, side, channels = job
+    if method.startswith("pil"):
+        from PIL import Image
+
+        with Image.open(file) as im:
+            if im.format == "JPEG":
+                im.draft(im.mode, (side, side))
+            if method == "pil":  # PIL's own resize (antialiased when it reduces), on the integer pixels
+                im = im.resize((side, side), Image.BILINEAR)
+            a = np.asarray(im)
+        t = torch.from_numpy(a.astype(np.float32) / (65535.0 if a.dtype == np.uint16 else 255.0))
+        t = t[None] if t.ndim == 2 else t.permute(2, 0, 1)
+        return _layout(t if method == "pil" else _resize(t, side), channels)
+    if method == "torchvision":
+        import torchvision.io as tio
+
+        data = tio.read_file(file)
+        t = tio.decode_jpeg(data) if file.lower().endswith(".jpg") else tio.decode_png(data, tio.ImageReadMode.UNCHANGED)
+        if t.dtype == torch.uint8:
+            return _layout(_resize(t, side).float() / 255.0, channels)
+        return _layout(_resize(t.to(torch.float32) / 65535.0, side), channels)
+    if method == "pydicom":  # the stored values scaled by their bits (no VOI window: less than gsd does)
+        import pydicom
+
+        ds = pydicom.dcmread(file)
+        t = torch.from_numpy(ds.pixel_array.astype(np.float32) / (2.0 ** int(ds.BitsStored) - 1))
+        return _layout(_resize(t[None], side), channels)
+    raise ValueError(method)
+
+
+def _floor_many(jobs: list[tuple[str, str, int, int]]) -> np.ndarray:
+    import torch
+
+    return torch.stack([floor_one(j) for j in jobs]).numpy()
+
+
+#: The ways to produce the model input per set (each run on a pool of threads and of processes).
+METHODS = {"png8": ("pil", "pil+torch", "torchvision"), "png16": ("pil", "pil+torch", "torchvision"),
+           "jpeg": ("pil", "pil+torch", "torchvision"), "dicom": ("pydicom",)}
+
+
+def _one_thread() -> None:
+    """A floor worker's torch runs one thread (per thread in a thread pool: OpenMP's count is per thread)."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
+class Floor:
+    """Pools of ``workers`` threads and ``workers`` processes, started before any clock, that turn files
+    into model input by one of :data:`METHODS`."""
+
+    def __init__(self, side: int, channels: int, workers: int):
+        self.side, self.channels, self.workers = side, channels, workers
+        self.pools = {"threads": ThreadPoolExecutor(workers, initializer=_one_thread),
+                      "processes": ProcessPoolExecutor(workers, initializer=_one_thread)}
+        list(self.pools["processes"].map(abs, range(4 * workers)))  # the processes exist before timing
+
+    def run(self, method: str, pool: str, files: list[str]) -> float:
+        """Seconds to produce the model input of ``files`` (stacked, float32) by ``method`` on ``pool``."""
+        import torch
+
+        jobs = [(method, f, self.side, self.channels) for f in files]
+        t0 = time.perf_counter()
+        if pool == "threads":
+            torch.stack(list(self.pools[pool].map(floor_one, jobs)))
+        else:
+            per = max(1, len(jobs) // (self.workers * 8))
+            np.concatenate(list(self.pools[pool].map(_floor_many, [jobs[i : i + per] for i in range(0, len(jobs), per)])))
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        for p in self.pools.values():
+            p.shutdown()
+
+
+def best(fn, repeats: int) -> tuple[float, object]:
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+        del out
+        out = None
+    return min(times), out
+
+
+# ---------------------------------------------------------------- gsd
+def _consume(batches) -> int:
+    return sum(x.shape[0] for _, x in batches)
+
+
+def gsd_input(sample, side: int, channels: int, chunk: int, **kw) -> int:
+    """gsd's input pipeline as ``gsd rank`` consumes it (:func:`gsd_cli.data.loader.model_batches`)."""
+    from gsd_cli.data.loader import model_batches
+
+    return _consume(model_batches(sample.source, sample.indices, side, channels, chunk, "cpu", **kw))
+
+
+def gsd_input_before(sample, side: int, channels: int, chunk: int) -> int:
+    """The pipeline before issue 37: each chunk decoded whole in one thread (every JPEG pixel), then resized."""
+    from gsd_cli.data import read_images, to_model_input
+
+    n = 0
+    for start in range(0, len(sample), chunk):
+        n += len(to_model_input(read_images(sample.source, sample.indices[start : start + chunk]), side, channels))
+    return n
+
+
+def preresized(sample, side: int, channels: int, chunk: int) -> np.ndarray:
+    """The sample's model input as uint8 images at the model's size (what the compute-only rank reads)."""
+    from gsd_cli.data.loader import model_batches
+
+    import torch
+
+    grey = sample.source.images([int(sample.indices[0])])[0].ndim == 2
+    rows = []
+    for _, x in model_batches(sample.source, sample.indices, side, channels, chunk, "cpu", ahead=0):
+        u = ((x * 0.5 + 0.5).clamp(0, 1) * 255 + 0.5).to(torch.uint8)
+        rows.append((u[:, 0] if grey else u.permute(0, 2, 3, 1)).numpy())
+    return np.concatenate(rows)
+
+
+def subspace_seconds(net, names, sample, side: int, channels: int, prefetch: int, repeats: int) -> float:
+    """Seconds of :func:`gsd_cli.subspace.side.sample_subspace` (what ``gsd rank`` computes per set)."""
+    from gsd_cli.subspace.side import sample_subspace
+
+    kw = dict(k=16, input_size=side, channels=channels, num_classes=2, names=names, device="cpu")
+    return best(lambda: sample_subspace(net, sample, prefetch=prefetch, **kw), repeats)[0]
+
+
+def peak_rss_child(root: Path, n: int, side: int, channels: int, chunk: int, before: bool) -> float:
+    """Peak RSS (MB, VmHWM: ru_maxrss would carry this process's peak over the fork) of a fresh process
+    that runs the pipeline over ``n`` files of ``root``."""
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import bench_image_folders as b\n"
+            f"from gsd_cli.data import draw, resolve\n"
+            f"s = draw(resolve('folder:{root}'), {n}, 0)\n"
+            f"(b.gsd_input_before(s, {side}, {channels}, {chunk}) if {before} else b.gsd_input(s, {side}, {channels}, {chunk}, ahead=0))\n"
+            f"print([int(l.split()[1]) / 1024 for l in open('/proc/self/status') if l.startswith('VmHWM')][0])")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    return round(float(out.split()[-1]), 1)
+
+
+def rank_seconds(private: str, public: list[str], m: int) -> dict:
+    """Wall seconds of a cold ``gsd rank`` (a fresh process and an empty cache), and the rank's own seconds."""
+    with tempfile.TemporaryDirectory() as cache:
+        out = Path(cache) / "rank.json"
+        env = dict(os.environ, GSD_CACHE_DIR=cache)
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "gsd_cli.cli", "rank", "-q", "--private", private, "--public", *public,
+                        "-m", str(m), "--json", str(out)], env=env, check=True, stdout=subprocess.DEVNULL)
+        wall = time.perf_counter() - t0
+        r = json.loads(out.read_text())
+    return {"wall_s": round(wall, 1), "rank_s": r.get("seconds"), "distances": {x["public"]: x.get("distance") for x in r.get("results", [])}}
+
+
+# ---------------------------------------------------------------- the run
+def main() -> None:
+    import torch
+
+    from gsd_cli.data import ArraySource, draw, resolve
+    from gsd_cli.gradients import default_chunk_size, select_parameters
+    from probes import get_model_spec
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=2000, help="images generated per set (and the large set of the memory test)")
+    ap.add_argument("--n-small", type=int, default=500, help="the small set of the memory test")
+    ap.add_argument("--m", type=int, default=2000, help="images drawn per set for the timings (<= --n)")
+    ap.add_argument("--sets", nargs="*", default=list(SETS), choices=SETS)
+    ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "gsd-bench" / "folders")
+    ap.add_argument("--workers", type=int, default=None, help="pool size of the floor (default: the cores)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs of the floor and gsd's input (the rank's: one fewer)")
+    ap.add_argument("--skip-rank", action="store_true", help="skip the two gsd rank processes")
+    ap.add_argument("--skip-memory", action="store_true", help="skip the peak-RSS processes")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    from gsd_cli.data.loader import decode_workers
+
+    workers = args.workers or decode_workers()
+    spec = get_model_spec("probe")  # gsd rank's default model
+    side, channels = spec.input_size, spec.channels
+    net = spec.build(num_classes=2, seed=0)
+    names = select_parameters(net, None)
+    chunk = default_chunk_size(torch.device("cpu"), sum(p.numel() for n, p in net.named_parameters() if n in names))
+    t0 = time.perf_counter()
+    folders = generate(args.cache, args.n, workers)
+    result = {"benchmark": "bench_image_folders", "argv": sys.argv[1:], "cpu_count": os.cpu_count(), "workers": workers,
+              "torch_threads": torch.get_num_threads(), "platform": platform.platform(), "torch": torch.__version__,
+              "model": "probe", "input": [side, channels], "chunk": chunk, "n": args.n, "m": args.m,
+              "generate_s": round(time.perf_counter() - t0, 1), "loadavg_before": os.getloadavg(), "sets": []}
+    npz_dir = Path(tempfile.mkdtemp(prefix="gsd-bench-npz-"))
+    for kind in args.sets:
+        src = resolve(f"folder:{folders[kind]}")
+        sample = draw(src, args.m, 0)
+        files = [src.example_file(int(i)) for i in sample.indices]
+        for f in files:  # into the page cache: the timings are of decoding, not of the disk
+            Path(f).read_bytes()
+        row = {"set": kind, "examples": len(sample), "load_start": os.getloadavg()[0]}
+        floor = Floor(side, channels, workers)
+        try:  # every way once on the first 100 files, then the fastest against gsd, alternately, --repeats times
+            sub = files[:100]
+            ways = {(m, p): floor.run(m, p, sub) for m in METHODS[kind] for p in floor.pools}
+            row["floor_ways_s_first_100"] = {f"{m}, {workers} {p}": round(t, 3) for (m, p), t in ways.items()}
+            way = min(ways, key=ways.get)
+            row["floor_way"] = f"{way[0]}, {workers} {way[1]}"
+            gsd_input(draw(src, 32, 1), side, channels, chunk, ahead=0)  # warm
+            f_times, g_times = [], []
+            for _ in range(args.repeats):
+                f_times.append(floor.run(*way, files))
+                t0 = time.perf_counter()
+                gsd_input(sample, side, channels, chunk, ahead=0)
+                g_times.append(time.perf_counter() - t0)
+        finally:
+            floor.close()
+        row["floor_s"], row["gsd_input_s"] = round(min(f_times), 3), round(min(g_times), 3)
+        row["floor_runs_s"], row["gsd_input_runs_s"] = [round(t, 2) for t in f_times], [round(t, 2) for t in g_times]
+        row["gsd_input_before_s"] = round(best(lambda: gsd_input_before(sample, side, channels, chunk), 1)[0], 3)
+        pre = preresized(sample, side, channels, chunk)
+        np.savez(npz_dir / f"{kind}.npz", x=pre, y=sample.labels(), classes=np.array(src.classes))
+        mem = draw(ArraySource(f"{kind}-{side}", pre, sample.labels(), 2), None, 0)
+        subspace_seconds(net, names, draw(mem.source, 32, 1), side, channels, 0, 1)  # warm
+        runs: dict[str, list[float]] = {"compute": [], "end_to_end_prefetch0": [], "end_to_end_prefetch1": []}
+        for _ in range(max(1, args.repeats - 1)):  # alternately, so that a change of load hits all three
+            runs["compute"].append(subspace_seconds(net, names, mem, side, channels, 0, 1))
+            for prefetch in (0, 1):
+                runs[f"end_to_end_prefetch{prefetch}"].append(subspace_seconds(net, names, sample, side, channels, prefetch, 1))
+        for k, v in runs.items():
+            row[f"{k}_s"] = round(min(v), 3)
+            row[f"{k}_runs_s"] = [round(t, 2) for t in v]
+        e2e = min(row["end_to_end_prefetch0_s"], row["end_to_end_prefetch1_s"])
+        row["input_over_floor"] = round(row["gsd_input_s"] / row["floor_s"], 2)
+        row["before_over_floor"] = round(row["gsd_input_before_s"] / row["floor_s"], 2)
+        row["end_to_end_over_max"] = round(e2e / max(row["gsd_input_s"], row["compute_s"]), 2)
+        row["end_to_end_over_sum"] = round(e2e / (row["gsd_input_s"] + row["compute_s"]), 2)
+        row["load_end"] = os.getloadavg()[0]
+        result["sets"].append(row)
+        print(json.dumps(row), flush=True)
+    if not args.skip_rank:
+        folder_specs = [f"folder:{folders[k]}" for k in args.sets]
+        npz_specs = [f"npz:{npz_dir / (k + '.npz')}" for k in args.sets]
+        result["rank"] = {"folders": rank_seconds(folder_specs[0], folder_specs[1:], args.m),
+                          "npz_at_model_size": rank_seconds(npz_specs[0], npz_specs[1:], args.m)}
+        inputs = sum(r["gsd_input_s"] for r in result["sets"])
+        result["rank"]["input_s"] = round(inputs, 2)
+        r = result["rank"]
+        r["folders_over_max"] = round(r["folders"]["rank_s"] / max(inputs, r["npz_at_model_size"]["rank_s"]), 2)
+        print(json.dumps(result["rank"]), flush=True)
+    if not args.skip_memory:
+        result["peak_rss_mb"] = {}
+        for kind in args.sets:
+            result["peak_rss_mb"][kind] = {str(n): peak_rss_child(folders[kind], n, side, channels, chunk, False)
+                                           for n in (args.n_small, args.n)}
+        result["peak_rss_mb"]["jpeg, before"] = {str(args.n_small): peak_rss_child(folders["jpeg"], args.n_small, side,
+                                                                                   channels, chunk, True)}
+        print(json.dumps(result["peak_rss_mb"]), flush=True)
+    result["loadavg_after"] = os.getloadavg()
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
