@@ -263,8 +263,11 @@ def package_figures(doc: dict) -> dict:
 
 
 def write(doc: dict, update_package: bool = False) -> None:
+    from .pipeline_score import scenarios, table
+
+    doc["auto_select"] = scenarios(doc, [r for r in load_runs() if r["seed"] in SEEDS], package_figures(doc))
     OUT.write_text(json.dumps(doc, indent=1) + "\n")
-    text = tables(doc)
+    text = tables(doc) + "\n\n### gsd train --auto-select (--method auto), by scenario\n" + table(doc["auto_select"])
     (ROOT / "downstream_cpu.md").write_text(text + "\n")
     print(text)
     if update_package:

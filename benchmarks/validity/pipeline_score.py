@@ -1,0 +1,80 @@
+"""What a user who follows ``gsd train --auto-select`` gets, on the large downstream benchmark (issue 33).
+
+For each task and each *scenario* (the candidates a user might have: all of them; without the
+same-distribution set; only unrelated and harmful sets), the winner of gsd's default ranking (mean
+distance over the ranking seeds, as in :mod:`.large_score`), the decision of ``--method auto``
+(:func:`gsd_cli.train.fallback.choose` with the rule this benchmark calibrates and ships), and the
+accuracy of that decision against DP-SGD alone, from the cached trainings (no new training): the
+paired gain over the seeds with its 95% t-interval, and whether the decision was right (public data
+used and it beat DP-SGD alone; or DP-SGD chosen and the favoured method with the winner would not
+have beaten it). The scenarios without the good candidates are where the fallback is tested.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .large import KIND, TASKS
+
+#: scenario -> the kinds of candidate (large.KIND) a user has
+SCENARIOS = {
+    "all candidates": ("same", "family", "related", "unrelated", "harmful"),
+    "without the same-distribution set": ("family", "related", "unrelated", "harmful"),
+    "only unrelated and harmful sets": ("unrelated", "harmful"),
+}
+
+
+def _mean(d: dict[int, float], seeds) -> float:
+    return float(np.mean([d[s] for s in seeds]))
+
+
+def scenarios(doc: dict, runs: list[dict], figures: dict) -> list[dict]:
+    """One row per (task, scenario, epsilon): the auto-select decision and its outcome."""
+    from gsd_cli.train.fallback import by_gain, choose
+
+    from .large_score import _acc, interval
+
+    rank = figures["rank"]
+    favoured = (by_gain(figures.get("rule") or {}) or ["gep"])[0]
+    rows = []
+    for task, t in doc["tasks"].items():
+        for name, kinds in SCENARIOS.items():
+            cands = [c for c in TASKS[task][2] if KIND[task][c] in kinds]
+            if not cands:
+                continue
+            winner = min(cands, key=lambda c: t["distance"][c])
+            d = choose(winner, t["distance"][winner], rank_settings=rank, figures=figures)
+            for eps in t["epsilon"]:
+                base = _acc(runs, task, "dpsgd", float(eps)).get(None, {})
+                method = d.method if d.public is not None else favoured
+                acc = _acc(runs, task, method, float(eps)).get(winner, {})
+                seeds = sorted(set(base) & set(acc))
+                if not seeds:
+                    continue
+                chosen = acc if d.public is not None else base
+                gain_option = _mean(acc, seeds) - _mean(base, seeds)  # the favoured method with the winner
+                right = gain_option > 0 if d.public is not None else gain_option <= 0
+                rows.append({"task": task, "scenario": name, "epsilon": eps, "candidates": cands, "winner": winner,
+                             "distance": round(t["distance"][winner], 4), "decision": d.method,
+                             "public": d.public, "applied": d.applied,
+                             "accuracy": interval([chosen[s] for s in seeds]), "dpsgd": interval([base[s] for s in seeds]),
+                             "gain": interval([chosen[s] - base[s] for s in seeds]),
+                             "option": method, "option_gain": gain_option, "right": bool(right), "seeds": seeds})
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    from .large_score import _fmt
+
+    lines = ["| task | candidates | winner (GSD) | --method auto | accuracy | DP-SGD alone | gain [95% CI] | right? |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        g = r["gain"]
+        gi = f"{100 * g['mean']:+.1f}" + (f" [{100 * g['ci'][0]:+.1f}, {100 * g['ci'][1]:+.1f}]" if g["ci"] else "")
+        what = f"{r['decision']} with {r['winner']}" if r["public"] else "DP-SGD, no public data"
+        lines.append(f"| {r['task']} (eps {r['epsilon']}) | {r['scenario']} | {r['winner']} ({r['distance']:.3f}) | {what} | "
+                     f"{_fmt(r['accuracy'])} | {_fmt(r['dpsgd'])} | {gi} | {'yes' if r['right'] else 'no'} |")
+    n, ok = len(rows), sum(r["right"] for r in rows)
+    lines.append(f"\n--method auto was right in {ok} of {n} (task, scenario, epsilon) cells; it fell back to DP-SGD in "
+                 f"{sum(r['public'] is None for r in rows)} of them.")
+    return "\n".join(lines)
