@@ -24,6 +24,8 @@ order, per cell: mean, 95% t-interval over all (seed, draw) values, min and max.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_dp_public_basis.py --seeds 0 1 2 --draws 4 \\
         --json benchmarks/results/cpu_dp_public_basis.json
+    OMP_NUM_THREADS=1 python benchmarks/bench_dp_public_basis.py --tasks large-mnist large-animal large-mnist-neg \\
+        --seeds 0 --draws 8 --json benchmarks/results/cpu_dp_public_basis_large.json   # issue 33's tasks
 """
 
 from __future__ import annotations
@@ -60,6 +62,14 @@ def groups(which):
         for model, m in (("probe", 250), ("fmnist-cnn", 500)):
             if f"{task}-{model}" in which or task in which:
                 out.append((f"{task} ({model}, m={m})", private_train(task), [(c, source(c)) for c in cands], model, m))
+    large = [w[len("large-"):] for w in which if w.startswith("large-")]
+    if large:  # issue 33's downstream tasks (benchmark-only data: validity/prepare_large.py), auto-select's ranking
+        from validity.large import TASKS as LARGE, register as register_large
+
+        register_large()
+        for task in large:
+            priv, _, cands = LARGE[task]
+            out.append((f"large {task} (probe, m=2000)", gdata.resolve(priv), [(c, gdata.resolve(c)) for c in cands], "probe", 2000))
     return out
 
 

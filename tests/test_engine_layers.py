@@ -218,10 +218,12 @@ def test_dp_gsd_private_side_takes_vmap_under_auto_and_the_public_sides_keep_aut
         return G
 
     monkeypatch.setattr(side, "gradient_matrix", spy)
-    r = rank(private, [public], k=2, examples=30, model="fmnist-cnn", dp=True, epsilon=5.0, device="cpu")
+    r = rank(private, [public], k=2, examples=30, model="fmnist-cnn", dp=True, epsilon=5.0, device="cpu", distance="dp-gsd")
     monkeypatch.undo()
     assert r.dp and r.engine == "vmap"
     assert used[0] == ("vmap", "vmap") and used[1] == ("auto", "layers")
+    r = rank(private, [public], k=2, examples=30, model="fmnist-cnn", dp=True, epsilon=5.0, device="cpu")  # DP energy
+    assert r.dp and r.engine == "vmap"
     r = rank(private, [public], k=2, examples=30, model="fmnist-cnn", device="cpu")  # without DP: layers for both
     assert r.engine == "layers"
 

@@ -254,14 +254,18 @@ def test_dp_ranking_large_epsilon_matches_and_tiny_epsilon_warns():
     priv = ArraySource("mnist-a-150", np.stack(full.images(idx)), full.labels(idx), num_classes=10)
     kw = dict(private=priv, publics=["mnist-b", "noise", "textures"], examples=150, k=4, model="fmnist-cnn", params="fc*", labels="own")
     plain = gsd_cli.rank(**kw)
-    dp = gsd_cli.rank(**kw, dp=True, epsilon=1e9, clip=1.0)
+    dp = gsd_cli.rank(**kw, dp=True, epsilon=1e9, clip=1.0, distance="dp-gsd")
     assert [r.public for r in dp] == [r.public for r in plain]
     for a, b in zip(sorted(dp, key=lambda r: r.public), sorted(plain, key=lambda r: r.public)):
         assert a.distance == pytest.approx(b.distance, abs=0.02)
     assert dp.privacy["epsilon"] == 1e9 and dp.privacy["delta"] == 0.0 and dp.privacy["exact"]
     assert not dp.warnings
-    tiny = gsd_cli.rank(**kw, dp=True, epsilon=1e-3)
+    tiny = gsd_cli.rank(**kw, dp=True, epsilon=1e-3, distance="dp-gsd")
     assert tiny.warnings and "uniform" in " ".join(tiny.warnings)
     assert "uniform_distance_99" in tiny.to_dict()["privacy"]
+    # the default DP distance (DP energy) at a huge epsilon: the same winner, and its value the
+    # noise-free energy distance sqrt(1 - sum_i |V_j^T g_i|^2 / m), here checked against GSD's order
+    energy = gsd_cli.rank(**kw, dp=True, epsilon=1e9, clip=1.0)
+    assert energy.to_dict()["metric"] == "dp-energy" and energy.results[0].public == plain.results[0].public
     with pytest.raises(GSDError, match="epsilon"):
         gsd_cli.rank(**kw, dp=True)

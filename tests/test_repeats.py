@@ -123,20 +123,28 @@ def test_cache_reuses_subspaces_of_earlier_repeats(monkeypatch):
     ]
 
 
-def test_dp_repeats_shared_spends_once_and_fresh_composes(monkeypatch):
+@pytest.mark.parametrize("distance, module, release", [("dp-gsd", "gsd_cli.subspace.dppca", "private_top_k_subspace"),
+                                                        (None, "gsd_cli.distance.dpenergy", "private_energies")])
+def test_dp_repeats_shared_spends_once_and_fresh_composes(monkeypatch, distance, module, release):
+    """DP-GSD and the default DP distance (DP energy): shared repeats release once, fresh ones R times."""
+    import importlib
+
     from dp_accounting.pld import common, privacy_loss_distribution
 
     priv, pubs = _sources()
     pubs = pubs[1:]
     draws = []
-    real = gsd_cli.subspace.dppca.private_top_k_subspace
-    monkeypatch.setattr(gsd_cli.subspace.dppca, "private_top_k_subspace", lambda *a, **k: draws.append(1) or real(*a, **k))
-    kw = dict(KW, dp=True, epsilon=2.0, repeats=3)
+    mod = importlib.import_module(module)
+    real = getattr(mod, release)
+    monkeypatch.setattr(mod, release, lambda *a, **k: draws.append(1) or real(*a, **k))
+    kw = dict(KW, dp=True, epsilon=2.0, repeats=3, distance=distance)
     shared = rank_repeats(priv, pubs, dp_repeats="shared", **kw)
     assert len(draws) == 1
     pv = shared.privacy
     assert pv["total_epsilon"] == 2.0 and pv["releases"] == 1 and pv["dp_repeats"] == "shared" and pv["delta"] == 0
-    assert all(len(set(x.distances)) == 3 for x in shared)  # the public side varies
+    # DP-GSD: one private subspace against each repeat's public side, which varies; DP energy: the one
+    # release of energies in repeat 1's candidate subspaces, shown in every repeat
+    assert all(len(set(x.distances)) == (3 if distance == "dp-gsd" else 1) for x in shared)
     fresh = rank_repeats(priv, pubs, dp_repeats="fresh", **kw)
     assert len(draws) == 1 + 3
     assert fresh.privacy["total_epsilon"] == 6.0 and fresh.privacy["releases"] == 3

@@ -169,9 +169,10 @@ def test_matrix_mechanism_output_is_not_dp(tmp_path, capsys):
     assert {r.split(",")[header.index("dp")] for r in rows[1:]} == {"false"}
 
 
-def test_dp_rank_outputs_do_not_depend_on_n_below_m(tmp_path):
-    """N = 25 < m = 40 and N < k = 30: no error naming N, progress totals of m, the same engine and
-    examples as a large set, no timing."""
+@pytest.mark.parametrize("distance", [None, "dp-gsd"])  # the default (DP energy) and DP-GSD
+def test_dp_rank_outputs_do_not_depend_on_n_below_m(tmp_path, distance):
+    """N = 25 < m = 40 and N < k = 30: no error naming N, progress totals of m under the DP name (whose
+    time the CLI withholds), the same engine and examples as a large set, no timing."""
     import gsd_cli
 
     _npz(tmp_path / "small.npz", 25, seed=8)
@@ -180,7 +181,7 @@ def test_dp_rank_outputs_do_not_depend_on_n_below_m(tmp_path):
     for name in ("small", "large"):
         seen = []
         rk = gsd_cli.rank(f"npz:{tmp_path / name}.npz", ["digits"], dp=True, epsilon=2.0, examples=40, k=30, model="fmnist-cnn",
-                          params="fc*", engine="vmap", progress=lambda n, d, t: seen.append((n, d, t)))
+                          params="fc*", engine="vmap", progress=lambda n, d, t: seen.append((n, d, t)), distance=distance)
         priv_calls = [c for c in seen if c[0].endswith(f"{name}.npz (DP)")]
         assert priv_calls == [(priv_calls[0][0], 40, 40)], priv_calls
         d = rk.to_dict()

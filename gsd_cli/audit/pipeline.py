@@ -89,7 +89,7 @@ def audit_dpgsd_pipeline(epsilon: float = 1.0, *, trials: int = 15, examples: in
         def released(private: str, trial: int, side: int) -> np.ndarray:
             ins = None if insecure_seed is None else int(insecure_seed) * 1_000_003 + 3 * trial + side
             rk = rank(private, pubs, dp=True, epsilon=epsilon, clip=clip, examples=examples + 1, k=1, model=MODEL, params=PARAMS,
-                      engine="vmap", seed=trial, labels="own", insecure_seed=ins)
+                      engine="vmap", seed=trial, labels="own", insecure_seed=ins, distance="dp-gsd")  # DP-GSD by name (the default under --dp is DP energy)
             return np.array([r.distance for r in sorted(rk.results, key=lambda r: r.public)])
 
         for i in range(trials):

@@ -51,15 +51,17 @@ def rank(
     csv_path: Optional[Path] = typer.Option(None, "--csv", help="Write the ranking as CSV to this file."),
     dp: bool = typer.Option(
         False, "--dp",
-        help="DP-GSD: draw the private subspace with a pure epsilon-DP exponential mechanism (rows clipped to --clip; "
-        "add/remove-one-example neighbours, delta=0; the private examples, labels and draw come from the operating "
-        "system, never from --seed); one private sample serves all candidates, so epsilon is spent once.",
+        help="A pure epsilon-DP ranking (rows clipped to --clip; add/remove-one-example neighbours, delta=0; the private "
+        "examples, labels and noise come from the operating system, never from --seed); one release serves all "
+        "candidates, so epsilon is spent once. Default: the DP energy distance (Laplace noise on each candidate's "
+        "energy of the private gradients, which keeps the order); --metric dp-gsd (implied by --dp-sketch or "
+        "--mechanism matrix): DP-GSD, the private subspace drawn by the Bingham exponential mechanism.",
     ),
     epsilon: Optional[float] = typer.Option(None, "--epsilon", help="With --dp: the privacy budget (> 0)."),
     clip: float = typer.Option(1.0, "--clip", help="With --dp: L2 clip norm C of each private per-sample gradient."),
     mechanism: str = typer.Option(
         "sequential", "--mechanism",
-        help="With --dp: sequential = k exact vector-Bingham draws exp(v^T B v), B = (epsilon/k)/(2 C^2) G^T G, "
+        help="DP-GSD (--metric dp-gsd): sequential = k exact vector-Bingham draws exp(v^T B v), B = (epsilon/k)/(2 C^2) G^T G, "
         "each on the complement of the earlier ones: pure epsilon-DP by composition. matrix = the paper's "
         "exp(tr(V^T B V)), B = epsilon/(2 C^2) G^T G, by a Gibbs sampler (a Markov chain): NO guarantee is proven.",
     ),
@@ -122,8 +124,9 @@ def rank(
         "per candidate on a Ray cluster; private subspaces stay in this process; pip install 'gsd-cli[ray]')."
     ),
     metric: str = typer.Option(
-        "gsd", "--metric", help="What ranks the candidates: gsd (default; DP-GSD with --dp); dp-energy (with --dp: each "
-        "candidate's share of the private gradients' energy in its own subspace, Laplace mechanism, pure epsilon-DP); or a baseline beside it, "
+        "gsd", "--metric", help="What ranks the candidates: gsd (default; with --dp the DP energy distance); dp-energy (with --dp: each "
+        "candidate's share of the private gradients' energy in its own subspace, Laplace mechanism, pure epsilon-DP); "
+        "dp-gsd (with --dp: DP-GSD, the private subspace by the Bingham mechanism); or a baseline beside it, "
         "not private and refused with --dp: otdd (optimal-transport dataset distance; pip install 'gsd-cli[ot]'), "
         "frechet (Frechet distance of the model's penultimate features), task2vec (Fisher embedding distance), "
         "logme (-LogME of the private labels on features trained on each public set). See gsd_cli.distance.baselines."

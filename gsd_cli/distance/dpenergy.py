@@ -39,7 +39,7 @@ from .. import data as gdata
 from ..errors import GSDError
 from ..privacy.randomness import INSECURE_NOTE
 from ..subspace.public_basis import project_rows, public_basis
-from ..subspace.side import Subspace
+from ..subspace.side import DP_PROGRESS, Subspace
 from .dpgsd import DPGSD
 from .registry import SideContext, register_distance
 
@@ -119,8 +119,8 @@ class DPEnergy(DPGSD):
         P = torch.cat(parts) if parts else torch.zeros(0, self.basis.shape[1], dtype=torch.float64)
         pv = self.config.privacy
         s = private_energies(P, self.W, float(pv.epsilon), float(pv.clip), self.lam, self.rng)
-        if c.get("progress") is not None:
-            c["progress"](sample.source.name, m, m)
+        if c.get("progress") is not None:  # m of m under the DP name, whose time the CLI withholds (as DP-GSD's)
+            c["progress"](sample.source.name + DP_PROGRESS, m, m)
         return EnergySide(sample.source.name, self.basis[:, :0], torch.empty(0, dtype=torch.float64), m, 0.0,
                           info.get("engine", engine), energies=dict(zip(self.names, s.tolist())))
 

@@ -103,17 +103,19 @@ def distance_reading(name: str) -> str:
 
 
 def metric_distance(metric: str | None, dp: bool) -> str | None:
-    """The ``distance`` of a ranking for ``gsd rank --metric NAME`` (None: GSD, or DP-GSD with ``--dp``).
-    A metric that is not private is refused with ``--dp``; an unknown one lists the known ones."""
+    """The ``distance`` of a ranking for ``gsd rank --metric NAME`` (None: the default, GSD, or with
+    ``--dp`` :attr:`gsd_cli.ranking.RankConfig.distance_name`'s: DP energy, or DP-GSD where a sketch or
+    the matrix sampler is asked for). ``dp-gsd`` names the Bingham mechanism. A metric that is not
+    private is refused with ``--dp``; an unknown one lists the known ones."""
     if metric in (None, "gsd", "dp-gsd"):
         if metric == "dp-gsd" and not dp:
             raise GSDError("--metric dp-gsd needs --dp (and --epsilon); or drop --metric for the non-private GSD")
-        return None
+        return "dp-gsd" if metric == "dp-gsd" else None
     if metric not in _DISTANCES:
         raise GSDError(f"unknown --metric {metric!r}; use one of {', '.join(n for n in distance_names() if n != 'dp-gsd')}")
     if dp and not _DISTANCES.get(metric).private:
         raise GSDError(f"--metric {metric} is not differentially private and cannot run with --dp; "
-                       f"drop --dp, or use --metric gsd --dp for DP-GSD")
+                       f"drop --dp, or use --dp without --metric for a private ranking")
     return metric
 
 

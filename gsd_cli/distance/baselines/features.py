@@ -92,7 +92,7 @@ class BaselineDistance(Distance):
         super().__init__(config)
         if config.privacy.dp:
             raise GSDError(f"--metric {self.name} is not differentially private and cannot run with --dp; "
-                           f"drop --dp, or use --metric gsd --dp for DP-GSD")
+                           f"drop --dp, or use --dp without --metric for a private ranking")
 
     def side(self, ctx: SideContext, sample: gdata.Sample, seed: int) -> Features:
         """The representation of one sample (private or public alike unless a metric says otherwise)."""
