@@ -6,6 +6,9 @@ For each model, on the embedded private data (mnist-a) with mnist-b as GEP's pub
 alternating order, so a change of load on a shared machine hits them all):
 
 * nonprivate        : one batched forward + backward (mean loss) + SGD step over the batch;
+* nonprivate_pool_cl: (models with a MaxPool2d) the non-private step with its max-pools fed channels-last
+                      input, as the private engines do (``maxpool_channels_last``): the plain step
+                      without the slow CPU max-pool kernel;
 * nonprivate_chunked: the same in the private steps' chunks (``default_chunk_size``: 64 on a CPU), the
                       gradients accumulated (a floor with the same memory as the private step's);
 * dpsgd_ghost       : gsd's DP-SGD step with ``--clip-engine auto`` (the default): clipped sums by per-layer
@@ -93,6 +96,16 @@ def bench(model_name: str, batch: int, m: int, k: int, dev: torch.device, repeat
         F.cross_entropy(model(x), y).backward()
         opt.step()
 
+    from gsd_cli.gradients.layers import maxpool_channels_last
+
+    def nonprivate_pool_cl():  # the same with the engines' max-pool trick (its input channels-last): a fair floor
+        hs = maxpool_channels_last(model)
+        try:
+            nonprivate()
+        finally:
+            for h in hs:
+                h.remove()
+
     def nonprivate_chunked():  # the same chunks as the private steps, gradients accumulated
         opt.zero_grad()
         for xc, yc in batches():
@@ -115,7 +128,8 @@ def bench(model_name: str, batch: int, m: int, k: int, dev: torch.device, repeat
 
     ghost = build_method(TrainConfig(method="dpsgd", clip_engine="auto"), 1.0)
     mat = build_method(TrainConfig(method="dpsgd", clip_engine="materialise"), 1.0)
-    fns = {"nonprivate": nonprivate, "nonprivate_chunked": nonprivate_chunked, "dpsgd_ghost": lambda: run_step(ghost), "dpsgd_materialise": lambda: run_step(mat)}
+    fns = {"nonprivate": nonprivate, "nonprivate_chunked": nonprivate_chunked,
+           **({"nonprivate_pool_cl": nonprivate_pool_cl} if any(isinstance(m, torch.nn.MaxPool2d) for m in model.modules()) else {}), "dpsgd_ghost": lambda: run_step(ghost), "dpsgd_materialise": lambda: run_step(mat)}
 
     res = {"model": model_name, "input": spec.input_size, "params": p, "batch": batch, "chunk": chunk}
     if gep:
@@ -145,6 +159,9 @@ def bench(model_name: str, batch: int, m: int, k: int, dev: torch.device, repeat
     med = _interleaved(fns, dev, repeats)
     res["nonprivate_s"] = med["nonprivate"]
     res["nonprivate_chunked_s"] = med["nonprivate_chunked"]
+    if "nonprivate_pool_cl" in med:
+        res["nonprivate_pool_cl_s"] = med["nonprivate_pool_cl"]
+        res["dpsgd_ghost_over_nonprivate_pool_cl"] = med["dpsgd_ghost"] / med["nonprivate_pool_cl"]
     res["dpsgd_ghost_over_nonprivate_chunked"] = med["dpsgd_ghost"] / med["nonprivate_chunked"]
     res["dpsgd_ghost_s"] = med["dpsgd_ghost"]
     res["dpsgd_materialise_s"] = med["dpsgd_materialise"]
@@ -198,7 +215,9 @@ def main() -> None:
         line = (f"{name:11s} p={r['params']:>10,} B={r['batch']}: non-private {r['nonprivate_s']:.3f} s, "
                 f"in chunks {r['nonprivate_chunked_s']:.3f} s, "
                 f"DP-SGD ghost {r['dpsgd_ghost_s']:.3f} s ({r['dpsgd_ghost_over_nonprivate']:.2f}x; "
-                f"{r['dpsgd_ghost_over_nonprivate_chunked']:.2f}x chunked), "
+                f"{r['dpsgd_ghost_over_nonprivate_chunked']:.2f}x chunked"
+                + (f", {r['dpsgd_ghost_over_nonprivate_pool_cl']:.2f}x the step with channels-last max-pool" if "nonprivate_pool_cl_s" in r else "")
+                + "), "
                 f"materialised {r['dpsgd_materialise_s']:.3f} s ({r['dpsgd_materialise_over_nonprivate']:.2f}x)")
         if "gep_s" in r:
             line += (f", GEP (m={r['anchors']} pool, k={r['k']}, defaults) {r['gep_s']:.3f} s ({r['gep_over_nonprivate']:.2f}x; "

@@ -66,6 +66,7 @@ import torch.nn as nn
 from ..errors import GSDError
 from .clipsum_rules import (  # noqa: F401 (the per-layer rules)
     ghost_cheaper, _conv_plain, _conv_per_sample, _patches, _conv_ghost_by_pixels, _pixels_cheaper, _group_columns, _batchnorm_per_sample,
+    _positions,
 )
 
 CLIP_ENGINES = ("auto", "ghost", "materialise")
@@ -218,7 +219,7 @@ class ClippedSum:
                     self.plan[layer.prefix] = "ghost"
                     pixels = False
                     if layer.kind == "conv2d":
-                        B = g.reshape(n, g.shape[1], T).transpose(1, 2)  # n x T x O
+                        B = _positions(g)  # n x T x O (a view in either memory format)
                         pixels = _pixels_cheaper(m, xin, T)
                         if pixels:
                             sq += _conv_ghost_by_pixels(m, xin, B, g.shape[2], g.shape[3]).double()

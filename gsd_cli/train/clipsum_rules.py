@@ -40,9 +40,11 @@ def _conv_per_sample(layer: nn.Conv2d, x: torch.Tensor, g: torch.Tensor) -> dict
     O, oh, ow = g.shape[1:]
     out = {}
     if layer.weight.requires_grad:
+        from ..gradients.layers import weight_of_shape
+
         w = layer.weight.detach()
         _, gw, _ = torch.ops.aten.convolution_backward(
-            g.reshape(1, n * O, oh, ow), x.reshape(1, n * Cin, H, W).to(g.dtype), w.repeat(n, 1, 1, 1),
+            g.reshape(1, n * O, oh, ow), x.reshape(1, n * Cin, H, W).to(g.dtype), weight_of_shape((n * w.shape[0], *w.shape[1:]), g.dtype, g.device),
             None, layer.stride, layer.padding, layer.dilation, False, [0, 0], n * layer.groups, [False, True, False])
         out[layer.weight] = gw.view(n, *w.shape)
     if layer.bias is not None and layer.bias.requires_grad:
@@ -76,8 +78,8 @@ def _conv_ghost_by_pixels(layer: nn.Conv2d, x: torch.Tensor, B: torch.Tensor, oh
     (kh, kw), (sh, sw), (dh, dw), (ph, pw) = layer.kernel_size, layer.stride, layer.dilation, layer.padding
     xp = F.pad(x, (pw, pw, ph, ph)) if ph or pw else x
     Hp, Wp = xp.shape[2], xp.shape[3]
-    X = xp.reshape(n, xp.shape[1], Hp * Wp)
-    P = torch.bmm(X.transpose(1, 2), X).view(n, Hp, Wp, Hp, Wp)
+    X = _positions(xp)  # n x pixels x C
+    P = torch.bmm(X, X.transpose(1, 2)).view(n, Hp, Wp, Hp, Wp)
     Gb = torch.bmm(B, B.transpose(1, 2)).view(n, oh, ow, oh, ow)
     sq = torch.zeros(n, dtype=B.dtype, device=B.device)
     for a in range(kh):
@@ -86,6 +88,15 @@ def _conv_ghost_by_pixels(layer: nn.Conv2d, x: torch.Tensor, B: torch.Tensor, oh
             Ps = P[:, r:r + sh * (oh - 1) + 1:sh, c:c + sw * (ow - 1) + 1:sw, r:r + sh * (oh - 1) + 1:sh, c:c + sw * (ow - 1) + 1:sw]
             sq += (Ps * Gb).sum((1, 2, 3, 4))
     return sq
+
+
+def _positions(t: torch.Tensor) -> torch.Tensor:
+    """A 4-d map n x C x H x W as n x (H W) x C: a view of a channels-last tensor (its memory order) and
+    of a channels-first one (a transposed view), never a copy."""
+    n, C = t.shape[:2]
+    if t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous():
+        return t.permute(0, 2, 3, 1).reshape(n, -1, C)
+    return t.reshape(n, C, -1).transpose(1, 2)
 
 
 def _pixels_cheaper(layer: nn.Conv2d, x: torch.Tensor, T: int) -> bool:
