@@ -25,7 +25,10 @@ order, per cell: mean, 95% t-interval over all (seed, draw) values, min and max.
     OMP_NUM_THREADS=1 python benchmarks/bench_dp_public_basis.py --seeds 0 1 2 --draws 4 \\
         --json benchmarks/results/cpu_dp_public_basis.json
     OMP_NUM_THREADS=1 python benchmarks/bench_dp_public_basis.py --tasks large-mnist large-animal large-mnist-neg \\
-        --seeds 0 --draws 8 --json benchmarks/results/cpu_dp_public_basis_large.json   # issue 33's tasks
+        --seeds 0 --draws 8 --json benchmarks/results/cpu_dp_public_basis_large_s0.json   # issue 33's tasks
+    ... --seeds 1 2 ... --json benchmarks/results/cpu_dp_public_basis_large_s12.json
+    python benchmarks/bench_dp_public_basis.py --merge benchmarks/results/cpu_dp_public_basis_large_s*.json \\
+        --json benchmarks/results/cpu_dp_public_basis_large.json
 """
 
 from __future__ import annotations
@@ -162,6 +165,22 @@ def summary(vals):
     return dict(mean=mean, ci=[mean - half, mean + half], min=float(x.min()), max=float(x.max()), n=len(x))
 
 
+def merge(files, out) -> None:
+    """One results file from several runs (e.g. seeds run apart): per-seed cells pooled, summaries recomputed."""
+    docs = [json.loads(Path(f).read_text()) for f in files]
+    doc = {**docs[0], "command": [d["command"] for d in docs], "seeds": [s for d in docs for s in d["seeds"]],
+           "seconds": sum(d.get("seconds", 0) for d in docs), "loadavg": [[d.get("loadavg_start"), d.get("loadavg_end")] for d in docs],
+           "tasks": {}}
+    for name in docs[0]["tasks"]:
+        per_seed = [r for d in docs for r in d["tasks"][name]["per_seed"]]
+        cells = {key: summary([v for r in per_seed for v in r["cells"][key]]) for key in per_seed[0]["cells"]}
+        doc["tasks"][name] = {"per_seed": per_seed, "summary": cells, "D_public": [r["D_public"] for r in per_seed],
+                              "private_energy_in_public_span": [r["private_energy_in_public_span"] for r in per_seed]}
+        print(name, "  ".join(f"{sk} eps4 {cells[f'{sk}|4']['mean']:+.2f} [{cells[f'{sk}|4']['ci'][0]:+.2f},{cells[f'{sk}|4']['ci'][1]:+.2f}]"
+                               for sk in SKETCHES if f"{sk}|4" in cells))
+    Path(out).write_text(json.dumps(doc, indent=1) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", nargs="+", default=["default", "mnist", "digits", "textures"])
@@ -169,7 +188,11 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--draws", type=int, default=4)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--merge", nargs="+", default=None, help="merge the per-seed results of these JSON files into --json (summaries over all their seeds)")
     a = ap.parse_args()
+    if a.merge:
+        merge(a.merge, a.json)
+        return
     torch.set_num_threads(1)
     t0 = time.time()
     load0 = open("/proc/loadavg").read().split()[:3]

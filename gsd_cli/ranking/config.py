@@ -93,8 +93,8 @@ class RankConfig:
         if not self.privacy.dp:
             return "gsd"
         # under DP, the DP energy distance (gsd_cli.distance.dpenergy): it keeps the non-private order where
-        # DP-GSD's Bingham draw does not (issue 33: Kendall tau at epsilon 4 0.85-1.00 on the downstream
-        # benchmark's tasks against 0.37-0.72 for the best sketch; docs/dp-gsd.md). Settings that only
+        # DP-GSD's Bingham draw does not (issue 33: Kendall tau at epsilon 4 0.93-0.96 on the downstream
+        # benchmark's tasks against 0.27-0.61 with any sketch; docs/dp-gsd.md). Settings that only
         # DP-GSD has (a sketch, the matrix sampler) ask for DP-GSD.
         bingham = self.gradients.dp_sketch is not None or self.privacy.mechanism != "sequential"
         return "dp-gsd" if bingham else "dp-energy"
