@@ -175,3 +175,27 @@ def test_the_release_equals_the_materialised_path(make, residual):
     torch.testing.assert_close(out["auto"][0], out["materialise"][0], rtol=1e-4, atol=1e-6)
     for k in ("clipped_embedding", "clipped_residual"):
         assert out["auto"][1].get(k) == out["materialise"][1].get(k)
+
+
+def test_anchor_gradients_by_the_rules_checked_once(monkeypatch):
+    """``anchor_for``'s anchor gradients: the per-layer rules' rows (equal to vmap's), their synthetic
+    check run once for all recomputations, never the engine's per-recomputation independence check."""
+    import gsd_cli.train.clipsum as cs
+    from gsd_cli.gradients import gradient_matrix
+    from gsd_cli.gradients.layers import LayersEngine
+    from gsd_cli.train.gep import anchor_for
+
+    model = _frozen_bn_cnn().train()
+    names = [n for n, _ in model.named_parameters()]
+    calls = {"check": 0, "independence": 0}
+    check, indep = cs.ClippedSum.check, LayersEngine._check
+    monkeypatch.setattr(cs.ClippedSum, "check", lambda self, x, y: (calls.__setitem__("check", calls["check"] + 1), check(self, x, y))[1])
+    monkeypatch.setattr(LayersEngine, "_check", lambda self, *a: (calls.__setitem__("independence", calls["independence"] + 1), indep(self, *a))[1])
+    pub = torch.randn(11, 1, 10, 10, generator=torch.Generator().manual_seed(4))
+    anchor = anchor_for(TrainConfig(method="gep", public="x", k=3), pub, model, names, 3, False, 4, torch.device("cpu"))
+    y = torch.randint(0, 3, (11,), generator=torch.Generator().manual_seed(5))
+    for _ in range(3):
+        G = anchor.gradients(model, pub, y, names)
+    ref = gradient_matrix(model, [(pub, y)], 11, names, None, "vmap", "cpu", "none")
+    torch.testing.assert_close(G, ref, rtol=1e-4, atol=1e-6)
+    assert calls == {"check": 1, "independence": 0}

@@ -48,10 +48,12 @@ it is an error.
 Where it applies (:func:`fusable`): a chain whose only per-example transform is one
 :class:`~gsd_cli.train.transforms.Clip` of ``"grad"`` -- DP-SGD and the second phase's stage 2. It does
 not apply where each example's vector itself is needed: GEP's embedding W_i = g_i B^T (k projections
-per example: k times the per-sample gradients' cost by factors) and residual clipping, TopAgg's
-NormTopK (a top-k of each g_i's coordinates), random sparsification's mask before the clip (a masked
-norm does not factor), and RGP's carrier gradients (the carriers are sub-layers inside one module;
-RGP keeps its own vmap path). Those chains keep the materialised path.
+per example: k times the per-sample gradients' cost by factors; its residual's clipped sum then needs
+no residual vectors: :mod:`gsd_cli.train.gep_sum`), TopAgg's NormTopK (a top-k of each g_i's
+coordinates), random sparsification's mask before the clip (a masked norm does not factor). Those
+chains take their per-example rows from the same per-layer rules
+(:meth:`~gsd_cli.train.clipsum_step.LazyClipSum.rows`). RGP's carrier gradients take this engine on
+the model with its carriers as leaf layers (:class:`~gsd_cli.train.clipsum_step.RGPClipSum`).
 """
 
 from __future__ import annotations

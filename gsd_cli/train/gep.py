@@ -13,7 +13,9 @@ The quota k is shared by the groups in proportion to sqrt(group size) (paper 000
 The private per-sample gradients G (n x p) are then split (Algorithm 1, lines 4-5) into the embedding
 W = G B^T (the groups' embeddings concatenated, n x sum k_g) and the residual R = G - W B, computed
 from the *unclipped* W; both are clipped and noised by the generic transforms, and the noisy sums are
-mapped back, v = w~ B + r~ (line 8; the residual is dropped for B-GEP).
+mapped back, v = w~ B + r~ (line 8; the residual is dropped for B-GEP). Under ``--clip-engine`` auto
+or ghost the residual's clipped sum comes from B's orthonormal rows without forming R
+(:mod:`gsd_cli.train.gep_sum`: ||r_i||^2 = ||g_i||^2 - ||w_i||^2, the same clips and noise).
 
 Reusing the basis (``every`` > 1, ``warm``; issue 21). Paper 000 recomputes the anchor gradients and
 B at every step (Algorithm 2, line 4), which makes a GEP step many times a DP-SGD step: per-sample
@@ -282,14 +284,27 @@ def anchor_for(cfg, public_x: torch.Tensor, model: torch.nn.Module, names: Seque
     the public examples ``public_x`` (on ``device``), the groups of ``cfg.groups``, per-sample anchor
     gradients in chunks of ``chunk`` on ``device`` (the basis then lives there too), and
     ``cfg.anchor_every`` / ``cfg.anchor_warm`` / ``cfg.anchor_batch``. The anchor gradients come from the
-    ``auto`` per-sample engine (:mod:`gsd_cli.gradients.engines`: the per-layer rules where the model allows them,
-    checked on these public anchors, else vmap); ``cfg.clip_engine == "materialise"`` keeps vmap."""
+    per-layer rules of the private rows (:meth:`~gsd_cli.train.clipsum_step.LazyClipSum.rows`: checked once,
+    on a synthetic batch, and the engine kept across recomputations, instead of a fresh engine whose
+    independence check recomputes a chunk at every recomputation), else the ``auto`` per-sample engine
+    (:mod:`gsd_cli.gradients.engines`: vmap where the rules refuse the model); ``cfg.clip_engine ==
+    "materialise"`` keeps vmap."""
     from ..gradients import gradient_matrix
+    from .clipsum_step import LazyClipSum
 
     params = dict(model.named_parameters())
     groups = split_groups(names, [params[n].numel() for n in names], parse_groups(cfg.groups, cfg.model))
+    kept: dict = {}
 
     def anchor_grads(model_, x, y, names_):
+        if engine == "auto":
+            key = (id(model_), tuple(names_))
+            rows = kept.get(key) or kept.setdefault(key, LazyClipSum("auto", None))
+            wanted = set(names_)
+            G = torch.empty(x.shape[0], sum(q.numel() for n, q in model_.named_parameters() if n in wanted), device=device)
+            if all(rows.rows(model_, names_, x[i : i + chunk].to(device), y[i : i + chunk].to(device), G[i : i + chunk])
+                   for i in range(0, x.shape[0], chunk)):
+                return G
         batches = ((x[i : i + chunk], y[i : i + chunk]) for i in range(0, x.shape[0], chunk))
         return gradient_matrix(model_, batches, x.shape[0], names_, None, engine, device, "none")
 
