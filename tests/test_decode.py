@@ -182,3 +182,16 @@ def test_dicom_pixels_looked_up_per_value_equal_the_steps_on_every_pixel(tmp_pat
     lo, hi = output_range(ds)
     want = _grey(ds.pixel_array, ds, lo, hi, str(ds.PhotometricInterpretation))
     assert got.dtype == np.float32 and got.shape == px.shape and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("shape", [(16, 16), (16, 16, 3), (20, 20)])
+def test_one_image_is_resized_from_a_view_and_never_changed(shape):
+    """to_model_input reads a lone image without copying it; the caller's array stays as it was, also
+    when no resize is needed (the normalisation is in place on gsd's own tensor)."""
+    img = np.random.default_rng(0).uniform(size=shape).astype(np.float32)
+    keep = img.copy()
+    x = to_model_input([img], 16, 3)
+    assert np.array_equal(img, keep)
+    assert torch.equal(x, to_model_input([img, img], 16, 3)[:1])  # the same as from a stacked copy
+    img.setflags(write=False)
+    assert torch.equal(to_model_input([img], 16, 3), x)  # a read-only image is copied, not refused

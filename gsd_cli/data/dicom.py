@@ -16,8 +16,8 @@ pydicom's own functions:
 
 The values stay float64 until that last step: a 16-bit image keeps its full depth (two stored values
 1 apart stay 1/65535 apart), nothing is quantised to 8 bits. Steps 2-4 are a function of the stored
-value alone, so for 8- and 16-bit pixels they are computed once per stored value between the image's
-minimum and maximum and looked up per pixel (the same float32 values as applying them to every pixel). RGB and YBR files (converted to RGB by
+value alone, so for 8- and 16-bit pixels they are computed once per stored value up to the image's
+maximum (from its minimum for signed pixels) and looked up per pixel (the same float32 values as applying them to every pixel). RGB and YBR files (converted to RGB by
 pydicom) are scaled by their stored bits. Anything else (PALETTE COLOR...) and unreadable files are
 one-line :class:`DatasetError`\\ s: not a DICOM file, no pixel data, a compressed transfer syntax
 whose decoder plugin is not installed (the message names the plugins pydicom would use).
@@ -141,9 +141,9 @@ def dicom_to_array(ds, file: str | Path, name: str, frame: int | None = None) ->
             # the grey-scale steps are a function of the stored value alone: computed once per value
             # that occurs (at most 65,536), then looked up: the same float32 values, bit for bit
             # (tests/test_dicom.py), at a fraction of the float64 passes over every pixel
-            base = int(arr.min())
+            base = 0 if arr.dtype.kind == "u" else int(arr.min())  # unsigned: indexed by the values themselves
             table = _grey(np.arange(base, int(arr.max()) + 1, dtype=arr.dtype), ds, lo, hi, photometric)
-            return table[arr if base == 0 and arr.dtype.kind == "u" else arr.astype(np.int32) - base]
+            return table[arr if base == 0 else arr.astype(np.int32) - base]
         return _grey(arr, ds, lo, hi, photometric)
     except (ValueError, AttributeError, KeyError, TypeError, IndexError, NotImplementedError) as e:
         raise DatasetError(f"{name}: {file}: cannot apply its modality / VOI transform ({type(e).__name__}: "

@@ -43,13 +43,19 @@ def to_model_input(
     for i, img in enumerate(images):
         groups.setdefault(img.shape, []).append(i)
     for idx in groups.values():
-        batch = torch.from_numpy(np.stack([images[i] for i in idx]).astype(np.float32, copy=False)).to(device)
+        # one image (the input pipeline's threads resize one at a time): a view of it, not a copy
+        arr = images[idx[0]][None] if len(idx) == 1 else np.stack([images[i] for i in idx])
+        arr = arr.astype(np.float32, copy=not arr.flags.writeable)
+        batch = torch.from_numpy(arr).to(device)
+        view = len(idx) == 1 and batch.device.type == "cpu"  # then batch shares the caller's image
         batch = batch.unsqueeze(1) if batch.ndim == 3 else batch.permute(0, 3, 1, 2)
         _check_channels(batch.shape[1], channels)
         if batch.shape[1] > channels:  # colour -> grey first: resize one channel, not three
-            batch = _channels(batch, channels)
+            batch, view = _channels(batch, channels), False
         if batch.shape[-2:] != (size, size):
             batch = F.interpolate(batch, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+        elif view:
+            batch = batch.clone()  # normalised in place below: never the caller's image
         batch = _channels(batch.sub_(MEAN).div_(STD), channels)  # in place (batch is ours); grey -> colour last
         if len(idx) == len(images):  # one shape (the usual case): no index_put
             out.copy_(batch)
