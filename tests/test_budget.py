@@ -125,6 +125,9 @@ def test_filter_admits_by_either_composition_and_refuses_past_both(tmp_path):
     a = led.book(other, what="t", mechanism="m", epsilon=1.0, delta=0.0, rdp=B.pure_dp_curve(1.0), booking_id="run-1")
     b = led.book(other, what="t", mechanism="m", epsilon=1.0, delta=0.0, rdp=B.pure_dp_curve(1.0), booking_id="run-1")
     assert a["id"] == b["id"] and len(led.status(other.digest)[0]["runs"]) == 1
+    # an id is one run's: the same id on another data set is a clean refusal, never another set's booking
+    with pytest.raises(GSDError, match="another data set"):
+        led.book(data, what="t", mechanism="m", epsilon=1.0, delta=0.0, rdp=B.pure_dp_curve(1.0), booking_id="run-1")
 
 
 _BOOKER = textwrap.dedent("""
@@ -266,6 +269,22 @@ def test_a_run_that_dies_stays_booked_and_its_resume_is_not_booked_again(two_pat
     train(cfg, tmp_path / "run", resume=True)
     runs = B.BudgetLedger().status()[0]["runs"]
     assert len(runs) == 1 and runs[0]["epsilon"] <= 2.0
+
+
+def test_two_runs_with_the_same_insecure_seed_are_two_bookings(two_paths, tmp_path):
+    """--insecure-seed runs are booked (their outputs depend on the private data): each run once, even
+    with the same seed on the same data or on another data set (the id has a per-run nonce)."""
+    from gsd_cli.train import TrainConfig, train
+
+    d = np.load(two_paths[0][len("npz:"):])
+    other = tmp_path / "other.npz"  # another data set: other contents
+    np.savez(other, x=255 - d["x"], y=d["y"], classes=d["classes"])
+    for name, private in (("a", two_paths[0]), ("b", two_paths[0]), ("c", f"npz:{other}")):
+        cfg = TrainConfig(private=private, method="dpsgd", epsilon=2.0, epochs=1, batch_size=30, physical_batch=64,
+                          insecure_seed=0)
+        train(cfg, tmp_path / f"run-{name}")
+    runs = sorted(len(s["runs"]) for s in B.BudgetLedger().status())
+    assert runs == [1, 2], runs
 
 
 def test_unbooked_data_is_not_booked(tiny):

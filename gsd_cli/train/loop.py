@@ -199,9 +199,14 @@ def train(
 
     opt = torch.optim.SGD([dict(model.named_parameters())[n] for n in names], lr=cfg.lr,
                           momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    # the run's booking in the privacy ledger: one id per run, kept across --resume. A fresh random nonce
+    # (OS entropy) with the secret seed, so that two runs with the same --insecure-seed are two bookings;
+    # a run checkpointed before 0.3 has none and keeps its old id (the seed's alone).
+    booking_nonce = secrets.token_hex(16)
     if meta is not None:
         world.load_state(out, model, opt)
         noise_seed = int(meta["secret"]["noise_seed"])
+        booking_nonce = meta["secret"].get("booking_nonce")
         start_epoch = int(meta["epoch"])
         rows = ckpt.read_metrics(out, start_epoch) if world.is_main else []
     else:
@@ -214,7 +219,8 @@ def train(
     noise_seed = world.share_seed(noise_seed)  # process 0's secret: every process draws the same subsamples
     from ..privacy.budget import book_training_run  # the privacy ledger, by process 0, before the first step; refused past the budget
 
-    world.from_main(lambda: book_training_run(cfg, train_src, event, final_eps, method.description, noise_seed, out, resume,
+    booking_secret = noise_seed if booking_nonce is None else f"{noise_seed}:{booking_nonce}"
+    world.from_main(lambda: book_training_run(cfg, train_src, event, final_eps, method.description, booking_secret, out, resume,
                                               pure_epsilon=size.epsilon))  # the size estimate's pure DP, composed
 
     privacy_static = {
@@ -242,7 +248,8 @@ def train(
             ckpt.save(out, model, opt, {
                 "settings": settings, "epoch": epochs_done, "step": steps_done,
                 "privacy": {**privacy_static, "steps_done": steps_done, "epsilon_spent": spent},
-                "secret": {"noise_seed": str(noise_seed), "note": "seed of the private randomness: keep this file private"},
+                "secret": {"noise_seed": str(noise_seed), "note": "seed of the private randomness: keep this file private",
+                           **({"booking_nonce": booking_nonce} if booking_nonce is not None else {})},
                 "selection": selection,
             })
 

@@ -223,7 +223,10 @@ class BudgetLedger:
                "epsilon": float(epsilon), "delta": float(delta), "rdp": json.dumps(list(map(float, rdp))) if rdp is not None else None,
                "dp": int(bool(dp)), "guarantee": int(bool(guarantee))}
         with self._db.transaction(write=True) as cur:
-            if cur.run("SELECT id FROM gsd_bookings WHERE id = :i", {"i": bid}):
+            found = cur.run("SELECT digest FROM gsd_bookings WHERE id = :i", {"i": bid})
+            if found:
+                if found[0][0] != data.digest:  # an id is one run's: never another data set's booking
+                    raise GSDError(f"booking {bid[:12]}... of the ledger belongs to another data set; start a new run with --out")
                 return self._bookings(cur, data.digest, bid)[0]
             cur.run("INSERT INTO gsd_datasets (digest, name, how, epsilon, delta, created, updated) "
                     "VALUES (:d, :n, :h, NULL, NULL, :t, :t) ON CONFLICT (digest) DO NOTHING",
