@@ -263,11 +263,14 @@ def package_figures(doc: dict) -> dict:
 
 
 def write(doc: dict, update_package: bool = False) -> None:
-    from .pipeline_score import scenarios, table
+    from .pipeline_score import noise_limited, noise_limited_table, scenarios, table
 
-    doc["auto_select"] = scenarios(doc, [r for r in load_runs() if r["seed"] in SEEDS], package_figures(doc))
+    runs = [r for r in load_runs() if r["seed"] in SEEDS]
+    doc["auto_select"] = scenarios(doc, runs, package_figures(doc))
+    doc["noise_limited"] = noise_limited(runs)
     OUT.write_text(json.dumps(doc, indent=1) + "\n")
-    text = tables(doc) + "\n\n### gsd train --auto-select (--method auto), by scenario\n" + table(doc["auto_select"])
+    text = (tables(doc) + "\n\n### gsd train --auto-select (--method auto), by scenario\n" + table(doc["auto_select"])
+            + "\n\n### Where DP noise limits accuracy (epsilon 0.5, the same-distribution set)\n" + noise_limited_table(doc["noise_limited"]))
     (ROOT / "downstream_cpu.md").write_text(text + "\n")
     print(text)
     if update_package:

@@ -78,3 +78,43 @@ def table(rows: list[dict]) -> str:
     lines.append(f"\n--method auto was right in {ok} of {n} (task, scenario, epsilon) cells; it fell back to DP-SGD in "
                  f"{sum(r['public'] is None for r in rows)} of them.")
     return "\n".join(lines)
+
+
+def noise_limited(runs: list[dict], epsilon: float = 0.5) -> list[dict]:
+    """Where DP noise, not the three epochs, limits accuracy: DP-SGD alone against GEP and the second
+    phase with each task's same-distribution set at a small epsilon (``bench_downstream.py train
+    --epsilons 0.5 --first 1``), paired gains over the seeds run."""
+    from .large_score import _acc, interval
+
+    rows = []
+    for task, (_, _, cands) in TASKS.items():
+        base = _acc(runs, task, "dpsgd", epsilon).get(None, {})
+        if not base:
+            continue
+        row = {"task": task, "epsilon": epsilon, "public": cands[0], "dpsgd": interval(list(base.values())), "seeds": sorted(base)}
+        for method in ("gep", "second-phase"):
+            acc = _acc(runs, task, method, epsilon).get(cands[0], {})
+            seeds = sorted(set(acc) & set(base))
+            if seeds:
+                row[method] = {"accuracy": interval([acc[s] for s in seeds]), "gain": interval([acc[s] - base[s] for s in seeds]),
+                               "per_seed": {s: acc[s] for s in seeds}, "dpsgd_per_seed": {s: base[s] for s in seeds}}
+        rows.append(row)
+    return rows
+
+
+def noise_limited_table(rows: list[dict]) -> str:
+    from .large_score import _fmt
+
+    lines = ["| task (epsilon) | DP-SGD alone | GEP with the same-distribution set | gain | second phase with it | gain |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        cells = []
+        for m in ("gep", "second-phase"):
+            if m not in r:
+                cells += ["-", "-"]
+                continue
+            g = r[m]["gain"]
+            cells += [f"{_fmt(r[m]['accuracy'])} (seeds: {', '.join(f'{100 * v:.1f}' for v in r[m]['per_seed'].values())})",
+                      f"{100 * g['mean']:+.1f}" + (f" [{100 * g['ci'][0]:+.1f}, {100 * g['ci'][1]:+.1f}]" if g["ci"] else "")]
+        lines.append(f"| {r['task']} ({r['epsilon']:g}) | {_fmt(r['dpsgd'])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
