@@ -184,6 +184,13 @@ def test_resume_gives_the_same_weights_and_refuses_other_settings(tiny, tmp_path
     assert meta["secret"]["noise_seed"] == seed_before  # the run's own private randomness, replayed
     with pytest.raises(GSDError, match="settings differ"):
         train(_cfg(tiny, method="dpsgd", epochs=3, deterministic_noise=False, lr=0.5), broken, resume=True)
+    # how the clipped sums are computed is not a setting of the mechanism: a resume may change it
+    other = tmp_path / "other-engine"
+    with pytest.raises(interrupt.error):
+        train(cfg, other, progress=interrupt("epoch", 1))
+    s = train(_cfg(tiny, method="dpsgd", epochs=3, deterministic_noise=False, clip_engine="materialise", physical_batch=7),
+              other, resume=True)
+    assert s["epsilon"] <= cfg.epsilon and json.loads((other / "checkpoint.json").read_text())["epoch"] == 3
     # deterministic noise: an interrupted and resumed run equals a straight run exactly
     cfg2 = _cfg(tiny, method="gep", epochs=3)
     train(cfg2, ref)
