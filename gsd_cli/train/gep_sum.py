@@ -24,6 +24,8 @@ added as that vector, exactly as the materialised path releases it. For the othe
 relative error in ||r_i||^2 is at most about 10 times float32 rounding (measured: below 1e-5;
 ``tests/test_gep_sum.py`` checks near-in-subspace gradients). An example whose gradient or embedding
 is not finite contributes zero to both sums, as :class:`~gsd_cli.train.transforms.Clip` zeroes it.
+How many examples take the formed residual depends on the private gradients: it changes the step's
+time (k p multiply-adds per such example), never what the step releases.
 
 The mechanism is unchanged: the same embedding and residual, clipped to the same S1 and S2, the same
 noise (the chain's :class:`~gsd_cli.train.transforms.GaussianNoise` on the two sums) and the same
