@@ -20,7 +20,7 @@ timings are of decoding, not of the disk); then the seconds to turn them into th
 (``gsd rank``'s default model, the probe: 224 x 224 x 3, normalised float32):
 
 * **floor**: the fastest of the ways the installed libraries do it, each on every core (a pool of
-  ``os.cpu_count()`` threads, and one of processes, torch at one thread per worker): PIL (with
+  ``os.cpu_count()`` threads, and one of processes with torch at one thread each): PIL (with
   ``Image.draft`` for JPEG, which decodes at 1/2..1/8 scale in the DCT) and PIL's own resize, or
   torch's antialiased resize; torchvision.io's decoders (``decode_jpeg`` / ``decode_png``) and
   torch's resize; pydicom's ``pixel_array`` then the resize (no VOI window: less than gsd does).
@@ -266,7 +266,8 @@ def timed(fn) -> tuple[float, float]:
 
 
 def _one_thread() -> None:
-    """A floor worker's torch runs one thread (per thread in a thread pool: OpenMP's count is per thread)."""
+    """A floor worker process's torch runs one thread (not in a thread pool: torch's count is the process's,
+    and the rank's compute measured after the floor would run on one thread)."""
     import torch
 
     torch.set_num_threads(1)
@@ -278,7 +279,7 @@ class Floor:
 
     def __init__(self, side: int, channels: int, workers: int):
         self.side, self.channels, self.workers = side, channels, workers
-        self.pools = {"threads": ThreadPoolExecutor(workers, initializer=_one_thread),
+        self.pools = {"threads": ThreadPoolExecutor(workers),
                       "processes": ProcessPoolExecutor(workers, initializer=_one_thread)}
         list(self.pools["processes"].map(abs, range(4 * workers)))  # the processes exist before timing
 
@@ -427,6 +428,7 @@ def main() -> None:
     chunk = default_chunk_size(torch.device("cpu"), sum(p.numel() for n, p in net.named_parameters() if n in names))
     t0 = time.perf_counter()
     folders = generate(args.cache, args.n, workers)
+    threads = torch.get_num_threads()
     result = {"benchmark": "bench_image_folders", "argv": sys.argv[1:], "cpu_count": os.cpu_count(), "workers": workers,
               "torch_threads": torch.get_num_threads(), "platform": platform.platform(), "torch": torch.__version__,
               "model": "probe", "input": [side, channels], "chunk": chunk, "n": args.n, "m": args.m,
@@ -454,6 +456,7 @@ def main() -> None:
                 g_runs.append(timed(lambda: gsd_input(sample, side, channels, chunk, ahead=0)))
         finally:
             floor.close()
+        assert torch.get_num_threads() == threads, "the floor changed torch's threads"
         _put(row, "floor", f_runs)
         _put(row, "gsd_input", g_runs)
         _put(row, "gsd_input_before", [timed(lambda: gsd_input_before(sample, side, channels, chunk))])
