@@ -8,6 +8,7 @@ Tasks, candidates, settings and the cache: ``benchmarks/validity/large.py``.
     python benchmarks/bench_downstream.py train [--shard 0/2] [--epsilons 2 8] [--seeds 0 1 2] [--tasks ...]
     python benchmarks/bench_downstream.py rank  [--seeds 0 1 2]  # gsd's default ranking (auto-select's) per task, cached
     python benchmarks/bench_downstream.py score                  # tables, the fallback rule, results JSON, validity.json
+    python benchmarks/bench_downstream.py score --variant gsd-defaults   # the same at gsd train's defaults (validity/defaults_runs.py)
 
 Every training is cached (resumable; a changed setting is a new run); processes started on the same
 list share it (each claims a job by a lock file), or each runs every N-th job with --shard.
@@ -107,9 +108,13 @@ def cmd_rank(args) -> None:
 
 
 def cmd_score(args) -> None:
+    from validity.large import EPSILONS as EPS_GRID
     from validity.large_score import build, write
 
-    doc = build()
+    if args.variant:
+        doc = build(variant=args.variant, epsilons=tuple(args.epsilons or (2.0,)))
+    else:
+        doc = build(epsilons=tuple(args.epsilons) if args.epsilons else EPS_GRID)
     write(doc, update_package=args.update_package)
 
 
@@ -134,6 +139,8 @@ def main() -> None:
     r.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     s = sub.add_parser("score", help="tables, the fallback rule, results JSON")
     s.add_argument("--update-package", action="store_true", help="also write gsd_cli/report/validity.json")
+    s.add_argument("--variant", default=None, help="score a variant's runs instead of the grid's (gsd-defaults: validity/defaults_runs.py)")
+    s.add_argument("--epsilons", nargs="+", type=float, default=None, help="the epsilons scored (default: the grid's; 2 for a variant)")
     args = ap.parse_args()
     {"tune": cmd_tune, "train": cmd_train, "rank": cmd_rank, "score": cmd_score}[args.cmd](args)
 

@@ -132,7 +132,7 @@ def train_one(task: str, method: str, candidate: str | None, epsilon: float, see
     register()
     s = settings(method, epsilon, overrides)
     cfg = TrainConfig(private=TASKS[task][0], private_test=TASKS[task][1], public=candidate, method=method,
-                      seed=seed, insecure_seed=seed, **s)
+                      seed=seed, insecure_seed=seed, **{k: v for k, v in s.items() if k != "variant"})  # variant: a tag of the hash
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         summ = train(cfg, os.path.join(tmp, "run"), device="cpu")

@@ -119,11 +119,20 @@ def evaluate(t: float, cells: list[dict]) -> dict:
 SEEDS = (0, 1, 2)
 
 
-def build(seeds=SEEDS) -> dict:
+def variant_runs(variant: str | None) -> list[dict]:
+    """The grid's runs (``variant`` None) or those of a variant (``overrides["variant"]``, e.g.
+    :data:`.defaults_runs.VARIANT`: every setting at gsd's own training defaults)."""
+    if variant is None:
+        return load_runs()
+    return [r for r in load_runs(overrides_ok=True) if (r.get("overrides") or {}).get("variant") == variant]
+
+
+def build(seeds=SEEDS, variant: str | None = None, epsilons=EPSILONS) -> dict:
     from .scores import score
 
-    runs = [r for r in load_runs() if r["seed"] in seeds]
-    doc = {"source": "python benchmarks/bench_downstream.py score (issue 33)", "rank": RANK,
+    runs = [r for r in variant_runs(variant) if r["seed"] in seeds]
+    doc = {"source": "python benchmarks/bench_downstream.py score (issue 33)", "rank": RANK, "variant": variant,
+           "epsilons": list(epsilons), "settings": (runs[0]["settings"] if variant and runs else SETTINGS),
            "selection_tasks": list(SELECTION), "held_out": list(HELD_OUT), "tasks": {}, "cells": [],
            "runs": len(runs), "seconds": round(sum(r["seconds"] for r in runs)), "machine": "2-core CPU, shared"}
     for task in TASKS:
@@ -133,7 +142,7 @@ def build(seeds=SEEDS) -> dict:
         dmean = {c: float(np.mean([dist[s][c] for s in dist])) for c in TASKS[task][2]}
         pick = min(dmean, key=dmean.get)
         tdoc = {"distance": dmean, "rank_seeds": sorted(dist), "pick": pick, "kind": KIND[task], "epsilon": {}}
-        for eps in EPSILONS:
+        for eps in epsilons:
             base = _acc(runs, task, "dpsgd", eps).get(None, {})
             if not base:
                 continue
@@ -253,8 +262,10 @@ def package_figures(doc: dict) -> dict:
             for m, r in doc["rule"].items()}
     return {"source": "python benchmarks/bench_downstream.py score --update-package (issue 33)",
             "predictor": "GSD probe",
-            "where": f"auto-select's ranking (probe, k=16, m=2000); fmnist-cnn trained {SETTINGS['epochs']} epochs at epsilon 2 and 8, "
-                     f"{len(SEEDS)} seeds, 2-core CPU",
+            "where": f"auto-select's ranking (probe, k=16, m=2000); fmnist-cnn trained {doc['settings']['epochs']} epochs at batch "
+                     f"{doc['settings']['batch_size']}" + (" (gsd train's defaults)" if doc.get("variant") else "")
+                     + f" at epsilon {' and '.join(f'{e:g}' for e in doc['epsilons'])}, "
+                     f"{len({r for t in doc['tasks'].values() for e in t['epsilon'].values() for r in e.get('dpsgd_seeds', [])})} seeds, 2-core CPU",
             "tasks": len(doc["tasks"]), "spearman": {"gep": rho["gep"], "second_phase": rho["second-phase"]},
             "cases": cases, "winner_best": best, "winner_below_none": below,
             "selection_tasks": doc["selection_tasks"], "held_out": doc["held_out"], "validated_for": validated_for(rho, doc["selection_tasks"]),
@@ -265,13 +276,15 @@ def package_figures(doc: dict) -> dict:
 def write(doc: dict, update_package: bool = False) -> None:
     from .pipeline_score import noise_limited, noise_limited_table, scenarios, table
 
-    runs = [r for r in load_runs() if r["seed"] in SEEDS]
+    runs = [r for r in variant_runs(doc.get("variant")) if r["seed"] in SEEDS]
     doc["auto_select"] = scenarios(doc, runs, package_figures(doc))
     doc["noise_limited"] = noise_limited(runs)
-    OUT.write_text(json.dumps(doc, indent=1) + "\n")
+    stem = "downstream_cpu" if not doc.get("variant") else f"downstream_{doc['variant'].replace('-', '_')}_cpu"
+    (ROOT / f"{stem}.json").write_text(json.dumps(doc, indent=1) + "\n")
     text = (tables(doc) + "\n\n### gsd train --auto-select (--method auto), by scenario\n" + table(doc["auto_select"])
-            + "\n\n### Where DP noise limits accuracy (epsilon 0.5, the same-distribution set)\n" + noise_limited_table(doc["noise_limited"]))
-    (ROOT / "downstream_cpu.md").write_text(text + "\n")
+            + ("\n\n### Where DP noise limits accuracy (epsilon 0.5, the same-distribution set)\n" + noise_limited_table(doc["noise_limited"])
+               if doc["noise_limited"] else ""))
+    (ROOT / f"{stem}.md").write_text(text + "\n")
     print(text)
     if update_package:
         p = Path(__file__).resolve().parents[2] / "gsd_cli" / "report" / "validity.json"
