@@ -11,7 +11,7 @@ memory stays bounded; closing the iterator early cancels what was not started.
 
 A file-backed source (folders, CSV lists, DICOM) is decoded by a pool of ``workers`` threads, one
 image per task, in the order of ``indices`` (PIL, pydicom's pixel copy and torch's resize release
-the GIL, so the threads use every core). On the CPU each thread also resizes its image at once
+the GIL, so the threads use every core). Each thread also resizes its image at once, on the device
 (:func:`chunk_input`): a chunk then holds ``chunk`` images at the model's size and at most
 ``workers`` images at their native size, whatever their native size and the set's size. JPEGs are
 decoded at a reduced scale no smaller than the model's input (:mod:`.decode`). In-memory and other
@@ -51,19 +51,17 @@ def chunk_input(source: ImageSource, indices: Sequence[int], size: int, channels
                 device: torch.device | str | None = None, pool: Executor | None = None) -> torch.Tensor:
     """The model input ``(len(indices), channels, size, size)`` of ``indices`` of ``source``.
 
-    ``pool``: threads that decode one image each (file-backed sources); on the CPU each image is also
-    resized by the thread that decoded it, into its row of the output, so no chunk of native-size
-    images is ever held. The tensor is the same as without a pool (bilinear resizing treats images
-    independently; ``tests/test_decode.py``); the first unreadable file, in ``indices`` order, raises."""
+    ``pool``: threads that decode one image each (file-backed sources); each image is also resized
+    (on ``device``) by the thread that decoded it, into its row of the output, so no chunk of
+    native-size images is ever held. The tensor is the same as without a pool (bilinear resizing treats
+    images independently; ``tests/test_decode.py``); the first unreadable file, in ``indices`` order,
+    raises."""
     if pool is None or len(indices) < 2:
         return to_model_input(read_images(source, indices, size), size, channels, device)
-    if torch.device(device or "cpu").type != "cpu":  # decode in the threads, resize the chunk on the device
-        images = list(pool.map(lambda i: read_images(source, [i], size)[0], indices))
-        return to_model_input(images, size, channels, device)
-    out = torch.empty(len(indices), channels, size, size)
+    out = torch.empty(len(indices), channels, size, size, device=device)
 
     def one(j: int) -> None:
-        out[j : j + 1] = to_model_input(read_images(source, [indices[j]], size), size, channels)
+        out[j : j + 1] = to_model_input(read_images(source, [indices[j]], size), size, channels, device)
 
     for _ in pool.map(one, range(len(indices))):  # in order: the first error raised is the first file's
         pass
