@@ -42,7 +42,7 @@ timings are of decoding, not of the disk); then the seconds to turn them into th
     python benchmarks/bench_image_folders.py --n 2000 --n-small 500 --m 500 --json benchmarks/results/cpu_image_folders.json
 
 (the run on docs/speed.md: 2,000 files per set generated, 500 drawn per set for the timings, which
-took about 12 minutes on 2 shared cores; generating the 8,000 files took 11 minutes more, once).
+took 8.3 minutes on 2 shared cores; generating the 8,000 files took 11 minutes more, once).
 
 Every time is the minimum of ``--repeats`` runs; the load average is recorded before and after (the
 machine may be shared: compare the ratios taken in one run, not seconds across runs).
