@@ -195,3 +195,11 @@ def test_one_image_is_resized_from_a_view_and_never_changed(shape):
     assert torch.equal(x, to_model_input([img, img], 16, 3)[:1])  # the same as from a stacked copy
     img.setflags(write=False)
     assert torch.equal(to_model_input([img], 16, 3), x)  # a read-only image is copied, not refused
+
+
+def test_sample_tensor_is_the_pipeline_s_chunks_in_one(tmp_path):
+    src = resolve(f"folder:{_folder(tmp_path, n=12, side=64)}")
+    sample = draw(src, 10, seed=2)
+    whole = sample.tensor(16, 3)
+    chunks = torch.cat([x for _, x in sample.batches(16, 3, 4)])
+    assert whole.shape == (10, 3, 16, 16) and torch.equal(whole, chunks)

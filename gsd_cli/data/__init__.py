@@ -65,7 +65,12 @@ class Sample:
         yield from model_batches(self.source, self.indices, size, channels, chunk, device, ahead)
 
     def tensor(self, size: int, channels: int, device: torch.device | str | None = None) -> torch.Tensor:
-        return _to_model_input()(read_images(self.source, self.indices), size, channels, device)
+        """All the drawn examples' model input in one tensor, read as :meth:`batches` reads them (files
+        decoded on every core, JPEGs at a reduced scale: :mod:`gsd_cli.data.loader`)."""
+        from .loader import model_batches
+
+        parts = [x for _, x in model_batches(self.source, self.indices, size, channels, max(1, len(self)), device, ahead=0)]
+        return parts[0] if parts else _to_model_input()([], size, channels, device)
 
 
 def draw(source: ImageSource | str, m: int | None, seed: int) -> Sample:
