@@ -510,6 +510,9 @@ def main() -> None:
                                                                                    channels, chunk, True)}
         print(json.dumps(result["peak_rss_mb"]), flush=True)
     result["loadavg_after"] = os.getloadavg()
+    import shutil
+
+    shutil.rmtree(npz_dir, ignore_errors=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1) + "\n")
