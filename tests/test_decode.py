@@ -203,3 +203,19 @@ def test_sample_tensor_is_the_pipeline_s_chunks_in_one(tmp_path):
     whole = sample.tensor(16, 3)
     chunks = torch.cat([x for _, x in sample.batches(16, 3, 4)])
     assert whole.shape == (10, 3, 16, 16) and torch.equal(whole, chunks)
+
+
+def test_training_reads_the_pixels_the_ranking_reads(tmp_path, monkeypatch):
+    """gsd train (private steps, evaluation) asks a file-backed source for images at the model's size,
+    as the ranking does: a JPEG is decoded by the same reduced-scale path, not at full size."""
+    from gsd_cli.data.files import FolderSource
+    from gsd_cli.train import TrainConfig, train
+
+    folder = _folder(tmp_path, n=40, side=256)
+    sizes = []
+    real = FolderSource.images_at
+    monkeypatch.setattr(FolderSource, "images_at", lambda self, idx, size: sizes.append(size) or real(self, idx, size))
+    cfg = TrainConfig(private=f"folder:{folder}", private_test=f"folder:{folder}", method="dpsgd", epochs=1, batch_size=10,
+                      epsilon=4.0, classes="2", insecure_seed=0)
+    train(cfg, tmp_path / "run")
+    assert sizes and set(sizes) == {28}  # fmnist-cnn's input: every read of the private and test images

@@ -110,7 +110,7 @@ def evaluate(model: torch.nn.Module, source: ImageSource, input_size: int, chann
     try:
         for start in range(0, n, batch):
             idx = np.arange(start, min(n, start + batch))
-            x = to_model_input(read_images(source, idx), input_size, channels, device)
+            x = to_model_input(read_images(source, idx, input_size), input_size, channels, device)
             y = torch.as_tensor(source.labels(idx)).to(device)
             out = model(x)
             if not bool(torch.isfinite(out).all()):

@@ -276,7 +276,7 @@ def train(
             def batches(idx=world.shard(idx)):  # this process's examples of the subsample
                 for start in range(0, len(idx), chunk):
                     part = idx[start : start + chunk]
-                    x = gdata.to_model_input(gdata.read_images(train_src, part), spec.input_size, spec.channels, dev)
+                    x = gdata.to_model_input(gdata.read_images(train_src, part, spec.input_size), spec.input_size, spec.channels, dev)
                     yield x, torch.as_tensor(train_src.labels(part)).to(dev)
 
             noisy = private_step(method.chain, model, names, batches(), num_params, ctx, method.per_sample, world=world,

@@ -134,7 +134,7 @@ def run_second_phase(model: nn.Module, names: list[str], cfg, spec, out: Path, d
             total, count = 0.0, 0
             for start in range(0, n, bs):
                 part = order[start : start + bs]
-                x = gdata.to_model_input(gdata.read_images(source, sample.indices[part]), spec.input_size, spec.channels, device)
+                x = gdata.to_model_input(gdata.read_images(source, sample.indices[part], spec.input_size), spec.input_size, spec.channels, device)
                 y = y_all[part].to(device)
                 loss = default_loss(model(x), y).mean()
                 opt.zero_grad(set_to_none=True)
