@@ -15,8 +15,9 @@ alternating order, so a change of load on a shared machine hits them all):
                       ghost norms and book-keeping (:mod:`gsd_cli.train.clipsum`) + noise + SGD step;
 * dpsgd_materialise : the same with ``--clip-engine materialise``: per-sample gradients by torch.func in
                       chunks, clip, sum (the path before issue 37);
-* gep               : GEP with the default anchors (``TrainConfig``: basis recomputed every 2 steps, warm,
-                      from 250 of the ``--anchors`` drawn; k = ``--k``), amortised over one 2-step window;
+* gep               : GEP with the default anchors (``TrainConfig``: basis recomputed every 4 steps, warm,
+                      from 128 of the ``--anchors`` drawn since 0.3; every 2 from 250 before; k = ``--k``,
+                      by default gsd train's), amortised over one recomputation window;
 * gep_every_N       : with ``--anchor-every N``: the GEP step with the basis recomputed every N steps, as
                       before (``--anchor-warm``, ``--anchor-batch``), amortised over N steps.
 
@@ -190,7 +191,7 @@ def main() -> None:
     ap.add_argument("--gep-models", nargs="*", default=["fmnist-cnn", "resnet20"], help="Models whose GEP step is timed.")
     ap.add_argument("--batch", type=int, default=250)
     ap.add_argument("--anchors", type=int, default=2000)
-    ap.add_argument("--k", type=int, default=100)
+    ap.add_argument("--k", type=int, default=TrainConfig().k, help="GEP's k (default: gsd train's, 32 since 0.3; 100 before)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--anchor-every", type=int, nargs="*", default=[], metavar="N",
                     help="Also GEP steps with the anchor basis recomputed every N steps (amortised step time).")

@@ -295,7 +295,7 @@ def test_anchor_batch_is_validated(capsys, tmp_path):
             Anchor(torch.zeros(2, 3), 2, 1, [[0, 1]], 1, 0, _grads, batch=bad)
     validate(TrainConfig(public="mnist-b", anchor_batch=500))
     validate(TrainConfig(public="mnist-b", anchor_batch=0))
-    assert TrainConfig().anchor_batch == 250
+    assert TrainConfig().anchor_batch == 128  # issue 33: the downstream benchmark's GEP settings
     code = main(["train", "--public", "mnist-b", "--anchor-batch", "-5", "--out", str(tmp_path / "run"), "-q"])
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 2 and len(err) == 1 and "--anchor-batch must be a whole number" in err[0]

@@ -124,7 +124,12 @@ def variant_runs(variant: str | None) -> list[dict]:
     :data:`.defaults_runs.VARIANT`: every setting at gsd's own training defaults)."""
     if variant is None:
         return load_runs()
-    return [r for r in load_runs(overrides_ok=True) if (r.get("overrides") or {}).get("variant") == variant]
+    runs = [r for r in load_runs(overrides_ok=True) if (r.get("overrides") or {}).get("variant") == variant]
+    if variant == "gsd-defaults":  # only runs at the defaults gsd has now (a changed default is a new run)
+        from .defaults_runs import overrides
+
+        runs = [r for r in runs if r["overrides"] == overrides(r["method"])]
+    return runs
 
 
 def build(seeds=SEEDS, variant: str | None = None, epsilons=EPSILONS) -> dict:

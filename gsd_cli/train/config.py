@@ -76,15 +76,15 @@ class TrainConfig:
     deterministic_noise: bool = False  # deprecated: insecure_seed = seed
 
     # --- GEP (paper 000) ---
-    k: int = 100  # anchor subspace dimension (shared by the groups by sqrt of their size)
+    k: int = 32  # anchor subspace dimension (shared by the groups by sqrt of their size); GEP's defaults: issue 33's benchmark (docs/validity.md)
     groups: str = "auto"  # parameter groups (:func:`parse_groups`)
     power_iters: int = 1  # power iterations per step (also RGP's K)
-    clip_embedding: float = 2.0  # clip norm S1 of the embedding
-    clip_residual: float = 1.0  # clip norm S2 of the residual (S1/2: issue 33's benchmark; paper 000's S1/5 lost 7-12 points there)
+    clip_embedding: float = 1.0  # clip norm S1 of the embedding
+    clip_residual: float = 0.5  # clip norm S2 of the residual (S1/2: issue 33's benchmark; paper 000's S1/5 lost 7-12 points there)
     residual: bool = True  # release the residual (GEP) or drop it (B-GEP)
-    anchor_every: int = 2  # recompute the anchor subspace every N steps and at each epoch's start (1: every step, paper 000)
+    anchor_every: int = 4  # recompute the anchor subspace every N steps and at each epoch's start (1: every step, paper 000)
     anchor_warm: bool = True  # start each recomputation's power iteration from the previous basis (cold at epoch starts)
-    anchor_batch: int | None = 250  # anchors per recomputation (at least k), drawn from the public_examples (None or 0: all)
+    anchor_batch: int | None = 128  # anchors per recomputation (at least k), drawn from the public_examples (None or 0: all)
 
     # --- RGP (paper 001) ---
     rgp_rank: int = 4  # rank r of the gradient carriers of each Linear/Conv2d weight
