@@ -271,3 +271,16 @@ def test_dpgsd_audit_runs_the_pipeline_and_flags_a_reseeded_draw():
     assert bad.details["pipeline"]["details"]["equal_to_replay_under_D"] == 14
     ok = audit_dpgsd_pipeline(0.5, trials=5)
     assert ok.consistent and ok.details["equal_to_replay_under_D"] == 0 and ok.epsilon_lower_bound == 0.0
+
+
+def test_the_pipeline_audit_of_the_default_dp_ranking_flags_a_reseeded_draw():
+    """gsd rank --dp's default (the DP energy distance) end to end: with its private generator seeded
+    from --seed the replay test says PRIVACY BUG at epsilon 0.5; the correct pipeline's replays never match."""
+    from gsd_cli.audit import audit_dpgsd_pipeline
+
+    bad = audit_dpgsd_pipeline(0.5, trials=14, examples=200, insecure_seed=1, bug="public-seed", distance="dp-energy")
+    assert not bad.consistent and bad.method == "dp-energy (pipeline)" and bad.details["equal_to_replay_under_D"] == 14
+    ok = audit_dpgsd_pipeline(0.5, trials=5, examples=200, distance="dp-energy")
+    assert ok.consistent and ok.details["equal_to_replay_under_D"] == 0 and ok.epsilon_lower_bound == 0.0
+    with pytest.raises(GSDError, match="dp-gsd or dp-energy"):
+        audit_dpgsd_pipeline(0.5, distance="gsd")

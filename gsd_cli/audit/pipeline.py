@@ -34,8 +34,8 @@ MODEL, PARAMS, SIZE = "fmnist-cnn", "fc2*", 28
 
 @contextlib.contextmanager
 def _bug(bug: str | None):
-    """``public-seed``: the DP-GSD distance's private generator seeded from the public ``--seed``
-    (the bug of gsd before 0.2.0, put back for the audit's teeth)."""
+    """``public-seed``: the private generator of the DP-GSD distance (and of DP energy, which inherits
+    it) seeded from the public ``--seed`` (the bug of gsd before 0.2.0, put back for the audit's teeth)."""
     if bug is None:
         yield
         return
@@ -65,15 +65,22 @@ def _write_sets(folder: Path, examples: int, rng: np.random.Generator) -> tuple[
 
 
 def audit_dpgsd_pipeline(epsilon: float = 1.0, *, trials: int = 15, examples: int = 8, clip: float = 1.0,
-                         insecure_seed: int | None = None, bug: str | None = None, confidence: float = 0.95) -> AuditResult:
+                         insecure_seed: int | None = None, bug: str | None = None, confidence: float = 0.95,
+                         distance: str = "dp-gsd") -> AuditResult:
     """Audit ``gsd rank --dp`` end to end at ``epsilon`` (module docstring): ``trials`` rankings under
     each neighbour plus one replay each (3 x ``trials`` rankings of a tiny model). ``bug``: one of
     :data:`BUGS`. ``insecure_seed``: each ranking's private randomness from (seed, trial, side),
-    for a repeatable audit (a *fixed* insecure seed for every call would be flagged, rightly)."""
+    for a repeatable audit (a *fixed* insecure seed for every call would be flagged, rightly).
+    ``distance``: the private ranking audited, ``dp-gsd`` (the Bingham draw) or ``dp-energy`` (the
+    default of ``gsd rank --dp``: Laplace noise on each candidate's energy; its released distance is
+    clamped to [0, 1], so give it enough ``examples`` that the energies are not all clamped, e.g. 200
+    at epsilon 0.5, or the bug's releases under D and D' both clamp alike)."""
     from ..ranking import rank
     from ..privacy.randomness import check_insecure_seed
 
     check_insecure_seed(insecure_seed)
+    if distance not in ("dp-gsd", "dp-energy"):
+        raise GSDError(f"the pipeline audit runs dp-gsd or dp-energy, not {distance!r}")
     if trials < 5 or examples < 2:
         raise GSDError("the DP-GSD pipeline audit needs at least 5 trials and 2 examples")
     if not epsilon > 0:
@@ -89,7 +96,7 @@ def audit_dpgsd_pipeline(epsilon: float = 1.0, *, trials: int = 15, examples: in
         def released(private: str, trial: int, side: int) -> np.ndarray:
             ins = None if insecure_seed is None else int(insecure_seed) * 1_000_003 + 3 * trial + side
             rk = rank(private, pubs, dp=True, epsilon=epsilon, clip=clip, examples=examples + 1, k=1, model=MODEL, params=PARAMS,
-                      engine="vmap", seed=trial, labels="own", insecure_seed=ins, distance="dp-gsd")  # DP-GSD by name (the default under --dp is DP energy)
+                      engine="vmap", seed=trial, labels="own", insecure_seed=ins, distance=distance)
             return np.array([r.distance for r in sorted(rk.results, key=lambda r: r.public)])
 
         for i in range(trials):
@@ -106,4 +113,6 @@ def audit_dpgsd_pipeline(epsilon: float = 1.0, *, trials: int = 15, examples: in
                "best_test": how,
                "dp_randomness": "insecure seed per call" if insecure_seed is not None else "operating system"}
     correct = int(how.get("correct", 0)) if how else trials
-    return AuditResult("dpgsd (pipeline)", float(epsilon), 0.0, float(e), 1, 2 * trials, correct, confidence, details)
+    details["distance"] = distance
+    name = "dpgsd (pipeline)" if distance == "dp-gsd" else "dp-energy (pipeline)"
+    return AuditResult(name, float(epsilon), 0.0, float(e), 1, 2 * trials, correct, confidence, details)
