@@ -40,7 +40,7 @@ def pil_to_array(img) -> np.ndarray:
         return np.asarray(img).astype(np.float32) / np.float32(65535.0)  # rounded to float32 (tests/test_decode.py)
     if img.mode == "I":
         a = np.asarray(img).astype(np.float64)
-        top = 65535.0 if img.mode.startswith("I;16") or a.max(initial=0) <= 65535 else 2.0**32 - 1
+        top = 65535.0 if a.max(initial=0) <= 65535 else 2.0**32 - 1
         return (np.clip(a, 0, None) / top).astype(np.float32)
     if img.mode == "F":  # float TIFF: values must lie in [0, 1], as in an npz (never clipped silently)
         a = np.asarray(img, dtype=np.float32)

@@ -32,11 +32,11 @@ def validity_line(metric: str = "gsd") -> str | None:
     rho = doc["spearman"]
     parts = [f"{_span(list(rho[key].values()))} with {label} accuracy" for key, label in (("gep", "GEP"), ("second_phase", "second-phase"))
              if rho.get(key)]
+    validated, rule = validated_sentence(doc), rule_sentence(doc)
     return (f"validity: on {doc['tasks']} benchmark tasks ({doc['where']}) the default's Spearman was "
             + " and ".join(parts) + f" (-1: the same order); its winner was the best candidate in "
             f"{doc['winner_best']} of {doc['cases']} cases and worse than no public data in {doc['winner_below_none']}. "
-            + (validated_sentence(doc) + " " if validated_sentence(doc) else "")
-            + doc["advice"] + (" " + rule_sentence(doc) if rule_sentence(doc) else ""))
+            + (validated + " " if validated else "") + doc["advice"] + (" " + rule if rule else ""))
 
 
 LABELS = {"gep": "GEP", "second-phase": "the second phase", "second_phase": "the second phase"}

@@ -95,18 +95,28 @@ def top_k_subspace(G: torch.Tensor, k: int, method: str = "auto", info: dict | N
         raise GSDError(f"k={k} is larger than the {m} examples x {p} parameters allow; use --k <= {min(m, p)} or more examples")
     if not bool(torch.isfinite(G).all()):
         raise GSDError(NON_FINITE)
+    out = _certified(method, m, p, k, info, lambda kinfo: krylov_top_k(G, k, info=kinfo))
+    if out is not None:
+        _check_rank(out[1], k, m, p)
+        return out
+    return _exact_top_k(G, k)  # not chosen, or not certified: the exact path, never an uncertain subspace
+
+
+def _certified(method: str, rows: int, cols: int, k: int, info: dict | None, krylov):
+    """The randomized top-k (``krylov(KrylovInfo)``) where ``method`` chooses it and it is certified,
+    else None (the caller's exact path); ``info`` gets ``method``, ``fallback`` and ``krylov``."""
     info = info if info is not None else {}
     info.update(method="exact", fallback=False)
-    if choose_method(method, m, p, k) == "randomized":
-        kinfo = KrylovInfo()
-        out = krylov_top_k(G, k, info=kinfo)
-        info.update(krylov=kinfo)
-        if out is not None:
-            _check_rank(out[1], k, m, p)
-            info["method"] = "randomized"
-            return out
-        info["fallback"] = True  # not certified: the exact path, never an uncertain subspace
-    return _exact_top_k(G, k)
+    if choose_method(method, rows, cols, k) != "randomized":
+        return None
+    kinfo = KrylovInfo()
+    out = krylov(kinfo)
+    info.update(krylov=kinfo)
+    if out is None:
+        info["fallback"] = True
+        return None
+    info["method"] = "randomized"
+    return out
 
 
 def top_k_eigh(K: torch.Tensor, k: int, method: str = "auto", info: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,16 +127,9 @@ def top_k_eigh(K: torch.Tensor, k: int, method: str = "auto", info: dict | None 
     n = K.shape[0]
     if not bool(torch.isfinite(K).all()):
         raise GSDError(NON_FINITE)
-    info = info if info is not None else {}
-    info.update(method="exact", fallback=False)
-    if choose_method(method, n, n, k) == "randomized":
-        kinfo = KrylovInfo()
-        out = krylov_top_k_gram(K, k, info=kinfo)
-        info.update(krylov=kinfo)
-        if out is not None:
-            info["method"] = "randomized"
-            return out
-        info["fallback"] = True
+    out = _certified(method, n, n, k, info, lambda kinfo: krylov_top_k_gram(K, k, info=kinfo))
+    if out is not None:
+        return out
     evals, U = torch.linalg.eigh(K)
     return U.flip(1)[:, :k], evals.flip(0)[:k].clamp_min(0).sqrt()
 

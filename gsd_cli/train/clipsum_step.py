@@ -139,6 +139,18 @@ class RGPClipSum:
             return ClipSumStep(ClippedSum(m2, names2, self.loss), self.max_norm)(m2, names2, x, y, ctx)
 
 
+def gradient_rows(rows_engine, model, names, x, y, num_params: int, device) -> torch.Tensor:
+    """A chunk's per-example gradient rows (n x ``num_params``): by the per-layer rules where the model
+    allows them (``rows_engine``: a :class:`LazyClipSum` or None), else torch.func's vmap."""
+    if rows_engine is not None:
+        G = torch.empty(x.shape[0], num_params, device=device)
+        if rows_engine.rows(model, names, x.to(device), y.to(device), G):
+            return G
+    from ..gradients import gradient_matrix
+
+    return gradient_matrix(model, [(x, y)], x.shape[0], names, None, "vmap", device, "none")
+
+
 def _first_use(mode: str, model, context, make, fixed, x, y, label: str):
     """The first-use check of ghost clipping on one synthetic batch: ``(engine, reason)``, or ``(None,
     reason)`` when the model is refused (``mode`` ghost: a one-line GSDError instead). ``context()``

@@ -102,14 +102,11 @@ class GEPClipSum:
         return self
 
     def __call__(self, model, names, x, y, ctx) -> dict:
-        from ..gradients import gradient_matrix
+        from .clipsum_step import gradient_rows
 
         wanted = set(names)
         p = sum(q.numel() for n, q in model.named_parameters() if n in wanted)
-        G = torch.empty(x.shape[0], p, device=ctx.device)
-        if not self.rows_engine.rows(model, names, x.to(ctx.device), y.to(ctx.device), G):
-            G = gradient_matrix(model, [(x, y)], x.shape[0], names, None, "vmap", ctx.device, "none")
-        return gep_clipped_sums(G, self.anchor, self.s1, self.s2, ctx)
+        return gep_clipped_sums(gradient_rows(self.rows_engine, model, names, x, y, p, ctx.device), self.anchor, self.s1, self.s2, ctx)
 
 
 __all__ = ["EXACT_BELOW", "GEPClipSum", "gep_clipped_sums"]

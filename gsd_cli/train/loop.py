@@ -205,7 +205,6 @@ def train(
     # the run's booking in the privacy ledger: one id per run, kept across --resume. A fresh random nonce
     # (OS entropy) with the secret seed, so that two runs with the same --insecure-seed are two bookings;
     # a run checkpointed before 0.3 has none and keeps its old id (the seed's alone).
-    booking_nonce = secrets.token_hex(16)
     if meta is not None:
         world.load_state(out, model, opt)
         noise_seed = int(meta["secret"]["noise_seed"])
@@ -217,6 +216,7 @@ def train(
             int(np.random.default_rng([cfg.private_seed, 0x5EC2E7]).integers(2**63)) if cfg.private_seed is not None
             else secrets.randbits(128)
         )
+        booking_nonce = secrets.token_hex(16)
         start_epoch = 0
         rows = []
     noise_seed = world.share_seed(noise_seed)  # process 0's secret: every process draws the same subsamples

@@ -21,7 +21,6 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from ..gradients import gradient_matrix
 from .transforms import Chain, StepContext
 
 
@@ -68,14 +67,9 @@ def private_step(chain: Chain, model: torch.nn.Module, names: Sequence[str], bat
         if per_sample is not None:
             parts = chain.per_example(per_sample(model, names, x, y, ctx), ctx)
         else:
-            G = None
-            if clip_sum is not None:  # the per-layer rules where the model allows them (clipsum_step.LazyClipSum.rows)
-                G = torch.empty(x.shape[0], num_params, device=ctx.device)
-                if not clip_sum.rows(model, names, x.to(ctx.device), y.to(ctx.device), G):
-                    G = None
-            if G is None:
-                G = gradient_matrix(model, [(x, y)], x.shape[0], names, None, "vmap", ctx.device, "none")
-            parts = chain.per_example({"grad": G}, ctx)
+            from .clipsum_step import gradient_rows  # the per-layer rules where the model allows them, else vmap
+
+            parts = chain.per_example({"grad": gradient_rows(clip_sum, model, names, x, y, num_params, ctx.device)}, ctx)
         chunk_sums = {k: v.sum(0, dtype=torch.float64) for k, v in parts.items()}
         dtypes = {k: v.dtype for k, v in parts.items()}
         sums = chunk_sums if sums is None else {k: sums[k] + chunk_sums[k] for k in sums}
