@@ -202,7 +202,14 @@ def main() -> None:
                     help="wall: elapsed time; cpu: this process's CPU time, steadier on a CPU shared with other work (use with 1 thread).")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--malloc", choices=["gsd", "system"], default="gsd",
+                    help="gsd: the allocator setting of the gsd command (keep_freed_memory), as gsd train runs; "
+                         "system: glibc's defaults (every large tensor a fresh mapping, page faults in both steps)")
     args = ap.parse_args()
+    if args.malloc == "gsd":
+        from gsd_cli.allocator import keep_freed_memory
+
+        keep_freed_memory()
     dev = resolve_device(args.device)
     global clock
     clock = CLOCK[args.clock]
@@ -228,7 +235,7 @@ def main() -> None:
     doc = {
         "command": "python benchmarks/bench_train_step.py " + " ".join(os.sys.argv[1:]),
         "device": str(dev), "gpu": torch.cuda.get_device_name() if dev.type == "cuda" else None,
-        "cpu_threads": torch.get_num_threads(), "clock": args.clock, "platform": platform.platform(), "torch": torch.__version__,
+        "cpu_threads": torch.get_num_threads(), "clock": args.clock, "malloc": args.malloc, "platform": platform.platform(), "torch": torch.__version__,
         "loadavg_before": load_before, "loadavg": os.getloadavg(), "shared_machine": True, "results": rows,
     }
     print("load average before/after:", load_before, os.getloadavg())

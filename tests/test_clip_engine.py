@@ -93,7 +93,7 @@ def test_clipped_sum_equals_brute_force_on_every_layer_rule(rule, C, brute_force
         s, sq = eng(x, y, C)
     ref, rsq = _clipped_brute(brute_force, model, x, y, names, C)
     torch.testing.assert_close(sq, rsq, rtol=2e-5, atol=0)
-    torch.testing.assert_close(s, ref, rtol=2e-5, atol=2e-6 * float(ref.abs().max()))
+    torch.testing.assert_close(s.double(), ref, rtol=2e-5, atol=2e-6 * float(ref.abs().max()))
     kinds = {l.prefix: l.kind for l in eng.layers}
     assert kinds["sc"] == "func" and kinds["gn"] == kinds["bn"] == kinds["emb"] == "rule"
     if rule == "ghost":
@@ -138,7 +138,7 @@ def test_subset_of_parameters_and_non_finite_examples(brute_force, monkeypatch):
     keep = [i for i in range(x.shape[0]) if i != 2]
     ref, rsq = _clipped_brute(brute_force, model, x[keep], y[keep], names, 0.5)
     assert torch.isnan(sq[2]) and torch.isfinite(s).all()
-    torch.testing.assert_close(s, ref, rtol=2e-5, atol=2e-6 * float(ref.abs().max()))
+    torch.testing.assert_close(s.double(), ref, rtol=2e-5, atol=2e-6 * float(ref.abs().max()))
     torch.testing.assert_close(sq[keep], rsq, rtol=2e-5, atol=0)
 
 
@@ -157,7 +157,7 @@ def test_registered_models_match_brute_force(name, brute_force):
         eng.check(x, y)
         s, _ = eng(x, y, 0.1)
     ref, _ = _clipped_brute(brute_force, model, x, y, names, 0.1)
-    torch.testing.assert_close(s, ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max()))
+    torch.testing.assert_close(s.double(), ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max()))
     assert "ghost" in eng.plan.values()
 
 
@@ -183,7 +183,7 @@ def test_frozen_batchnorm_backbone_by_batchnorm_freeze(brute_force):
             eng.check(x, y)
             s, _ = eng(x, y, 0.2)
         ref, _ = _clipped_brute(brute_force, model, x, y, names, 0.2)
-        torch.testing.assert_close(s, ref, rtol=2e-5, atol=2e-6 * float(ref.abs().max()))
+        torch.testing.assert_close(s.double(), ref, rtol=2e-5, atol=2e-6 * float(ref.abs().max()))
 
 
 def test_lora_adapters_via_peft(brute_force):
@@ -203,7 +203,7 @@ def test_lora_adapters_via_peft(brute_force):
         eng.check(x, y)
         s, _ = eng(x, y, 0.05)
     ref, _ = _clipped_brute(brute_force, model, x, y, names, 0.05)
-    torch.testing.assert_close(s, ref, rtol=2e-5, atol=2e-6 * float(ref.abs().max()))
+    torch.testing.assert_close(s.double(), ref, rtol=2e-5, atol=2e-6 * float(ref.abs().max()))
 
 
 def _cnn():

@@ -89,8 +89,11 @@ class _Layer:
 class ClippedSum:
     """The ghost / book-keeping clipped sum of one model's selected parameters (module docstring).
 
-    ``engine(x, y, max_norm)`` -> ``(s, sq)``: ``s`` the flat float64 sum over the chunk of
-    clip_C(g_i) (``names`` order), ``sq`` the float64 squared norms ||g_i||^2 (n). ``plan`` lists each
+    ``engine(x, y, max_norm)`` -> ``(s, sq)``: ``s`` the flat sum over the chunk of clip_C(g_i)
+    (``names`` order) in the parameters' dtype (float64 if they differ): the step accumulates chunks
+    in float64 (:func:`~gsd_cli.train.step.private_step`), and one chunk's float32 sum is the value
+    a float64 copy would be cast back to, without the two passes over p numbers; ``sq`` the float64
+    squared norms ||g_i||^2 (n). ``plan`` lists each
     layer's path once called (``ghost`` or ``materialised``). Opening refuses (``NotImplementedError``)
     a model it cannot treat; :meth:`check` refuses one whose examples interact."""
 
@@ -129,6 +132,8 @@ class ClippedSum:
         self._rules = {id(l.module): _rule(l.module) for l in self.layers if l.kind == "rule"}
         self.channels_last = any(isinstance(m, nn.MaxPool2d) for m in model.modules())
         self.plan: dict[str, str] = {}
+        self.paths: dict[str, str] = {}  # measured choices (tune)
+        self.timings: dict[str, tuple[float, float]] = {}  # layer -> (ghost, materialised) seconds
         self.checked = False
         self._frozen_bn = frozen_batchnorm
 
@@ -195,6 +200,82 @@ class ClippedSum:
                 per[id(p)] = v if id(p) not in per else per[id(p)] + v
         return per
 
+    def _shape(self, layer: _Layer, xin: torch.Tensor, g: torch.Tensor) -> tuple[int, int, int, int]:
+        """(groups, T, D, C) of a Linear/Conv2d call: T positions, a D x C weight per group."""
+        m = layer.module
+        if layer.kind == "linear":
+            return 1, g.reshape(g.shape[0], -1, g.shape[-1]).shape[1], xin.shape[-1], g.shape[-1]
+        return m.groups, g.shape[2] * g.shape[3], m.weight.shape[1] * m.weight.shape[2] * m.weight.shape[3], m.weight.shape[0] // m.groups
+
+    def path(self, layer: _Layer, xin: torch.Tensor, g: torch.Tensor) -> str:
+        """``ghost`` or ``materialised`` for one Linear/Conv2d call: the measured choice of :meth:`tune`
+        where it ran for this layer, else fastDP's rule (:func:`ghost_cheaper`)."""
+        if layer.prefix in self.paths:
+            return self.paths[layer.prefix]
+        return "ghost" if ghost_cheaper(*self._shape(layer, xin, g)[1:]) else "materialised"
+
+    def _ghost_norms(self, layer: _Layer, xin: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+        """Each example's squared gradient norm of a ghost layer (step 2 of the module docstring), and
+        what its book-keeping sum (:meth:`_ghost_sum`) needs."""
+        m, n = layer.module, xin.shape[0]
+        groups, T, D, C = self._shape(layer, xin, g)
+        sq = torch.zeros(n, dtype=torch.float64, device=xin.device)
+        A = B = None
+        pixels = False
+        if layer.kind == "linear":
+            A, B = xin.reshape(n, -1, xin.shape[-1]), g.reshape(n, -1, g.shape[-1])
+        else:
+            B = _positions(g)  # n x T x O (a view in either memory format)
+            pixels = _pixels_cheaper(m, xin, T)
+            if pixels:
+                sq += _conv_ghost_by_pixels(m, xin, B, g.shape[2], g.shape[3]).double()
+            else:
+                A = _patches(m, xin)  # n x T x (kh kw Cin), channels-last column order
+        for gi in range(0 if pixels else groups):
+            Ag = A if layer.kind == "linear" else _group_columns(A, xin.shape[1], groups, gi)
+            Bg = B[:, :, gi * C:(gi + 1) * C]
+            if T == 1:
+                sq += (Ag.reshape(n, -1).pow(2).sum(1) * Bg.reshape(n, -1).pow(2).sum(1)).double()
+            else:
+                sq += (torch.bmm(Ag, Ag.transpose(1, 2)) * torch.bmm(Bg, Bg.transpose(1, 2))).sum((1, 2)).double()
+        bias = None
+        if m.bias is not None and any(local == "bias" for _, local, _ in layer.params):
+            bias = B.sum(1) if layer.kind == "linear" else g.sum((2, 3))
+            sq += bias.pow(2).sum(1).double()
+        keep = layer.kind == "linear"
+        return sq, (xin, g, A if keep else None, B if keep else None, bias)
+
+    @staticmethod
+    def _ghost_sum(layer: _Layer, data: tuple, wd: torch.Tensor, ok: torch.Tensor | None = None) -> dict:
+        """A ghost layer's clipped sum (step 4, book-keeping): one weight-gradient product of the output
+        gradients weighted by ``wd`` with the inputs; ``ok`` (examples with a finite norm) zeroes the
+        others' inputs and output gradients first (0 * NaN is NaN)."""
+        m = layer.module
+        xin, g, A, B, bias = data
+        if ok is not None:
+            xin = torch.where(ok.view(-1, *[1] * (xin.dim() - 1)), xin, torch.zeros((), dtype=xin.dtype, device=xin.device))
+            g = torch.where(ok.view(-1, *[1] * (g.dim() - 1)), g, torch.zeros((), dtype=g.dtype, device=g.device))
+            if bias is not None:
+                bias = torch.where(ok.view(-1, 1), bias, torch.zeros((), dtype=bias.dtype, device=bias.device))
+            if A is not None:
+                A, B = xin.reshape(A.shape), g.reshape(B.shape)
+        grads = {}
+        if layer.kind == "linear":
+            Bw = B * wd.view(-1, 1, 1)
+            grads[id(m.weight)] = Bw.reshape(-1, B.shape[2]).T @ A.reshape(-1, A.shape[2])
+        else:  # torch's weight-gradient kernel with the weighted output gradients
+            _, gw, _ = torch.ops.aten.convolution_backward(
+                g * wd.view(-1, 1, 1, 1), xin, m.weight.detach(), None, m.stride, m.padding, m.dilation,
+                False, [0, 0], m.groups, [False, True, False])
+            grads[id(m.weight)] = gw
+        if bias is not None:
+            grads[id(m.bias)] = wd @ bias
+        return grads
+
+    def eligible(self, layer: _Layer, calls) -> bool:
+        """Whether ``layer`` may take the ghost path: one call of a Linear/Conv2d whose weight is trained."""
+        return len(calls) == 1 and layer.kind in ("linear", "conv2d") and any(local == "weight" for _, local, _ in layer.params)
+
     def __call__(self, x: torch.Tensor, y: torch.Tensor, max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
         n = x.shape[0]
         by_layer = self._capture(x, y)
@@ -204,41 +285,14 @@ class ClippedSum:
             calls = by_layer.get(i)
             if not calls:
                 continue
-            m = layer.module
-            locals_ = {local for _, local, _ in layer.params}
-            if len(calls) == 1 and layer.kind in ("linear", "conv2d") and "weight" in locals_:
+            if self.eligible(layer, calls):
                 (args, _, g), = calls
                 xin = args[0].to(g.dtype)
-                if layer.kind == "linear":
-                    A, B = xin.reshape(n, -1, xin.shape[-1]), g.reshape(n, -1, g.shape[-1])
-                    groups, T = 1, A.shape[1]
-                    D, C = A.shape[2], B.shape[2]
-                else:
-                    groups = m.groups
-                    T = g.shape[2] * g.shape[3]
-                    D, C = m.weight.shape[1] * m.weight.shape[2] * m.weight.shape[3], m.weight.shape[0] // groups
-                if ghost_cheaper(T, D, C):
+                if self.path(layer, xin, g) == "ghost":
                     self.plan[layer.prefix] = "ghost"
-                    pixels = False
-                    if layer.kind == "conv2d":
-                        B = _positions(g)  # n x T x O (a view in either memory format)
-                        pixels = _pixels_cheaper(m, xin, T)
-                        if pixels:
-                            sq += _conv_ghost_by_pixels(m, xin, B, g.shape[2], g.shape[3]).double()
-                        else:
-                            A = _patches(m, xin)  # n x T x (kh kw Cin), channels-last column order
-                    for gi in range(0 if pixels else groups):
-                        Ag = A if layer.kind == "linear" else _group_columns(A, xin.shape[1], groups, gi)
-                        Bg = B[:, :, gi * C:(gi + 1) * C]
-                        if T == 1:
-                            sq += (Ag.reshape(n, -1).pow(2).sum(1) * Bg.reshape(n, -1).pow(2).sum(1)).double()
-                        else:
-                            sq += (torch.bmm(Ag, Ag.transpose(1, 2)) * torch.bmm(Bg, Bg.transpose(1, 2))).sum((1, 2)).double()
-                    bias = None
-                    if m.bias is not None and "bias" in locals_:
-                        bias = B.sum(1) if layer.kind == "linear" else g.sum((2, 3))
-                        sq += bias.pow(2).sum(1).double()
-                    finish.append((layer, "ghost", (xin, g, A if layer.kind == "linear" else None, B if layer.kind == "linear" else None, bias)))
+                    s_, data = self._ghost_norms(layer, xin, g)
+                    sq += s_
+                    finish.append((layer, "ghost", data))
                     continue
             self.plan[layer.prefix] = "materialised"
             per = self._materialised(layer, calls)
@@ -252,7 +306,6 @@ class ClippedSum:
         bad = not bool(ok.all())
         grads: dict[int, torch.Tensor] = {}
         for layer, how, data in finish:
-            m = layer.module
             if how == "mat":
                 for _, _, p in layer.params:
                     if id(p) in data:
@@ -261,33 +314,19 @@ class ClippedSum:
                             v = torch.where(ok.view(-1, *[1] * (v.dim() - 1)), v, torch.zeros((), dtype=v.dtype, device=v.device))
                         grads[id(p)] = torch.tensordot(w.to(v.dtype), v, dims=1)
                 continue
-            xin, g, A, B, bias = data
-            wd = w.to(g.dtype)
-            if bad:  # zero the inputs and output gradients of a non-finite example: 0 * NaN is NaN
-                xin = torch.where(ok.view(-1, *[1] * (xin.dim() - 1)), xin, torch.zeros((), dtype=xin.dtype, device=xin.device))
-                g = torch.where(ok.view(-1, *[1] * (g.dim() - 1)), g, torch.zeros((), dtype=g.dtype, device=g.device))
-                if bias is not None:
-                    bias = torch.where(ok.view(-1, 1), bias, torch.zeros((), dtype=bias.dtype, device=bias.device))
-                if A is not None:
-                    A, B = xin.reshape(A.shape), g.reshape(B.shape)
-            if layer.kind == "linear":
-                Bw = B * wd.view(-1, 1, 1)
-                grads[id(m.weight)] = Bw.reshape(-1, B.shape[2]).T @ A.reshape(-1, A.shape[2])
-            else:  # torch's weight-gradient kernel with the weighted output gradients
-                _, gw, _ = torch.ops.aten.convolution_backward(
-                    g * wd.view(-1, 1, 1, 1), xin, m.weight.detach(), None, m.stride, m.padding, m.dilation,
-                    False, [0, 0], m.groups, [False, True, False])
-                grads[id(m.weight)] = gw
-            if bias is not None:
-                grads[id(m.bias)] = wd @ bias
-        dev = x.device
-        s = torch.empty(sum(p.numel() for p in self.params), dtype=torch.float64, device=dev)
-        col = 0
-        for p in self.params:
-            k = p.numel()
-            s[col:col + k] = grads[id(p)].reshape(-1) if id(p) in grads else 0.0  # unused by the loss: zero
-            col += k
+            grads.update(self._ghost_sum(layer, data, w.to(data[1].dtype), ok if bad else None))
+        dtypes = {p.dtype for p in self.params}
+        dtype = dtypes.pop() if len(dtypes) == 1 else torch.float64
+        s = torch.cat([(grads[id(p)] if id(p) in grads else torch.zeros_like(p)).reshape(-1).to(dtype)  # unused by the loss: zero
+                       for p in self.params])
         return s, torch.where(ok, sq, torch.full_like(sq, float("nan")))
+
+    def tune(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Choose each layer's path by measuring both on a synthetic batch of ``x``'s shape
+        (:func:`gsd_cli.train.clipsum_tune.tune_paths`)."""
+        from .clipsum_tune import tune_paths
+
+        tune_paths(self, x, y)
 
     # -- the first-use check -------------------------------------------------------------------
     def check(self, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -295,13 +334,7 @@ class ClippedSum:
         batch shaped like ``(x, y)`` (public: seeded inputs, label 0), example 0 alone and among others."""
         from ..gradients.engines import VmapEngine
 
-        gen = torch.Generator().manual_seed(0x37C11)
-        shape = (CHECK_EXAMPLES, *x.shape[1:])
-        if x.dtype.is_floating_point:
-            xs = torch.randn(shape, generator=gen).to(x.device, x.dtype)
-        else:
-            xs = torch.randint(0, 2, shape, generator=gen).to(x.device, x.dtype)
-        ys = torch.zeros((CHECK_EXAMPLES, *y.shape[1:]), dtype=y.dtype, device=y.device)
+        xs, ys = synthetic(x, y, CHECK_EXAMPLES)
         out = torch.empty(CHECK_EXAMPLES, sum(p.numel() for p in self.params), device=x.device)
         VmapEngine(self.model, self.names, self.loss)(xs, ys, out)
         ref_sq = out.double().pow(2).sum(1)
@@ -316,6 +349,18 @@ class ClippedSum:
             raise NotImplementedError("the ghost clipped sum differs from the per-sample gradients on a synthetic batch "
                                       "(the examples of a batch interact, e.g. a batch statistic or dropout, or a weight is used outside its layer)")
         self.checked = True
+
+
+def synthetic(x: torch.Tensor, y: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` public stand-ins shaped like the chunk ``(x, y)``: seeded Gaussian inputs (0/1 for an
+    integer input), label 0. Only the shapes of ``x`` and ``y`` are read, never their values."""
+    gen = torch.Generator().manual_seed(0x37C11)
+    shape = (n, *x.shape[1:])
+    if x.dtype.is_floating_point:
+        xs = torch.randn(shape, generator=gen).to(x.device, x.dtype)
+    else:
+        xs = torch.randint(0, 2, shape, generator=gen).to(x.device, x.dtype)
+    return xs, torch.zeros((n, *y.shape[1:]), dtype=y.dtype, device=y.device)
 
 
 def check_clip_engine(mode: str) -> None:

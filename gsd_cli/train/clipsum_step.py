@@ -21,7 +21,7 @@ def fusable(chain) -> bool:
 
 
 class ClipSumStep:
-    """The loop's hook for a fusable chain: ``(model, names, x, y, ctx) -> {"grad": float64 sum}``,
+    """The loop's hook for a fusable chain: ``(model, names, x, y, ctx) -> {"grad": sum}`` (the parameters' dtype),
     counting the clipped examples into ``ctx.info`` as :class:`~gsd_cli.train.transforms.Clip` does."""
 
     def __init__(self, engine: ClippedSum, max_norm: float):
@@ -166,6 +166,7 @@ def _first_use(mode: str, model, context, make, fixed, x, y, label: str):
             m, n = fixed if fixed is not None else got
             with _only_trainable(m, n) if fixed is None else _nullcontext():
                 eng = make(m, n)
+                eng.tune(x, y)  # each layer's faster path, timed on a synthetic chunk of x's shape
                 eng.check(x, y)
         return eng, f"{label}: " + ", ".join(f"{k or 'model'} {v}" for k, v in eng.plan.items())
     except NotImplementedError as e:

@@ -8,7 +8,8 @@ the sums are added up across processes (all-reduce) and only process 0 runs the 
 (the noise: added once), whose result every process receives.
 
 The sums of the per-example contributions are accumulated in float64 whatever the number of
-processes and cast back to the parts' dtype (float32 for the models here) before the aggregated
+processes (a single fused chunk's sum stays in float32: casting it to float64 and back is the
+identity) and cast back to the parts' dtype (float32 for the models here) before the aggregated
 transforms: a float64 sum of float32 terms is correct to ~1e-16 relative in any order, so the order in
 which the examples are added (chunks, shards, the all-reduce) changes the float32 sum the noise is
 added to only when it lies within that distance of a float32 rounding boundary.
@@ -60,9 +61,9 @@ def private_step(chain: Chain, model: torch.nn.Module, names: Sequence[str], bat
     for x, y in batches:
         fused = clip_sum.hook(model, names, x, y) if clip_sum is not None else None
         if fused is not None:
-            chunk_sums = fused(model, names, x, y, ctx)
+            chunk_sums = fused(model, names, x, y, ctx)  # in the parameters' dtype: one chunk needs no float64
             dtypes = dtypes or dict.fromkeys(chunk_sums, dict(model.named_parameters())[names[0]].dtype)
-            sums = chunk_sums if sums is None else {k: sums[k] + chunk_sums[k] for k in sums}
+            sums = chunk_sums if sums is None else {k: sums[k].double() + chunk_sums[k].double() for k in sums}
             continue
         if per_sample is not None:
             parts = chain.per_example(per_sample(model, names, x, y, ctx), ctx)
@@ -72,7 +73,7 @@ def private_step(chain: Chain, model: torch.nn.Module, names: Sequence[str], bat
             parts = chain.per_example({"grad": gradient_rows(clip_sum, model, names, x, y, num_params, ctx.device)}, ctx)
         chunk_sums = {k: v.sum(0, dtype=torch.float64) for k, v in parts.items()}
         dtypes = {k: v.dtype for k, v in parts.items()}
-        sums = chunk_sums if sums is None else {k: sums[k] + chunk_sums[k] for k in sums}
+        sums = chunk_sums if sums is None else {k: sums[k].double() + chunk_sums[k] for k in sums}
     if sums is None:
         width = getattr(per_sample, "width", num_params) if per_sample is not None else num_params
         parts = chain.per_example({"grad": torch.zeros(0, width, device=ctx.device)}, ctx)

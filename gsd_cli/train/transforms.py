@@ -175,7 +175,7 @@ class GaussianNoise(Transform):
         if self.std == 0:
             return parts
         noise = torch.randn(s.shape, generator=ctx.generator, dtype=s.dtype, device="cpu").to(s.device)
-        return {**parts, self.part: s + self.std * noise}
+        return {**parts, self.part: torch.add(s, noise, alpha=self.std)}  # s + std * noise in one pass
 
     def releases(self) -> list[Release]:
         return [Release(self.part, float(self.sensitivity if self.sensitivity is not None else float("nan")), self.std)]
