@@ -37,7 +37,7 @@ def pil_to_array(img) -> np.ndarray:
     """A PIL image as float32 in [0, 1]: 8-bit grey/colour by /255, 16-bit grey (mode I;16, usual for
     X-rays) by /65535, 32-bit integer grey by its type's range, float grey refused outside [0, 1]."""
     if img.mode.startswith("I;16"):  # float32 division: for each of the 65,536 values the float64 quotient
-        return np.asarray(img).astype(np.float32) / np.float32(65535.0)  # rounded to float32 (tests/test_decode.py)
+        return np.divide(np.asarray(img), np.float32(65535.0), dtype=np.float32)  # rounded to float32, one pass (tests/test_decode.py)
     if img.mode == "I":
         a = np.asarray(img).astype(np.float64)
         top = 65535.0 if a.max(initial=0) <= 65535 else 2.0**32 - 1
