@@ -390,16 +390,24 @@ def peak_rss_child(root: Path, n: int, side: int, channels: int, chunk: int, bef
 
 
 def rank_seconds(private: str, public: list[str], m: int) -> dict:
-    """Wall seconds of a cold ``gsd rank`` (a fresh process and an empty cache), and the rank's own seconds."""
+    """Wall and CPU seconds (all threads) of a cold ``gsd rank`` (a fresh process and an empty cache), and
+    the rank's own seconds."""
+    import resource
+
+    def children_cpu() -> float:
+        u = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return u.ru_utime + u.ru_stime
+
     with tempfile.TemporaryDirectory() as cache:
         out = Path(cache) / "rank.json"
         env = dict(os.environ, GSD_CACHE_DIR=cache)
-        t0 = time.perf_counter()
+        c0, t0 = children_cpu(), time.perf_counter()
         subprocess.run([sys.executable, "-m", "gsd_cli.cli", "rank", "-q", "--private", private, "--public", *public,
                         "-m", str(m), "--json", str(out)], env=env, check=True, stdout=subprocess.DEVNULL)
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, children_cpu() - c0
         r = json.loads(out.read_text())
-    return {"wall_s": round(wall, 1), "rank_s": r.get("seconds"), "distances": {x["public"]: x.get("distance") for x in r.get("results", [])}}
+    return {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "rank_s": r.get("seconds"),
+            "distances": {x["public"]: x.get("distance") for x in r.get("results", [])}}
 
 
 # ---------------------------------------------------------------- the run
@@ -515,6 +523,12 @@ def main() -> None:
         result["rank"]["input_s"] = round(inputs, 2)
         r = result["rank"]
         r["folders_over_max"] = round(r["folders"]["rank_s"] / max(inputs, r["npz_at_model_size"]["rank_s"]), 2)
+        # whole processes: the least any overlap allows on this CPU (every side already uses every core)
+        r["input_cpu_s"] = round(sum(x["gsd_input_cpu_s"] for x in result["sets"]), 2)
+        npz = r["npz_at_model_size"]
+        r["cpu_bound_s"] = round(max(inputs, npz["wall_s"], (r["input_cpu_s"] + npz["cpu_s"]) / decode_workers()), 2)
+        r["folders_wall_over_max"] = round(r["folders"]["wall_s"] / max(inputs, npz["wall_s"]), 2)
+        r["folders_wall_over_cpu_bound"] = round(r["folders"]["wall_s"] / r["cpu_bound_s"], 2)
         print(json.dumps(result["rank"]), flush=True)
     if not args.skip_memory:
         result["peak_rss_mb"] = {}

@@ -321,12 +321,12 @@ class ClippedSum:
                        for p in self.params])
         return s, torch.where(ok, sq, torch.full_like(sq, float("nan")))
 
-    def tune(self, x: torch.Tensor, y: torch.Tensor) -> None:
+    def tune(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, str]:
         """Choose each layer's path by measuring both on a synthetic batch of ``x``'s shape
-        (:func:`gsd_cli.train.clipsum_tune.tune_paths`)."""
+        (:func:`gsd_cli.train.clipsum_tune.tune_paths`); the paths chosen."""
         from .clipsum_tune import tune_paths
 
-        tune_paths(self, x, y)
+        return tune_paths(self, x, y)
 
     # -- the first-use check -------------------------------------------------------------------
     def check(self, x: torch.Tensor, y: torch.Tensor) -> None:
