@@ -77,7 +77,8 @@ def _interleaved(fns: dict, dev, repeats: int) -> dict:
 
 
 def bench(model_name: str, batch: int, m: int, k: int, dev: torch.device, repeats: int,
-          every: tuple[int, ...] = (), warm: bool = False, anchor_batch: int | None = None, gep: bool = True) -> dict:
+          every: tuple[int, ...] = (), warm: bool = False, anchor_batch: int | None = None, gep: bool = True,
+          chunk: int | None = None) -> dict:
     spec = get_model_spec(model_name)
     model = spec.build(num_classes=10, seed=0).to(dev)
     names = select_parameters(model)
@@ -85,7 +86,7 @@ def bench(model_name: str, batch: int, m: int, k: int, dev: torch.device, repeat
     priv = draw(resolve("mnist-a"), batch, 0)
     x = priv.tensor(spec.input_size, spec.channels, dev)
     y = torch.as_tensor(priv.labels()).to(dev)
-    chunk = default_chunk_size(dev, p)
+    chunk = chunk or default_chunk_size(dev, p)  # --physical-batch of gsd train (default: by device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-6, momentum=0.9)
 
     def batches():
@@ -190,6 +191,9 @@ def main() -> None:
                     help="Models, each optionally NAME:BATCH (default batch: --batch).")
     ap.add_argument("--gep-models", nargs="*", default=["fmnist-cnn", "resnet20"], help="Models whose GEP step is timed.")
     ap.add_argument("--batch", type=int, default=250)
+    ap.add_argument("--chunk", type=int, default=None,
+                    help="examples per chunk of the private steps and the chunked floor (gsd train --physical-batch; "
+                         "default: default_chunk_size, 64 on a CPU)")
     ap.add_argument("--anchors", type=int, default=2000)
     ap.add_argument("--k", type=int, default=TrainConfig().k, help="GEP's k (default: gsd train's, 32 since 0.3; 100 before)")
     ap.add_argument("--repeats", type=int, default=3)
@@ -218,7 +222,7 @@ def main() -> None:
     for spec_ in args.models:
         name, _, b = spec_.partition(":")
         r = bench(name, int(b) if b else args.batch, args.anchors, args.k, dev, args.repeats, tuple(args.anchor_every),
-                  args.anchor_warm, args.anchor_batch, gep=name in args.gep_models)
+                  args.anchor_warm, args.anchor_batch, gep=name in args.gep_models, chunk=args.chunk)
         rows.append(r)
         line = (f"{name:11s} p={r['params']:>10,} B={r['batch']}: non-private {r['nonprivate_s']:.3f} s, "
                 f"in chunks {r['nonprivate_chunked_s']:.3f} s, "

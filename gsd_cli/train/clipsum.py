@@ -19,6 +19,10 @@ backward pass; what it computes is, for every example, the same function clip_C(
    * otherwise the layer's per-sample gradients (gsd's Conv2d/Linear/frozen BatchNorm rules of
      :mod:`gsd_cli.gradients.layers`, Opacus's samplers for GroupNorm, LayerNorm, Embedding..., torch.func on
      the layer alone for any other leaf layer), kept for step 4;
+   * fastDP's rule compares memory; where it says ghost for a Linear/Conv2d with T > 1, the first use
+     times both paths on a synthetic chunk and keeps the faster (:meth:`ClippedSum.tune`,
+     :mod:`gsd_cli.train.clipsum_tune`: the ghost path also pays the book-keeping product, which the
+     materialised path does not need);
 
 3. ||g_i||^2 = the sum over layers, and the clip weights w_i = min(1, C / ||g_i||) exactly as
    :class:`~gsd_cli.train.transforms.Clip` computes them (an example whose squared norm is not finite --
@@ -68,7 +72,7 @@ import torch.nn as nn
 from ..errors import GSDError
 from .clipsum_rules import (  # noqa: F401 (the per-layer rules)
     ghost_cheaper, _conv_plain, _conv_per_sample, _patches, _conv_ghost_by_pixels, _pixels_cheaper, _group_columns, _batchnorm_per_sample,
-    _positions,
+    _positions, synthetic,
 )
 
 CLIP_ENGINES = ("auto", "ghost", "materialise")
@@ -349,18 +353,6 @@ class ClippedSum:
             raise NotImplementedError("the ghost clipped sum differs from the per-sample gradients on a synthetic batch "
                                       "(the examples of a batch interact, e.g. a batch statistic or dropout, or a weight is used outside its layer)")
         self.checked = True
-
-
-def synthetic(x: torch.Tensor, y: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``n`` public stand-ins shaped like the chunk ``(x, y)``: seeded Gaussian inputs (0/1 for an
-    integer input), label 0. Only the shapes of ``x`` and ``y`` are read, never their values."""
-    gen = torch.Generator().manual_seed(0x37C11)
-    shape = (n, *x.shape[1:])
-    if x.dtype.is_floating_point:
-        xs = torch.randn(shape, generator=gen).to(x.device, x.dtype)
-    else:
-        xs = torch.randint(0, 2, shape, generator=gen).to(x.device, x.dtype)
-    return xs, torch.zeros((n, *y.shape[1:]), dtype=y.dtype, device=y.device)
 
 
 def check_clip_engine(mode: str) -> None:

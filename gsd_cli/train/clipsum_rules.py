@@ -129,3 +129,15 @@ def _batchnorm_per_sample(layer: nn.Module, x: torch.Tensor, g: torch.Tensor) ->
     if layer.bias is not None and layer.bias.requires_grad:
         out[layer.bias] = g.sum(dims) if dims else g
     return out
+
+
+def synthetic(x: torch.Tensor, y: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` public stand-ins shaped like the chunk ``(x, y)``: seeded Gaussian inputs (0/1 for an
+    integer input), label 0. Only the shapes of ``x`` and ``y`` are read, never their values."""
+    gen = torch.Generator().manual_seed(0x37C11)
+    shape = (n, *x.shape[1:])
+    if x.dtype.is_floating_point:
+        xs = torch.randn(shape, generator=gen).to(x.device, x.dtype)
+    else:
+        xs = torch.randint(0, 2, shape, generator=gen).to(x.device, x.dtype)
+    return xs, torch.zeros((n, *y.shape[1:]), dtype=y.dtype, device=y.device)

@@ -13,7 +13,7 @@ convolution at 224, 16 examples, 17 ms against 30 ms; its 512-channel ones 59 ms
 other way), and which side wins depends on the machine.
 
 :func:`tune_paths` therefore times both paths of every layer where the choice is open, once per
-engine, on a **synthetic** batch of the chunk's shape (:func:`~gsd_cli.train.clipsum.synthetic`:
+engine, on a **synthetic** batch of the chunk's shape (:func:`~gsd_cli.train.clipsum_rules.synthetic`:
 seeded inputs, label 0; only the private chunk's shape is read), interleaved, the least of
 :data:`ROUNDS` kept, and keeps the faster. Both paths compute the same release (sum_i w_i g_i with w_i
 from ||g_i||, to float rounding), so the choice moves speed only, never the mechanism or its noise;
@@ -65,7 +65,7 @@ def open_layers(engine, by_layer: dict, n: int) -> list[tuple[int, object, torch
 def tune_paths(engine, x: torch.Tensor, y: torch.Tensor) -> dict[str, str]:
     """Set ``engine.paths`` (layer -> ``ghost`` / ``materialised``) and ``engine.timings`` (layer ->
     (ghost s, materialised s)) from one synthetic chunk shaped like ``(x, y)``; return the paths."""
-    from .clipsum import synthetic
+    from .clipsum_rules import synthetic
 
     n = x.shape[0]
     xs, ys = synthetic(x, y, n)
