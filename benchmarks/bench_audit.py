@@ -11,6 +11,7 @@ old public-seed bug. Each row records its wall time.
     python benchmarks/bench_audit.py --json benchmarks/results/cpu_audit.json
     python benchmarks/bench_audit.py --epsilons 8 --methods dpsgd --canaries 1000 5000 20000    # tightness against m
     python benchmarks/bench_audit.py --table benchmarks/results/cpu_audit.json                    # README table
+    python benchmarks/bench_audit.py --methods dp-energy --epsilons 0.5 2 8 --json benchmarks/results/cpu_audit_dp_energy.json
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from gsd_cli.audit import audit
 
 GEP = {"k": 8, "clip_embedding": 1.0, "clip_residual": 1.0}
 SETTINGS = {"gep": GEP, "gep+rs": GEP, "rgp": {"rgp_warmup": 0}}
-BUGS = [("dpsgd", "noise-halved"), ("dpsgd", "noise-quartered"), ("dpsgd", "no-clip"), ("topagg", "no-clip"), ("gep", "gep-no-residual-noise")]
+BUGS = [("dpsgd", "noise-halved"), ("dpsgd", "noise-quartered"), ("dpsgd", "no-clip"), ("topagg", "no-clip"), ("gep", "gep-no-residual-noise"),
+        ("dp-energy", "half-scale"), ("dp-energy", "public-seed")]
+RANKINGS = ("dpgsd", "dp-energy")  # audited by draws per neighbour (--draws), not canaries
 
 
 def run(args) -> dict:
@@ -34,8 +37,8 @@ def run(args) -> dict:
     def one(method, eps, m, bug=None, **kw):
         t = time.perf_counter()
         r = audit(method, eps, args.delta, canaries=m, insecure_seed=args.insecure_seed, bug=bug,
-                  **({} if method == "dpgsd" else {"settings": SETTINGS.get(method, {}), "steps": args.steps,
-                                                   "sampling_rate": args.sampling_rate}), **kw)
+                  **({} if method in RANKINGS else {"settings": SETTINGS.get(method, {}), "steps": args.steps,
+                                                     "sampling_rate": args.sampling_rate}), **kw)
         row = {**r.to_dict(), "seconds": round(time.perf_counter() - t, 2)}
         rows.append(row)
         print(f"{method:13s} bug={str(bug):22s} m={m:6d} claimed {r.claimed_epsilon:6.3f} empirical {r.epsilon_lower_bound:6.3f} "
@@ -48,12 +51,16 @@ def run(args) -> dict:
                     if method == "dpgsd":
                         for p in (2, 3):
                             one(method, eps, args.draws, p=p)
+                    elif method == "dp-energy":  # the Laplace mechanism and gsd rank --dp end to end
+                        one(method, eps, args.draws, trials=args.trials)
                     else:
                         one(method, eps, m)
     if args.bugs:
         for method, bug in BUGS:
-            one(method, 2.0, 1000, bug)
-        one("dpgsd", 2.0, 300, "public-seed")
+            if method in args.methods:
+                one(method, 2.0, args.draws if method in RANKINGS else 1000, bug, **({"trials": args.trials} if method == "dp-energy" else {}))
+        if "dpgsd" in args.methods:
+            one("dpgsd", 2.0, 300, "public-seed")
     return {"rows": rows, "platform": platform.platform(), "cpus": os.cpu_count(), "load": os.getloadavg(), "args": vars(args)}
 
 
@@ -63,7 +70,7 @@ def table(paths) -> str:
     for path in paths:
         for r in json.load(open(path))["rows"]:
             d = r.get("details") or {}
-            exact = f"{d['exact_loss']:.3f} (p={d['p']})" if "exact_loss" in d else ""
+            exact = (f"{d['exact_loss']:.3f}" + (f" (p={d['p']})" if "p" in d else "")) if "exact_loss" in d else ""
             lines.append(f"| {r['method']} | {d.get('bug') or ''} | {r['claimed_epsilon']:.2f} | {r['epsilon_lower_bound']:.2f} | "
                          f"{r['canaries']} | {r['correct']}/{r['guesses']} | {exact} | {r['seconds']} |")
     return "\n".join(lines)
@@ -71,10 +78,11 @@ def table(paths) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--methods", nargs="+", default=["dpsgd", "gep", "rgp", "topagg", "second-phase", "dpsgd+rs", "gep+rs", "dpgsd"])
+    ap.add_argument("--methods", nargs="+", default=["dpsgd", "gep", "rgp", "topagg", "second-phase", "dpsgd+rs", "gep+rs", "dpgsd", "dp-energy"])
     ap.add_argument("--epsilons", nargs="+", type=float, default=[2.0, 8.0])
     ap.add_argument("--canaries", nargs="+", type=int, default=[1000])
-    ap.add_argument("--draws", type=int, default=4000, help="DP-GSD: draws per neighbour")
+    ap.add_argument("--draws", type=int, default=4000, help="DP-GSD, dp-energy: draws per neighbour")
+    ap.add_argument("--trials", type=int, default=15, help="dp-energy: rankings per neighbour of the pipeline audit")
     ap.add_argument("--delta", type=float, default=1e-5)
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--sampling-rate", type=float, default=1.0)

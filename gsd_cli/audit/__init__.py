@@ -17,11 +17,12 @@ audit, with these canaries, found nothing.
 
 from .bound import AuditResult, audit_epsilon, clopper_pearson, distinguishing_epsilon, one_run_epsilon, one_run_p_value
 from .dpgsd import audit_dpgsd, exact_privacy_loss
+from .dpenergy import audit_dp_energy
 from .pipeline import audit_dpgsd_pipeline
 from .step import STEP_METHODS, audit_step
 from .trainers import BUGS, audit_config, audit_training, inject_bug
 
-METHODS = ("dpsgd", "gep", "rgp", "topagg", "second-phase", "dpsgd+rs", "gep+rs", "dpgsd")
+METHODS = ("dpsgd", "gep", "rgp", "topagg", "second-phase", "dpsgd+rs", "gep+rs", "dpgsd", "dp-energy")
 
 
 def audit(method: str, epsilon: float = 2.0, delta: float = 1e-5, *, canaries: int = 1000, insecure_seed: int | None = None,
@@ -37,6 +38,8 @@ def audit(method: str, epsilon: float = 2.0, delta: float = 1e-5, *, canaries: i
     check_epsilon(epsilon)
     if method == "dpgsd":
         return audit_dpgsd_both(epsilon, draws=canaries, insecure_seed=insecure_seed, bug=bug, **kw)
+    if method == "dp-energy":
+        return audit_dp_energy_both(epsilon, draws=canaries, insecure_seed=insecure_seed, bug=bug, **kw)
     check_delta(delta)
     cfg = audit_config(method, epsilon, delta, **(settings or {}))
     return audit_training(cfg, canaries=canaries, insecure_seed=insecure_seed, bug=bug, **kw)
@@ -66,7 +69,35 @@ def audit_dpgsd_both(epsilon: float, *, draws: int = 2000, trials: int = 15, ins
                        a.canaries + b.canaries, a.guesses + b.guesses, best.correct, confidence, details)
 
 
+def audit_dp_energy_both(epsilon: float, *, draws: int = 2000, trials: int = 15, examples: int = 200,
+                         insecure_seed: int | None = None, bug: str | None = None, confidence: float = 0.95,
+                         clip: float = 1.0) -> AuditResult:
+    """``gsd audit --method dp-energy``: the Laplace mechanism of ``gsd rank --dp``'s default
+    (:func:`audit_dp_energy`, ``draws`` per neighbour) and the pipeline a user runs
+    (:func:`audit_dpgsd_pipeline` with ``distance="dp-energy"``, ``trials`` rankings per neighbour of
+    ``examples`` rows), each at half the error probability (Bonferroni), the larger bound reported.
+    ``bug``: the mechanism's (``half-scale``, ``public-seed``) or ``pipeline-public-seed``."""
+    from .dpenergy import BUGS as ENERGY_BUGS
+
+    half = 1 - (1 - confidence) / 2
+    mech_bug = bug if bug in ENERGY_BUGS else None
+    pipe_bug = "public-seed" if bug == "pipeline-public-seed" else None
+    if bug is not None and mech_bug is None and pipe_bug is None:
+        from ..errors import GSDError
+
+        raise GSDError(f"unknown DP energy bug {bug!r}; use {', '.join(ENERGY_BUGS)} (the mechanism's) or pipeline-public-seed")
+    a = audit_dp_energy(epsilon, draws=draws, clip=clip, insecure_seed=insecure_seed, bug=mech_bug, confidence=half)
+    b = audit_dpgsd_pipeline(epsilon, trials=trials, examples=examples, clip=clip, insecure_seed=insecure_seed, bug=pipe_bug,
+                             confidence=half, distance="dp-energy")
+    best = max((a, b), key=lambda r: r.epsilon_lower_bound)
+    details = {**(a.details or {}), "sampler": a.to_dict(), "pipeline": b.to_dict(), "best_audit": best.method,
+               "confidence_split": "Bonferroni: each audit at half the error probability"}
+    return AuditResult("dp-energy", float(epsilon), 0.0, max(a.epsilon_lower_bound, b.epsilon_lower_bound),
+                       a.canaries + b.canaries, a.guesses + b.guesses, best.correct, confidence, details)
+
+
 __all__ = [
+    "audit_dp_energy", "audit_dp_energy_both",
     "AuditResult", "BUGS", "METHODS", "STEP_METHODS", "audit", "audit_config", "audit_dpgsd", "audit_dpgsd_both",
     "audit_dpgsd_pipeline", "audit_step", "audit_epsilon", "audit_training", "clopper_pearson",
     "distinguishing_epsilon", "exact_privacy_loss", "inject_bug", "one_run_epsilon", "one_run_p_value",

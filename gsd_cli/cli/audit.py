@@ -36,18 +36,18 @@ def _check_bounds(canaries: int, steps: int, examples: int, step_trials: int | N
 
 @app.command()
 def audit(
-    method: str = typer.Option(..., "--method", help="dpsgd, gep, rgp, topagg, second-phase (its DP-SGD stage 2), dpsgd+rs, gep+rs, or dpgsd."),
-    epsilon: float = typer.Option(2.0, "--epsilon", help="Claimed epsilon: the trainer's sigma is calibrated to it (dpgsd: its epsilon)."),
-    delta: float = typer.Option(1e-5, "--delta", help="Claimed delta (dpgsd is pure DP: unused)."),
-    canaries: int = typer.Option(1000, "--canaries", help="Gradient canaries (dpgsd: the sampler audit's draws under each neighbour)."),
-    trials: int = typer.Option(15, "--trials", help="dpgsd: rankings per neighbour of the end-to-end audit of gsd rank --dp (3 tiny rankings a trial).", min=5, max=10000),
+    method: str = typer.Option(..., "--method", help="dpsgd, gep, rgp, topagg, second-phase (its DP-SGD stage 2), dpsgd+rs, gep+rs, dpgsd, or dp-energy (gsd rank --dp's default)."),
+    epsilon: float = typer.Option(2.0, "--epsilon", help="Claimed epsilon: the trainer's sigma is calibrated to it (dpgsd, dp-energy: the ranking's epsilon)."),
+    delta: float = typer.Option(1e-5, "--delta", help="Claimed delta (dpgsd and dp-energy are pure DP: unused)."),
+    canaries: int = typer.Option(1000, "--canaries", help="Gradient canaries (dpgsd, dp-energy: the mechanism audit's draws under each neighbour)."),
+    trials: int = typer.Option(15, "--trials", help="dpgsd, dp-energy: rankings per neighbour of the end-to-end audit of gsd rank --dp (3 tiny rankings a trial).", min=5, max=10000),
     steps: int = typer.Option(1, "--steps", help="Training steps of the audited run."),
     sampling_rate: float = typer.Option(1.0, "--sampling-rate", help="Poisson sampling rate q of every step."),
-    examples: int = typer.Option(64, "--examples", help="Real (private or synthetic) examples beside the canaries."),
+    examples: int = typer.Option(64, "--examples", help="Real (private or synthetic) examples beside the canaries (dp-energy: rows of the pipeline audit's private file, at least 200)."),
     model: Optional[str] = typer.Option(None, "--model", help="Audit this probes model on --private (default: a Linear model on synthetic inputs)."),
     private: Optional[str] = typer.Option(None, "--private", help="Private dataset whose examples train beside the canaries (with --model)."),
     public: Optional[str] = typer.Option(None, "--public", help="gep with --model: the public anchor set."),
-    clip: float = typer.Option(1.0, "--clip", help="dpsgd, rgp, topagg: clip norm C; dpgsd: row clip."),
+    clip: float = typer.Option(1.0, "--clip", help="dpsgd, rgp, topagg: clip norm C; dpgsd, dp-energy: row clip."),
     clip_embedding: float = typer.Option(1.0, "--clip-embedding", help="gep: S1 (as gsd train's default)."),
     clip_residual: float = typer.Option(0.5, "--clip-residual", help="gep: S2 (as gsd train's default)."),
     k: int = typer.Option(16, "--k", help="gep: anchor subspace dimension."),
@@ -84,6 +84,8 @@ def audit(
     kw: dict = {}
     if method == "dpgsd":
         kw = {"clip": clip, "trials": trials}
+    elif method == "dp-energy":
+        kw = {"clip": clip, "trials": trials, "examples": max(examples, 200)}  # clamped releases need a few hundred rows
     else:
         settings = {"clip": clip, "clip_embedding": clip_embedding, "clip_residual": clip_residual, "k": k, "rgp_rank": rgp_rank,
                     "rgp_warmup": 0, "topk_fraction": topk_fraction, "accountant": accountant, "seed": seed}
@@ -123,7 +125,7 @@ def audit(
         out.print(f"exact privacy loss of the audited pair (numerical integration): {d['exact_loss']:.4f}")
     if "pipeline" in d:
         sam, pipe = d["sampler"], d["pipeline"]
-        out.print(f"sampler audit: {sam['epsilon_lower_bound']:.3f}; gsd rank --dp end to end ({pipe['details']['trials']} trials, "
+        out.print(f"{'sampler' if method == 'dpgsd' else 'Laplace mechanism'} audit: {sam['epsilon_lower_bound']:.3f}; gsd rank --dp end to end ({pipe['details']['trials']} trials, "
                   f"replay test): {pipe['epsilon_lower_bound']:.3f} (each at half the error probability)")
     if "gdp" in d:
         g = d["gdp"]
