@@ -9,6 +9,7 @@ Tasks, candidates, settings and the cache: ``benchmarks/validity/large.py``.
     python benchmarks/bench_downstream.py rank  [--seeds 0 1 2]  # gsd's default ranking (auto-select's) per task, cached
     python benchmarks/bench_downstream.py score                  # tables, the fallback rule, results JSON, validity.json
     python benchmarks/bench_downstream.py score --variant gsd-defaults   # the same at gsd train's defaults (validity/defaults_runs.py)
+    python benchmarks/bench_downstream.py rank --energy         # the private selection's distance (validity/dp_rule.py), then score
 
 Every training is cached (resumable; a changed setting is a new run); processes started on the same
 list share it (each claims a job by a lock file), or each runs every N-th job with --shard.
@@ -102,6 +103,11 @@ def cmd_train(args) -> None:
 
 
 def cmd_rank(args) -> None:
+    if args.energy:  # the private selection's distance, noise-free (validity/dp_rule.py)
+        from validity.dp_rule import rank_energy_all
+
+        rank_energy_all(args.tasks, args.seeds)
+        return
     from validity.large_score import rank_all
 
     rank_all(args.tasks, args.seeds)
@@ -137,6 +143,7 @@ def main() -> None:
     r = sub.add_parser("rank", help="gsd's default ranking of every task's candidates (cached)")
     r.add_argument("--tasks", nargs="+", default=None)
     r.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    r.add_argument("--energy", action="store_true", help="the DP energy distance without noise (the private selection's rule)")
     s = sub.add_parser("score", help="tables, the fallback rule, results JSON")
     s.add_argument("--update-package", action="store_true", help="also write gsd_cli/report/validity.json")
     s.add_argument("--variant", default=None, help="score a variant's runs instead of the grid's (gsd-defaults: validity/defaults_runs.py)")

@@ -159,3 +159,80 @@ def test_method_auto_is_auto_selects_default(capsys, tmp_path, tiny, monkeypatch
                  "--out", str(tmp_path / "no")])
     err = capsys.readouterr().err
     assert code == 2 and "--auto-select" in err and "Traceback" not in err and not (tmp_path / "no").exists()
+
+
+# -- a private selection (--select-epsilon): the rule on the DP energy distance -----------------------
+
+RANK_DP = {**RANK, "metric": "dp-energy", "clip": 1.0}
+FIG_DP = {**GAINS, "rule_dp": {"rank": RANK_DP, "metric": "dp-energy", "rule": {
+    "gep": {"threshold": 0.45, "errors": 2, "cells": 12, "gain": 1.0, "held_out_errors": 1, "held_out_cells": 6,
+            "expected_errors": {"0.5": {"selection": 3.2, "held_out": 1.4}, "1": {"selection": 2.6, "held_out": 1.1}}},
+    "second-phase": {"threshold": 0.42, "errors": 1, "cells": 12, "gain": 3.0,
+                     "expected_errors": {"0.5": {"selection": 2.1, "held_out": None}, "1": {"selection": 1.5, "held_out": None}}}}}}
+
+
+def test_a_private_selection_applies_its_own_rule_to_the_released_distance():
+    from gsd_cli.train.fallback import choose
+
+    dp_settings = {**RANK, "epsilon": 1.0}  # metric and clip unset: gsd rank --dp's defaults
+    d = choose("a", 0.41, rank_settings=dp_settings, dp=True, figures=FIG_DP)
+    assert (d.method, d.public, d.applied, d.fell_back) == ("second-phase", "a", True, False)
+    assert "DP energy distance 0.4100 <= 0.42" in d.message and "noise at epsilon 1, 1.5 expected wrong" in d.message
+    d = choose("a", 0.44, rank_settings=dp_settings, dp=True, figures=FIG_DP)  # past the second phase's, within GEP's
+    assert (d.method, d.applied) == ("gep", True)
+    d = choose("a", 0.5, rank_settings={**RANK, "epsilon": 0.7}, dp=True, figures=FIG_DP)
+    assert (d.method, d.public, d.applied, d.fell_back) == ("dpsgd", None, True, True)
+    assert "epsilon 0.5, 3.2 expected wrong and 1.4 held out" in d.message  # the listed epsilon at most 0.7
+    # the GSD thresholds never read a DP distance, and the DP ones never a GSD
+    assert choose("a", 0.44, rank_settings=RANK, figures=FIG_DP).method == "second-phase"  # GSD 0.44 <= 0.5
+    assert decide("gep", "a", 0.44, rank_settings=dp_settings, dp=True, figures=FIG_DP).method == "gep"
+    assert decide("second-phase", "a", 0.44, rank_settings=dp_settings, dp=True, figures=FIG_DP).method == "gep"
+
+
+@pytest.mark.parametrize("settings", [{**RANK, "clip": 2.0}, {**RANK, "metric": "dp-gsd"}, {**RANK, "k": 8}])
+def test_a_private_selection_outside_its_calibration_is_not_applied(settings):
+    from gsd_cli.train.fallback import choose
+
+    d = choose("a", 0.9, rank_settings=settings, dp=True, figures=FIG_DP)
+    assert (d.method, d.public, d.applied) == ("second-phase", "a", False) and "calibrated for the private ranking" in d.message
+    d = decide("gep", "a", 0.9, rank_settings=settings, dp=True, figures=FIG_DP)
+    assert (d.method, d.applied) == ("gep", False) and "not applied" in d.message
+
+
+def test_without_a_private_rule_the_gsd_gains_order_the_methods_and_nothing_is_applied():
+    from gsd_cli.train.fallback import choose
+
+    d = choose("a", 0.1, rank_settings=RANK, dp=True, figures=GAINS)
+    assert (d.method, d.applied) == ("second-phase", False) and "no rule for a private selection" in d.message
+    assert not decide("gep", "a", 0.1, rank_settings=RANK, dp=True, figures=GAINS).applied
+
+
+def test_the_shipped_private_rule_is_on_the_dp_energy_distance():
+    table, calibrated = rules(dp=True)
+    if not table:
+        pytest.skip("no rule for a private selection shipped")
+    assert calibrated["metric"] == "dp-energy" and calibrated["model"] == "probe"
+    assert set(table) <= {"gep", "second-phase"}
+    for r in table.values():
+        assert 0 < r["threshold"] < 1 and r["expected_errors"]
+        assert all(v["selection"] <= r["cells"] for v in r["expected_errors"].values())
+
+
+def test_auto_select_with_select_epsilon_applies_the_private_rule(capsys, tmp_path, tiny, monkeypatch):
+    """--select-epsilon: the released DP energy distance is read by rule_dp (a threshold of 0: fall back)."""
+    import gsd_cli.report.validity as v
+    from gsd_cli.cli import main
+
+    fig = {**v.figures(), "rule_dp": {"rank": RANK_DP, "metric": "dp-energy",
+                                      "rule": {"second-phase": {"threshold": 0.0, "errors": 0, "cells": 4, "gain": 3.0}}}}
+    monkeypatch.setattr(v, "figures", lambda: fig)
+    monkeypatch.setattr("gsd_cli.train.fallback._applicable", lambda *a: None)  # the tiny ranking counts as calibrated
+    args = ["train", "--private", tiny["private"], "--auto-select", "--public", tiny["public"], "--epochs", "1",
+            "--batch-size", "30", "--public-examples", "30", "-q", "--insecure-seed", "0",
+            "--rank-examples", "30", "--rank-k", "2", "--select-epsilon", "1"]
+    code = main([*args, "--out", str(tmp_path / "dp")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "DP energy distance" in out and "no candidate is predicted to beat DP-SGD" in out
+    s = json.loads((tmp_path / "dp" / "summary.json").read_text())
+    assert s["method"] == "dpsgd" and s["selection"]["fallback"]["applied"] and s["selection"]["metric"] == "dp-energy"

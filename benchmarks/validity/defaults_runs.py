@@ -18,7 +18,6 @@ import argparse
 import dataclasses
 import sys
 
-import numpy as np
 
 from .large import METHOD_SETTINGS, SETTINGS, TASKS, run_file, train_one
 

@@ -194,6 +194,10 @@ def build(seeds=SEEDS, variant: str | None = None, epsilons=EPSILONS) -> dict:
             continue
         cal = calibrate(sel)
         doc["rule"][method] = {**cal, "held_out": evaluate(cal["threshold"], held) if held else None}
+    from .dp_rule import build_dp, energy
+
+    if any(energy(task) for task in TASKS):  # the private selection's rule (validity/dp_rule.py), where ranked
+        doc["dp_rule"] = build_dp(doc)
     return doc
 
 
@@ -275,7 +279,14 @@ def package_figures(doc: dict) -> dict:
             "cases": cases, "winner_best": best, "winner_below_none": below,
             "selection_tasks": doc["selection_tasks"], "held_out": doc["held_out"], "validated_for": validated_for(rho, doc["selection_tasks"]),
             "rank": doc["rank"], "rule": rule,
+            **({"rule_dp": _package_dp(doc["dp_rule"])} if doc.get("dp_rule") else {}),
             "advice": advice}
+
+
+def _package_dp(dp: dict) -> dict:
+    from .dp_rule import package_rule
+
+    return package_rule(dp)
 
 
 def write(doc: dict, update_package: bool = False) -> None:
@@ -289,6 +300,13 @@ def write(doc: dict, update_package: bool = False) -> None:
     text = (tables(doc) + "\n\n### gsd train --auto-select (--method auto), by scenario\n" + table(doc["auto_select"])
             + ("\n\n### Where DP noise limits accuracy (epsilon 0.5, the same-distribution set)\n" + noise_limited_table(doc["noise_limited"])
                if doc["noise_limited"] else ""))
+    if doc.get("dp_rule"):
+        from .dp_rule import tables as dp_tables
+
+        doc["auto_select_dp"] = scenarios(doc, runs, package_figures(doc), dp=True)
+        (ROOT / f"{stem}.json").write_text(json.dumps(doc, indent=1) + "\n")
+        text += ("\n" + dp_tables(doc["dp_rule"]) + "\n\n### gsd train --auto-select --select-epsilon (--method auto), by scenario "
+                 "(noise-free energy distance)\n" + table(doc["auto_select_dp"], "DP energy distance"))
     (ROOT / f"{stem}.md").write_text(text + "\n")
     print(text)
     if update_package:

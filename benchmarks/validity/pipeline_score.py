@@ -28,22 +28,27 @@ def _mean(d: dict[int, float], seeds) -> float:
     return float(np.mean([d[s] for s in seeds]))
 
 
-def scenarios(doc: dict, runs: list[dict], figures: dict) -> list[dict]:
-    """One row per (task, scenario, epsilon): the auto-select decision and its outcome."""
+def scenarios(doc: dict, runs: list[dict], figures: dict, dp: bool = False) -> list[dict]:
+    """One row per (task, scenario, epsilon): the auto-select decision and its outcome. ``dp``: a private
+    selection (``--select-epsilon``), decided on the noise-free DP energy distance by the ``rule_dp``
+    thresholds; ``same_decision_eps1`` is the probability that the released distance at selection
+    epsilon 1 gives the same decision for that winner (:func:`.dp_rule.use_probability`)."""
     from gsd_cli.train.fallback import by_gain, choose
 
     from .large_score import _acc, interval
 
-    rank = figures["rank"]
-    favoured = (by_gain(figures.get("rule") or {}) or ["gep"])[0]
+    rank = {**figures["rule_dp"]["rank"], "epsilon": 1.0} if dp else figures["rank"]
+    favoured = (by_gain((figures.get("rule_dp") or {}).get("rule") if dp else figures.get("rule") or {}) or ["gep"])[0]
     rows = []
     for task, t in doc["tasks"].items():
+        dist = doc["dp_rule"]["energy"][task] if dp else t["distance"]
         for name, kinds in SCENARIOS.items():
             cands = [c for c in TASKS[task][2] if KIND[task][c] in kinds]
             if not cands:
                 continue
-            winner = min(cands, key=lambda c: t["distance"][c])
-            d = choose(winner, t["distance"][winner], rank_settings=rank, figures=figures)
+            winner = min(cands, key=lambda c: dist[c])
+            d = choose(winner, dist[winner], rank_settings=rank, dp=dp, figures=figures)
+            same = _same_decision(doc, figures, task, dist[winner], d) if dp else None
             for eps in t["epsilon"]:
                 base = _acc(runs, task, "dpsgd", float(eps)).get(None, {})
                 method = d.method if d.public is not None else favoured
@@ -55,7 +60,7 @@ def scenarios(doc: dict, runs: list[dict], figures: dict) -> list[dict]:
                 gain_option = _mean(acc, seeds) - _mean(base, seeds)  # the favoured method with the winner
                 right = gain_option > 0 if d.public is not None else gain_option <= 0
                 rows.append({"task": task, "scenario": name, "epsilon": eps, "candidates": cands, "winner": winner,
-                             "distance": round(t["distance"][winner], 4), "decision": d.method,
+                             "distance": round(dist[winner], 4), "decision": d.method, "same_decision_eps1": same,
                              "public": d.public, "applied": d.applied,
                              "accuracy": interval([chosen[s] for s in seeds]), "dpsgd": interval([base[s] for s in seeds]),
                              "gain": interval([chosen[s] - base[s] for s in seeds]),
@@ -63,16 +68,34 @@ def scenarios(doc: dict, runs: list[dict], figures: dict) -> list[dict]:
     return rows
 
 
-def table(rows: list[dict]) -> str:
+def _same_decision(doc: dict, figures: dict, task: str, d: float, decision) -> float:
+    """P(the released distance at selection epsilon 1 falls in the same decision interval as ``d``)."""
+    from .dp_rule import use_probability
+
+    en = doc["dp_rule"]
+    lam = float(np.mean(en["lambda"][task]))
+    beta = 2.0 * lam / (en["rank"]["examples"] * 1.0)
+    ts = sorted(float(r["threshold"]) for r in figures["rule_dp"]["rule"].values())
+    edges = [0.0] + ts + [float("inf")]
+    for lo, hi in zip(edges, edges[1:]):
+        if lo < d <= hi or (lo == 0.0 and d <= hi):
+            p_hi = 1.0 if hi == float("inf") else use_probability(d, hi, beta)
+            p_lo = 0.0 if lo == 0.0 else use_probability(d, lo, beta)
+            return round(p_hi - p_lo, 3)
+    return 1.0
+
+
+def table(rows: list[dict], what: str = "GSD") -> str:
     from .large_score import _fmt
 
-    lines = ["| task | candidates | winner (GSD) | --method auto | accuracy | DP-SGD alone | gain [95% CI] | right? |",
+    lines = [f"| task | candidates | winner ({what}) | --method auto | accuracy | DP-SGD alone | gain [95% CI] | right? |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         g = r["gain"]
         gi = f"{100 * g['mean']:+.1f}" + (f" [{100 * g['ci'][0]:+.1f}, {100 * g['ci'][1]:+.1f}]" if g["ci"] else "")
         what = f"{r['decision']} with {r['winner']}" if r["public"] else "DP-SGD, no public data"
-        lines.append(f"| {r['task']} (eps {r['epsilon']}) | {r['scenario']} | {r['winner']} ({r['distance']:.3f}) | {what} | "
+        same = "" if r.get("same_decision_eps1") is None else f" (same decision at epsilon 1: {r['same_decision_eps1']:.0%})"
+        lines.append(f"| {r['task']} (eps {r['epsilon']}) | {r['scenario']} | {r['winner']} ({r['distance']:.3f}) | {what}{same} | "
                      f"{_fmt(r['accuracy'])} | {_fmt(r['dpsgd'])} | {gi} | {'yes' if r['right'] else 'no'} |")
     n, ok = len(rows), sum(r["right"] for r in rows)
     lines.append(f"\n--method auto was right in {ok} of {n} (task, scenario, epsilon) cells; it fell back to DP-SGD in "

@@ -100,7 +100,7 @@ def train(
     rank_model: str = typer.Option("probe", "--rank-model", help="--auto-select: model of the ranking (default: probe; with --weights or --peft, the trained model with its weights and --peft).", rich_help_panel="Auto-select ranking (--auto-select)"),
     rank_k: int = typer.Option(16, "--rank-k", help="--auto-select: subspace dimension of the ranking.", rich_help_panel="Auto-select ranking (--auto-select)"),
     rank_examples: int = typer.Option(2000, "--rank-examples", help="--auto-select: examples per dataset in the ranking.", rich_help_panel="Auto-select ranking (--auto-select)"),
-    select_epsilon: Optional[float] = typer.Option(None, "--select-epsilon", help="--auto-select with DP-GSD at this epsilon (added to the budget); without it the selection is not private.", rich_help_panel="Auto-select ranking (--auto-select)"),
+    select_epsilon: Optional[float] = typer.Option(None, "--select-epsilon", help="--auto-select with a private ranking at this epsilon (gsd rank --dp: the DP energy distance; added to the budget); without it the selection is not private.", rich_help_panel="Auto-select ranking (--auto-select)"),
     fallback: bool = typer.Option(True, "--fallback/--no-fallback", help="--auto-select: apply the calibrated rule of gsd's downstream benchmark (validity.json): when the winner's GSD is above the threshold at which public data helped --method, train DP-SGD without public data (or the other public method whose threshold it passes) and say so. Applied only to the default non-private ranking (--rank-model probe, --rank-k 16, --rank-examples 2000).", rich_help_panel="Auto-select ranking (--auto-select)"),
     device: Device = _panel(device_option(), "Run folder and output"),
     nproc: int = typer.Option(1, "--nproc", help="Train with N processes on this machine (torch.distributed: gloo on CPU, NCCL with one GPU each), each on its shard of every Poisson subsample; the same mechanism, epsilon and weights (to float rounding) as one process. Under torchrun leave it out: the processes exist already.", rich_help_panel="Run folder and output"),
@@ -235,7 +235,7 @@ def train(
                 if decision.public is None:
                     cfg.public_distance = None
             elif cfg.method == "auto":  # --no-fallback: the winner, by the method the benchmark favours
-                cfg.method = (by_gain(rules()[0]) or ["gep"])[0]
+                cfg.method = (by_gain(rules(dp=select_epsilon is not None)[0] or rules()[0]) or ["gep"])[0]
                 out.print(f"--method auto with --no-fallback: {cfg.method} with the winner (the benchmark's largest gain)", highlight=False)
             validate(cfg)
             if cfg.public is not None:

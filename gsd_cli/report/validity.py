@@ -27,6 +27,8 @@ def validity_line(metric: str = "gsd") -> str | None:
     """One line: the default's Spearman with downstream accuracy on the benchmark's tasks, how often
     its winner was the best, and the advice those numbers support. None for other metrics."""
     doc = figures()
+    if metric == "dp-energy" and doc and doc.get("rule_dp", {}).get("rule"):
+        return "validity: " + rule_sentence(doc["rule_dp"], what="DP energy distance", private=True)
     if metric != "gsd" or not doc:
         return None
     rho = doc["spearman"]
@@ -55,9 +57,10 @@ def validated_sentence(doc: dict) -> str | None:
     return s + (f"; {_span(held)} on the held-out task)." if held else ").")
 
 
-def rule_sentence(doc: dict) -> str | None:
+def rule_sentence(doc: dict, what: str = "GSD", private: bool = False) -> str | None:
     """The calibrated fallback rule of ``gsd train --auto-select`` (:mod:`gsd_cli.train.fallback`) with
-    its measured error, or None when the figures hold no rule."""
+    its measured error, or None when the figures hold no rule. ``private``: the rule of a private
+    selection (``rule_dp``, on the released DP energy distance), with its expected errors at epsilon 1."""
     rules = doc.get("rule") or {}
     if not rules:
         return None
@@ -68,10 +71,14 @@ def rule_sentence(doc: dict) -> str | None:
         err = f"wrong on {r['errors']} of {r['cells']} benchmark cells"
         if r.get("held_out_cells"):
             err += f", {r['held_out_errors']} of {r['held_out_cells']} held out"
+        e1 = (r.get("expected_errors") or {}).get("1")
+        if private and e1:
+            err += f"; {e1['selection']:g} expected with the noise at epsilon 1"
         if r.get("gain") is not None:
             err += f"; mean gain {r['gain']:+.1f} points over DP-SGD alone"
-        parts.append(f"{method} when its GSD <= {r['threshold']:g} ({err})")
+        parts.append(f"{method} when its {what} <= {r['threshold']:g} ({err})")
     rank = doc.get("rank") or {}
-    return ("Rule (auto-select's --method auto): train with the winner by " + "; else by ".join(parts)
-            + "; otherwise DP-SGD without public data"
-            + (f" (for rankings with model={rank.get('model')}, k={rank.get('k')}, m={rank.get('examples')})." if rank else "."))
+    head = "Rule (auto-select's --method auto" + (" with --select-epsilon" if private else "") + "): train with the winner by "
+    extra = f", clip={rank.get('clip')}" if private and rank else ""
+    return (head + "; else by ".join(parts) + "; otherwise DP-SGD without public data"
+            + (f" (for rankings with model={rank.get('model')}, k={rank.get('k')}, m={rank.get('examples')}{extra})." if rank else "."))

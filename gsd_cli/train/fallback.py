@@ -11,8 +11,13 @@ with the largest such gain among those whose threshold the winner passes; an exp
 (:func:`decide`) is kept while its own threshold passes. Nothing here is hard-coded: without the
 file (or without a rule for the method) no fallback is applied and the output says so.
 
+A private selection (``--select-epsilon``) releases the DP energy distance, on another scale than
+GSD; its rule is calibrated apart (``benchmarks/validity/dp_rule.py``, shipped under ``rule_dp``: a
+threshold on the energy distance, with the expected number of wrong decisions on the benchmark once
+the Laplace noise of each selection epsilon is added) and applied to the released distance.
+
 The decision reads only the ranking's distance, a release the user already has (non-private ranking:
-the run is not end-to-end DP anyway; DP-GSD: post-processing of a DP release), and public settings.
+the run is not end-to-end DP anyway; a DP ranking: post-processing of a DP release), and public settings.
 """
 
 from __future__ import annotations
@@ -40,31 +45,73 @@ class Decision:
         return asdict(self)
 
 
-def rules(figures: dict | None = None) -> tuple[dict, dict | None]:
-    """``({method: rule}, ranking settings the rule was calibrated with)`` from ``validity.json``."""
+def rules(figures: dict | None = None, dp: bool = False) -> tuple[dict, dict | None]:
+    """``({method: rule}, ranking settings the rule was calibrated with)`` from ``validity.json``: the
+    GSD rule, or with ``dp`` the private selection's (``rule_dp``: on the DP energy distance)."""
     if figures is None:
         from ..report.validity import figures as shipped
 
         figures = shipped()
     if not figures:
         return {}, None
+    if dp:
+        d = figures.get("rule_dp") or {}
+        return dict(d.get("rule") or {}), d.get("rank")
     return dict(figures.get("rule") or {}), figures.get("rank")
 
 
-def _evidence(rule: dict) -> str:
+def _nearest_epsilon(expected: dict, epsilon: float | None) -> str | None:
+    """The key of ``expected`` (selection epsilons) to quote for ``epsilon``: the largest at most it
+    (its noise is at least as large as the user's), else the smallest."""
+    if not expected or epsilon is None:
+        return None
+    keys = sorted(expected, key=float)
+    below = [k for k in keys if float(k) <= epsilon + 1e-12]
+    return below[-1] if below else keys[0]
+
+
+def _evidence(rule: dict, epsilon: float | None = None) -> str:
     s = f"wrong on {rule['errors']} of {rule['cells']} benchmark cells"
     if rule.get("held_out_cells"):
         s += f", {rule['held_out_errors']} of {rule['held_out_cells']} on the held-out task"
+    key = _nearest_epsilon(rule.get("expected_errors") or {}, epsilon)
+    if key is not None:  # a private selection: the same cells read through the Laplace noise
+        e = rule["expected_errors"][key]
+        s += (f"; with the selection's noise at epsilon {key}, {e['selection']:g} expected wrong"
+              + (f" and {e['held_out']:g} held out" if e.get("held_out") is not None else ""))
     return s
+
+
+#: the settings a rule is calibrated for: auto-select's ranking, and for a private selection its metric and clip
+KEYS = ("model", "k", "examples")
+DP_KEYS = KEYS + ("metric", "clip")
+#: what an unset metric or clip means under --select-epsilon (gsd rank --dp's defaults)
+DP_DEFAULTS = {"metric": "dp-energy", "clip": 1.0}
 
 
 def _applicable(calibrated: dict | None, rank_settings: dict, dp: bool) -> str | None:
     """None when the rule applies to this ranking, else why not."""
-    keys = ("model", "k", "examples")
-    if calibrated is not None and not dp and all(rank_settings.get(k) == calibrated.get(k) for k in keys):
+    keys = DP_KEYS if dp else KEYS
+    have = {**(DP_DEFAULTS if dp else {}), **{k: v for k, v in rank_settings.items() if v is not None}}
+    if calibrated is not None and all(have.get(k) == calibrated.get(k) for k in keys):
         return None
     cal = ", ".join(f"{k}={(calibrated or {}).get(k)}" for k in keys)
-    return f"it is calibrated for the non-private ranking with {cal}"
+    if calibrated is None:
+        return ("no rule for a private selection is installed" if dp else "no calibrated rule is installed")
+    return f"it is calibrated for the {'private' if dp else 'non-private'} ranking with {cal}"
+
+
+def _table(figures: dict | None, dp: bool) -> tuple[dict, dict | None]:
+    """The rule table for this selection; a private one without ``rule_dp``: the GSD table (its gains
+    order the methods) marked uncalibrated (its thresholds are not applied)."""
+    table, calibrated = rules(figures, dp)
+    if dp and not table:
+        return rules(figures)[0], None
+    return table, calibrated
+
+
+def _what(dp: bool) -> str:
+    return "DP energy distance" if dp else "GSD"
 
 
 def by_gain(table: dict) -> list[str]:
@@ -82,8 +129,11 @@ def choose(winner: str, distance: float, *, rank_settings: dict, dp: bool = Fals
     GSD passes, the one with the largest mean gain over DP-SGD alone on the benchmark cells where its
     rule used public data; none passing: DP-SGD without public data. Where the rule does not apply
     (other ranking settings, DP-GSD), the method with the largest gain, with the winner, and says so.
-    Without any rule: GEP (paper 000's method; gsd's default before the benchmark)."""
-    table, calibrated = rules(figures)
+    Without any rule: GEP (paper 000's method; gsd's default before the benchmark). A private selection
+    (``dp``) reads the ``rule_dp`` thresholds on the released DP energy distance; without them, the
+    GSD rule's gains only (its thresholds are on another scale)."""
+    table, calibrated = _table(figures, dp)
+    what, eps = _what(dp), rank_settings.get("epsilon") if dp else None
     order = by_gain(table)
     if not order:
         return Decision("gep", winner, False, False, "--method auto: no calibrated rule is installed; training gep with the winner")
@@ -102,12 +152,12 @@ def choose(winner: str, distance: float, *, rank_settings: dict, dp: bool = Fals
         t = float(table[m]["threshold"])
         if distance <= t:
             return Decision(m, winner, True, False,
-                            f"--method auto: {winner}'s GSD {distance:.4f} <= {t:g}, where {m} with public data that close beat "
-                            f"DP-SGD alone on gsd's benchmark ({_evidence(table[m])}{gain(m)}); training {m} with it", t, distance)
+                            f"--method auto: {winner}'s {what} {distance:.4f} <= {t:g}, where {m} with public data that close beat "
+                            f"DP-SGD alone on gsd's benchmark ({_evidence(table[m], eps)}{gain(m)}); training {m} with it", t, distance)
     t = max(float(table[m]["threshold"]) for m in order)
     return Decision(FALLBACK, None, True, True,
-                    f"--method auto: no candidate is predicted to beat DP-SGD without public data (the winner {winner}'s GSD "
-                    f"{distance:.4f} > {t:g}, every method's threshold; {'; '.join(f'{m}: {_evidence(table[m])}' for m in order)}); "
+                    f"--method auto: no candidate is predicted to beat DP-SGD without public data (the winner {winner}'s {what} "
+                    f"{distance:.4f} > {t:g}, every method's threshold; {'; '.join(f'{m}: {_evidence(table[m], eps)}' for m in order)}); "
                     "training DP-SGD without public data (--no-fallback trains with the winner anyway)", t, distance)
 
 
@@ -120,11 +170,12 @@ def decide(method: str, winner: str, distance: float, *, rank_settings: dict, dp
     scale, so the rule is then not applied (and the message says why)."""
     if method == "auto":
         return choose(winner, distance, rank_settings=rank_settings, dp=dp, figures=figures)
-    table, calibrated = rules(figures)
+    table, calibrated = _table(figures, dp)
+    what, eps = _what(dp), rank_settings.get("epsilon") if dp else None
     if method not in PUBLIC_METHODS:
         return Decision(method, winner, False, False, f"--method {method}: no fallback rule (it is calibrated for {', '.join(PUBLIC_METHODS)})")
     rule = table.get(method)
-    if rule is None or calibrated is None:
+    if rule is None or (calibrated is None and not dp):
         return Decision(method, winner, False, False, f"no calibrated fallback rule for --method {method} is installed; training with the winner")
     why = _applicable(calibrated, rank_settings, dp)
     if why is not None:
@@ -133,15 +184,15 @@ def decide(method: str, winner: str, distance: float, *, rank_settings: dict, dp
     t = float(rule["threshold"])
     if distance <= t:
         return Decision(method, winner, True, False,
-                        f"fallback rule: {winner}'s GSD {distance:.4f} <= {t:g}, public data that close helped {method} "
-                        f"on the benchmark ({_evidence(rule)}); training {method} with it", t, distance)
+                        f"fallback rule: {winner}'s {what} {distance:.4f} <= {t:g}, public data that close helped {method} "
+                        f"on the benchmark ({_evidence(rule, eps)}); training {method} with it", t, distance)
     for other in PUBLIC_METHODS:
         r = table.get(other)
         if other != method and r is not None and distance <= float(r["threshold"]):
             return Decision(other, winner, True, True,
-                            f"fallback rule: {winner}'s GSD {distance:.4f} > {t:g} ({method}: {_evidence(rule)}) but <= "
-                            f"{float(r['threshold']):g} for {other} ({_evidence(r)}); training {other} with it instead", t, distance)
+                            f"fallback rule: {winner}'s {what} {distance:.4f} > {t:g} ({method}: {_evidence(rule, eps)}) but <= "
+                            f"{float(r['threshold']):g} for {other} ({_evidence(r, eps)}); training {other} with it instead", t, distance)
     return Decision(FALLBACK, None, True, True,
                     f"fallback rule: no candidate is predicted to beat DP-SGD without public data (the winner {winner}'s "
-                    f"GSD {distance:.4f} > {t:g}; {_evidence(rule)}); training DP-SGD without public data "
+                    f"{what} {distance:.4f} > {t:g}; {_evidence(rule, eps)}); training DP-SGD without public data "
                     "(--no-fallback trains with the winner anyway)", t, distance)
