@@ -119,6 +119,7 @@ class RGPClipSum:
     def __init__(self, mode: str, max_norm: float, rgp, loss=None):
         self.mode, self.max_norm, self.rgp, self.loss = mode, float(max_norm), rgp, loss
         self.decided, self.ok = False, False
+        self.paths: dict[str, str] = {}
         self.reason = ""
 
     def rows(self, model, names, x, y, out) -> bool:
@@ -129,6 +130,7 @@ class RGPClipSum:
             eng, self.reason = _first_use(self.mode, model, lambda: self.rgp.leaves(model),
                                           lambda m, n: ClippedSum(m, n, self.loss), None, x, y, "ghost (RGP carriers)")
             self.ok = eng is not None
+            self.paths = dict(eng.paths) if eng is not None else {}  # the measured choice, for every step's engine
             self.decided = True
         return self if self.ok else None
 
@@ -136,7 +138,9 @@ class RGPClipSum:
         if ctx is not None and ctx.model is not None:
             self.rgp.compute(model, ctx.step)
         with self.rgp.leaves(model) as (m2, names2):
-            return ClipSumStep(ClippedSum(m2, names2, self.loss), self.max_norm)(m2, names2, x, y, ctx)
+            eng = ClippedSum(m2, names2, self.loss)  # the carriers change every step: a new engine, the same layers
+            eng.paths = dict(self.paths)
+            return ClipSumStep(eng, self.max_norm)(m2, names2, x, y, ctx)
 
 
 def gradient_rows(rows_engine, model, names, x, y, num_params: int, device) -> torch.Tensor:
