@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from .large import HELD_OUT, METHODS, SELECTION, TASKS, register
-from .large_score import ROOT, calibrate, evaluate
+from .large_score import ROOT, calibrate, evaluate, missing
 
 RANKS = ROOT / "validity" / "large_ranks_energy"
 #: auto-select's private ranking (gsd train --rank-model/--rank-k/--rank-examples, gsd rank --dp's clip)
@@ -56,23 +56,19 @@ def rank_energy_all(tasks=None, seeds=(0, 1, 2)) -> None:
     torch.set_num_threads(int(os.environ.get("GSD_BENCH_THREADS", "2")))
     register()
     opts = {k: v for k, v in RANK_DP.items() if k != "metric"}
-    for task in tasks or TASKS:
-        for seed in seeds:
-            f = rank_file(task, seed)
-            if f.is_file():
-                continue
-            t0 = time.perf_counter()
-            with unbooked("benchmark calibration: a noise-free energy distance, never released"):
-                r = rank(TASKS[task][0], list(TASKS[task][2]), seed=seed, insecure_seed=seed, device="cpu", dp=True,
-                         epsilon=NOISE_FREE_EPSILON, **opts)
-            pv = r.privacy or {}
-            doc = {"task": task, "seed": seed, "settings": RANK_DP, "epsilon": NOISE_FREE_EPSILON, "metric": r.metric,
-                   "distance": {x.public: x.distance for x in r.results}, "lambda": pv.get("sensitivity_lambda"),
-                   "examples": pv.get("examples"), "clip": pv.get("clip"), "laplace_scale": pv.get("laplace_scale"),
-                   "seconds": round(time.perf_counter() - t0, 1), "loadavg": os.getloadavg()}
-            f.parent.mkdir(parents=True, exist_ok=True)
-            f.write_text(json.dumps(doc, indent=1) + "\n")
-            print(f"{task} s{seed}: {doc['distance']} Lambda {doc['lambda']:.3f} ({doc['seconds']} s)", flush=True)
+    for task, seed, f in missing(tasks, seeds, rank_file):
+        t0 = time.perf_counter()
+        with unbooked("benchmark calibration: a noise-free energy distance, never released"):
+            r = rank(TASKS[task][0], list(TASKS[task][2]), seed=seed, insecure_seed=seed, device="cpu", dp=True,
+                     epsilon=NOISE_FREE_EPSILON, **opts)
+        pv = r.privacy or {}
+        doc = {"task": task, "seed": seed, "settings": RANK_DP, "epsilon": NOISE_FREE_EPSILON, "metric": r.metric,
+               "distance": {x.public: x.distance for x in r.results}, "lambda": pv.get("sensitivity_lambda"),
+               "examples": pv.get("examples"), "clip": pv.get("clip"), "laplace_scale": pv.get("laplace_scale"),
+               "seconds": round(time.perf_counter() - t0, 1), "loadavg": os.getloadavg()}
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"{task} s{seed}: {doc['distance']} Lambda {doc['lambda']:.3f} ({doc['seconds']} s)", flush=True)
 
 
 def energy(task: str) -> dict[int, dict]:

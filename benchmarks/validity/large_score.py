@@ -44,18 +44,23 @@ def rank_all(tasks=None, seeds=(0, 1, 2)) -> None:
 
     torch.set_num_threads(1)
     register()
+    for task, seed, f in missing(tasks, seeds, rank_file):
+        t0 = time.perf_counter()
+        r = rank(TASKS[task][0], list(TASKS[task][2]), seed=seed, insecure_seed=seed, device="cpu", **RANK)
+        doc = {"task": task, "seed": seed, "settings": RANK, "distance": {x.public: x.distance for x in r.results},
+               "seconds": round(time.perf_counter() - t0, 1), "loadavg": os.getloadavg()}
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"{task} s{seed}: {doc['distance']} ({doc['seconds']} s)", flush=True)
+
+
+def missing(tasks, seeds, path_of):
+    """(task, seed, cache file) of the rankings not cached yet."""
     for task in tasks or TASKS:
         for seed in seeds:
-            f = rank_file(task, seed)
-            if f.is_file():
-                continue
-            t0 = time.perf_counter()
-            r = rank(TASKS[task][0], list(TASKS[task][2]), seed=seed, insecure_seed=seed, device="cpu", **RANK)
-            doc = {"task": task, "seed": seed, "settings": RANK, "distance": {x.public: x.distance for x in r.results},
-                   "seconds": round(time.perf_counter() - t0, 1), "loadavg": os.getloadavg()}
-            f.parent.mkdir(parents=True, exist_ok=True)
-            f.write_text(json.dumps(doc, indent=1) + "\n")
-            print(f"{task} s{seed}: {doc['distance']} ({doc['seconds']} s)", flush=True)
+            f = path_of(task, seed)
+            if not f.is_file():
+                yield task, seed, f
 
 
 def distances(task: str) -> dict[int, dict[str, float]]:

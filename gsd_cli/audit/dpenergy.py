@@ -30,7 +30,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..errors import GSDError
 from .bound import AuditResult, distinguishing_epsilon
 
 BUGS = ("half-scale", "public-seed")
@@ -86,15 +85,10 @@ def audit_dp_energy(epsilon: float = 2.0, *, draws: int = 2000, clip: float = 1.
     """Audit the DP energy distance's Laplace mechanism at ``epsilon`` (pure DP) with ``draws`` releases
     under each neighbour (module docstring). ``details["exact_loss"]``: the pair's exact privacy loss."""
     from ..distance.dpenergy import energy_sensitivity
-    from ..privacy.randomness import check_insecure_seed, private_rng
+    from ..privacy.randomness import private_rng
+    from .dpgsd import check_draw_audit
 
-    check_insecure_seed(insecure_seed)
-    if bug is not None and bug not in BUGS:
-        raise GSDError(f"unknown DP energy bug {bug!r}; use one of {', '.join(BUGS)}")
-    if draws < 10:
-        raise GSDError(f"--canaries (draws per neighbour) must be at least 10 (got {draws})")
-    if not epsilon > 0:
-        raise GSDError(f"--epsilon must be positive (got {epsilon})")
+    check_draw_audit(epsilon, draws, insecure_seed, bug, BUGS, "DP energy")
     D, D2, W = energy_neighbours(clip)
     lam = energy_sensitivity(W)  # 1 for these two candidates: public
     noise_lam = lam / 2 if bug == "half-scale" else lam

@@ -38,6 +38,19 @@ QUANTILES = (0.01, 0.03, 0.1, 0.3, 0.5, 0.7, 0.9)
 BUGS = ("public-seed",)
 
 
+def check_draw_audit(epsilon: float, draws: int, insecure_seed: int | None, bug: str | None, bugs, label: str) -> None:
+    """The arguments of a distinguishing audit by draws under two neighbours (one-line errors)."""
+    from ..privacy.randomness import check_insecure_seed
+
+    check_insecure_seed(insecure_seed)
+    if bug is not None and bug not in bugs:
+        raise GSDError(f"unknown {label} bug {bug!r}; use one of {', '.join(bugs)}")
+    if draws < 10:
+        raise GSDError(f"--canaries (draws per neighbour) must be at least 10 (got {draws})")
+    if not epsilon > 0:
+        raise GSDError(f"--epsilon must be positive (got {epsilon})")
+
+
 def neighbours(p: int = 2, rows: int = 0, clip: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """D (``rows`` x p, every row C e_2; ``rows=0``: one zero row, a gradient that says nothing) and
     D' = D plus the row C e_1."""
@@ -124,15 +137,9 @@ def audit_dpgsd(
     each neighbour. ``bug="public-seed"`` draws from a generator seeded by the public trial seed (the
     old bug). ``details["exact_loss"]``: the exact privacy loss of the pair."""
     from ..subspace.dppca import private_top_k_subspace
-    from ..privacy.randomness import check_insecure_seed, private_rng
+    from ..privacy.randomness import private_rng
 
-    check_insecure_seed(insecure_seed)
-    if bug is not None and bug not in BUGS:
-        raise GSDError(f"unknown DP-GSD bug {bug!r}; use one of {', '.join(BUGS)}")
-    if draws < 10:
-        raise GSDError(f"--canaries (draws per neighbour) must be at least 10 (got {draws})")
-    if not epsilon > 0:
-        raise GSDError(f"--epsilon must be positive (got {epsilon})")
+    check_draw_audit(epsilon, draws, insecure_seed, bug, BUGS, "DP-GSD")
     D, D2 = neighbours(p, rows, clip)
     rng = private_rng("audit-dpgsd", insecure_seed)
     # the public trial seeds s_i are the same under D and D' (offset 0): that is what the bug shares

@@ -25,24 +25,12 @@ norms), where fastDP's rule says ghost and the chunk's per-example gradients of 
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 #: timed rounds per path and layer (after one warm-up); the least is kept
 ROUNDS = 3
 #: the largest per-example gradient tensor of one layer and chunk the measured choice may materialise
 MATERIALISE_MAX_BYTES = 256 << 20
-
-
-def _timed(fn, device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t = time.perf_counter()
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - t
 
 
 def open_layers(engine, by_layer: dict, n: int) -> list[tuple[int, object, torch.Tensor, torch.Tensor]]:
@@ -65,6 +53,7 @@ def open_layers(engine, by_layer: dict, n: int) -> list[tuple[int, object, torch
 def tune_paths(engine, x: torch.Tensor, y: torch.Tensor) -> dict[str, str]:
     """Set ``engine.paths`` (layer -> ``ghost`` / ``materialised``) and ``engine.timings`` (layer ->
     (ghost s, materialised s)) from one synthetic chunk shaped like ``(x, y)``; return the paths."""
+    from ..gradients.engines import timed
     from .clipsum_rules import synthetic
 
     n = x.shape[0]
@@ -89,7 +78,7 @@ def tune_paths(engine, x: torch.Tensor, y: torch.Tensor) -> dict[str, str]:
         ghost(), materialised()  # warm-up
         for r in range(ROUNDS):
             for name, fn in (("ghost", ghost), ("materialised", materialised))[:: 1 if r % 2 == 0 else -1]:
-                best[name] = min(best[name], _timed(fn, x.device))
+                best[name] = min(best[name], timed(fn, x.device))
         engine.timings[layer.prefix] = (best["ghost"], best["materialised"])
         engine.paths[layer.prefix] = "materialised" if best["materialised"] < best["ghost"] else "ghost"
     return dict(engine.paths)
