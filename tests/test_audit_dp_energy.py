@@ -77,3 +77,29 @@ def test_cli(tmp_path):
     data = json.loads(out.read_text())
     assert data["method"] == "dp-energy" and data["consistent"] and data["details"]["exact_loss"] == pytest.approx(2.0)
     assert main(["audit", "--method", "dp-energy", "--canaries", "3"]) == 2
+
+
+def test_auto_trials_are_the_fewest_that_flag_a_replayed_pipeline():
+    from gsd_cli.audit.pipeline import AUTO_TRIALS_MAX, AUTO_TRIALS_MIN, replay_power, trials_to_flag
+
+    for eps in (0.5, 1.0, 2.0):
+        n, enough = trials_to_flag(eps, 0.975)
+        assert enough and replay_power(n, 0.975) > eps
+        assert n == AUTO_TRIALS_MIN or replay_power(n - 1, 0.975) <= eps
+    assert trials_to_flag(8.0, 0.975) == (AUTO_TRIALS_MAX, False)
+
+
+def test_the_default_trials_flag_a_replayed_pipeline_at_epsilon_2():
+    """With the default (auto) trials the pipeline audit flags the reseeded generator at the CLI's
+    default claim, epsilon 2; with 15 trials (the old default) it could not (its bound was 1.08)."""
+    r = audit("dp-energy", 2.0, canaries=200, insecure_seed=5, bug="pipeline-public-seed")
+    assert r.details["pipeline_trials_auto"] and r.details["pipeline_can_flag_replay"]
+    assert not r.consistent and r.details["best_audit"] == "dp-energy (pipeline)"
+
+
+def test_cli_says_when_the_pipeline_audit_cannot_flag_a_replay(capsys):
+    from gsd_cli.cli.app import main
+
+    assert main(["audit", "--method", "dp-energy", "--epsilon", "4", "--canaries", "200", "--trials", "5"]) == 0
+    err = capsys.readouterr().err
+    assert "cannot flag even a fully replayed pipeline at epsilon 4" in err and "--epsilon 1" in err

@@ -45,11 +45,23 @@ def audit(method: str, epsilon: float = 2.0, delta: float = 1e-5, *, canaries: i
     return audit_training(cfg, canaries=canaries, insecure_seed=insecure_seed, bug=bug, **kw)
 
 
-def audit_dpgsd_both(epsilon: float, *, draws: int = 2000, trials: int = 15, insecure_seed: int | None = None,
+def _trials(trials: int | None, epsilon: float, confidence: float) -> tuple[int, dict]:
+    """The pipeline audit's trials per neighbour: as given, or (None) the fewest that would flag a
+    perfectly replayed pipeline at ``epsilon`` (:func:`~.pipeline.trials_to_flag`), with what was chosen."""
+    from .pipeline import replay_power, trials_to_flag
+
+    if trials is not None:
+        return int(trials), {"pipeline_trials": int(trials), "pipeline_can_flag_replay": replay_power(int(trials), confidence) > epsilon}
+    n, enough = trials_to_flag(epsilon, confidence)
+    return n, {"pipeline_trials": n, "pipeline_trials_auto": True, "pipeline_can_flag_replay": enough}
+
+
+def audit_dpgsd_both(epsilon: float, *, draws: int = 2000, trials: int | None = None, insecure_seed: int | None = None,
                      bug: str | None = None, confidence: float = 0.95, **kw) -> AuditResult:
     """``gsd audit --method dpgsd``: the sampler (:func:`audit_dpgsd`, ``draws`` per neighbour) and the
-    pipeline a user runs (:func:`audit_dpgsd_pipeline`, ``trials`` rankings per neighbour), each at
-    half the error probability (Bonferroni), the larger bound reported. ``bug``: one of the sampler's
+    pipeline a user runs (:func:`audit_dpgsd_pipeline`, ``trials`` rankings per neighbour; None: the
+    fewest that would flag a replayed pipeline at ``epsilon``, at most 100), each at half the error
+    probability (Bonferroni), the larger bound reported. ``bug``: one of the sampler's
     bugs (``public-seed`` in the sampler call) or ``pipeline-public-seed`` (the DP-GSD distance's
     generator seeded from ``--seed``)."""
     half = 1 - (1 - confidence) / 2
@@ -59,23 +71,25 @@ def audit_dpgsd_both(epsilon: float, *, draws: int = 2000, trials: int = 15, ins
         from ..errors import GSDError
 
         raise GSDError(f"unknown DP-GSD bug {bug!r}; use public-seed (the sampler's) or pipeline-public-seed")
+    trials, auto = _trials(trials, epsilon, half)
     a = audit_dpgsd(epsilon, draws=draws, insecure_seed=insecure_seed, bug=sampler_bug, confidence=half, **kw)
     b = audit_dpgsd_pipeline(epsilon, trials=trials, insecure_seed=insecure_seed, bug=pipe_bug, confidence=half,
                              clip=kw.get("clip", 1.0))
     best = max((a, b), key=lambda r: r.epsilon_lower_bound)
     details = {**(a.details or {}), "sampler": a.to_dict(), "pipeline": b.to_dict(), "best_audit": best.method,
-               "confidence_split": "Bonferroni: each audit at half the error probability"}
+               "confidence_split": "Bonferroni: each audit at half the error probability", **auto}
     return AuditResult("dpgsd", float(epsilon), 0.0, max(a.epsilon_lower_bound, b.epsilon_lower_bound),
                        a.canaries + b.canaries, a.guesses + b.guesses, best.correct, confidence, details)
 
 
-def audit_dp_energy_both(epsilon: float, *, draws: int = 2000, trials: int = 15, examples: int = 200,
+def audit_dp_energy_both(epsilon: float, *, draws: int = 2000, trials: int | None = None, examples: int = 200,
                          insecure_seed: int | None = None, bug: str | None = None, confidence: float = 0.95,
                          clip: float = 1.0) -> AuditResult:
     """``gsd audit --method dp-energy``: the Laplace mechanism of ``gsd rank --dp``'s default
     (:func:`audit_dp_energy`, ``draws`` per neighbour) and the pipeline a user runs
     (:func:`audit_dpgsd_pipeline` with ``distance="dp-energy"``, ``trials`` rankings per neighbour of
-    ``examples`` rows), each at half the error probability (Bonferroni), the larger bound reported.
+    ``examples`` rows; None: as for DP-GSD), each at half the error probability (Bonferroni), the larger
+    bound reported.
     ``bug``: the mechanism's (``half-scale``, ``public-seed``) or ``pipeline-public-seed``."""
     from .dpenergy import BUGS as ENERGY_BUGS
 
@@ -86,12 +100,13 @@ def audit_dp_energy_both(epsilon: float, *, draws: int = 2000, trials: int = 15,
         from ..errors import GSDError
 
         raise GSDError(f"unknown DP energy bug {bug!r}; use {', '.join(ENERGY_BUGS)} (the mechanism's) or pipeline-public-seed")
+    trials, auto = _trials(trials, epsilon, half)
     a = audit_dp_energy(epsilon, draws=draws, clip=clip, insecure_seed=insecure_seed, bug=mech_bug, confidence=half)
     b = audit_dpgsd_pipeline(epsilon, trials=trials, examples=examples, clip=clip, insecure_seed=insecure_seed, bug=pipe_bug,
                              confidence=half, distance="dp-energy")
     best = max((a, b), key=lambda r: r.epsilon_lower_bound)
     details = {**(a.details or {}), "sampler": a.to_dict(), "pipeline": b.to_dict(), "best_audit": best.method,
-               "confidence_split": "Bonferroni: each audit at half the error probability"}
+               "confidence_split": "Bonferroni: each audit at half the error probability", **auto}
     return AuditResult("dp-energy", float(epsilon), 0.0, max(a.epsilon_lower_bound, b.epsilon_lower_bound),
                        a.canaries + b.canaries, a.guesses + b.guesses, best.correct, confidence, details)
 

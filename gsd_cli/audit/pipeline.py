@@ -64,6 +64,35 @@ def _write_sets(folder: Path, examples: int, rng: np.random.Generator) -> tuple[
     return f"npz:{folder / 'D.npz'}", f"npz:{folder / 'D1.npz'}", pubs
 
 
+#: the most trials per neighbour ``trials=None`` (auto) runs: about a minute on a 2-core CPU; a perfectly
+#: replayed pipeline is then flagged up to a claim of about 2.9 (a replay bug does not depend on epsilon:
+#: audit a larger claim's pipeline at a smaller --epsilon)
+AUTO_TRIALS_MAX = 100
+#: the fewest trials auto runs
+AUTO_TRIALS_MIN = 15
+
+
+def replay_power(trials: int, confidence: float) -> float:
+    """The bound the replay test gives a pipeline whose every release under D equals its replay and none
+    under D' does (the most a bug can show): the test's statistic with ``trials`` of ``trials`` against 0."""
+    return distinguishing_epsilon(np.zeros(trials), np.ones(trials), (0.5,), confidence)[0]
+
+
+def trials_to_flag(epsilon: float, confidence: float, most: int = AUTO_TRIALS_MAX) -> tuple[int, bool]:
+    """``(trials, enough)``: the fewest trials per neighbour (at least :data:`AUTO_TRIALS_MIN`) at which
+    the replay test flags a perfectly replayed pipeline at the claim ``epsilon`` (its bound exceeds it),
+    or ``(most, False)`` when ``most`` trials cannot."""
+    if replay_power(most, confidence) <= epsilon:
+        return most, False
+    lo, hi = AUTO_TRIALS_MIN, most
+    if replay_power(lo, confidence) > epsilon:
+        return lo, True
+    while hi - lo > 1:  # the bound grows with the trials
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if replay_power(mid, confidence) > epsilon else (mid, hi)
+    return hi, True
+
+
 def audit_dpgsd_pipeline(epsilon: float = 1.0, *, trials: int = 15, examples: int = 8, clip: float = 1.0,
                          insecure_seed: int | None = None, bug: str | None = None, confidence: float = 0.95,
                          distance: str = "dp-gsd") -> AuditResult:

@@ -40,7 +40,7 @@ def audit(
     epsilon: float = typer.Option(2.0, "--epsilon", help="Claimed epsilon: the trainer's sigma is calibrated to it (dpgsd, dp-energy: the ranking's epsilon)."),
     delta: float = typer.Option(1e-5, "--delta", help="Claimed delta (dpgsd and dp-energy are pure DP: unused)."),
     canaries: int = typer.Option(1000, "--canaries", help="Gradient canaries (dpgsd, dp-energy: the mechanism audit's draws under each neighbour)."),
-    trials: int = typer.Option(15, "--trials", help="dpgsd, dp-energy: rankings per neighbour of the end-to-end audit of gsd rank --dp (3 tiny rankings a trial).", min=5, max=10000),
+    trials: Optional[int] = typer.Option(None, "--trials", help="dpgsd, dp-energy: rankings per neighbour of the end-to-end audit of gsd rank --dp (3 tiny rankings a trial; default: the fewest that would flag a replayed pipeline at --epsilon, at most 100).", min=5, max=10000),
     steps: int = typer.Option(1, "--steps", help="Training steps of the audited run."),
     sampling_rate: float = typer.Option(1.0, "--sampling-rate", help="Poisson sampling rate q of every step."),
     examples: int = typer.Option(64, "--examples", help="Real (private or synthetic) examples beside the canaries (dp-energy: rows of the pipeline audit's private file, at least 200)."),
@@ -127,6 +127,9 @@ def audit(
         sam, pipe = d["sampler"], d["pipeline"]
         out.print(f"{'sampler' if method == 'dpgsd' else 'Laplace mechanism'} audit: {sam['epsilon_lower_bound']:.3f}; gsd rank --dp end to end ({pipe['details']['trials']} trials, "
                   f"replay test): {pipe['epsilon_lower_bound']:.3f} (each at half the error probability)")
+        if not d.get("pipeline_can_flag_replay", True):
+            err.print(f"note: {pipe['details']['trials']} trials cannot flag even a fully replayed pipeline at epsilon {epsilon:g}; "
+                      "a replay bug does not depend on epsilon: audit the pipeline at --epsilon 1 (or give more --trials)")
     if "gdp" in d:
         g = d["gdp"]
         out.print(f"Gaussian-DP fit: mu {g['mu_hat']:.4f} (95% lower bound {g['mu_lower']:.4f}) against the claimed "
