@@ -461,3 +461,53 @@ def test_max_pool_runs_channels_last_after_a_one_channel_input():
     spy.remove()
     assert seen[:2] == [True, True] and seen[-1] is False
     assert not model.pool1._forward_pre_hooks and not model.pool2._forward_pre_hooks
+
+
+def _tiny_vit():
+    """torchvision's VisionTransformer, tiny, with gsd's LinearSelfAttention (as the registered
+    vit_b_16): class_token and pos_embedding belong to modules with sub-layers."""
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    from probes.backbones import LinearSelfAttention
+
+    torch.manual_seed(0)
+    net = VisionTransformer(image_size=8, patch_size=4, num_layers=1, num_heads=2, hidden_dim=8, mlp_dim=16, num_classes=3)
+    for block in net.encoder.layers:
+        block.self_attention = LinearSelfAttention(block.self_attention)
+    with torch.no_grad():  # not the zero init: every example's class-token gradient differs
+        net.class_token.normal_()
+        net.heads.head.weight.normal_(std=0.5)
+    return net.train()
+
+
+@pytest.mark.parametrize("subset", ["all", "tokens"])
+def test_vit_class_token_and_pos_embedding_by_their_input_gradient(subset, brute_force, monkeypatch):
+    """A ViT trained in full (class_token on the model, pos_embedding on the encoder: parameters of
+    modules with sub-layers) takes the ghost engine: their per-example gradients come from the gradient
+    of the encoder's input, and the clipped sum equals the brute-force loop."""
+    monkeypatch.setattr(cs, "ghost_cheaper", RULES["ghost"])
+    model = _tiny_vit()
+    names = [n for n, _ in model.named_parameters()] if subset == "all" else ["class_token", "encoder.pos_embedding", "heads.head.weight"]
+    x = torch.randn(5, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+    y = torch.tensor([0, 1, 2, 0, 1])
+    eng = ClippedSum(model, names)
+    with _only_trainable(model, names):
+        eng.check(x, y)
+        s, sq = eng(x, y, 0.05)
+    ref, rsq = _clipped_brute(brute_force, model, x, y, names, 0.05)
+    torch.testing.assert_close(sq, rsq, rtol=2e-5, atol=0)
+    torch.testing.assert_close(s.double(), ref, rtol=2e-5, atol=2e-6 * float(ref.abs().max()))
+    assert eng.plan["class_token"] == eng.plan["encoder.pos_embedding"] == "materialised"
+
+
+def test_a_changed_forward_of_a_parameter_owner_is_refused():
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    class Mine(VisionTransformer):
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    torch.manual_seed(0)
+    net = Mine(image_size=8, patch_size=4, num_layers=1, num_heads=2, hidden_dim=8, mlp_dim=16, num_classes=3)
+    with pytest.raises(NotImplementedError, match="class_token belongs to the model"):
+        ClippedSum(net, ["class_token"])

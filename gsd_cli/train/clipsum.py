@@ -72,7 +72,7 @@ import torch.nn as nn
 from ..errors import GSDError
 from .clipsum_rules import (  # noqa: F401 (the per-layer rules)
     ghost_cheaper, _conv_plain, _conv_per_sample, _patches, _conv_ghost_by_pixels, _pixels_cheaper, _group_columns, _batchnorm_per_sample,
-    _positions, synthetic,
+    _positions, synthetic, broadcast_tap,
 )
 
 CLIP_ENGINES = ("auto", "ghost", "materialise")
@@ -87,7 +87,7 @@ class _Layer:
     module: nn.Module
     prefix: str
     params: list  # (full name, local name, parameter) of the selected ones
-    kind: str  # linear, conv2d, rule (engine_layers / Opacus sampler), func
+    kind: str  # linear, conv2d, rule (engine_layers / Opacus sampler), func, tap (clipsum_rules.broadcast_tap)
 
 
 class ClippedSum:
@@ -114,10 +114,17 @@ class ClippedSum:
             for local, p in mod.named_parameters(recurse=False):
                 owner[id(p)] = (prefix, mod, local)
         layers: dict[int, _Layer] = {}
+        self._taps: dict[int, Callable] = {}  # id(tap layer) -> per-example gradient from the tap's input gradient
         for n, p in zip(self.names, self.params):
             prefix, mod, local = owner[id(p)]
             if list(mod.children()):
-                raise NotImplementedError(f"parameter {n} belongs to {prefix or 'the model'}, which has sub-layers")
+                tap = broadcast_tap(mod, local)
+                if tap is None:
+                    raise NotImplementedError(f"parameter {n} belongs to {prefix or 'the model'}, which has sub-layers")
+                layer = _Layer(tap[0], f"{prefix}.{local}" if prefix else local, [(n, local, p)], "tap")
+                self._taps[id(layer)] = tap[1]
+                layers[id(p)] = layer
+                continue
             if id(mod) not in layers:
                 if _conv_plain(mod):
                     kind = "conv2d"
@@ -148,6 +155,16 @@ class ClippedSum:
         calls: list[tuple[int, tuple, dict, torch.Tensor, int]] = []
         handles = []
 
+        def tap(i):  # a tap layer's "output" is its module's input (made a graph node if it is a constant)
+            def h(mod, args):
+                a = args[0]
+                if not a.requires_grad:
+                    a = a.detach().requires_grad_(True)
+                calls.append((i, (), {}, a, a._version))
+                return (a, *args[1:])
+
+            return h
+
         def hook(i):
             def h(mod, args, kwargs, output):
                 if not isinstance(output, torch.Tensor):
@@ -163,7 +180,10 @@ class ClippedSum:
 
                 handles += maxpool_channels_last(self.model)
             for i, layer in enumerate(self.layers):
-                handles.append(layer.module.register_forward_hook(hook(i), with_kwargs=True))
+                if layer.kind == "tap":
+                    handles.append(layer.module.register_forward_pre_hook(tap(i)))
+                else:
+                    handles.append(layer.module.register_forward_hook(hook(i), with_kwargs=True))
             total = self.loss(self.model(x), y).sum()
         finally:
             for h in handles:
@@ -184,7 +204,10 @@ class ClippedSum:
         """{parameter: n x shape} per-example gradients of ``layer``, summed over its calls."""
         per: dict[int, torch.Tensor] = {}
         for args, kwargs, g in calls:
-            if layer.kind == "conv2d":
+            if layer.kind == "tap":
+                (_, _, p), = layer.params
+                d = {p: self._taps[id(layer)](g)}
+            elif layer.kind == "conv2d":
                 d = _conv_per_sample(layer.module, args[0], g)
             elif layer.kind == "linear":
                 from ..gradients.layers import linear_per_sample
