@@ -511,3 +511,20 @@ def test_a_changed_forward_of_a_parameter_owner_is_refused():
     net = Mine(image_size=8, patch_size=4, num_layers=1, num_heads=2, hidden_dim=8, mlp_dim=16, num_classes=3)
     with pytest.raises(NotImplementedError, match="class_token belongs to the model"):
         ClippedSum(net, ["class_token"])
+
+
+def test_vit_in_full_takes_the_layers_engine_rows(brute_force):
+    """The same input-gradient rule gives the `layers` engine (gsd rank, GEP's rows) a ViT in full."""
+    from gsd_cli.gradients import default_loss
+    from gsd_cli.gradients.layers import LayersEngine
+
+    model = _tiny_vit()
+    names = [n for n, _ in model.named_parameters()]
+    x = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(3))
+    y = torch.tensor([0, 1, 2, 0])
+    eng = LayersEngine(model, names, default_loss)
+    out = torch.empty(4, sum(p.numel() for p in model.parameters()))
+    with _only_trainable(model, names):
+        eng(x, y, out)
+    torch.testing.assert_close(out.double(), brute_force(model, x, y, names).double(), rtol=1e-4, atol=1e-6)
+    assert eng.checked

@@ -225,6 +225,24 @@ def maxpool_channels_last(model: nn.Module) -> list:
     return [m.register_forward_pre_hook(_to_channels_last) for m in model.modules() if isinstance(m, nn.MaxPool2d)]
 
 
+def broadcast_tap(module: nn.Module, local: str):
+    """``(tap, per_example)`` for a parameter that a module with sub-layers adds to, or concatenates with,
+    its activations, or None. Its per-example gradient is read off the gradient ``g`` (n x T x D) of the
+    ``tap`` module's input: torchvision's ViT ``Encoder`` adds ``pos_embedding`` (1 x T x D) to its input,
+    so example i's gradient is g_i; ``VisionTransformer`` puts ``class_token`` (1 x 1 x D) at position 0
+    of the encoder's input, so example i's gradient is g_i[0]. Only for the library's own forwards (a
+    subclass that changes one is refused); the first-use check compares the result with vmap."""
+    try:
+        from torchvision.models.vision_transformer import Encoder, VisionTransformer
+    except ImportError:  # pragma: no cover - torchvision is a dependency
+        return None
+    if local == "class_token" and type(module).forward is VisionTransformer.forward and type(module.encoder).forward is Encoder.forward:
+        return module.encoder, lambda g: g[:, :1, :].unsqueeze(1)
+    if local == "pos_embedding" and type(module).forward is Encoder.forward:
+        return module, lambda g: g.unsqueeze(1)
+    return None
+
+
 class LayersEngine:
     """Per-sample gradients from one batched forward and one backward to the layer outputs (module
     docstring). Opening it refuses (``NotImplementedError``) a model it cannot treat exactly; so may its
@@ -236,16 +254,21 @@ class LayersEngine:
         self.model, self.loss, self.names = model, loss, list(names)
         params = dict(model.named_parameters())
         self.params = [params[n] for n in self.names]
-        owner: dict[int, tuple[str, nn.Module]] = {}
+        owner: dict[int, tuple[str, nn.Module, str]] = {}
         for prefix, mod in model.named_modules():
-            for _, p in mod.named_parameters(recurse=False):
-                owner[id(p)] = (prefix, mod)
+            for local, p in mod.named_parameters(recurse=False):
+                owner[id(p)] = (prefix, mod, local)
         layers: dict[int, nn.Module] = {}
+        taps: dict[int, tuple[nn.Module, Callable]] = {}  # id(parameter) -> (tap module, rule of its input gradient)
         for n, p in zip(self.names, self.params):
-            prefix, mod = owner[id(p)]
+            prefix, mod, local = owner[id(p)]
             if list(mod.children()):
-                raise NotImplementedError(f"parameter {n} belongs to {prefix or 'the model'}, which has sub-layers; "
-                                          f"the layers engine needs every selected parameter in a leaf layer")
+                tap = broadcast_tap(mod, local)
+                if tap is None:
+                    raise NotImplementedError(f"parameter {n} belongs to {prefix or 'the model'}, which has sub-layers; "
+                                              f"the layers engine needs every selected parameter in a leaf layer")
+                taps[id(p)] = (tap[0], (lambda f, q: lambda _m, _a, g: {q: f(g)})(tap[1], p))
+                continue
             layers[id(mod)] = mod
         for prefix, mod in model.named_modules():
             if isinstance(mod, nn.modules.batchnorm._BatchNorm) and mod.training is not False and not frozen_batchnorm(mod):
@@ -256,6 +279,10 @@ class LayersEngine:
             rule = _rule(mod)
             if rule is None:
                 raise NotImplementedError(f"no per-sample rule for layer type {type(mod).__name__}")
+            self.rules.append(rule)
+        self.taps = set(range(len(self.layers), len(self.layers) + len(taps)))  # indices hooked on their input
+        for mod, rule in taps.values():
+            self.layers.append(mod)
             self.rules.append(rule)
         # channels-last on a CPU where the model max-pools: PyTorch's channels-first max_pool2d is the
         # slow kernel there (module docstring); elsewhere the layout stays (ResNet20 is faster without)
@@ -276,11 +303,19 @@ class LayersEngine:
 
             return h
 
+        def tap(i):  # a tap's "output" is its module's input (made a graph node if it is a constant)
+            def h(mod, args):
+                a = args[0] if args[0].requires_grad else args[0].detach().requires_grad_(True)
+                calls.append((i, (), a, a._version))
+                return (a, *args[1:])
+
+            return h
+
         try:
             if self.channels_last:
                 handles += maxpool_channels_last(self.model)
             for i, mod in enumerate(self.layers):
-                handles.append(mod.register_forward_hook(hook(i)))
+                handles.append(mod.register_forward_pre_hook(tap(i)) if i in self.taps else mod.register_forward_hook(hook(i)))
             total = self.loss(self.model(x), y).sum()
         finally:
             for h in handles:

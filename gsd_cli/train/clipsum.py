@@ -72,8 +72,9 @@ import torch.nn as nn
 from ..errors import GSDError
 from .clipsum_rules import (  # noqa: F401 (the per-layer rules)
     ghost_cheaper, _conv_plain, _conv_per_sample, _patches, _conv_ghost_by_pixels, _pixels_cheaper, _group_columns, _batchnorm_per_sample,
-    _positions, synthetic, broadcast_tap,
+    _positions, synthetic,
 )
+from ..gradients.layers import broadcast_tap
 
 CLIP_ENGINES = ("auto", "ghost", "materialise")
 #: relative tolerance of the first-use check against the materialised path (float32 products)

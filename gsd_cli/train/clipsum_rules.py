@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 
 
+
 def ghost_cheaper(T: int, D: int, C: int) -> bool:
     """fastDP's layer-wise rule: ghost norm when 2 T^2 < D C (the T x T Grams per example against the
     D x C per-example gradient)."""
@@ -141,21 +142,3 @@ def synthetic(x: torch.Tensor, y: torch.Tensor, n: int) -> tuple[torch.Tensor, t
     else:
         xs = torch.randint(0, 2, shape, generator=gen).to(x.device, x.dtype)
     return xs, torch.zeros((n, *y.shape[1:]), dtype=y.dtype, device=y.device)
-
-
-def broadcast_tap(module: nn.Module, local: str):
-    """``(tap, per_example)`` for a parameter that a module with sub-layers adds to, or concatenates with,
-    its activations, or None. Its per-example gradient is read off the gradient ``g`` (n x T x D) of the
-    ``tap`` module's input: torchvision's ViT ``Encoder`` adds ``pos_embedding`` (1 x T x D) to its input,
-    so example i's gradient is g_i; ``VisionTransformer`` puts ``class_token`` (1 x 1 x D) at position 0
-    of the encoder's input, so example i's gradient is g_i[0]. Only for the library's own forwards (a
-    subclass that changes one is refused); the first-use check compares the result with vmap."""
-    try:
-        from torchvision.models.vision_transformer import Encoder, VisionTransformer
-    except ImportError:  # pragma: no cover - torchvision is a dependency
-        return None
-    if local == "class_token" and type(module).forward is VisionTransformer.forward and type(module.encoder).forward is Encoder.forward:
-        return module.encoder, lambda g: g[:, :1, :].unsqueeze(1)
-    if local == "pos_embedding" and type(module).forward is Encoder.forward:
-        return module, lambda g: g.unsqueeze(1)
-    return None
