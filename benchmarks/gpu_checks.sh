@@ -14,7 +14,9 @@
 #    and CUDA's start-up alone; `python -X importtime` of the rank; the rank in one process (first and
 #    second call, and a profile of the second);
 # 3. benchmarks/bench_end_to_end.py on the GPU (floor, per-sample gradients, cold and warm rank in
-#    back-to-back pairs, train steps, and, with the default BENCH_ARGS, engines per chunk), unless --quick.
+#    back-to-back pairs, train steps, and, with the default BENCH_ARGS, engines per chunk), and
+#    benchmarks/bench_train_step.py (DP-SGD and GEP steps against a non-private one: ResNet-18/50, ViT-B/16),
+#    unless --quick.
 set -u
 out=${1:-gpu-out}
 quick=${2:-}
@@ -91,4 +93,8 @@ if [ "$quick" != "--quick" ]; then
   echo "== bench_end_to_end"
   $py benchmarks/bench_end_to_end.py --device cuda --m 2000 --repeats 5 --cold-repeats 3 ${BENCH_ARGS:---engines} --skip cli \
     --json "$out/end_to_end_gpu_m2000.json" 2>&1
+  echo "== training steps: DP-SGD and GEP against a non-private step (issue 37: ResNet-18/50 and a ViT)"
+  $py benchmarks/bench_train_step.py --device cuda --clock wall --repeats 5 \
+    --models fmnist-cnn resnet20 resnet18:64 resnet50-bn:32 vit_b_16:32 --gep-models fmnist-cnn resnet20 \
+    --json "$out/train_step_gpu.json" 2>&1
 fi
