@@ -113,3 +113,35 @@ def test_first_use_tunes_before_it_checks_and_reports_the_paths():
     assert step is not None and set(step.engine.paths) == {"c1", "c2", "seq"}
     for k, v in step.engine.paths.items():
         assert f"{k} {v}" in lazy.reason
+
+
+def test_train_times_the_paths_on_a_chunk_of_public_size(tiny, tmp_path, monkeypatch):
+    """gsd train times the paths on min(physical batch, expected batch) synthetic examples, never on the
+    first Poisson chunk's own size (which depends on the private set; the paths go into summary.json)."""
+    from gsd_cli.train import TrainConfig, train
+
+    sizes = []
+    real = tune.tune_paths
+
+    def spy(engine, x, y, examples=None):
+        sizes.append((x.shape[0], examples))
+        return real(engine, x, y, examples)
+
+    monkeypatch.setattr(tune, "tune_paths", spy)
+    train(TrainConfig(private=tiny["private"], method="dpsgd", epsilon=4.0, epochs=1, batch_size=30, insecure_seed=5,
+                      physical_batch=16, clip=0.5), tmp_path / "r")
+    assert len(sizes) == 1 and sizes[0][1] == 16  # min(16, 30), whatever the first chunk held
+
+
+def test_the_tuned_chunk_has_the_size_asked_for(monkeypatch):
+    seen = []
+    real = ClippedSum._capture
+    monkeypatch.setattr(ClippedSum, "_capture", lambda self, xs, ys: seen.append(xs.shape[0]) or real(self, xs, ys))
+    model = _net().train()
+    names = [n for n, _ in model.named_parameters()]
+    x, y = _data(3)
+    eng = ClippedSum(model, names)
+    with _only_trainable(model, names):
+        eng.tune(x, y, 7)
+        eng.tune(x, y)
+    assert seen == [7, 3]

@@ -243,6 +243,18 @@ def broadcast_tap(module: nn.Module, local: str):
     return None
 
 
+def input_tap(record: Callable[[torch.Tensor], None]):
+    """A forward pre-hook for a :func:`broadcast_tap` module: hands ``record`` the module's input as a
+    node of the graph (a constant input is made a leaf that requires grad, so its gradient exists) and
+    passes that tensor on."""
+    def h(mod, args):
+        a = args[0] if args[0].requires_grad else args[0].detach().requires_grad_(True)
+        record(a)
+        return (a, *args[1:])
+
+    return h
+
+
 class LayersEngine:
     """Per-sample gradients from one batched forward and one backward to the layer outputs (module
     docstring). Opening it refuses (``NotImplementedError``) a model it cannot treat exactly; so may its
@@ -303,19 +315,14 @@ class LayersEngine:
 
             return h
 
-        def tap(i):  # a tap's "output" is its module's input (made a graph node if it is a constant)
-            def h(mod, args):
-                a = args[0] if args[0].requires_grad else args[0].detach().requires_grad_(True)
-                calls.append((i, (), a, a._version))
-                return (a, *args[1:])
-
-            return h
-
         try:
             if self.channels_last:
                 handles += maxpool_channels_last(self.model)
             for i, mod in enumerate(self.layers):
-                handles.append(mod.register_forward_pre_hook(tap(i)) if i in self.taps else mod.register_forward_hook(hook(i)))
+                if i in self.taps:  # its "output" is its module's input
+                    handles.append(mod.register_forward_pre_hook(input_tap(lambda a, i=i: calls.append((i, (), a, a._version)))))
+                else:
+                    handles.append(mod.register_forward_hook(hook(i)))
             total = self.loss(self.model(x), y).sum()
         finally:
             for h in handles:

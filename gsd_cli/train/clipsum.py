@@ -74,7 +74,7 @@ from .clipsum_rules import (  # noqa: F401 (the per-layer rules)
     ghost_cheaper, _conv_plain, _conv_per_sample, _patches, _conv_ghost_by_pixels, _pixels_cheaper, _group_columns, _batchnorm_per_sample,
     _positions, synthetic,
 )
-from ..gradients.layers import broadcast_tap
+from ..gradients.layers import broadcast_tap, input_tap
 
 CLIP_ENGINES = ("auto", "ghost", "materialise")
 #: relative tolerance of the first-use check against the materialised path (float32 products)
@@ -88,7 +88,7 @@ class _Layer:
     module: nn.Module
     prefix: str
     params: list  # (full name, local name, parameter) of the selected ones
-    kind: str  # linear, conv2d, rule (engine_layers / Opacus sampler), func, tap (clipsum_rules.broadcast_tap)
+    kind: str  # linear, conv2d, rule (engine_layers / Opacus sampler), func, tap (gradients.layers.broadcast_tap)
 
 
 class ClippedSum:
@@ -156,16 +156,6 @@ class ClippedSum:
         calls: list[tuple[int, tuple, dict, torch.Tensor, int]] = []
         handles = []
 
-        def tap(i):  # a tap layer's "output" is its module's input (made a graph node if it is a constant)
-            def h(mod, args):
-                a = args[0]
-                if not a.requires_grad:
-                    a = a.detach().requires_grad_(True)
-                calls.append((i, (), {}, a, a._version))
-                return (a, *args[1:])
-
-            return h
-
         def hook(i):
             def h(mod, args, kwargs, output):
                 if not isinstance(output, torch.Tensor):
@@ -181,8 +171,8 @@ class ClippedSum:
 
                 handles += maxpool_channels_last(self.model)
             for i, layer in enumerate(self.layers):
-                if layer.kind == "tap":
-                    handles.append(layer.module.register_forward_pre_hook(tap(i)))
+                if layer.kind == "tap":  # its "output" is its module's input
+                    handles.append(layer.module.register_forward_pre_hook(input_tap(lambda a, i=i: calls.append((i, (), {}, a, a._version)))))
                 else:
                     handles.append(layer.module.register_forward_hook(hook(i), with_kwargs=True))
             total = self.loss(self.model(x), y).sum()
@@ -349,12 +339,12 @@ class ClippedSum:
                        for p in self.params])
         return s, torch.where(ok, sq, torch.full_like(sq, float("nan")))
 
-    def tune(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, str]:
-        """Choose each layer's path by measuring both on a synthetic batch of ``x``'s shape
-        (:func:`gsd_cli.train.clipsum_tune.tune_paths`); the paths chosen."""
+    def tune(self, x: torch.Tensor, y: torch.Tensor, examples: int | None = None) -> dict[str, str]:
+        """Choose each layer's path by measuring both on a synthetic batch of ``examples`` (None: ``x``'s
+        number) shaped like ``x`` (:func:`gsd_cli.train.clipsum_tune.tune_paths`); the paths chosen."""
         from .clipsum_tune import tune_paths
 
-        return tune_paths(self, x, y)
+        return tune_paths(self, x, y, examples)
 
     # -- the first-use check -------------------------------------------------------------------
     def check(self, x: torch.Tensor, y: torch.Tensor) -> None:

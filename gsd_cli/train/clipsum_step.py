@@ -55,6 +55,7 @@ class LazyClipSum:
 
     def __init__(self, mode: str, max_norm: float | None, loss=None):
         self.mode, self.loss = mode, loss
+        self.tune_examples: int | None = None  # the synthetic chunk the paths are timed on (gsd train: public)
         self.max_norm = None if max_norm is None else float(max_norm)
         self.step: ClipSumStep | None = None
         self.layers = None
@@ -102,7 +103,8 @@ class LazyClipSum:
             from ..gradients import _only_trainable
 
             eng, self.reason = _first_use(self.mode, model, lambda: _only_trainable(model, names),
-                                          lambda m, n: ClippedSum(m, n, self.loss), (model, names), x, y, "ghost")
+                                          lambda m, n: ClippedSum(m, n, self.loss), (model, names), x, y, "ghost",
+                                          self.tune_examples)
             self.step = ClipSumStep(eng, self.max_norm) if eng is not None else None
             self.decided = True
         return self.step
@@ -119,6 +121,7 @@ class RGPClipSum:
     def __init__(self, mode: str, max_norm: float, rgp, loss=None):
         self.mode, self.max_norm, self.rgp, self.loss = mode, float(max_norm), rgp, loss
         self.decided, self.ok = False, False
+        self.tune_examples: int | None = None
         self.paths: dict[str, str] = {}
         self.reason = ""
 
@@ -128,7 +131,8 @@ class RGPClipSum:
     def hook(self, model, names, x, y):
         if not self.decided:
             eng, self.reason = _first_use(self.mode, model, lambda: self.rgp.leaves(model),
-                                          lambda m, n: ClippedSum(m, n, self.loss), None, x, y, "ghost (RGP carriers)")
+                                          lambda m, n: ClippedSum(m, n, self.loss), None, x, y, "ghost (RGP carriers)",
+                                          self.tune_examples)
             self.ok = eng is not None
             self.paths = dict(eng.paths) if eng is not None else {}  # the measured choice, for every step's engine
             self.decided = True
@@ -155,12 +159,13 @@ def gradient_rows(rows_engine, model, names, x, y, num_params: int, device) -> t
     return gradient_matrix(model, [(x, y)], x.shape[0], names, None, "vmap", device, "none")
 
 
-def _first_use(mode: str, model, context, make, fixed, x, y, label: str):
+def _first_use(mode: str, model, context, make, fixed, x, y, label: str, tune_examples: int | None = None):
     """The first-use check of ghost clipping on one synthetic batch: ``(engine, reason)``, or ``(None,
     reason)`` when the model is refused (``mode`` ghost: a one-line GSDError instead). ``context()``
     yields the model and parameter names to check (``fixed`` when it yields nothing of its own: the
     model and names as they are), ``make(model, names)`` builds the engine; train mode and full
-    precision during the check, the model's mode restored after."""
+    precision during the check, the model's mode restored after. ``tune_examples``: the size of the
+    synthetic chunk each layer's path is timed on (:meth:`ClippedSum.tune`; None: ``x``'s)."""
     from ..gradients import _full_precision, _only_trainable
 
     was = model.training
@@ -170,7 +175,7 @@ def _first_use(mode: str, model, context, make, fixed, x, y, label: str):
             m, n = fixed if fixed is not None else got
             with _only_trainable(m, n) if fixed is None else _nullcontext():
                 eng = make(m, n)
-                eng.tune(x, y)  # each layer's faster path, timed on a synthetic chunk of x's shape
+                eng.tune(x, y, tune_examples)  # each layer's faster path, timed on a synthetic chunk
                 eng.check(x, y)
         return eng, f"{label}: " + ", ".join(f"{k or 'model'} {v}" for k, v in eng.plan.items())
     except NotImplementedError as e:

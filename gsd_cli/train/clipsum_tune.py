@@ -13,8 +13,9 @@ convolution at 224, 16 examples, 17 ms against 30 ms; its 512-channel ones 59 ms
 other way), and which side wins depends on the machine.
 
 :func:`tune_paths` therefore times both paths of every layer where the choice is open, once per
-engine, on a **synthetic** batch of the chunk's shape (:func:`~gsd_cli.train.clipsum_rules.synthetic`:
-seeded inputs, label 0; only the private chunk's shape is read), interleaved, the least of
+engine, on a **synthetic** chunk (:func:`~gsd_cli.train.clipsum_rules.synthetic`: seeded inputs,
+label 0; of the private chunk only the shape of one example is read, and ``gsd train`` gives the number
+of examples from its public settings), interleaved, the least of
 :data:`ROUNDS` kept, and keeps the faster. Both paths compute the same release (sum_i w_i g_i with w_i
 from ||g_i||, to float rounding), so the choice moves speed only, never the mechanism or its noise;
 ``summary.json``'s ``clip_engine`` lists each layer's path. The choice is open for a layer with one
@@ -50,13 +51,15 @@ def open_layers(engine, by_layer: dict, n: int) -> list[tuple[int, object, torch
     return out
 
 
-def tune_paths(engine, x: torch.Tensor, y: torch.Tensor) -> dict[str, str]:
+def tune_paths(engine, x: torch.Tensor, y: torch.Tensor, examples: int | None = None) -> dict[str, str]:
     """Set ``engine.paths`` (layer -> ``ghost`` / ``materialised``) and ``engine.timings`` (layer ->
-    (ghost s, materialised s)) from one synthetic chunk shaped like ``(x, y)``; return the paths."""
+    (ghost s, materialised s)) from one synthetic chunk of ``examples`` shaped like ``(x, y)``; return the
+    paths. ``gsd train`` passes min(physical batch, expected batch): public numbers, where the first
+    Poisson chunk's own size would let the paths (written in ``summary.json``) depend on the private set."""
     from ..gradients.engines import timed
     from .clipsum_rules import synthetic
 
-    n = x.shape[0]
+    n = int(examples) if examples else x.shape[0]
     xs, ys = synthetic(x, y, n)
     by_layer = engine._capture(xs, ys)
     gen = torch.Generator().manual_seed(1)

@@ -193,6 +193,8 @@ def train(
     probe_method = build_method(cfg, 1.0, anchor, model=model, names=names)
     sigma = world.from_main(lambda: calibrate_noise(probe_method.step_event, train_epsilon, cfg.delta, q, total_steps, cfg.accountant))
     method = build_method(cfg, sigma, anchor, model=model, names=names, rgp=probe_method.details.get("rgp_state"))
+    if method.clip_sum is not None:  # the paths are timed on a chunk of public size, not the first Poisson chunk's
+        method.clip_sum.tune_examples = min(chunk, cfg.batch_size)
     declared = chain_step_event(method.chain)
     if not _same_event(declared, method.step_event(sigma)):
         raise GSDError("internal: the method's noise does not match its accounted event; refusing to train")
