@@ -13,7 +13,7 @@ from rich.markup import escape
 from ..defaults import DEFAULT_PRIVATE
 from ..errors import GSDError
 from .app import app
-from .common import err, new_run_dir, out, public_names, with_progress
+from .common import err, new_run_dir, out, print_private, public_names, with_progress
 from .options import (
     MODEL_FORMS, Accountant, BatchNorm, Device, Method, Schedule, batchnorm_option, classes_option, deterministic_noise_option, device_option, extra_argument,
     data_root_option, insecure_seed_option, peft_option, public_list_option, quiet_option, weights_option,
@@ -40,8 +40,23 @@ def _use_data_root(ctx: typer.Context, root: Path) -> None:
 
 
 def warn(message: str) -> None:
-    """One ``warning:`` line on stderr."""
-    err.print("[yellow]warning:[/] " + escape(" ".join(str(message).split())), highlight=False, soft_wrap=True)
+    """One ``warning:`` line on stderr (a :class:`gsd_cli.train.size.Info`: one plain line of information)."""
+    from ..train.size import Info
+
+    prefix = "" if isinstance(message, Info) else "[yellow]warning:[/] "
+    err.print(prefix + escape(" ".join(str(message).split())), highlight=False, soft_wrap=True)
+
+
+def notify_note(message: str) -> None:
+    """A training run's note (``gsd_cli.train(notify=...)``): one line on stderr, labelled private when it
+    names a private fact (a :class:`gsd_cli.train.release.PrivateNote`: the exact N, the private
+    examples the public data holds), else public (:func:`warn`)."""
+    from ..train.release import PrivateNote
+
+    if isinstance(message, PrivateNote):
+        print_private(err, "warning: " + escape(" ".join(str(message).split())))
+    else:
+        warn(message)
 
 
 @app.command()
@@ -67,6 +82,7 @@ def train(
     batch_size: int = typer.Option(250, "--batch-size", help="Expected batch size: each step samples every private example with probability q = batch_size/size (Poisson).", rich_help_panel="Optimisation"),
     expected_size: Optional[int] = typer.Option(None, "--expected-size", help="Declared (public) size N0 of the private training set: q = batch size / N0 and round(N0 / batch size) steps per epoch. Default: a DP estimate of N (--size-epsilon); the exact N never sets the mechanism.", rich_help_panel="Optimisation"),
     sampling_rate: Optional[float] = typer.Option(None, "--sampling-rate", help="Declared (public) Poisson sampling rate q, instead of --expected-size; round(1/q) steps per epoch.", rich_help_panel="Optimisation"),
+    max_steps: int = typer.Option(100_000, "--max-steps", help="The most steps the run may plan (epochs x steps per epoch, from the declared or DP-estimated size); a larger plan is refused before any step or booking. The plan and an estimate of its time are printed before the first step.", rich_help_panel="Optimisation"),
     size_epsilon: Optional[float] = typer.Option(None, "--size-epsilon", help="Epsilon of the Laplace estimate of N when no size is declared (default 2% of --epsilon; part of --epsilon, by basic composition).", rich_help_panel="Privacy"),
     lr: float = typer.Option(0.1, "--lr", help="SGD learning rate.", rich_help_panel="Optimisation"),
     momentum: float = typer.Option(0.9, "--momentum", help="SGD momentum.", rich_help_panel="Optimisation"),
@@ -122,7 +138,10 @@ def train(
     stage 1 sees public data only (no privacy cost); stage 2 is DP-SGD, accounted as dpsgd.
 
     The private sampling and noise come from the operating system (--insecure-seed: from a seed, and
-    the run is marked not DP). Public data that shares examples with the private set is refused.
+    the run is marked not DP). Public data that is the private set by name or path is refused; private
+    examples that the public data holds are left out of the private training (a per-example rule).
+    Lines that start with 'private:' carry private figures (the test result, the private notes, the
+    progress times); every other line is public.
     summary.json holds only public settings and the privacy statement; the test metrics and the exact
     size of the private set go to private-summary.json.
     """
@@ -151,7 +170,7 @@ def train(
     fields = dict(
         private=private, method=method.value, epsilon=epsilon, delta=delta, private_test=private_test, model=model,
         params=list(params) if params else None, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum,
-        expected_size=expected_size, sampling_rate=sampling_rate, size_epsilon=size_epsilon,
+        expected_size=expected_size, sampling_rate=sampling_rate, size_epsilon=size_epsilon, max_steps=max_steps,
         weight_decay=weight_decay, lr_schedule=lr_schedule.value, seed=seed, clip=clip, clip_engine=clip_engine, k=k,
         public_examples=public_examples, power_iters=power_iters, groups=groups, clip_embedding=clip_embedding,
         clip_residual=clip_residual, residual=residual, anchor_every=anchor_every, anchor_warm=anchor_warm, anchor_batch=anchor_batch,
@@ -220,7 +239,8 @@ def train(
                 rank_opts.update(dp=True, epsilon=select_epsilon, insecure_seed=cfg.private_seed)
             if classes is not None:
                 rank_opts.update(classes=classes)
-            ranking = with_progress(quiet, lambda pr: auto_select_fn(private, publics, private_test=private_test, catalog=cat, progress=pr, **rank_opts))
+            ranking = with_progress(quiet, lambda pr: auto_select_fn(private, publics, private_test=private_test, catalog=cat, progress=pr, **rank_opts),
+                                    private=True)  # the ranking's time grows with the private set: labelled private
             print_ranking(ranking, out)
             best = ranking.results[0]
             cfg.public, cfg.public_distance = best.public, best.distance
@@ -244,7 +264,8 @@ def train(
                 out.print(f"training without public data (--method {cfg.method})")
 
     summary = with_progress(quiet, lambda pr: train_fn(cfg, run, resume=resume is not None, device=device.value, progress=pr,
-                                                       selection=selection, notify=warn, nproc=nproc), width=8, eta=True)
+                                                       selection=selection, notify=notify_note, nproc=nproc), width=8, eta=True,
+                            private=True)  # an epoch's time grows with N: the progress lines are labelled private
     if summary is None:  # a process other than 0 of a distributed run: process 0 writes and reports
         return
     from ..train.report import print_summary

@@ -10,7 +10,8 @@ says what that costs (:func:`epsilon_of`) and which noise multiplier meets a tar
 # ``gsd rank`` that only needs :mod:`.randomness` should not pay.
 _ACCOUNTANT_NAMES = (
     "ACCOUNTANTS", "check_delta", "check_epsilon", "Ledger", "calibrate_noise", "dpsgd_step_event",
-    "effective_noise_multiplier", "epsilon_of", "gep_step_event", "training_event",
+    "effective_noise_multiplier", "epsilon_of", "gep_step_event", "training_event", "confirm_epsilon", "confirmed_epsilon",
+    "never_sampled_delta", "second_epsilon",
 )
 
 
@@ -24,5 +25,5 @@ def __getattr__(name: str):
 
 __all__ = [
     "ACCOUNTANTS", "Ledger", "check_delta", "check_epsilon", "calibrate_noise", "dpsgd_step_event", "effective_noise_multiplier", "epsilon_of",
-    "gep_step_event", "training_event",
+    "gep_step_event", "training_event", "confirm_epsilon", "confirmed_epsilon", "never_sampled_delta", "second_epsilon",
 ]

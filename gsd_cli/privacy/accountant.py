@@ -103,12 +103,103 @@ def epsilon_of(event: ev.DpEvent, delta: float, accountant: str = "rdp") -> floa
     check_delta(delta)
     key = (repr(event), float(delta), accountant)
     if key not in _EPSILONS:  # (an unknown accountant is never stored: _accountant refuses it)
+        import numpy as np
+
         acc = _accountant(accountant)
-        acc.compose(event)
+        with np.errstate(over="ignore"):  # an order whose RDP overflows is infinite, and skipped: a bound still
+            acc.compose(event)
+            value = float(acc.get_epsilon(delta))
         if len(_EPSILONS) >= 1024:
             _EPSILONS.clear()
-        _EPSILONS[key] = float(acc.get_epsilon(delta))
+        _EPSILONS[key] = value
     return _EPSILONS[key]
+
+
+#: relative agreement required between dp-accounting's RDP epsilon and the second computation's: the same
+#: orders, slightly different RDP-to-(epsilon, delta) conversions (1e-6 apart at delta 1e-5, 1.6e-4 at 1e-3,
+#: measured); what this catches is off by orders of magnitude (an underflow, an overflow)
+CONFIRM_RTOL = 1e-2
+
+
+def _subsampled_gaussian(event: ev.DpEvent) -> tuple[float, float, int] | None:
+    """(q, z, T) of ``training_event``'s shape (T self-composed Poisson-subsampled Gaussians), else None."""
+    count = 1
+    if isinstance(event, ev.SelfComposedDpEvent):
+        event, count = event.event, int(event.count)
+    if isinstance(event, ev.PoissonSampledDpEvent) and isinstance(event.event, ev.GaussianDpEvent):
+        return float(event.sampling_probability), float(event.event.noise_multiplier), count
+    return None
+
+
+def never_sampled_delta(sampling_rate: float, steps: int) -> float:
+    """1 - (1 - q)^T, the probability that one example is in at least one of T Poisson subsamples.
+
+    Under add/remove-one, the run on D + {x} has the same output distribution as the run on D on the
+    event that x is never sampled, so the two differ in total variation by at most this: every such
+    run is (0, 1 - (1 - q)^T)-DP whatever its noise. Computed as -expm1(T log1p(-q)), exact for tiny q."""
+    if sampling_rate >= 1:
+        return 1.0
+    return float(-math.expm1(steps * math.log1p(-sampling_rate)))
+
+
+def second_epsilon(sampling_rate: float, noise_multiplier: float, steps: int, delta: float) -> float:
+    """The same run's epsilon by a second, independent implementation: Opacus's RDP analysis of the
+    subsampled Gaussian (Mironov, Talwar, Zhang 2019, Sec. 3.3, its integer and fractional orders) and its
+    RDP-to-(epsilon, delta) conversion (Balle et al. 2020, Theorem 21), on the orders used here."""
+    import warnings
+
+    from opacus.accountants.analysis import rdp as opacus_rdp
+
+    with warnings.catch_warnings():  # "optimal order is the smallest alpha": a looser bound, still a bound
+        warnings.simplefilter("ignore")
+        orders = list(RDP_ORDERS)
+        rdp = opacus_rdp.compute_rdp(q=float(sampling_rate), noise_multiplier=float(noise_multiplier), steps=int(steps), orders=orders)
+        eps, _ = opacus_rdp.get_privacy_spent(orders=orders, rdp=rdp, delta=float(delta))
+    return float(eps)
+
+
+def confirm_epsilon(event: ev.DpEvent, delta: float, epsilon: float, accountant: str = "rdp") -> float:
+    """``epsilon`` (dp-accounting's, for ``event`` at ``delta``) when a second computation confirms it;
+    otherwise a :class:`GSDError`: an epsilon that is not computed faithfully is never reported or booked.
+
+    For a run of T Poisson-subsampled Gaussians (rate q, multiplier z), it is confirmed when it is finite
+    and non-negative and either (i) the run is (0, delta)-DP outright (:func:`never_sampled_delta` <= delta:
+    any epsilon >= 0 is then true), or (ii) Opacus's RDP accountant (:func:`second_epsilon`) gives a
+    finite epsilon that equals it (``rdp``, relative tolerance :data:`CONFIRM_RTOL`) or bounds it from
+    above (``pld``, which is tighter than any RDP bound), and (iii) an epsilon of 0 is never confirmed by (ii):
+    only (i) proves it. Below q of about 1e-154, q^2 T underflows in both accountants' floats (a run of
+    T = 1 / q steps was booked at epsilon 0.0): (i) fails there, and (ii) refuses the 0."""
+    what = ("the accountant cannot compute this run's epsilon faithfully; use a sampling rate and a step count "
+            "a run can use (--sampling-rate or --expected-size, --epochs)")
+    eps = float(epsilon)
+    if not math.isfinite(eps) or eps < 0:
+        raise GSDError(f"{what}: it gave epsilon {eps}")
+    parts = _subsampled_gaussian(event)
+    if parts is None:
+        return eps  # not a training run's shape (the audits' single releases): dp-accounting's value stands
+    q, z, steps = parts
+    if never_sampled_delta(q, steps) <= delta:
+        return eps
+    try:
+        second = second_epsilon(q, z, steps, delta)
+    except (OverflowError, ValueError, ZeroDivisionError, FloatingPointError) as e:
+        raise GSDError(f"{what}: the second computation failed ({type(e).__name__})") from None
+    if not math.isfinite(second):
+        raise GSDError(f"{what}: the second computation (Opacus's RDP) gave {second}")
+    if eps == 0.0:
+        raise GSDError(f"{what}: it gave epsilon 0 for q = {q:.3g} over {steps} steps, whose examples are sampled "
+                       f"with probability {never_sampled_delta(q, steps):.3g} > delta (the second computation gave {second:.4g})")
+    tol = CONFIRM_RTOL * max(1.0, second)
+    agrees = abs(eps - second) <= tol if accountant == "rdp" else eps <= second + tol
+    if not agrees:
+        raise GSDError(f"{what}: dp-accounting's {accountant.upper()} gave epsilon {eps:.6g}, a second computation "
+                       f"(Opacus's RDP) {second:.6g} for q = {q:.3g}, sigma {z:.4g}, {steps} steps")
+    return eps
+
+
+def confirmed_epsilon(event: ev.DpEvent, delta: float, accountant: str = "rdp") -> float:
+    """:func:`epsilon_of` confirmed by :func:`confirm_epsilon`: what a run reports and books."""
+    return confirm_epsilon(event, delta, epsilon_of(event, delta, accountant), accountant)
 
 
 def check_epsilon(epsilon: float, what: str = "--epsilon") -> None:
@@ -154,7 +245,7 @@ def calibrate_noise(
 
         store = CalibrationCache(None if cache is True else cache)
         key = calibration_key(make_step, target_epsilon, delta, sampling_rate, steps, accountant)
-        hit = store.get(key, lambda s: epsilon_of(event(s), delta, accountant), target_epsilon)
+        hit = store.get(key, lambda s: confirmed_epsilon(event(s), delta, accountant), target_epsilon)
         if hit is not None:
             return hit
 
@@ -166,12 +257,16 @@ def calibrate_noise(
         tol = 1e-5 * upper
     else:
         bracket, tol = dpa.LowerEndpointAndGuess(1e-3, 1.0), 1e-7
-    sigma = dpa.calibrate_dp_mechanism(
-        lambda: _accountant(accountant), event, float(target_epsilon), float(delta), bracket, tol=tol,
-    )
+    import numpy as np
+
+    with np.errstate(over="ignore"):  # tiny sigmas' RDP overflows at large orders: infinite, skipped
+        sigma = dpa.calibrate_dp_mechanism(
+            lambda: _accountant(accountant), event, float(target_epsilon), float(delta), bracket, tol=tol,
+        )
     sigma = float(sigma)
     while (eps := epsilon_of(event(sigma), delta, accountant)) > target_epsilon:
         sigma *= 1.0001
+    confirm_epsilon(event(sigma), delta, eps, accountant)  # a second computation, or a refusal (never booked)
     if store is not None:
         store.put(key, sigma, eps)
     return sigma

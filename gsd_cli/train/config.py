@@ -64,6 +64,7 @@ class TrainConfig:
     expected_size: int | None = None  # declared private set size N0: q = batch_size / N0 (public)
     sampling_rate: float | None = None  # declared sampling rate q (public); steps per epoch round(1 / q)
     size_epsilon: float | None = None  # epsilon of the Laplace estimate of N when neither is declared (None: 2% of epsilon)
+    max_steps: int = 100_000  # the most steps the run may plan (epochs x steps per epoch); a guard, not part of the mechanism
 
     # --- privacy: the method and its guarantee ---
     method: str = "gep"  # one of METHODS
@@ -199,6 +200,12 @@ def validate(cfg: TrainConfig) -> None:
     from .size import check_size_settings
 
     check_size_settings(cfg.batch_size, cfg.expected_size, cfg.sampling_rate, cfg.size_epsilon, cfg.epsilon)
+    from .size import check_max_steps, check_plan, declared_steps_per_epoch
+
+    check_max_steps(cfg.max_steps)
+    declared = declared_steps_per_epoch(cfg.batch_size, cfg.expected_size, cfg.sampling_rate)
+    if declared is not None:  # a declared size or rate: the plan is known before any data is read
+        check_plan(cfg.epochs, declared, cfg.max_steps, "--expected-size" if cfg.expected_size is not None else "--sampling-rate")
     if cfg.physical_batch is not None and cfg.physical_batch < 1:
         raise GSDError(f"--physical-batch must be at least 1 (got {cfg.physical_batch})")
     if cfg.sparsify and cfg.method not in SPARSIFIABLE:

@@ -25,9 +25,10 @@ same samples and noise: the released sequence is one draw of the mechanism and n
 
 What the run writes, and which of it may be published: :mod:`gsd_cli.train.release`. The private
 set's class list comes from its declared metadata (``classes`` where the source declares none), its
-train/test split is decided per example (:mod:`gsd_cli.data.splits`), and public data that shares
-examples with it is refused: each would otherwise make the released model depend on the private data
-outside the mechanism.
+train/test split is decided per example (:mod:`gsd_cli.data.splits`), public data that is the private
+set by name or path is refused, and private examples the public data holds are left out of the private
+training set (:mod:`gsd_cli.train.overlap`): each would otherwise make the released model depend on the
+private data outside the mechanism.
 """
 
 from __future__ import annotations
@@ -46,15 +47,16 @@ from ..data.published import notes_of
 from ..errors import GSDError
 from ..privacy.randomness import INSECURE_NOTE, randomness_statement
 from ..gradients import default_chunk_size, resolve_device
-from ..privacy import Ledger, calibrate_noise, effective_noise_multiplier, epsilon_of, training_event
+from ..privacy import Ledger, calibrate_noise, confirmed_epsilon, effective_noise_multiplier, epsilon_of, training_event
 from . import checkpoint as ckpt
 from .config import SAVED_BEFORE, TrainConfig, lr_at, validate
 from .evaluate import evaluate, metric_row, summary_block
 from .gep import anchor_for
 from .methods import build_method
 from .overlap import left_out as _left_out, refuse_shared_public  # noqa: F401 (refuse_shared_public re-exported)
+from .size import Info, check_plan
 from .size import run_size as _mechanism_size
-from .release import PRIVATE_SUMMARY, not_dp_fields, split_summary
+from .release import PRIVATE_SUMMARY, PrivateNote, delta_notes, not_dp_fields, split_summary
 from .splits import private_parts
 from .distributed import current_world
 from .step import flat_to_grads as _flat_to_grads, private_randomness, private_step  # noqa: F401 (re-exported)
@@ -87,9 +89,13 @@ def train(
     ``selection``: the ranking that chose the public set (``Ranking.to_dict()``): a DP-GSD ranking is
     booked in the ledger at its total (R x epsilon for fresh repeats), one without a proven guarantee
     is refused, a non-private one makes the whole result not DP. ``progress(kind, done, total)`` with
-    kind ``"epoch"`` or ``"step"``. ``notify(message)`` gets each warning about the private data (a
-    dataset with listed images missing, ``delta >= 1/N``) before training; they name private facts (N),
-    so they also go to ``private-summary.json`` (and ``"private_notes"``), never to ``summary.json``.
+    kind ``"epoch"`` or ``"step"``. ``notify(message)`` gets each warning once the run is booked, before
+    the first step: a public one as a plain ``str`` (``--delta`` at or above 1/N for the size that sets
+    the mechanism, declared or DP-estimated; also in ``summary.json``), and a
+    :class:`~gsd_cli.train.release.PrivateNote` for each that names private facts (the exact N against
+    ``--delta``, listed images missing, private examples the public data holds): those go to
+    ``private-summary.json`` (and ``"private_notes"``), never to ``summary.json``, and a caller prints
+    them only on a line that says it is private (``gsd train``: ``private: warning: ...``).
 
     Several processes (:mod:`gsd_cli.train.distributed`: the same mechanism, accounting and result
     as one process): ``nproc=N`` starts N on this machine; under ``torchrun`` or in an initialised
@@ -119,7 +125,7 @@ def train(
         defaults = {**TrainConfig().to_dict(), **SAVED_BEFORE}  # a setting added after the run started has its default there
         # how the clipped sums are computed, not what is released (the update equals the per-example
         # path's to float rounding, tested): a resumed run may change these
-        compute_only = {"clip_engine", "physical_batch"}
+        compute_only = {"clip_engine", "physical_batch", "max_steps"}
         diff = sorted(k for k, v in cfg.to_dict().items() if k not in compute_only and saved.get(k, defaults.get(k)) != v)
         if diff:
             shown = ", ".join(f"{k}: run has {saved.get(k, defaults.get(k))!r}, asked {getattr(cfg, k)!r}" for k in diff[:4])
@@ -151,15 +157,17 @@ def train(
     if not train_src.multilabel and train_src.num_classes < 2:
         raise GSDError(f"{train_src.name}: a one-class set (one declared class); a classifier needs at least 2 classes "
                        "(--classes N; as a public candidate of gsd rank it is fine)")
+    # private facts (the exact N, the private set's missing files): told after the booking, as PrivateNote
     private_notes = notes_of(train_src) + ([f"--delta {cfg.delta:g} is at or above 1/N = {1 / n_train:.3g} for the N = {n_train} private "
                                             "training examples: delta should be well below 1/N"] if cfg.delta >= 1 / n_train else [])
-    for note in private_notes if notify and world.is_main else ():
-        notify(note)
     # q and T from public inputs or a DP estimate of N, never from N itself (gsd_cli.train.size)
     size = world.from_main(lambda: _mechanism_size(cfg, n_train, meta))
     q, steps_per_epoch = size.q, size.steps_per_epoch
-    total_steps = cfg.epochs * steps_per_epoch
+    total_steps = check_plan(cfg.epochs, steps_per_epoch, cfg.max_steps,
+                             {"declared-size": "--expected-size", "declared-rate": "--sampling-rate",
+                              "dp-estimate": "the DP estimate of the private set's size"}.get(size.how, size.how))  # refused above --max-steps, before any booking
     train_epsilon = cfg.epsilon - size.epsilon  # basic composition with the size estimate (size.py)
+    public_notes = delta_notes(cfg.delta, size, cfg.batch_size)  # on the size that sets the mechanism, never N (release.py)
 
     from ..models.peft import build_model
 
@@ -169,9 +177,7 @@ def train(
     pub_sample = refuse_shared_public(cfg, (train_src, test_src), cat)
     overlap_notes: list[str] = []
     left_out = world.from_main(lambda: _left_out(train_src, test_src, pub_sample, overlap_notes))
-    private_notes += overlap_notes
-    for note in overlap_notes if notify and world.is_main else ():
-        notify(note)
+    private_notes += overlap_notes  # how many private examples the public set holds: private, told after the booking
     if world.is_main:  # the only process that writes
         out.mkdir(exist_ok=True)
     stage1 = None
@@ -199,7 +205,17 @@ def train(
     if not _same_event(declared, method.step_event(sigma)):
         raise GSDError("internal: the method's noise does not match its accounted event; refusing to train")
     event = training_event(method.step_event(sigma), q, total_steps)
-    final_eps = size.epsilon + world.from_main(lambda: epsilon_of(event, cfg.delta, cfg.accountant))  # once, by process 0
+    final_eps = size.epsilon + world.from_main(lambda: confirmed_epsilon(event, cfg.delta, cfg.accountant))  # once, by process 0; a second computation confirms it
+    if notify and world.is_main:  # the plan, public: steps from public settings or the DP size, time from synthetic data
+        from .plan import estimate_seconds, plan_line, synthetic_step_seconds
+
+        try:
+            per_chunk = synthetic_step_seconds(model, names, (spec.channels, spec.input_size, spec.input_size),
+                                               min(chunk, cfg.batch_size), dev)
+            seconds = estimate_seconds(per_chunk, cfg.batch_size, chunk, total_steps - (int(meta["epoch"]) * steps_per_epoch if meta else 0), cfg.method)
+        except RuntimeError:  # a model the synthetic pass cannot run (its own input contract): no estimate, the plan stands
+            seconds = None
+        notify(Info(plan_line(total_steps, cfg.epochs, steps_per_epoch, cfg.batch_size, q, sigma, final_eps, seconds)))
     world.distribute(method, anchor)  # GEP: anchor gradients sharded, bases broadcast (no change to the mechanism)
 
     opt = torch.optim.SGD([dict(model.named_parameters())[n] for n in names], lr=cfg.lr,
@@ -227,6 +243,8 @@ def train(
     booking_secret = noise_seed if booking_nonce is None else f"{noise_seed}:{booking_nonce}"
     world.from_main(lambda: book_training_run(cfg, train_src, event, final_eps, method.description, booking_secret, out, resume,
                                               pure_epsilon=size.epsilon))  # the size estimate's pure DP, composed
+    for note in public_notes + [PrivateNote(n) for n in private_notes] if notify and world.is_main else ():
+        notify(note)  # once the run is booked (N~ is released with it); private facts as PrivateNote
 
     privacy_static = {
         "accountant": cfg.accountant,
@@ -320,7 +338,7 @@ def train(
     else:
         notes_unused = []
 
-    notes = list(notes_unused)
+    notes = list(notes_unused) + public_notes
     if size.how == "dp-estimate" and size.q >= 1:  # N~ is DP (public): saying so reveals nothing more
         notes.append(f"the DP estimate of the private set's size is at most --batch-size {cfg.batch_size}: every step used all "
                      "examples (q = 1); lower --batch-size, or declare the size with --expected-size")
