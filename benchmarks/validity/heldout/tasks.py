@@ -1,0 +1,123 @@
+"""The held-out benchmark's private tasks and their public candidates (data: :mod:`.prepare`).
+
+Eight tasks from five kinds of image. ``realistic``: no candidate is a split of the private set's own
+distribution (the case of a real user, whose public data comes from elsewhere). Every pool has at
+least six candidates, among them a small few-class set (``faces``: 200 images, 2 classes, or
+``pub-shoes``: 3 classes), a set of another resolution (``digits``: 8x8) and one of another colour
+(RGB ``pub-photos`` for grey tasks, grey sets for RGB tasks). Which tasks are selection and which
+held out is in ``split.json`` (:func:`split`), written before any run.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .prepare import NAMES, data_dir
+
+SPLIT = Path(__file__).with_name("split.json")
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    kind: str  # digits, clothing, silhouettes, textures, medical, photos
+    train: str
+    test: str
+    candidates: tuple[str, ...]
+    model: str  # the trained model (28x28 grey or 32x32 RGB)
+    realistic: bool  # no candidate from the private set's own distribution
+    same: str | None = None  # the same-distribution candidate, where there is one
+
+
+TASKS: dict[str, Task] = {t.name: t for t in (
+    Task("mnist", "digits", "mnist-train", "mnist-test",
+         ("pub-mnist", "digits", "pub-fashion", "pub-animal", "faces", "pub-photos"), "fmnist-cnn", False, "pub-mnist"),
+    Task("mnist-neg", "digits", "mnist-neg-train", "mnist-neg-test",
+         ("pub-mnist", "digits", "pub-fashion", "pub-animal", "faces", "pub-textures"), "fmnist-cnn", True),
+    Task("mnist-m", "rgb-digits", "mnist-m-train", "mnist-m-test",
+         ("pub-mnist", "digits", "pub-photos", "pub-fashion", "pub-animal", "faces"), "fmnist-cnn@32x3", True),
+    Task("fashion", "clothing", "fashion-train", "fashion-test",
+         ("pub-mnist", "pub-animal", "digits", "faces", "pub-textures", "pub-photos"), "fmnist-cnn", True),
+    Task("animal", "silhouettes", "animal-train", "animal-test",
+         ("pub-animal", "pub-mnist", "pub-shoes", "digits", "faces", "pub-textures"), "fmnist-cnn", False, "pub-animal"),
+    Task("textures", "textures", "textures-train", "textures-test",
+         ("pub-textures", "pub-photos", "pub-mnist", "pub-fashion", "faces", "pub-shoes"), "fmnist-cnn", False, "pub-textures"),
+    Task("medical", "medical", "medical-train", "medical-test",
+         ("pub-textures", "pub-photos", "pub-mnist", "pub-fashion", "faces", "digits"), "fmnist-cnn", True),
+    Task("photos", "rgb-photos", "photos-train", "photos-test",
+         ("pub-photos", "pub-textures", "pub-fashion", "pub-mnist", "faces", "digits"), "fmnist-cnn@32x3", False, "pub-photos"),
+)}
+
+
+
+def null(task: str) -> str:
+    """The null public set of GEP for ``task``: uniform noise of the private data's shape."""
+    return "noise-32rgb" if TASKS[task].model.endswith("x3") else "noise-28"
+
+
+#: the rule that assigns tasks to the selection and held-out stages (written to split.json with the result)
+SPLIT_RULE = ("tasks ordered by sha256('gsd-issue-42:<salt>:<task>'); the first four are held out, the rest are "
+              "selection; salt = the smallest integer from 0 for which the held-out tasks cover at least 3 kinds "
+              "and at least 2 realistic tasks, and the selection tasks at least 1 realistic task and 3 kinds")
+
+
+def assign(tasks: dict[str, Task] | None = None) -> tuple[int, list[str], list[str]]:
+    """(salt, selection, held out) by :data:`SPLIT_RULE`; a function of the task names and kinds only."""
+    import hashlib
+
+    tasks = tasks or TASKS
+    for salt in range(1000):
+        order = sorted(tasks, key=lambda t: hashlib.sha256(f"gsd-issue-42:{salt}:{t}".encode()).hexdigest())
+        held, sel = order[:4], order[4:]
+        ok = (len({tasks[t].kind for t in held}) >= 3 and sum(tasks[t].realistic for t in held) >= 2
+              and sum(tasks[t].realistic for t in sel) >= 1 and len({tasks[t].kind for t in sel}) >= 3)
+        if ok:
+            return salt, sorted(sel, key=list(tasks).index), sorted(held, key=list(tasks).index)
+    raise RuntimeError("no salt below 1000 satisfies the split rule")
+
+
+def write_split() -> dict:
+    """Write split.json (refuses to overwrite: the split is frozen before any run)."""
+    if SPLIT.is_file():
+        raise SystemExit(f"{SPLIT} exists: the split is frozen (delete it only to start the benchmark over)")
+    salt, sel, held = assign()
+    doc = {"selection": sel, "held_out": held, "rule": SPLIT_RULE, "salt": salt,
+           "tasks": {n: {"kind": t.kind, "realistic": t.realistic, "private_train": t.train, "candidates": list(t.candidates)}
+                     for n, t in TASKS.items()},
+           "note": "written before any training or ranking run; nothing (default, threshold, learning rate, epochs) "
+                   "is chosen on a held-out cell. The commit that froze it: git log -1 --format=%H -- split.json"}
+    SPLIT.write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
+
+
+@functools.lru_cache(maxsize=None)
+def register() -> None:
+    """Make every benchmark set resolvable by name (an npz source each)."""
+    from gsd_cli.data import register_dataset
+    from gsd_cli.data.files import npz_source
+
+    d = data_dir()
+    missing = [n for n in NAMES if not (d / f"{n}.npz").is_file()]
+    if missing:
+        raise SystemExit(f"missing {missing[:3]}... in {d}: run python -m validity.heldout prepare")
+    for n in NAMES:
+        register_dataset(n, functools.partial(npz_source, d / f"{n}.npz", n))
+
+
+@functools.lru_cache(maxsize=None)
+def sizes() -> dict[str, int]:
+    """Examples of every set (the public sizes are what the ``largest`` arm reads)."""
+    from gsd_cli.data import resolve
+
+    register()
+    return {n: len(resolve(n)) for n in {c for t in TASKS.values() for c in (t.train, *t.candidates)}}
+
+
+def split() -> dict:
+    """``split.json``: which tasks are selection and which held out, the rule, and the commit that froze it."""
+    if not SPLIT.is_file():
+        raise SystemExit(f"{SPLIT} is missing: python -m validity.heldout split (before any run)")
+    return json.loads(SPLIT.read_text())
