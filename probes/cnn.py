@@ -12,6 +12,14 @@
 
 Neither table names the hidden activation; ReLU is used (the GEP code's choice for its CNNs is tanh,
 which ``activation="tanh"`` gives; ``activation="none"`` leaves the identity).
+
+**Other input sizes** (``probe@SIZE``, ``fmnist-cnn@SIZE``): the layers stay the table's; only the input
+size of the first Linear layer follows the feature map the convolutions and poolings leave
+(:func:`probe_side`, :func:`fmnist_side`; the flatten size is computed, not pooled), so at the native
+size (224, 28) the network, its parameter count and its initial weights are exactly the table's, and at
+another size it has more or fewer weights in that layer (``gsd models show probe@112``). A size whose
+map vanishes (a kernel larger than its input) cannot work: :func:`check_size` refuses it in one line
+naming the smallest size that works (:func:`smallest_size`: 73 for the probe, 14 for the FMNIST CNN).
 """
 
 from __future__ import annotations
@@ -31,8 +39,52 @@ def _act(name: str) -> nn.Module:
     return {"relu": nn.ReLU, "tanh": nn.Tanh, "none": nn.Identity}[name]()
 
 
-def probe(num_classes: int = 10, in_channels: int = 3, activation: str = "relu") -> nn.Sequential:
-    """Probe network of paper 004 Table 7b (expects 224x224 inputs)."""
+def _conv(n: int, kernel: int, stride: int, padding: int = 0) -> int:
+    """Output side of a convolution or pooling on an ``n``-pixel side; 0 where the kernel does not fit."""
+    n += 2 * padding
+    return (n - kernel) // stride + 1 if n >= kernel else 0
+
+
+def probe_side(size: int) -> int:
+    """Side of the probe's last feature map (16 channels) for ``size`` x ``size`` inputs; 0: none."""
+    n = _conv(size, 8, 5)  # conv1
+    n = _conv(n, 2, 2)  # pool1
+    n = _conv(n, 4, 3)  # conv2
+    return _conv(n, 2, 2)  # pool2
+
+
+def fmnist_side(size: int) -> int:
+    """Side of the FMNIST CNN's last feature map (32 channels) for ``size`` x ``size`` inputs; 0: none."""
+    n = _conv(size, 8, 2, 3)  # conv1
+    n = _conv(n, 2, 1)  # pool1
+    n = _conv(n, 4, 2)  # conv2
+    return _conv(n, 2, 1)  # pool2
+
+
+#: the feature-map side of each network of this module, by its registry name
+SIDES = {"probe": probe_side, "fmnist-cnn": fmnist_side}
+
+
+def smallest_size(side) -> int:
+    """The smallest input side for which ``side`` (:func:`probe_side`, :func:`fmnist_side`) leaves a map."""
+    return next(s for s in range(1, 4097) if side(s) >= 1)
+
+
+def check_size(name: str, side, size: int) -> int:
+    """The last feature map's side at ``size``; a ``ValueError`` naming the smallest size that works
+    where the map vanishes."""
+    got = side(size)
+    if got < 1:
+        least = smallest_size(side)
+        raise ValueError(f"{name} needs inputs of at least {least}x{least} pixels: at {size}x{size} a kernel is larger than the "
+                         f"feature map it meets; use {name}@{least} or larger")
+    return got
+
+
+def probe(num_classes: int = 10, in_channels: int = 3, activation: str = "relu", input_size: int = 224) -> nn.Sequential:
+    """Probe network of paper 004 Table 7b for ``input_size`` x ``input_size`` inputs (the paper's: 224;
+    the Linear layer's input is the flattened last map, 144 at 224: module docstring)."""
+    side = check_size("probe", probe_side, input_size)
     return nn.Sequential(OrderedDict(
         conv1=nn.Conv2d(in_channels, 64, kernel_size=8, stride=5),
         act1=_act(activation),
@@ -41,12 +93,14 @@ def probe(num_classes: int = 10, in_channels: int = 3, activation: str = "relu")
         act2=_act(activation),
         pool2=nn.MaxPool2d(2),
         flatten=nn.Flatten(),
-        fc=nn.Linear(144, num_classes),
+        fc=nn.Linear(16 * side * side, num_classes),
     ))
 
 
-def fmnist_cnn(num_classes: int = 10, in_channels: int = 1, activation: str = "relu") -> nn.Sequential:
-    """Fashion-MNIST CNN of paper 004 Table 7a (expects 28x28 inputs)."""
+def fmnist_cnn(num_classes: int = 10, in_channels: int = 1, activation: str = "relu", input_size: int = 28) -> nn.Sequential:
+    """Fashion-MNIST CNN of paper 004 Table 7a for ``input_size`` x ``input_size`` inputs (the paper's: 28;
+    the first Linear layer's input is the flattened last map, 32 x 4 x 4 at 28: module docstring)."""
+    side = check_size("fmnist-cnn", fmnist_side, input_size)
     return nn.Sequential(OrderedDict(
         conv1=nn.Conv2d(in_channels, 16, kernel_size=8, stride=2, padding=3),
         act1=_act(activation),
@@ -55,7 +109,7 @@ def fmnist_cnn(num_classes: int = 10, in_channels: int = 1, activation: str = "r
         act2=_act(activation),
         pool2=nn.MaxPool2d(2, stride=1),
         flatten=nn.Flatten(),
-        fc1=nn.Linear(32 * 4 * 4, 32),
+        fc1=nn.Linear(32 * side * side, 32),
         act3=_act(activation),
         fc2=nn.Linear(32, num_classes),
     ))

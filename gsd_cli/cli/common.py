@@ -13,6 +13,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ..errors import GSDError
 
 DP_PROGRESS = " (DP)"  # = gsd_cli.subspace.side.DP_PROGRESS (not imported: the CLI's start-up stays free of torch)
+#: What starts a line of a DP command that carries private figures (= gsd_cli.train.release.PRIVATE_LABEL):
+#: every other line is a function of public inputs and DP releases (``grep -v '^private:'`` before publishing a log)
+PRIVATE_LABEL = "private:"
 
 out = Console()
 err = Console(stderr=True)
@@ -96,19 +99,30 @@ def plain_progress(write: Callable[[str], None], clock: Callable[[], float] = ti
     return progress
 
 
-def progress_bar(quiet: bool, width: int = 24, eta: bool = False):
+def print_private(console: Console, text: str) -> None:
+    """One line that carries private figures, labelled :data:`PRIVATE_LABEL` (``text`` is rich markup)."""
+    console.print(f"[yellow]{PRIVATE_LABEL}[/] " + text, highlight=False, soft_wrap=True)
+
+
+def progress_bar(quiet: bool, width: int = 24, eta: bool = False, private: bool = False):
     """A rich progress bar on stderr and its callback ``progress(name, done, total)``: one task per
     name, started on the first call (so input errors print no empty progress line); the total may grow
     (the Gram path adds passes); a finished ``epoch`` restarts the ``step`` task. Off a terminal (CI
     logs, redirected stderr) the bar would print nothing: plain lines instead (:func:`plain_progress`).
-    ``quiet``: neither."""
+    ``quiet``: neither.
+
+    ``private`` (a DP command): the times are private figures (an epoch's time grows with the private
+    set's size, and whether a plain line appears at all turns on the time elapsed), so each plain line
+    starts with :data:`PRIVATE_LABEL`, and so do the bar's time columns."""
     from rich.progress import TimeRemainingColumn
 
     plain = not quiet and not err.is_terminal
-    cols = [TextColumn(f"{{task.description:<{width}}}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    cols = [TextColumn(f"{{task.description:<{width}}}"), BarColumn(), MofNCompleteColumn(),
+            *([TextColumn(f"[yellow]{PRIVATE_LABEL}[/]")] if private else []), TimeElapsedColumn()]
     bar = Progress(*cols, *([TimeRemainingColumn()] if eta else []), console=err, transient=True, disable=quiet or plain)
     if plain:
-        return bar, plain_progress(lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True), after=PLAIN_AFTER)
+        label = PRIVATE_LABEL + " " if private else ""
+        return bar, plain_progress(lambda line: err.print(label + line, markup=False, highlight=False, soft_wrap=True), after=PLAIN_AFTER)
     tasks: dict[str, int] = {}
 
     def progress(name: str, done: int, total: int) -> None:
@@ -123,9 +137,9 @@ def progress_bar(quiet: bool, width: int = 24, eta: bool = False):
     return bar, progress
 
 
-def with_progress(quiet: bool, fn: Callable[[Callable], T], width: int = 24, eta: bool = False) -> T:
-    """``fn(progress)`` under a progress bar that is stopped however ``fn`` ends."""
-    bar, progress = progress_bar(quiet, width=width, eta=eta)
+def with_progress(quiet: bool, fn: Callable[[Callable], T], width: int = 24, eta: bool = False, private: bool = False) -> T:
+    """``fn(progress)`` under a progress bar that is stopped however ``fn`` ends (``private``: :func:`progress_bar`)."""
+    bar, progress = progress_bar(quiet, width=width, eta=eta, private=private)
     try:
         return fn(progress)
     finally:

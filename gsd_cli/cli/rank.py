@@ -18,6 +18,17 @@ from .options import (
 )
 
 
+def _any_dp_job(catalog: Path) -> bool:
+    """Whether a catalogue has a DP job (its progress is then labelled private); False for one that does
+    not load (the run reports its error)."""
+    from ..ranking.catalog import load_catalog
+
+    try:
+        return any(bool(job.options.get("dp")) for job in load_catalog(catalog).jobs)
+    except GSDError:
+        return False
+
+
 @app.command()
 def rank(
     private: str = typer.Option(DEFAULT_PRIVATE, "--private", help="Private dataset: an embedded or built-in name (gsd datasets list), folder:PATH, csv:PATH, npz:PATH or hf:PATH; add :train or :test for a split."),
@@ -193,7 +204,8 @@ def rank(
     shown_on = err if any(is_stdout(f) for f in (json_file, csv_file, md_file, plot_file)) else out  # stdout is a file
     cache = None if no_cache else SubspaceCache()
     runner = get_executor(executor, **({"address": ray_address} if ray_address else {}))  # gsd_cli.ranking.get_executor
-    bar, progress = progress_bar(quiet)
+    dp_times = dp or (catalog is not None and _any_dp_job(catalog))
+    bar, progress = progress_bar(quiet, private=dp_times)  # under DP the times (and so the plain lines) are private
 
     options = dict(
         k=k, examples=examples, seed=seed, model=model, params=params, labels=labels.value, row_norm=row_norm.value,

@@ -138,8 +138,10 @@ def csv_source(path: str | Path, name: str | None = None, image_column: str | No
                         data_split=[(r.get(split_col) or "").strip() for r in rows] if split_col else None,
                         data_split_column=split_col or "")
     grouped = f", grouped by column {group_column!r}" if group_column else ""
-    return FileListSource(name, files, y, classes, f"CSV {path} (images: {img_col!r}{grouped})", "csv", path.parent,
-                          classes_declared=declared, frame=frame, **grouping)
+    src = FileListSource(name, files, y, classes, f"CSV {path} (images: {img_col!r}{grouped})", "csv", path.parent,
+                         classes_declared=declared, frame=frame, **grouping)
+    src.origin_path = str(path)  # what it reads, for gsd_cli.data.identity.origin
+    return src
 
 
 class HFSource(ImageSource):
@@ -191,9 +193,13 @@ def hf_source(path: str | Path, name: str | None = None, split: str | None = Non
             split = next(iter(ds))
         if split not in ds:
             raise DatasetError(f"{name}: has splits {', '.join(ds)}; name one as hf:{path}:SPLIT")
-        return HFSource(ds[split], name, image_column, label_column)
+        src = HFSource(ds[split], name, image_column, label_column)
+        src.origin_path, src.origin_split = str(path), split  # what it reads, for gsd_cli.data.identity.origin
+        return src
+    src = HFSource(ds, name if split is None else f"hf:{path}", image_column, label_column)
+    src.origin_path = str(path)
     if split is not None:  # one Dataset, no published splits: the per-example hash split
         from .splits import fixed_split
 
-        return fixed_split(HFSource(ds, f"hf:{path}", image_column, label_column), split, name)
-    return HFSource(ds, name, image_column, label_column)
+        return fixed_split(src, split, name)
+    return src

@@ -90,6 +90,7 @@ class FolderSource(ImageSource):
         self.classes = list(classes)  # declared by the class folders' names
         self._targets = np.asarray([c for _, c in samples], dtype=np.int64)
         self.root = str(path)
+        self.origin_path = str(path)  # what it reads, for gsd_cli.data.identity.origin
         self.description = f"image folder {path} ({self.num_classes} classes)"
         self.frame = check_frame(frame, self.name)
         if any(not f.lower().endswith(IMAGE_EXTENSIONS) for f, _ in samples):  # DICOM found by the listing
@@ -223,8 +224,11 @@ def npz_source(path: str | Path, name: str | None = None) -> ImageSource:
         declared = [str(c) for c in range(declared)]
     if declared is not None:
         _check_declared(name, y, len(declared))
-        return ArraySource(name, x, y, len(declared), f"arrays from {path}", classes=declared)
-    return ArraySource(name, x, y, description=f"arrays from {path}")
+        src = ArraySource(name, x, y, len(declared), f"arrays from {path}", classes=declared)
+    else:
+        src = ArraySource(name, x, y, description=f"arrays from {path}")
+    src.origin_path = str(path)  # what it reads, for gsd_cli.data.identity.origin
+    return src
 
 
 def _integer_images(x: np.ndarray, name: str) -> np.ndarray:

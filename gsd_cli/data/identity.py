@@ -13,7 +13,10 @@ private examples releases them (a candidate that *is* the private set even score
   against private ones: all of an in-memory set, else up to :data:`CONTENT_SAMPLE` drawn with a
   fixed seed (so a large file-backed set is checked on a sample, not exhaustively).
 
-It answers "disjoint as far as can be told" (None) or a one-line reason.
+It answers "disjoint as far as can be told" (None) or a one-line reason. That is the check of a
+non-private command (``gsd rank`` without ``--dp``). A DP release looks at public inputs only: the
+names and the paths they read (:func:`same_dataset` with ``by_content=False``), and leaves shared
+examples out one by one (:class:`PublicRows`); see the section "under DP" below.
 """
 
 from __future__ import annotations
@@ -177,25 +180,39 @@ def _content_overlap(private: ImageSource, public: ImageSource, private_indices,
             f"(same image content)")
 
 
-# --- under DP: refuse only the whole set, drop shared examples per example --------------------------
+# --- under DP: refuse by name and path only, drop shared examples per example ----------------------
 #
 # A refusal that depends on *which* private examples a public set shares is a membership oracle: put
 # one private image in a public candidate, and the run stops if and only if the image is in the
-# private set (P = 1 against 0: no epsilon covers it). So a DP release (gsd rank --dp, gsd train)
-# refuses a public set only when it is the private set as a whole, by name, path or digest of all of
-# its examples (an event that does not turn on one example: a public set that *is* the private data
-# voids any guarantee), and handles shared examples by a per-example rule decided before any secret
-# draw: a private example whose file or content is among the public examples the run uses is left
-# out of the private data (:func:`public_rows`). Whether example x is left out depends on x and the
+# private set (P = 1 against 0: no epsilon covers it). Comparing the whole content is no better: a
+# public set equal to the private set minus one target has the private set's content exactly when the
+# target is not in it. So a DP release (gsd rank --dp, gsd train, --select-epsilon) refuses a public
+# set only by its public inputs: the same name, or the same file or folder read (same_dataset with
+# by_content=False; a usability check: such a public set would leave no private example to use), and
+# handles shared examples, copies included, by a per-example rule decided before any secret draw: a
+# private example whose file or content is among the public examples the run uses is left out of the
+# private data (:class:`PublicRows`). Whether example x is left out depends on x and the
 # public data alone, so the mechanism on the filtered set keeps its add/remove guarantee; how many
 # were left out is a private fact, never printed in publishable output.
 
 
-def same_dataset(private: ImageSource, public: ImageSource) -> str | None:
-    """Why ``public`` *is* ``private`` as a whole (same name, same files or split on disk, or the same
-    multiset of example contents, e.g. a byte copy under another path), else None."""
+def same_dataset(private: ImageSource, public: ImageSource, by_content: bool = True) -> str | None:
+    """Why ``public`` *is* ``private`` as a whole, else None: the same name (:func:`dataset_identity`), the
+    same file or folder read (:func:`origin`), and with ``by_content`` also the same files or split on
+    disk or the same multiset of example contents (e.g. a byte copy under another path).
+
+    ``by_content=False`` is the check of a DP release: it looks at the public inputs only (the names
+    and the paths they read, never a listing or an example of the private set), because a refusal
+    that turns on the private examples is a membership oracle: a public set equal to the private set
+    minus one target example has the same content as the private set exactly when the target is *not*
+    in it (exit 2 against exit 0, an infinite privacy loss for that pair). Under DP a copy is harmless
+    anyway: the per-example rule (:class:`PublicRows`) leaves every private example the public set
+    holds out of the private data."""
     if _name_overlap(private.name, public.name) == "same":
         return f"{public.name} is the private set {private.name} (same dataset by name)"
+    why = _same_origin(private, public)
+    if why or not by_content:
+        return why
     files_priv, files_pub = file_set(private), file_set(public)
     if files_priv is not None and files_pub is not None and files_priv == files_pub:
         return f"{public.name} is the private set {private.name} (the same files on disk)"
@@ -205,6 +222,37 @@ def same_dataset(private: ImageSource, public: ImageSource) -> str | None:
     if len(private) == len(public) and len(private) > 0 and _same_sizes(private, public) and set_digest(private) == set_digest(public):
         return f"{public.name} holds exactly the examples of the private set {private.name} (same content: a copy)"
     return None
+
+
+def origin(source: ImageSource) -> tuple[str, tuple[str, ...]] | None:
+    """The file or folder ``source`` reads (its real path: ``npz:``, ``csv:``, ``folder:``, ``hf:``,
+    however it is named) and the split parts taken of it, outermost first (``("train",)``), from the
+    source's definition alone (the names and paths given; no example is looked at). None for a source
+    with no such path (in memory, built-in)."""
+    splits = []
+    s = source
+    while True:
+        part = s.__dict__.get("origin_split")
+        if part is not None:
+            splits.append(str(part))
+        if not hasattr(s, "parent"):
+            break
+        s = s.parent
+    path = s.__dict__.get("origin_path")
+    if path is None:
+        return None
+    return os.path.realpath(os.path.expanduser(str(path))), tuple(reversed(splits))
+
+
+def _same_origin(private: ImageSource, public: ImageSource) -> str | None:
+    """Why the two read the same file or folder with overlapping parts (one part holds the other, or
+    the whole), else None; two different split parts of one file (``:train``, ``:test``) do not overlap."""
+    a, b = origin(private), origin(public)
+    if a is None or b is None or a[0] != b[0]:
+        return None
+    if any(x != y for x, y in zip(a[1], b[1])):  # different parts of one split
+        return None
+    return f"{public.name} is the private set {private.name} or holds it (it reads the same path {a[0]})"
 
 
 def _same_sizes(a: ImageSource, b: ImageSource) -> bool:

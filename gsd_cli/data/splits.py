@@ -116,9 +116,11 @@ def fixed_split(source: ImageSource, split: str, name: str | None = None) -> Ima
             f"name the train and test sets explicitly"
         )
     rule = "per-group hash split, ~{}% of groups in test" if grouped else "per-example hash split, ~{}% test"
-    return SubsetSource(
+    part = SubsetSource(
         source, keep, name, description=f"{source.description} [{split}: {rule.format(int(TEST_FRACTION * 100))}]",
     )
+    part.origin_split = split  # which part, for gsd_cli.data.identity.origin
+    return part
 
 
 def groups_of(source: ImageSource, indices: Sequence[int] | None = None) -> list[str] | None:

@@ -1,9 +1,9 @@
 """Public data that a training run may not use, and private examples it leaves out.
 
-A public set that *is* one of the private parts (same name, same files, or the same examples under
-another path) is refused (:func:`refuse_shared_public`). Examples the two merely share are not refused:
-that refusal would be a membership oracle (the run stops if and only if a given image is in the private
-set). Instead :func:`left_out` marks the private training examples whose file or content is among the
+A public set that *is* one of the private parts by its public inputs (the same name, or the same file
+or folder read) is refused (:func:`refuse_shared_public`). Nothing that looks at the private examples
+refuses: examples the two share, or the same examples under another path (a copy), would be a membership
+oracle (the run stops if and only if a given image is, or is not, in the private set). Instead :func:`left_out` marks the private training examples whose file or content is among the
 public examples the run uses, and the loop leaves them out of every Poisson subsample: Poisson sampling
 of the set followed by a rule that looks at each example alone is Poisson sampling of the filtered set,
 so the add/remove guarantee holds (:class:`gsd_cli.data.identity.PublicRows`).
@@ -22,8 +22,8 @@ from .config import TrainConfig
 def refuse_shared_public(cfg: TrainConfig, private: Sequence[gdata.ImageSource], catalog=None) -> gdata.Sample | None:
     """The public examples the method trains with (GEP's anchors, the second phase's public set;
     None for a method without public data), after refusing them (:class:`GSDError`) when they are
-    one of the ``private`` parts as a whole (by name, path or the digest of all its examples). Examples
-    the two merely share are not refused (a refusal that turns on one example is a membership oracle):
+    one of the ``private`` parts by name or path (public inputs). Examples the two share, a copy
+    included, are not refused (a refusal that turns on the private examples is a membership oracle):
     :func:`train` leaves those private examples out of the private training set, a per-example rule
     (:class:`gsd_cli.data.identity.PublicRows`)."""
     if cfg.method not in ("gep", "second-phase") or not cfg.public:
@@ -41,7 +41,8 @@ def refuse_shared_public(cfg: TrainConfig, private: Sequence[gdata.ImageSource],
 def left_out(train_src, test_src, pub_sample, notes: list) -> np.ndarray | None:
     """The private training examples among the public examples the run uses (left out of every
     Poisson subsample: the mechanism runs on the filtered set), or None. How many, and how many test
-    examples the public set holds (they would inflate the test metrics), are private notes."""
+    examples the public set holds (they would inflate the test metrics), are private notes: ``train``
+    tells them as :class:`~gsd_cli.train.release.PrivateNote` once the run is booked, never on a public line."""
     if pub_sample is None:
         return None
     from ..data.identity import PublicRows

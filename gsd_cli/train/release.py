@@ -13,6 +13,10 @@ else computed from the private data is *not* covered by that guarantee:
   TopAgg's kept fraction, the realised (Poisson) batch sizes;
 * the wall-clock time (it grows with N).
 
+On the console the same split holds (``gsd train``): a line that carries any of these starts with
+``private:`` (the test result, the private notes, the progress lines with their times); every other
+line is a function of public inputs and the DP releases (:class:`PrivateNote`, :func:`delta_notes`).
+
 ``summary.json`` holds only what may be published: public settings and the privacy statement
 (epsilon, delta, noise multiplier, sampling rate, steps, expected batch size, accountant and
 relation). The sampling rate and the number of steps come from a declared size or rate, or from a
@@ -41,6 +45,8 @@ NON_DP_METRICS = ("test_loss", "test_accuracy", "test_macro_auc", "mean_batch", 
 NON_DP_METRIC_PREFIXES = ("fraction_clipped_", "test_")  # every test metric (balanced accuracy, AUC per finding...)
 
 PRIVATE_SUMMARY = "private-summary.json"
+#: What starts a console line that carries private figures (the CLI's ``gsd_cli.cli.common.PRIVATE_LABEL``)
+PRIVATE_LABEL = "private:"
 
 PUBLISHABLE_NOTE = (
     "publishable: public settings and the privacy statement only; the test metrics, the exact size of the "
@@ -50,6 +56,34 @@ PRIVATE_NOTE = (
     "NOT publishable: statistics of the private data outside the privacy guarantee (test metrics, the exact "
     "private set size, timing); keep with the run folder"
 )
+
+
+class PrivateNote(str):
+    """A note of a training run that names a private fact (the exact size N, how many private examples
+    the public data holds, files of the private set that are missing): it goes to
+    ``private-summary.json`` and, through ``notify``, to a line that says it is private; never to
+    ``summary.json`` or a public line. A plain ``str`` given to ``notify`` is public."""
+
+
+def delta_notes(delta: float, size, batch_size: int) -> list[str]:
+    """The public warning that ``--delta`` is not well below 1/N, for the size N that sets the
+    mechanism (``size``: a :class:`~gsd_cli.train.size.MechanismSize`): the declared ``--expected-size``,
+    the DP estimate N~ (released with the run), or batch size / q for a declared ``--sampling-rate``.
+    Never the exact N: whether a line appears, and what it says, would then be a function of the
+    private set outside any mechanism (the exact-N note is a :class:`PrivateNote`)."""
+    if size.size is not None:
+        n = int(size.size)
+        what = {"declared-size": "the declared --expected-size",
+                "dp-estimate": "the DP estimate of the private set's size"}.get(size.how, "the size that sets the mechanism")
+    elif size.q > 0:
+        n = batch_size / size.q
+        what = "the size --sampling-rate stands for (batch size / q)"
+    else:
+        return []
+    if delta < 1 / n:
+        return []
+    shown = f"{n:.6g}" if isinstance(n, float) else str(n)
+    return [f"--delta {delta:g} is at or above 1/N = {1 / n:.3g} for N = {shown}, {what}: delta should be well below 1/N"]
 
 
 def not_dp_fields(row: dict) -> list[str]:

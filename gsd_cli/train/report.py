@@ -35,7 +35,12 @@ def result_line(test: dict) -> str:
 
 
 def print_summary(summary: dict, console: Console) -> None:
-    """A two-column table of what was trained, what it reached and what it spent."""
+    """A two-column table of what was trained and what it spent (public: settings, the privacy
+    statement, the public notes), then what it reached on lines labelled private
+    (:data:`~gsd_cli.train.release.PRIVATE_LABEL`): the test result and the test set's size are
+    statistics of the private data outside the guarantee."""
+    from .release import PRIVATE_LABEL
+
     t = Table(title=f"gsd train: {summary['method']} on {escape(summary['private'])}", show_header=False)
     t.add_column("", style="bold")
     t.add_column("")
@@ -79,10 +84,12 @@ def print_summary(summary: dict, console: Console) -> None:
     if len(b["entries"]) > 1:
         t.add_row("privacy (total)", f"epsilon={b['total_epsilon']:.4f}, delta={b['total_delta']:g} ({b['composition']})")
     t.add_row("differentially private", "yes" if summary.get("dp", True) else "[bold red]NO[/] (see the warnings below)")
-    test = summary["test"]
-    t.add_row(f"test ({summary['private_test_examples']} examples)", escape(result_line(test)))
-    if test.get("auc_per_finding"):
-        t.add_row("AUC per finding", escape(", ".join(f"{k} {_fmt(v)}" for k, v in test["auc_per_finding"].items())))
     console.print(t)
     for n in summary.get("notes", []):
         console.print(f"[yellow]warning:[/] {escape(n)}")
+    test = summary["test"]
+    lines = [f"test ({summary['private_test_examples']} examples): {result_line(test)}"]
+    if test.get("auc_per_finding"):
+        lines.append("AUC per finding: " + ", ".join(f"{k} {_fmt(v)}" for k, v in test["auc_per_finding"].items()))
+    for line in lines:
+        console.print(f"[yellow]{PRIVATE_LABEL}[/] " + escape(line), highlight=False, soft_wrap=True)

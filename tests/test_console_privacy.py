@@ -1,0 +1,273 @@
+"""Issue 43, section 3: the console of a DP command is as public as its summary.
+
+Each test runs a DP command on two neighbouring private sets (the same file path holding sets that
+differ in one example) and compares what a reviewer would publish: the exit status, every stdout and
+stderr line that does not start with ``private:``, and the written public files. Private figures may
+appear only on lines labelled ``private:``. The runs use declared sizes (``--expected-size``) so that
+the mechanism itself is the same for both sets; DP releases (the noisy distances of ``gsd rank --dp``)
+are masked where a line shows one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gsd_cli.cli import common, main
+
+CLASSES = np.array([str(i) for i in range(10)])
+TRAIN = ["--model", "fmnist-cnn", "--params", "fc*", "--epochs", "1", "--batch-size", "10", "--expected-size", "40",
+         "--clip-engine", "materialise", "--physical-batch", "64"]
+RANK = ["--model", "fmnist-cnn", "--params", "fc*", "--no-cache", "--engine", "vmap", "-k", "2", "-m", "30"]
+#: a duration as the console prints one (2.9s, 38s, 1m35s, 1h02m): masked where a public line may time
+#: synthetic or public work (the plan's estimate); epoch and step times are checked to be private
+TIME = re.compile(r"\b\d+(\.\d+)?s\b|\b\d+m\d\ds\b|\b\d+h\d\dm\b")
+
+
+def _images(n, seed):
+    return np.random.default_rng(seed).integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+
+
+def _write(path, x):
+    np.savez(path, x=x, y=(np.arange(len(x)) % 10).astype(np.int64), classes=CLASSES)
+
+
+def _run(capsys, argv):
+    code = main(argv)
+    cap = capsys.readouterr()
+    return code, cap.out.splitlines(), cap.err.splitlines()
+
+
+def _public(lines):
+    """The lines a reviewer publishes: all but those labelled private, durations masked."""
+    return [TIME.sub("<time>", line) for line in lines if not line.startswith(common.PRIVATE_LABEL)]
+
+
+def _released(lines):
+    """Public lines of a DP ranking with its DP releases masked: the table's distance cells and bars
+    (numbers with decimals, the bar), rows sorted (the noisy order is a release too)."""
+    rows, rest = [], []
+    for line in _public(lines):
+        if line.startswith("│"):
+            cells = line.split("│")
+            cells[1] = "#"  # the rank (and the winner's star)
+            rows.append(" ".join(re.sub(r"\d+\.\d+|█+", "#", "│".join(cells)).split()))
+        else:
+            rest.append(line)
+    return rest + sorted(rows)
+
+
+def _neighbours(tmp_path, base, target, argv_of, capsys, files=()):
+    """Run ``argv_of()`` with ``private.npz`` holding ``base`` (with ``target``) and then ``base`` without
+    it, in the same folder; ``files``: public files of the run compared as JSON. Returns both results."""
+    got = []
+    for x in (base, np.delete(base, target, axis=0)):
+        _write(tmp_path / "private.npz", x)
+        for f in ("run", *files):
+            p = tmp_path / f
+            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+        Path(os.environ["GSD_LEDGER"]).unlink(missing_ok=True)  # each neighbour starts from a new ledger ("created ...")
+        code, out, err = _run(capsys, argv_of())
+        docs = {f: json.loads((tmp_path / f).read_text()) for f in files if (tmp_path / f).is_file()}
+        got.append((code, out, err, docs))
+    return got
+
+
+def _same_public(got, released=False):
+    (c1, o1, e1, f1), (c2, o2, e2, f2) = got
+    view = _released if released else _public
+    assert c1 == c2, (c1, c2, e1, e2)
+    assert view(o1) == view(o2), "\n".join(view(o1) + ["---"] + view(o2))
+    assert _public(e1) == _public(e2), "\n".join(_public(e1) + ["---"] + _public(e2))
+    assert f1 == f2
+
+
+# --- 1. a copy of the private set minus one example: no refusal on content under DP ----------------
+
+def test_dp_rank_does_not_refuse_a_copy_minus_the_target(tmp_path, capsys):
+    """The public set is the private set minus example #7. Before: refused (exit 2) exactly when #7 was
+    not in the private set (equal content), ran (exit 0) when it was."""
+    base = _images(40, 1)
+    _write(tmp_path / "public.npz", np.delete(base, 7, axis=0))
+    argv = lambda: ["rank", "--dp", "--epsilon", "4", "--private", f"npz:{tmp_path / 'private.npz'}",  # noqa: E731
+                    "--public", f"npz:{tmp_path / 'public.npz'}", "digits", *RANK]
+    got = _neighbours(tmp_path, base, 7, argv, capsys)
+    assert [g[0] for g in got] == [0, 0], got[1][2]
+    _same_public(got, released=True)
+    # without --dp the content check stays: the same examples under another path are refused
+    code, _, err = _run(capsys, ["rank", "--private", f"npz:{tmp_path / 'private.npz'}", "--public", f"npz:{tmp_path / 'public.npz'}",
+                                 "-q", *RANK])
+    assert code == 2 and "same content" in " ".join(err), err
+
+
+def test_dp_training_does_not_refuse_gep_anchors_that_copy_the_set_minus_the_target(tmp_path, capsys):
+    base = _images(40, 2)
+    _write(tmp_path / "public.npz", np.delete(base, 5, axis=0))
+    _write(tmp_path / "test.npz", _images(20, 3))
+    argv = lambda: ["train", "--private", f"npz:{tmp_path / 'private.npz'}", "--private-test", f"npz:{tmp_path / 'test.npz'}",  # noqa: E731
+                    "--method", "gep", "--public", f"npz:{tmp_path / 'public.npz'}", "--k", "2", "--public-examples", "39",
+                    "--anchor-batch", "0", *TRAIN, "--out", str(tmp_path / "run"), "-q"]
+    got = _neighbours(tmp_path, base, 5, argv, capsys, files=("run/summary.json",))
+    assert [g[0] for g in got] == [0, 0], got[1][2]
+    _same_public(got)
+
+
+def test_dp_refusal_by_name_and_path_is_the_same_for_neighbours(tmp_path, capsys):
+    """What is still refused under DP is refused on public inputs: the private file named again (by another
+    spelling of its path, or by a catalogue entry that reads it), for both neighbours alike."""
+    base = _images(40, 4)
+    cat = tmp_path / "c.toml"
+    cat.write_text(f'[datasets.mine]\nsource = "npz"\npath = "{tmp_path / "private.npz"}"\n')
+    for public in (f"npz:{tmp_path / '.' / 'private.npz'}", "mine"):
+        argv = lambda: ["train", "--private", f"npz:{tmp_path / 'private.npz'}", "--method", "gep", "--public", public,  # noqa: E731
+                        "--catalog", str(cat), "--k", "2", "--public-examples", "20", *TRAIN, "--out", str(tmp_path / "run"), "-q"]
+        got = _neighbours(tmp_path, base, 3, argv, capsys)
+        assert [g[0] for g in got] == [2, 2]
+        _same_public(got)
+        assert "is private data" in got[0][2][-1]
+
+
+def test_same_dataset_under_dp_reads_names_and_paths_only(tmp_path):
+    from gsd_cli import data as gdata
+    from gsd_cli.data.identity import origin, same_dataset
+    from gsd_cli.ranking.catalog import load_catalog
+
+    x = _images(50, 5)
+    _write(tmp_path / "a.npz", x)
+    shutil.copy(tmp_path / "a.npz", tmp_path / "copy.npz")
+    a, copy = gdata.resolve(f"npz:{tmp_path / 'a.npz'}"), gdata.resolve(f"npz:{tmp_path / 'copy.npz'}")
+    assert "same content" in same_dataset(a, copy)  # non-DP: content
+    assert same_dataset(a, copy, by_content=False) is None  # DP: a copy under another path is left to the per-example rule
+    cat = tmp_path / "c.toml"
+    cat.write_text(f'[datasets.alias]\nsource = "npz"\npath = "{tmp_path / "a.npz"}"\n')
+    alias = load_catalog(cat).resolve("alias")
+    assert "same path" in same_dataset(a, alias, by_content=False)
+    train, test = (gdata.resolve(f"npz:{tmp_path / 'a.npz'}:{s}") for s in ("train", "test"))
+    assert origin(train)[1] == ("train",) and origin(a)[1] == ()
+    assert same_dataset(train, test, by_content=False) is None  # two parts of one file
+    assert "same path" in same_dataset(train, alias, by_content=False)  # the whole holds the part
+    assert "same path" in same_dataset(load_catalog(cat).resolve("alias", split="test"), test, by_content=False)
+
+
+# --- 2. how many private examples the public data holds: private, and only once booked ------------
+
+def _overlap_setup(tmp_path):
+    base = _images(40, 6)
+    _write(tmp_path / "public.npz", np.concatenate([_images(25, 7), base[:5]]))  # anchors holding 5 private examples
+    _write(tmp_path / "test.npz", _images(20, 8))
+    return base, lambda *extra: ["train", "--private", f"npz:{tmp_path / 'private.npz'}", "--private-test", f"npz:{tmp_path / 'test.npz'}",
+                                 "--method", "gep", "--public", f"npz:{tmp_path / 'public.npz'}", "--k", "2",
+                                 "--public-examples", "30", "--anchor-batch", "0", *TRAIN, "--out", str(tmp_path / "run"), "-q", *extra]
+
+
+def test_the_count_of_shared_examples_is_on_a_private_line_only(tmp_path, capsys):
+    base, argv = _overlap_setup(tmp_path)
+    got = _neighbours(tmp_path, base, 2, argv, capsys, files=("run/summary.json",))  # example #2 is shared: 5 against 4
+    assert [g[0] for g in got] == [0, 0], got[1][2]
+    _same_public(got)
+    for (_, out, err, _), n in zip(got, (5, 4)):
+        hits = [line for line in out + err if "among the public examples" in line]
+        assert hits and all(line.startswith("private: warning: ") for line in hits), hits
+        assert f"{n} private training example(s)" in hits[0]
+
+
+def test_a_run_refused_by_its_budget_says_nothing_of_the_overlap(tmp_path, capsys):
+    """The count was printed before the booking, so also on a run the budget refused."""
+    base, argv = _overlap_setup(tmp_path)
+    got = []
+    for x in (base, np.delete(base, 2, axis=0)):
+        _write(tmp_path / "private.npz", x)
+        Path(os.environ["GSD_LEDGER"]).unlink(missing_ok=True)  # each neighbour in a ledger of its own
+        assert _run(capsys, ["budget", "set", "--private", f"npz:{tmp_path / 'private.npz'}", "--epsilon", "1", "--delta", "1e-4"])[0] == 0
+        shutil.rmtree(tmp_path / "run", ignore_errors=True)
+        got.append(_run(capsys, argv()) + ({},))
+    assert [g[0] for g in got] == [2, 2]
+    for code, out, err, _ in got:
+        assert not any("among the public" in line or line.startswith(common.PRIVATE_LABEL) for line in out + err), err
+    _same_public(got)  # and no private line at all (above)
+
+
+# --- 3. the delta warning: on the size that sets the mechanism, never the exact N -------------------
+
+def test_delta_warning_is_a_function_of_the_declared_size(tmp_path, capsys):
+    """N = 40 or 39 with --expected-size 40 and --delta 0.025 = 1/40: before, the warning appeared for
+    N = 40 and not for N = 39, and named N. Now the public warning is on N0 = 40 for both."""
+    base = _images(40, 9)
+    _write(tmp_path / "test.npz", _images(20, 10))
+    argv = lambda: ["train", "--private", f"npz:{tmp_path / 'private.npz'}", "--private-test", f"npz:{tmp_path / 'test.npz'}",  # noqa: E731
+                    "--method", "dpsgd", "--delta", "0.025", *TRAIN, "--out", str(tmp_path / "run"), "-q"]
+    got = _neighbours(tmp_path, base, 0, argv, capsys, files=("run/summary.json",))
+    assert [g[0] for g in got] == [0, 0], got[1][2]
+    _same_public(got)
+    for (_, out, err, docs), n in zip(got, (40, 39)):
+        public = _public(out + err)
+        assert any("1/N = 0.025 for N = 40, the declared --expected-size" in line for line in public), public
+        assert not any("N = 39" in line for line in public)
+        private = [line for line in err if line.startswith("private:") and "--delta" in line]
+        assert private == ([f"private: warning: --delta 0.025 is at or above 1/N = 0.025 for the N = 40 private training examples: "
+                            "delta should be well below 1/N"] if n == 40 else [])
+        assert any("N = 40, the declared" in note for note in docs["run/summary.json"]["notes"])
+
+
+def test_delta_warning_on_the_dp_estimate_names_the_estimate(tmp_path):
+    """Without a declared size the warning is on N~ (the DP estimate, in summary.json), not on N."""
+    from gsd_cli.train import TrainConfig, train
+
+    _write(tmp_path / "p.npz", _images(40, 11))
+    _write(tmp_path / "t.npz", _images(20, 12))
+    seen = []
+    s = train(TrainConfig(private=f"npz:{tmp_path / 'p.npz'}", private_test=f"npz:{tmp_path / 't.npz'}", method="dpsgd", epochs=1,
+                          batch_size=10, delta=0.02, model="fmnist-cnn", params=["fc*"], clip_engine="materialise", insecure_seed=3),
+              tmp_path / "run", notify=seen.append)
+    n_est = s["privacy"]["size"]["size"]
+    from gsd_cli.train.release import PrivateNote
+
+    public = [m for m in seen if not isinstance(m, PrivateNote) and "--delta" in m]
+    assert public == ([f"--delta 0.02 is at or above 1/N = {1 / n_est:.3g} for N = {n_est}, the DP estimate of the private "
+                       "set's size: delta should be well below 1/N"] if 0.02 >= 1 / n_est else [])
+    assert all(isinstance(m, PrivateNote) for m in seen if "N = 40 private" in m)
+
+
+# --- 4. the test set's size and the epoch times ---------------------------------------------------
+
+def test_test_size_and_epoch_times_are_on_private_lines(tmp_path, capsys, monkeypatch):
+    """The default split: the target example falls in the test part, so the test set has 1 example less.
+    Progress lines (plain, off a terminal, from the first second) carry the times: labelled private."""
+    from gsd_cli import data as gdata
+
+    monkeypatch.setattr(common, "PLAIN_AFTER", 0.0)
+    base = _images(60, 13)
+    _write(tmp_path / "private.npz", base)
+    test_idx = gdata.resolve(f"npz:{tmp_path / 'private.npz'}:test").indices
+    target = int(test_idx[0])
+    argv = lambda: ["train", "--private", f"npz:{tmp_path / 'private.npz'}", "--method", "dpsgd", *TRAIN,  # noqa: E731
+                    "--out", str(tmp_path / "run")]
+    got = _neighbours(tmp_path, base, target, argv, capsys, files=("run/summary.json",))
+    assert [g[0] for g in got] == [0, 0], got[1][2]
+    _same_public(got)
+    for (_, out, err, _), n in zip(got, (len(test_idx), len(test_idx) - 1)):
+        assert f"private: test ({n} examples): " in "\n".join(out)
+        timed = [line for line in err if "done in" in line or "a step, about" in line]
+        assert timed and all(line.startswith("private: ") for line in timed), err
+        assert not any("test (" in line for line in _public(out + err))
+
+
+def test_dp_rank_progress_lines_are_private(tmp_path, capsys, monkeypatch):
+    """gsd rank --dp off a terminal: every progress line is labelled private (their times include the
+    private side's, and whether they appear at all turns on the time elapsed)."""
+    monkeypatch.setattr(common, "PLAIN_AFTER", 0.0)
+    base = _images(40, 14)
+    argv = lambda: ["rank", "--dp", "--epsilon", "4", "--private", f"npz:{tmp_path / 'private.npz'}", "--public", "digits",  # noqa: E731
+                    *RANK]
+    got = _neighbours(tmp_path, base, 0, argv, capsys)
+    assert [g[0] for g in got] == [0, 0], got[1][2]
+    _same_public(got, released=True)
+    for _, _, err, _ in got:
+        progress = [line for line in err if "/30" in line or "done" in line]
+        assert progress and all(line.startswith("private: ") for line in progress), err
