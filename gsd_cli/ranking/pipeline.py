@@ -45,13 +45,16 @@ def refuse_private_as_public(private: gdata.ImageSource, private_indices, public
 
 
 def refuse_same_dataset(private: gdata.ImageSource, publics: Sequence[gdata.Sample], what: str = "public candidate") -> None:
-    """Raise :class:`GSDError` when a public set *is* the private set as a whole (by name, path or the
-    digest of all its examples: :func:`gsd_cli.data.identity.same_dataset`): the check of a DP
-    release, which does not look at which examples the two share (that would be a membership oracle)."""
+    """Raise :class:`GSDError` when a public set *is* the private set by its public inputs: the same
+    name, or the same file or folder read (:func:`gsd_cli.data.identity.same_dataset` with
+    ``by_content=False``). The check of a DP release: it looks at no private example, neither which
+    examples the two share nor whether they hold the same ones (either would be a membership oracle:
+    a public set equal to the private set minus one target holds the same examples exactly when the
+    target is absent); the per-example rule leaves a copy's examples out of the private data."""
     from ..data.identity import same_dataset
 
     for smp in publics:
-        why = same_dataset(private, smp.source)
+        why = same_dataset(private, smp.source, by_content=False)
         if why:
             raise GSDError(f"{what} {smp.source.name} is private data: {why}; public data must not be the private set")
 
