@@ -130,12 +130,17 @@ def test_delta_at_or_above_one_over_n_warns_privately(tmp_path, capsys):
                  "--delta", "0.05", "--out", str(run), "-q"])
     err = capsys.readouterr().err
     assert code == 0, err
-    warn = [l for l in err.splitlines() if l.startswith("warning:") and "--delta" in l]
-    assert len(warn) == 1 and "N = " in warn[0] and "1/N" in warn[0]
+    # the exact N: on a line labelled private only (issue 43), and in private-summary.json
+    warn = [l for l in err.splitlines() if l.startswith("private: warning:") and "--delta" in l]
     n = json.loads((run / "private-summary.json").read_text())["private_train_examples"]
-    assert f"N = {n} " in warn[0]
+    assert len(warn) == 1 and f"for the N = {n} private" in warn[0] and "1/N" in warn[0]
     assert any("--delta" in x for x in json.loads((run / "private-summary.json").read_text())["notes"])
-    assert "1/N" not in (run / "summary.json").read_text()  # N is private
+    summary = json.loads((run / "summary.json").read_text())
+    assert f"N = {n} private" not in json.dumps(summary)
+    # the public warning (and summary.json's note) is on the DP estimate N~ that sets the mechanism, never N
+    n_est = summary["privacy"]["size"]["size"]
+    public = [l for l in err.splitlines() if l.startswith("warning:") and "--delta" in l]
+    assert [f"for N = {n_est}, the DP estimate" in l for l in public] == ([True] if 0.05 >= 1 / n_est else [])
     run2 = tmp_path / "run2"
     code = main(["train", "--private", f"npz:{p}", "--method", "dpsgd", "--epochs", "1", "--batch-size", "10",
                  "--delta", "1e-5", "--out", str(run2), "-q"])
