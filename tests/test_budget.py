@@ -60,13 +60,17 @@ def test_two_paths_book_one_entry_and_a_run_past_the_budget_is_refused(two_paths
     capsys.readouterr()
     code = _train(first, tmp_path / "r3")
     err = capsys.readouterr().err
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "budget" in err and "left" in err and "Traceback" not in err
+    errors = [line for line in err.strip().splitlines() if line.startswith("error")]
+    assert code == 2 and len(errors) == 1 and "budget" in errors[0] and "left" in errors[0] and "Traceback" not in err
+    assert "size" in errors[0] and "stays booked" in errors[0]  # the size estimate was booked before it was drawn
     assert not (tmp_path / "r3").exists(), "nothing trained, no run folder"
-    assert len(B.BudgetLedger().status()[0]["runs"]) == 2
+    runs = B.BudgetLedger().status()[0]["runs"]  # the two runs, and the refused run's size estimate (spent, so booked)
+    assert [r["what"] for r in runs] == ["training (dpsgd)"] * 2 + ["training (dpsgd): size estimate"]
+    assert runs[2]["epsilon"] == pytest.approx(0.04)  # 2% of --epsilon 2
     # shown as a table, as JSON and as publishable totals
     assert main(["budget", "show", "--private", first, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert len(doc["datasets"]) == 1 and len(doc["datasets"][0]["runs"]) == 2 and "PRIVATE" in doc["note"]
+    assert len(doc["datasets"]) == 1 and len(doc["datasets"][0]["runs"]) == 3 and "PRIVATE" in doc["note"]
     assert doc["datasets"][0]["runs"][0]["command"].startswith(f"gsd train --private {first}")
     assert main(["budget", "show", "--publishable", "--json"]) == 0
     pub = capsys.readouterr().out
@@ -114,7 +118,10 @@ def test_filter_admits_by_either_composition_and_refuses_past_both(tmp_path):
     # raising a budget that runs were booked under is refused unless asked for, and then recorded
     with pytest.raises(GSDError, match="--raise"):
         led.set_budget(data, 2.0, 1e-6)
-    assert led.set_budget(data, 0.5, 1e-6)["budget"]["raised"] == 0  # lowering is safe
+    with pytest.raises(GSDError, match="--force"):  # below what is spent: refused unless forced
+        led.set_budget(data, 0.5, 1e-6)
+    low = led.set_budget(data, 0.5, 1e-6, force=True)
+    assert low["budget"]["raised"] == 0 and low["overspent"] and low["remaining"]["epsilon"] == 0
     assert led.set_budget(data, 2.0, 1e-6, allow_raise=True)["budget"]["raised"] == 1
     # a release without a proven guarantee never fits a budget
     other = B.DataIdentity("f" * 64, "other", "arrays")
@@ -183,13 +190,14 @@ def test_concurrent_bookings_from_two_processes_all_land_within_the_budget(tmp_p
 def test_dp_rank_books_one_release_shared_and_r_fresh(tiny):
     from gsd_cli.ranking import rank
 
-    opts = dict(dp=True, epsilon=0.5, k=2, examples=24, model="fmnist-cnn", insecure_seed=1)
+    opts = dict(dp=True, epsilon=0.5, k=2, examples=24, model="fmnist-cnn", insecure_seed=1, distance="dp-energy")
     rank(tiny["private"], [tiny["public"]], **opts)
     rank(tiny["private"], [tiny["public"]], repeats=2, dp_repeats="shared", **opts)
     rank(tiny["private"], [tiny["public"]], repeats=2, dp_repeats="fresh", **opts)
     runs = B.BudgetLedger().status()[0]["runs"]
     assert [r["epsilon"] for r in runs] == [0.5, 0.5, 0.5, 0.5]  # 1 + 1 (shared) + 2 (fresh) draws
-    assert all(r["what"] == "DP-GSD ranking" and r["delta"] == 0 and not r["dp"] for r in runs)  # seeded: booked, marked
+    assert all(r["what"] == "DP energy ranking" and r["delta"] == 0 and not r["dp"] for r in runs)  # seeded: booked, marked
+    assert all(r["mechanism"].startswith("DP energy distance (Laplace)") and r["guarantee"] for r in runs)
     rank(tiny["private"], [tiny["public"]], k=2, examples=24, model="fmnist-cnn")  # not DP: nothing to book
     assert len(B.BudgetLedger().status()[0]["runs"]) == 4
 
@@ -201,7 +209,8 @@ def test_ledger_location_and_its_errors(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     assert B.default_location() == str(tmp_path / "xdg" / "gsd" / B.FILE_NAME)
     other = tmp_path / "given.sqlite"
-    assert main(["--ledger", str(other), "budget", "show"]) == 0 and other.is_file()
+    assert main(["--ledger", str(other), "budget", "show"]) == 0 and not other.exists()  # show never creates a ledger
+    assert "no ledger at" in " ".join(capsys.readouterr().out.split())
     assert main(["budget", "set", "--private", "npz:/nonexistent-gsd.npz", "--epsilon", "1", "--delta", "1e-5", "--ledger", str(other)]) == 2
     assert main(["budget", "set", "--private", "digits", "--epsilon", "-1", "--delta", "1e-5", "--ledger", str(other)]) == 2
     err = capsys.readouterr().err
@@ -254,7 +263,7 @@ def test_audit_on_real_data_and_the_opacus_hook_book(npz_pair, tmp_path):
     data = B.DataIdentity("a" * 64, "opacus-set", "arrays")
     b = B.book_opacus(data, 1.2, 0.01, 200, 1e-5)
     assert b["epsilon"] == pytest.approx(gep_epsilon(1.2, 0.01, 200, 1e-5)) and b["what"] == "training (opacus gep)"
-    B.BudgetLedger().set_budget(data, b["epsilon"] * 1.5, 1e-5)
+    B.BudgetLedger().set_budget(data, b["epsilon"] * 1.5, 2e-5)  # the run fits (basic: delta 1e-5 <= 2e-5 / 2); a second does not
     with pytest.raises(B.BudgetExceeded):
         B.book_opacus(data, 1.2, 0.01, 200, 1e-5)
 

@@ -45,11 +45,14 @@ def main_callback(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
     debug: bool = typer.Option(False, "--debug", help="Print the traceback of an unexpected error (also GSD_DEBUG=1)."),
     ledger: str = typer.Option(None, "--ledger", help="Privacy ledger every DP run books into (SQLite file or SQLAlchemy URL; default $GSD_LEDGER, else the user's data folder): see gsd budget."),
+    ledger_timeout: float = typer.Option(None, "--ledger-timeout", help="Seconds a DP run waits for a ledger that another process holds, then stops with one line (default $GSD_LEDGER_TIMEOUT, else 30)."),
 ) -> None:
     """Choose public data for differentially private training by Gradient Subspace Distance."""
     _debug["on"] = debug
     if ledger is not None:  # gsd_cli.privacy.budget reads it: every booking of this command goes there
         os.environ["GSD_LEDGER"] = ledger
+    if ledger_timeout is not None:  # checked where the ledger is opened (gsd_cli.privacy.budget.ledger_timeout)
+        os.environ["GSD_LEDGER_TIMEOUT"] = repr(float(ledger_timeout))
 
 
 def reflow_help(*apps: typer.Typer) -> None:

@@ -22,34 +22,41 @@ app.add_typer(budget_app, name="budget")
 LEDGER_HELP = ("The ledger: a SQLite file or a SQLAlchemy URL (postgresql://...) (default $GSD_LEDGER, else "
                "$XDG_DATA_HOME/gsd/privacy-ledger.sqlite). gsd rank/train/compare book into $GSD_LEDGER or "
                "`gsd --ledger PATH COMMAND`.")
+TIMEOUT_HELP = ("Seconds to wait for a ledger that another process holds, then stop with one line "
+                "(default $GSD_LEDGER_TIMEOUT, else 30).")
 
 
-def _ledger(location: Optional[str]):
+def _ledger(location: Optional[str], timeout: Optional[float], create: bool = True):
     from ..privacy.budget import BudgetLedger
 
-    return BudgetLedger(location)
+    return BudgetLedger(location, create=create, timeout=timeout)
 
 
 @budget_app.command("set")
 def set_budget(
-    private: str = typer.Option(..., "--private", help="The private data set (any name, path or catalogue entry that reads it: it is identified by its content)."),
-    epsilon: float = typer.Option(..., "--epsilon", help="Total epsilon every DP run on this data set may spend together."),
+    private: str = typer.Option(..., "--private", help="The private data set (any name, path or catalogue entry that reads it: it is identified by its examples' content)."),
+    epsilon: float = typer.Option(..., "--epsilon", help="Total epsilon every DP run on this data set may spend together (at most 100)."),
     delta: float = typer.Option(..., "--delta", help="Total delta (half for basic composition, half over the Rényi orders)."),
     raise_: bool = typer.Option(False, "--raise", help="Raise a budget that runs were booked under (recorded: the filter's guarantee is for a budget fixed in advance)."),
+    force: bool = typer.Option(False, "--force", help="Set a budget below what the booked runs already spent (every run on the data is then refused)."),
     ledger: Optional[str] = typer.Option(None, "--ledger", help=LEDGER_HELP),
+    ledger_timeout: Optional[float] = typer.Option(None, "--ledger-timeout", help=TIMEOUT_HELP),
 ) -> None:
     """Give a private data set a privacy budget: from now on a DP run that would take it past
-    (epsilon, delta) is refused before it starts. The runs booked so far stay booked and count.
-    Set it before the first run: a filter's guarantee is for a budget fixed in advance, so raising
-    one after runs needs --raise and is recorded."""
+    (epsilon, delta) is refused before it starts, and so is a run on any data that shares an
+    example with it. The runs booked so far stay booked and count. Set it before the first run: a
+    filter's guarantee is for a budget fixed in advance, so raising one after runs needs --raise and
+    is recorded; a budget below what is already spent needs --force."""
     from ..privacy.budget import data_identity
 
-    led = _ledger(ledger)
-    s = led.set_budget(data_identity(private), epsilon, delta, allow_raise=raise_)
+    led = _ledger(ledger, ledger_timeout)  # checked (and made, if new) before the data is read
+    s = led.set_budget(data_identity(private), epsilon, delta, allow_raise=raise_, force=force)
     left = s["remaining"]
     out.print(f"{escape(s['name'])}: budget epsilon {epsilon:g}, delta {delta:g}; {s['spent']['runs']} run(s) booked, "
               f"about {left['epsilon']:.4g} epsilon left")
-    err.print(f"ledger {escape(led.location)} (private: it names runs on the private data)")
+    if s.get("overspent"):
+        err.print("[yellow]warning:[/] the runs booked already spent more than this budget: every DP run on this data is refused from now on")
+    err.print(f"ledger {escape(led.shown)} (private: it names runs on the private data)")
 
 
 @budget_app.command("show")
@@ -58,22 +65,33 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     publishable: bool = typer.Option(False, "--publishable", help="Totals only: no runs, commands or times."),
     ledger: Optional[str] = typer.Option(None, "--ledger", help=LEDGER_HELP),
+    ledger_timeout: Optional[float] = typer.Option(None, "--ledger-timeout", help=TIMEOUT_HELP),
 ) -> None:
-    """What each private data set has spent and has left, with every run booked (command, time,
-    mechanism, epsilon). Spent is shown two ways: basic composition (epsilons and deltas add) and the
-    Rényi filter (RDP curves add; converted at the filter's delta, and at the budget's delta as if the
-    runs were fixed in advance). The ledger is private; --publishable prints the totals only."""
+    """What each private data set has spent and has left, with every run booked on it or on data
+    that shares examples with it (command, time, mechanism, epsilon). Spent is shown two ways: basic
+    composition (epsilons and deltas add) and the Rényi filter (RDP curves add; converted at the
+    filter's delta, and at the budget's delta as if the runs were fixed in advance). The ledger is
+    private; --publishable prints the totals only. Never creates a ledger."""
     from ..privacy.budget import data_identity, status_json
 
-    led = _ledger(ledger)
-    status = led.status(data_identity(private).digest if private is not None else None)
-    doc = status_json(status, publishable_only=publishable, location=led.location)
+    led = _ledger(ledger, ledger_timeout, create=False)
+    if not led.exists:
+        if as_json:
+            typer.echo(json.dumps({"publishable": publishable, "ledger": led.shown, "exists": False, "datasets": []}, indent=2))
+        else:
+            out.print(f"no ledger at {escape(led.shown)}: nothing was booked there (a DP run creates it; is the path right?)")
+        return
+    status = led.status_of(data_identity(private)) if private is not None else led.status()
+    doc = status_json(status, publishable_only=publishable, location=led.shown)
     if as_json:  # plain text: a console would wrap long strings
         typer.echo(json.dumps(_finite(doc), indent=2))
         return
     _tables(doc, publishable)
     if not doc["datasets"]:
-        out.print("no runs booked" + (" on this data set" if private is not None else "") + f" in {escape(led.location)}")
+        out.print("no runs booked" + (" on this data set or on data sharing its examples" if private is not None else "")
+                  + f" in {escape(led.shown)}")
+    elif private is not None and status and status[0].get("shares_with_asked"):
+        err.print("this data set is not in the ledger itself; the entries above share examples with it, and their budgets apply to it")
     if not publishable:
         err.print("[yellow]private:[/] this ledger names runs on private data; publish only --publishable")
 
@@ -98,8 +116,9 @@ def _tables(doc: dict, publishable: bool) -> None:
 
     for s in doc["datasets"]:
         sp, b = s["spent"], s["budget"]
+        runs = sp["runs"] if isinstance(sp.get("runs"), int) else len(s.get("runs") or [])
         head = (f"{escape(s['name'])}: budget " + (f"epsilon {b['epsilon']:g}, delta {b['delta']:g}" if b else "none set")
-                + f"; {sp['runs']} run(s)")
+                + f"; {runs} run(s)")
         t = Table(title=head, title_justify="left")
         for c in ("composition", "epsilon spent", "delta", "left"):
             t.add_column(c)
@@ -112,15 +131,20 @@ def _tables(doc: dict, publishable: bool) -> None:
             t.caption = "a booked run has no proven DP guarantee: the totals are not a guarantee"
         elif b and b.get("raised"):
             t.caption = "the budget was raised after runs were booked: the figures are true, the filter's guarantee is void"
+        elif s.get("overspent"):
+            t.caption = "the runs booked spent more than this budget (set with --force): every run on it is refused"
         out.print(t)
         if publishable:
             continue
-        runs = Table(title=f"runs on {escape(s['name'])} (data {s['digest'][:12]}, identified by {s['identified_by']})", title_justify="left")
-        for c in ("time (UTC)", "what", "epsilon", "delta", "DP", "command"):
-            runs.add_column(c, overflow="fold")
+        ident = f"{s['examples']} distinct examples" if s.get("examples") is not None else f"identified by {s['identified_by']}"
+        table = Table(title=f"runs on {escape(s['name'])} (data {s['digest'][:12]}, {ident})", title_justify="left")
+        for c in ("time (UTC)", "what", "epsilon", "delta", "DP", "data", "command"):
+            table.add_column(c, overflow="fold")
         for r in s["runs"]:
             dp = "yes" if r["dp"] and r["guarantee"] else ("no proof" if not r["guarantee"] else "no (seeded)")
             when = r["time"].replace("T", " ").split("+")[0].split(".")[0]
-            runs.add_row(when, escape(r["what"]), _f(r["epsilon"]), _f(r["delta"], ".3g"), dp, escape(r["command"]))
-        runs.caption = "mechanisms: gsd budget show --json"
-        out.print(runs)
+            table.add_row(when, escape(r["what"]), _f(r["epsilon"]), _f(r["delta"], ".3g"), dp,
+                          escape(r["name"]) + (" (shares examples)" if r.get("shared") else ""), escape(r["command"]))
+        table.caption = "mechanisms: gsd budget show --json" + (
+            f"; shares examples with {escape(', '.join(s['shares_examples_with']))}" if s.get("shares_examples_with") else "")
+        out.print(table)

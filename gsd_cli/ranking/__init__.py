@@ -101,6 +101,10 @@ def rank(
 
     private, publics = as_sources(private, publics)
     config = RankConfig.from_options(**options) if config is None else config.replace(**options)
+    if config.privacy.dp:  # before any work: the privacy ledger it books into is usable (exit 2 otherwise)
+        from ..privacy.budget import ready_ledger
+
+        ready_ledger()
     run = dict(progress=progress, memo=memo, cache=cache, executor=get_executor(executor))  # one executor for every draw
     if config.repeats != 1:
         return rank_repeats(private, publics, config, **run)

@@ -147,7 +147,7 @@ def rank_once(private, publics: Sequence, config: RankConfig, *, public_seed: in
         if distance.private:  # a new DP draw: booked in the privacy ledger first, refused past the budget (gsd_cli.privacy.budget)
             from ..privacy.budget import book_ranking
 
-            book_ranking(priv_source, config.privacy)
+            book_ranking(priv_source, config.privacy, distance=config.distance_name)
         pre = None
         if getattr(distance, "needs_public_sides", False):  # --dp-sketch public: the basis is built from the public sides first
             pre = {} if memo is None else dict(memo)  # a copy: the private side stays the memo's first new entry (rank_repeats keeps it)

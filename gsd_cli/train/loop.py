@@ -114,6 +114,9 @@ def train(
         return spawn(train, nproc, (cfg, out), dict(resume=resume, device=device, selection=selection),
                      device=resolve_device(device), progress=progress, notify=notify)
     world = current_world(resolve_device(device))  # torchrun's or an initialised process group, else one process
+    from ..privacy.budget import book_size_estimate, book_training_run, ready_ledger  # the privacy ledger (gsd budget)
+
+    world.from_main(lambda: ready_ledger() and None)  # before any work: the ledger this run books into is usable (exit 2 otherwise)
     out = world.from_main(lambda: ckpt.prepare_run_dir(Path(out), resume, create=False))  # created once the model
     # is built: a bad --peft, --weights or dataset leaves no empty folder behind
     meta = None
@@ -161,6 +164,7 @@ def train(
     private_notes = notes_of(train_src) + ([f"--delta {cfg.delta:g} is at or above 1/N = {1 / n_train:.3g} for the N = {n_train} private "
                                             "training examples: delta should be well below 1/N"] if cfg.delta >= 1 / n_train else [])
     # q and T from public inputs or a DP estimate of N, never from N itself (gsd_cli.train.size)
+    size_booking = world.from_main(lambda: book_size_estimate(cfg, train_src, meta))  # the DP size estimate is booked before it is drawn
     size = world.from_main(lambda: _mechanism_size(cfg, n_train, meta))
     q, steps_per_epoch = size.q, size.steps_per_epoch
     total_steps = check_plan(cfg.epochs, steps_per_epoch, cfg.max_steps,
@@ -238,11 +242,10 @@ def train(
         start_epoch = 0
         rows = []
     noise_seed = world.share_seed(noise_seed)  # process 0's secret: every process draws the same subsamples
-    from ..privacy.budget import book_training_run  # the privacy ledger, by process 0, before the first step; refused past the budget
-
+    # the privacy ledger, by process 0, before the first step; refused past the budget
     booking_secret = noise_seed if booking_nonce is None else f"{noise_seed}:{booking_nonce}"
     world.from_main(lambda: book_training_run(cfg, train_src, event, final_eps, method.description, booking_secret, out, resume,
-                                              pure_epsilon=size.epsilon))  # the size estimate's pure DP, composed
+                                              pure_epsilon=size.epsilon, size_booking=size_booking))  # the size estimate: booked apart, or composed here
     for note in public_notes + [PrivateNote(n) for n in private_notes] if notify and world.is_main else ():
         notify(note)  # once the run is booked (N~ is released with it); private facts as PrivateNote
 

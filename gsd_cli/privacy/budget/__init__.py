@@ -4,9 +4,16 @@ Each DP release of gsd (a DP-GSD ranking and its repeats, a training of any meth
 of ``gsd compare``, a catalogue's DP jobs and ``--auto-select --select-epsilon``) is **booked here
 before it releases anything**, under the data set it reads. A data set is named by what it *is*
 (:func:`data_identity`: a digest of its examples' content), not by the name or path it was given
-under, so the same images copied to another folder or file share one budget. A run that would take
-the data set past its budget (``gsd budget set``) is refused (:class:`BudgetExceeded`, exit 2); a
+under: each example by a digest of its decoded image (:mod:`.identity`), so the same images stored
+in another folder or format share one budget. A budget is a promise to the people in the data: a run
+counts against every data set with a budget that shares at least one example with the data it reads
+(a copy with one image changed, a set grown by one example), and is refused
+(:class:`BudgetExceeded`, exit 2) if any of them would go past its budget (``gsd budget set``). A
 data set without a budget is booked all the same, and ``gsd budget show`` lists what it spent.
+
+The spent figure of a budgeted set T composes every run on T or on a set that shares an example with
+T, as if each had read every person of T: exact for the people in the intersections, the safe side
+for the others (two runs on two disjoint halves of T are composed although no one is in both).
 
 Composition under adaptivity (each run chosen after seeing the earlier ones, as people work)
 ------------------------------------------------------------------------------------------------
@@ -48,25 +55,30 @@ the same runs *fixed in advance* would give (dp-accounting's RDP accountant).
 
 Storage: SQLite by default (stdlib ``sqlite3``), the file :func:`default_location`; ``--ledger PATH``
 or ``$GSD_LEDGER`` choose another file, or a SQLAlchemy URL (``postgresql://user@host/db``; ``pip
-install 'gsd-cli[budget-server]'``) for a team's shared server. A booking is one transaction that
-reads the data set's bookings and adds the new one under a lock (SQLite ``BEGIN IMMEDIATE`` with a
-busy timeout; PostgreSQL ``LOCK TABLE ... EXCLUSIVE``), so concurrent runs both land and neither
-slips past the budget. It is committed before the run releases anything: a run that dies after
-booking stays booked (the safe side).
+install 'gsd-cli[budget-server]'``) for a team's shared server (tables: :mod:`.store`). Every DP
+command checks its ledger before any work (:func:`ready_ledger`; :class:`LedgerError` "ledger PATH
+is unusable: why; what to do", exit 2, and a file that is not a ledger is never written). A booking
+is one transaction that reads the bookings that count against each budget concerned and adds the
+new one under a lock (SQLite ``BEGIN IMMEDIATE``; PostgreSQL ``LOCK TABLE ... EXCLUSIVE``; held by
+another process: waited for up to ``--ledger-timeout`` seconds, with a message), so concurrent runs
+both land and neither slips past the budget. It is committed before the run releases anything: a
+run that dies after booking stays booked (the safe side).
 
 The ledger is itself **private**: it names runs on the private set and their times. Its totals
 (``gsd budget show --publishable``) say no more than the runs' own published epsilons.
 """
 
 from .compose import ORDERS, SHOWN_DELTA, admits, composed, event_curve, pure_dp_curve, remaining
-from .hooks import (audit_booking, book_dpgsd, book_opacus, book_ranking, book_training, book_training_run, booking_id_of_secret, ledger,
-                    publishable, status_json, unbooked)
-from .identity import DataIdentity, data_identity
-from .store import BUSY_TIMEOUT, ENV, FILE_NAME, PRIVATE_NOTE, BudgetExceeded, BudgetLedger, default_location
+from .hooks import (audit_booking, book_dpgsd, book_opacus, book_ranking, book_size_estimate, book_training, book_training_run,
+                    booked_line, booking_id_of_secret, ledger, publishable, ready_ledger, status_json, unbooked)
+from .identity import DataIdentity, data_identity, example_digest, example_digests, legacy_digest
+from .store import (BUSY_TIMEOUT, ENV, FILE_NAME, MAX_BUDGET_EPSILON, PRIVATE_NOTE, TIMEOUT_ENV, BudgetExceeded, BudgetLedger, LedgerError,
+                    default_location, ledger_timeout)
 
 __all__ = [
     "ORDERS", "SHOWN_DELTA", "admits", "composed", "event_curve", "pure_dp_curve", "remaining", "audit_booking", "book_dpgsd", "book_opacus",
-    "book_ranking", "book_training", "book_training_run", "booking_id_of_secret", "ledger", "publishable", "status_json", "unbooked",
-    "DataIdentity", "data_identity", "BUSY_TIMEOUT", "ENV", "FILE_NAME", "PRIVATE_NOTE", "BudgetExceeded", "BudgetLedger",
-    "default_location",
+    "book_ranking", "book_size_estimate", "book_training", "book_training_run", "booked_line", "booking_id_of_secret", "ledger",
+    "publishable", "ready_ledger", "status_json", "unbooked", "DataIdentity", "data_identity", "example_digest", "example_digests",
+    "legacy_digest", "BUSY_TIMEOUT", "ENV", "FILE_NAME", "MAX_BUDGET_EPSILON", "PRIVATE_NOTE", "TIMEOUT_ENV", "BudgetExceeded",
+    "BudgetLedger", "LedgerError", "default_location", "ledger_timeout",
 ]

@@ -12,7 +12,7 @@ from pathlib import Path
 from ...errors import GSDError
 from .compose import ORDERS, event_curve, pure_dp_curve
 from .identity import data_identity
-from .store import PRIVATE_NOTE, BudgetExceeded, BudgetLedger
+from .store import PRIVATE_NOTE, BudgetExceeded, BudgetLedger, say
 
 
 _UNBOOKED: contextvars.ContextVar[str | None] = contextvars.ContextVar("gsd_unbooked", default=None)
@@ -40,54 +40,127 @@ def ledger(location: str | os.PathLike | None = None) -> BudgetLedger:
     return BudgetLedger(location)
 
 
-def book_dpgsd(private, epsilon: float, *, releases: int = 1, mechanism: str = "sequential", dp: bool = True,
-               what: str = "DP-GSD ranking", ledger_location=None) -> dict | None:
-    """Book ``releases`` epsilon-DP DP-GSD draws of ``private`` (a source or spec) before they happen:
-    basic (releases x epsilon, delta 0) and the Rényi curve :func:`pure_dp_curve`. The ``matrix``
-    (Gibbs) mechanism has no proven guarantee: booked at its nominal epsilon, marked, with no curve
-    (a data set with a budget refuses it)."""
+def ready_ledger(location: str | os.PathLike | None = None) -> BudgetLedger | None:
+    """The check a DP command makes before any work: the ledger it will book into is usable
+    (:class:`~gsd_cli.privacy.budget.store.LedgerError` otherwise, exit 2), made if new (and said
+    so). None within :func:`unbooked`."""
     if _booking_off():
         return None
-    exact = mechanism != "matrix"
-    return BudgetLedger(ledger_location).book(
-        data_identity(private), what=what, mechanism=f"DP-GSD {mechanism}, {releases} release(s) x epsilon {float(epsilon):g}",
-        epsilon=float(epsilon) * int(releases), delta=0.0, rdp=pure_dp_curve(epsilon, releases) if exact else None,
-        dp=dp, guarantee=exact)
+    return BudgetLedger(location)
+
+
+def booked_line(booking: dict, name: str, led: BudgetLedger, epsilon: float | None = None) -> str:
+    """``booked epsilon E on DATASET in LEDGER; L left``: what a DP run says once it is booked. E is
+    the booked epsilon (public: a function of the settings and of DP releases), L the least epsilon
+    left of the budgets it counts against (the bookings' epsilons and the budgets only)."""
+    eps = booking["epsilon"] if epsilon is None else epsilon
+    charged = booking.get("charged") or []
+    if not charged:
+        left = "no budget set (gsd budget set)"
+    else:
+        tight = min(charged, key=lambda c: c["remaining"]["epsilon"])
+        left = f"{tight['remaining']['epsilon']:.4g} left" + ("" if tight["self"] else f" (of the budget of {tight['name']}, which shares examples with it)")
+    return f"booked epsilon {eps:.4g} on {name} in {led.shown}; {left}"
+
+
+def _book(private, announce: bool = True, announce_epsilon: float | None = None, ledger_location=None, **kw) -> dict:
+    led = BudgetLedger(ledger_location)
+    data = data_identity(private)
+    b = led.book(data, **kw)
+    if announce and not b.get("again"):
+        say(booked_line(b, data.name, led, announce_epsilon))
+    return b
+
+
+#: what a DP ranking's booking is called, and its mechanism, per DP distance
+_DP_DISTANCES = {
+    "dp-gsd": ("DP-GSD ranking", "DP-GSD"),
+    "dp-energy": ("DP energy ranking", "DP energy distance (Laplace)"),
+    "dp-select": ("DP selection", "DP selection of the winner"),
+}
+
+
+def book_dpgsd(private, epsilon: float, *, releases: int = 1, mechanism: str = "sequential", dp: bool = True,
+               what: str = "DP-GSD ranking", distance: str = "dp-gsd", ledger_location=None) -> dict | None:
+    """Book ``releases`` epsilon-DP draws of a DP ranking of ``private`` (a source or spec) before they
+    happen: basic (releases x epsilon, delta 0) and the Rényi curve :func:`pure_dp_curve`.
+    ``distance``: ``dp-gsd`` (DP-GSD's Bingham draw, ``mechanism`` sequential or matrix), or another
+    DP distance (``dp-energy``, ``dp-select``: their own mechanisms; ``mechanism`` does not apply). DP-GSD's
+    ``matrix`` (Gibbs) mechanism has no proven guarantee: booked at its nominal epsilon, marked, with
+    no curve (a data set with a budget refuses it)."""
+    if _booking_off():
+        return None
+    if distance == "dp-gsd":
+        exact, label = mechanism != "matrix", f"DP-GSD {mechanism}"
+    else:  # its own mechanism, with its own proof: DP-GSD's --mechanism does not apply
+        exact, label = True, _DP_DISTANCES.get(distance, (distance, distance))[1]
+    return _book(private, ledger_location=ledger_location, what=what,
+                 mechanism=f"{label}, {releases} release(s) x epsilon {float(epsilon):g}",
+                 epsilon=float(epsilon) * int(releases), delta=0.0, rdp=pure_dp_curve(epsilon, releases) if exact else None,
+                 dp=dp, guarantee=exact)
 
 
 def book_training(private, event, *, epsilon: float, delta: float, method: str, mechanism: str, dp: bool = True,
-                  booking_id: str | None = None, pure_epsilon: float = 0.0, what: str | None = None, ledger_location=None) -> dict | None:
+                  booking_id: str | None = None, pure_epsilon: float = 0.0, what: str | None = None, ledger_location=None,
+                  announce_epsilon: float | None = None, absorbs: str | None = None) -> dict | None:
     """Book a private training on ``private`` (its training part; the whole data set is charged) before
     its first step: ``event`` is its dp-accounting event (all its steps), ``epsilon`` what the run is
     accounted at ``delta`` in all. ``pure_epsilon``: a pure-DP release of the same run composed with
-    the training (a DP estimate of the set's size), added to the curve as :func:`pure_dp_curve`.
-    ``booking_id``: the same id for a resumed run (booked once)."""
+    the training and booked with it (a DP estimate of the set's size), added to the curve as
+    :func:`pure_dp_curve`. ``booking_id``: the same id for a resumed run (booked once).
+    ``announce_epsilon``: the epsilon the booked line states (default ``epsilon``); ``absorbs``: the
+    booking of the same run's size estimate, which this one joins (:meth:`BudgetLedger.book`)."""
     if _booking_off():
         return None
     curve = event_curve(event)
     if pure_epsilon:
         curve = [a + b for a, b in zip(curve, pure_dp_curve(pure_epsilon))]
-    return BudgetLedger(ledger_location).book(
-        data_identity(private), what=what or f"training ({method})", mechanism=mechanism, epsilon=epsilon, delta=delta,
-        rdp=curve, dp=dp, booking_id=booking_id)
+    return _book(private, ledger_location=ledger_location, announce_epsilon=announce_epsilon,
+                 what=what or f"training ({method})", mechanism=mechanism, epsilon=epsilon, delta=delta,
+                 rdp=curve, dp=dp, booking_id=booking_id, absorbs=absorbs)
+
+
+def book_size_estimate(config, private, meta: dict | None = None, *, ledger_location=None) -> dict | None:
+    """``gsd train``'s hook before it draws the DP estimate of the private set's size
+    (:mod:`gsd_cli.train.size`; process 0): the estimate, epsilon_N-DP (the Laplace mechanism), is
+    booked **before** it is drawn, so that a run refused afterwards has booked what it spent, and
+    whether the training is then admitted is a function of that booked release (post-processing).
+    None (nothing to book) when the size is declared (``--expected-size``, ``--sampling-rate``) or
+    the run resumes with its own estimate (``meta``: the checkpoint's)."""
+    from ...train.size import size_epsilon
+
+    if _booking_off() or meta is not None or config.expected_size is not None or config.sampling_rate is not None:
+        return None
+    eps_n = size_epsilon(config.epsilon, config.size_epsilon)
+    return _book(private, announce=False, ledger_location=ledger_location, what=f"training ({config.method}): size estimate",
+                 mechanism=f"Laplace estimate of the private set's size (sensitivity 1), epsilon {eps_n:g}",
+                 epsilon=eps_n, delta=0.0, rdp=pure_dp_curve(eps_n), dp=config.private_seed is None)
 
 
 def book_training_run(config, private, event, epsilon: float, mechanism: str, secret, out=None, resume: bool = False,
-                      pure_epsilon: float = 0.0) -> dict:
+                      pure_epsilon: float = 0.0, size_booking: dict | None = None) -> dict:
     """``gsd train``'s hook (:func:`gsd_cli.train.train`, process 0, after the noise is calibrated and
     before the first step): :func:`book_training` under an id derived from the run's secret seed, so a
     resumed run is booked once. A run with ``--insecure-seed`` is not DP but is booked all the same
-    (the safe side: its outputs still depend on the private data). Refused: the new run's folder,
-    still empty, is removed."""
+    (the safe side: its outputs still depend on the private data). ``epsilon``: the run's total,
+    ``pure_epsilon`` its size estimate's part; ``size_booking``: that estimate's own booking
+    (:func:`book_size_estimate`), which this one joins when admitted (one booking per run). Refused:
+    the new run's folder, still empty, is removed, and the message says that the size estimate stays
+    booked."""
+    booked_apart = size_booking is not None and pure_epsilon > 0
     try:
-        return book_training(private, event, epsilon=epsilon, delta=config.delta, method=config.method, mechanism=mechanism,
-                             dp=config.private_seed is None, booking_id=booking_id_of_secret(secret), pure_epsilon=pure_epsilon)
-    except BudgetExceeded:
+        return book_training(private, event, epsilon=epsilon - pure_epsilon if booked_apart else epsilon, delta=config.delta,
+                             method=config.method, mechanism=mechanism, dp=config.private_seed is None,
+                             booking_id=booking_id_of_secret(secret), pure_epsilon=0.0 if booked_apart else pure_epsilon,
+                             announce_epsilon=epsilon, absorbs=size_booking["id"] if booked_apart else None)
+    except BudgetExceeded as e:
         if out is not None and not resume:
             try:
                 Path(out).rmdir()  # only when empty
             except OSError:
                 pass
+        if booked_apart:
+            raise BudgetExceeded(f"{e}; the DP estimate of the set's size (epsilon {pure_epsilon:.4g}), drawn before, stays booked") from None
         raise
 
 
@@ -101,6 +174,7 @@ def audit_booking(config, insecure_seed: int | None = None):
         return book_training(config.private, event, epsilon=epsilon, delta=config.delta, method=config.method, what=f"audit of {config.method}",
                              mechanism=f"privacy audit: {config.method} beside canaries", dp=insecure_seed is None)
 
+    ready_ledger()  # before any work: the ledger it will book into is usable
     return book
 
 
@@ -132,24 +206,27 @@ def booking_id_of_secret(secret: int | str, what: str = "train") -> str:
     return hashlib.sha256(f"gsd-booking:{what}:{secret}".encode()).hexdigest()[:32]
 
 
-def book_ranking(private, privacy, repeats: int = 1, *, ledger_location=None) -> dict:
-    """Book a DP-GSD ranking of ``private`` before its private draw: ``privacy`` is the ranking's
-    :class:`gsd_cli.ranking.config.PrivacySettings`; with ``repeats`` R > 1, ``shared`` repeats draw
-    once (one release) and ``fresh`` ones R times (R releases). Drawn with ``insecure_seed``: booked,
-    marked not DP."""
+def book_ranking(private, privacy, repeats: int = 1, *, distance: str = "dp-gsd", ledger_location=None) -> dict:
+    """Book a DP ranking of ``private`` before its private draw: ``privacy`` is the ranking's
+    :class:`gsd_cli.ranking.config.PrivacySettings`, ``distance`` its DP distance (``dp-gsd`` or
+    ``dp-energy``, :attr:`gsd_cli.ranking.config.RankConfig.distance_name`); with ``repeats`` R > 1,
+    ``shared`` repeats draw once (one release) and ``fresh`` ones R times (R releases). Drawn with
+    ``insecure_seed``: booked, marked not DP."""
     releases = int(repeats) if (repeats > 1 and privacy.dp_repeats == "fresh") else 1
-    return book_dpgsd(private, float(privacy.epsilon), releases=releases, mechanism=privacy.mechanism,
+    what = _DP_DISTANCES.get(distance, (f"DP ranking ({distance})",))[0]
+    return book_dpgsd(private, float(privacy.epsilon), releases=releases, mechanism=privacy.mechanism, what=what, distance=distance,
                       dp=privacy.insecure_seed is None, ledger_location=ledger_location)
 
 
 def publishable(status: list[dict]) -> list[dict]:
-    """Only the totals of :meth:`BudgetLedger.status` (no runs, commands, times or curves)."""
+    """Only the totals of :meth:`BudgetLedger.status` (no runs, commands, times or curves, no example
+    count and no names of the data sets that share examples)."""
     out = []
     for s in status:
         sp = s["spent"]
         out.append({"name": s["name"], "budget": s["budget"], "runs": sp["runs"],
-                    "spent": {k: sp[k] for k in ("basic_epsilon", "basic_delta", "renyi_epsilon", "renyi_epsilon_fixed", "delta", "guarantee")},
-                    **({"remaining": s["remaining"]} if "remaining" in s else {})})
+                    "spent": {k: sp[k] for k in ("runs", "basic_epsilon", "basic_delta", "renyi_epsilon", "renyi_epsilon_fixed", "delta", "guarantee")},
+                    **({"remaining": s["remaining"], "overspent": s["overspent"]} if "remaining" in s else {})})
     return out
 
 
