@@ -9,7 +9,7 @@ import typer
 
 from ..defaults import DEFAULT_PRIVATE
 from .app import app
-from .common import err, new_run_dir, out, with_progress
+from .common import err, new_run_dir, out, print_private, with_progress
 from .options import Device, deterministic_noise_option, device_option, insecure_seed_option, peft_option, quiet_option, weights_option
 
 
@@ -65,9 +65,10 @@ def compare(
 
     def on_run(r: dict) -> None:
         if not quiet:
-            err.print(f"{r['method']} seed {r['seed']}: accuracy {r['accuracy']:.4f}, epsilon {r['epsilon']:.3f} ({r['seconds']:.0f} s)")
+            print_private(err, f"{r['method']} seed {r['seed']}: accuracy {r['accuracy']:.4f}, epsilon {r['epsilon']:.3f} ({r['seconds']:.0f} s)")
 
     result = with_progress(quiet, lambda pr: compare_fn(private, public, methods, epsilon, seeds, run, sparsify=sparsify, base=base,
-                                                        device=device.value, progress=pr, on_run=on_run), width=8, eta=True)
+                                                        device=device.value, progress=pr, on_run=on_run), width=8, eta=True,
+                           private=True)  # the runs' times grow with the private set: labelled private
     out.print(comparison_table(result))
     err.print(f"wrote {run}/comparison.json, comparison.csv, comparison.png and one folder per run")
