@@ -1,0 +1,60 @@
+"""python -m validity.heldout (from benchmarks/): prepare | split | rank | run | score | all."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m validity.heldout", description="the held-out benchmark of issue 42")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("prepare", help="build the npz files (benchmark-only packages)").add_argument("--force", action="store_true")
+    sub.add_parser("split", help="write split.json (once, before any run)")
+    r = sub.add_parser("rank", help="auto-select's ranking of each task's candidates, per seed (cached)")
+    r.add_argument("--stage", choices=("selection", "held-out"), required=True)
+    r.add_argument("--advised", action="store_true", help="gsd_cli.train.select.advised_selection's ranking and decision (noise reference, repeats)")
+    r = sub.add_parser("run", help="the trainings of a stage (cached, resumable)")
+    r.add_argument("--stage", choices=("tune", "selection", "held-out"), required=True)
+    s = sub.add_parser("score", help="tables and figures: benchmarks/results/heldout_*.{json,md}")
+    s.add_argument("--partial", action="store_true", help="score whatever cells are complete")
+    sub.add_parser("all", help="rank, tune, run and score both stages in order")
+    a = ap.parse_args()
+    if a.cmd == "prepare":
+        from .prepare import build, data_dir
+
+        for n, k in build(a.force).items():
+            print(f"{data_dir() / (n + '.npz')}: {k} examples")
+    elif a.cmd == "split":
+        from .tasks import write_split
+
+        print(write_split())
+    elif a.cmd == "rank":
+        from .arms import rank_stage
+
+        rank_stage(a.stage, a.advised)
+    elif a.cmd == "run":
+        from .arms import run_stage, tuned
+
+        run_stage(a.stage)
+        if a.stage == "tune":
+            print("tuned:", tuned())
+    elif a.cmd == "score":
+        from .score import main as score
+
+        score(partial=a.partial)
+    elif a.cmd == "all":
+        from .arms import rank_stage, run_stage, tuned
+        from .score import main as score
+
+        rank_stage("selection")
+        run_stage("tune")
+        print("tuned:", tuned(), flush=True)
+        run_stage("selection")
+        score(partial=True)
+        rank_stage("held-out")
+        run_stage("held-out")
+        score(partial=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""What the held-out benchmark trains and ranks: the training settings, the tuning grid, the runs of
+each cell, and one training or ranking through gsd's library (cached by :mod:`.cache`).
+
+Every task, every seed: DP-SGD alone; GEP and the second phase with each candidate; GEP with uniform
+noise of the private data's shape (the null). Every (method, public set) that a decision could pick
+is therefore in the cache; the arms that choose among them (gsd's auto decision, a random candidate,
+the largest candidate, the oracle) are read off these runs by :mod:`.score`.
+
+Settings (both stages, all tasks): epsilon 2, delta 1e-5, the private training set's size declared
+(``expected_size``, public), Poisson batches of 500, 3 epochs, clip 1, SGD momentum 0.9, step
+schedule; fmnist-cnn for 28x28 grey tasks, fmnist-cnn@32x3 for 32x32 RGB ones. GEP at gsd's defaults
+(k 32, 2,000 anchors, 128 per recomputation every 4 steps, S1 1, S2 0.5); the second phase's stage 1:
+2,000 public examples, 2 epochs, batch 64, Adam 3e-3. The learning rate of each method is tuned on the
+selection tasks with the same grid (:data:`GRID`: 3 values each) and applied unchanged to the held-out
+tasks. The private randomness of each run comes from ``insecure_seed`` = the seed (reproducible; gsd
+marks such runs not DP: experiments, not releases).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+
+from .cache import RESULTS, append_run, gsd_commit, load_ranking, load_runs, run_key, save_ranking
+from .tasks import TASKS, null, register, sizes, split
+
+METHODS = ("gep", "second-phase")
+BASELINE = "dpsgd"
+BASE = dict(epsilon=2.0, delta=1e-5, epochs=3, batch_size=500, clip=1.0, momentum=0.9, lr_schedule="step")
+METHOD_SETTINGS = {
+    "dpsgd": {},
+    "gep": dict(k=32, public_examples=2000, clip_embedding=1.0, clip_residual=0.5, anchor_every=4, anchor_warm=True, anchor_batch=128),
+    "second-phase": dict(public_examples=2000, public_epochs=2, public_batch_size=64, public_lr=3e-3),
+}
+#: the tuning grid: the same size for every method (the issue: DP-SGD tuned with the same effort)
+GRID = {m: [{"lr": 0.5}, {"lr": 1.0}, {"lr": 2.0}] for m in (BASELINE, *METHODS)}
+TUNE_SEEDS = (0, 1, 2)
+SELECTION_SEEDS = (0, 1, 2)
+HELD_OUT_SEEDS = (0, 1, 2, 3, 4)
+#: auto-select's ranking at gsd train --auto-select's defaults (--rank-model probe --rank-k 16 --rank-examples 2000)
+RANK = dict(model="probe", k=16, examples=2000)
+TUNED = RESULTS / "tuned.json"
+
+
+def settings(task: str, method: str, hp: dict) -> dict:
+    """Every training setting of a run (what its key hashes)."""
+    t = TASKS[task]
+    return {**BASE, "model": t.model, "expected_size": sizes()[t.train], **METHOD_SETTINGS[method], **hp}
+
+
+def train_one(task: str, method: str, candidate: str | None, hp: dict, seed: int, runs: dict | None = None) -> dict:
+    """One training through gsd's library (:class:`gsd_cli.train.TrainConfig`, :func:`gsd_cli.train.train`),
+    or its cached record."""
+    s = settings(task, method, hp)
+    key = run_key(task, method, candidate, s, seed)
+    runs = load_runs() if runs is None else runs
+    if key in runs:
+        return runs[key]
+    from gsd_cli.train import TrainConfig, train
+
+    register()
+    t = TASKS[task]
+    cfg = TrainConfig(private=t.train, private_test=t.test, public=candidate, method=method, seed=seed, insecure_seed=seed, **s)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        summ = train(cfg, os.path.join(tmp, "run"), device="cpu")
+    rec = {"key": key, "task": task, "method": method, "public": candidate, "seed": seed, "hp": hp, "settings": s,
+           "accuracy": summ["test"]["accuracy"], "epsilon": summ["epsilon"], "seconds": round(time.perf_counter() - t0, 2),
+           "commit": gsd_commit(), "loadavg": [round(x, 2) for x in os.getloadavg()]}
+    append_run(rec)
+    runs[key] = rec
+    return rec
+
+
+_SOURCES: dict = {}
+
+
+def rank_one(task: str, seed: int) -> dict:
+    """auto-select's ranking of ``task``'s candidates at gsd train --auto-select's defaults
+    (:func:`gsd_cli.train.select.auto_select`), cached as ``Ranking.to_dict()``. Public subspaces
+    are kept on disk (:class:`gsd_cli.ranking.cache.SubspaceCache`): how it runs, not what it computes."""
+    doc = load_ranking(task, seed)
+    if doc is not None:
+        return doc
+    from gsd_cli.ranking.cache import SubspaceCache
+    from gsd_cli.train import auto_select
+
+    register()
+    from .prepare import data_dir
+
+    t = TASKS[task]
+    t0 = time.perf_counter()
+    ranking = auto_select(t.train, list(t.candidates), private_test=t.test, seed=seed, device="cpu",
+                          cache=SubspaceCache(data_dir() / "subspaces"), **RANK)
+    doc = ranking.to_dict()
+    doc["benchmark"] = {"task": task, "seed": seed, "commit": gsd_commit(), "wall_seconds": round(time.perf_counter() - t0, 1)}
+    save_ranking(task, seed, doc)
+    return doc
+
+
+def rank_advised(task: str, seed: int) -> dict | None:
+    """The ranking and decision of ``gsd_cli.train.select.advised_selection`` (the lead's advice, issue 42:
+    the candidates plus the in-run noise reference, over its default repeats), cached beside the plain
+    ranking as ``<task>-s<seed>-advised.json`` ({"ranking": ..., "decision": ...}). None where gsd has
+    no advised_selection yet."""
+    doc = load_ranking(task, seed, "advised")
+    if doc is not None:
+        return doc
+    try:
+        from gsd_cli.train.select import advised_selection
+    except ImportError:
+        return None
+    from gsd_cli.ranking.cache import SubspaceCache
+
+    register()
+    from .prepare import data_dir
+
+    t = TASKS[task]
+    t0 = time.perf_counter()
+    ranking, dec = advised_selection(t.train, list(t.candidates), "auto", private_test=t.test, seed=seed, device="cpu",
+                                     cache=SubspaceCache(data_dir() / "subspaces"), **RANK)
+    doc = {"ranking": ranking.to_dict(), "decision": dec.to_dict(),
+           "benchmark": {"task": task, "seed": seed, "commit": gsd_commit(), "wall_seconds": round(time.perf_counter() - t0, 1)}}
+    save_ranking(task, seed, doc, "advised")
+    return doc
+
+
+def tune_candidate(task: str, seed: int) -> str:
+    """The public set GEP and the second phase are tuned with on a selection task: the ranking's winner at that seed."""
+    return rank_one(task, seed)["results"][0]["public"]
+
+
+def tune_jobs() -> list[tuple]:
+    out = []
+    for seed in TUNE_SEEDS:
+        for task in split()["selection"]:
+            for method, grid in GRID.items():
+                for hp in grid:
+                    out.append((task, method, None if method == BASELINE else tune_candidate(task, seed), hp, seed))
+    return out
+
+
+def tuned(write: bool = True) -> dict:
+    """Each method's learning rate: the grid point with the best mean accuracy over the selection
+    tasks and tuning seeds (every grid run must be cached). Written to results/heldout/tuned.json."""
+    runs = load_runs()
+    doc = {}
+    for method, grid in GRID.items():
+        scores = []
+        for hp in grid:
+            accs = []
+            for seed in TUNE_SEEDS:
+                for task in split()["selection"]:
+                    cand = None if method == BASELINE else tune_candidate(task, seed)
+                    key = run_key(task, method, cand, settings(task, method, hp), seed)
+                    if key not in runs:
+                        raise SystemExit(f"tuning run missing: {task} {method} {cand} {hp} seed {seed}: python -m validity.heldout run --stage tune")
+                    accs.append(runs[key]["accuracy"])
+            scores.append({"hp": hp, "mean_accuracy": sum(accs) / len(accs), "runs": len(accs)})
+        best = max(scores, key=lambda s: s["mean_accuracy"])
+        doc[method] = {"chosen": best["hp"], "grid": scores}
+    if write:
+        TUNED.parent.mkdir(parents=True, exist_ok=True)
+        TUNED.write_text(json.dumps({"rule": "per method, the grid point with the best mean accuracy over the selection tasks "
+                                     "and seeds 0-2 (GEP and the second phase with each seed's ranking winner)",
+                                     "selection": split()["selection"], "methods": doc}, indent=1) + "\n")
+    return {m: d["chosen"] for m, d in doc.items()}
+
+
+def chosen() -> dict:
+    """The tuned learning rates (from tuned.json)."""
+    if not TUNED.is_file():
+        raise SystemExit(f"{TUNED} is missing: python -m validity.heldout run --stage tune")
+    return {m: d["chosen"] for m, d in json.loads(TUNED.read_text())["methods"].items()}
+
+
+def cell_jobs(task: str, seeds, hps: dict) -> list[tuple]:
+    """Every run of a task's cells: DP-SGD alone, GEP and the second phase with each candidate, GEP with noise."""
+    t = TASKS[task]
+    out = []
+    for seed in seeds:
+        out.append((task, BASELINE, None, hps[BASELINE], seed))
+        for c in t.candidates:
+            for m in METHODS:
+                out.append((task, m, c, hps[m], seed))
+        out.append((task, "gep", null(task), hps["gep"], seed))
+    return out
+
+
+def stage_jobs(stage: str) -> list[tuple]:
+    sp = split()
+    if stage == "tune":
+        return tune_jobs()
+    hps = chosen()
+    tasks, seeds = (sp["selection"], SELECTION_SEEDS) if stage == "selection" else (sp["held_out"], HELD_OUT_SEEDS)
+    return [j for seed in seeds for task in tasks for j in cell_jobs(task, (seed,), hps)]  # seed-major: a partial stage has whole cells
+
+
+def rank_stage(stage: str, advised: bool = False) -> None:
+    sp = split()
+    tasks, seeds = (sp["selection"], SELECTION_SEEDS) if stage == "selection" else (sp["held_out"], HELD_OUT_SEEDS)
+    for seed in seeds:
+        for task in tasks:
+            t0 = time.time()
+            if advised:
+                a = rank_advised(task, seed)
+                if a is None:
+                    raise SystemExit("this gsd has no gsd_cli.train.select.advised_selection")
+                print(f"rank (advised) {task} seed {seed}: {a['decision']['method']} {a['decision']['public']} "
+                      f"({time.time() - t0:.0f} s)", flush=True)
+                continue
+            d = rank_one(task, seed)
+            order = ", ".join(f"{r['public']} {r['distance']:.3f}" for r in d["results"])
+            print(f"rank {task} seed {seed}: {order} ({time.time() - t0:.0f} s)", flush=True)
+
+
+def run_stage(stage: str) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    jobs = stage_jobs(stage)
+    runs = load_runs()
+    t0 = time.time()
+    for i, (task, method, cand, hp, seed) in enumerate(jobs, 1):
+        d = train_one(task, method, cand, hp, seed, runs)
+        print(f"[{stage} {i}/{len(jobs)} {time.time() - t0:.0f}s] {task} {method} {cand} {hp} seed {seed}: "
+              f"{100 * d['accuracy']:.1f}% ({d['seconds']:.0f} s)", flush=True)

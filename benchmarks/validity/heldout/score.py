@@ -1,0 +1,330 @@
+"""The held-out benchmark's scores, from the cached runs and rankings only (no training here).
+
+Per task and arm: mean accuracy over seeds with a 95% bootstrap interval (resampling seeds). Arms:
+``dpsgd`` (tuned DP-SGD alone), ``auto`` (the cached run of the decision's (method, public set) for
+the ranking of that task and seed: :func:`decision`), ``null`` (GEP with uniform noise), for each
+method M in (gep, second-phase): ``pick`` (M with the ranking's winner), ``random`` (M with a
+candidate drawn uniformly: the mean over candidates), ``largest`` (M with the largest candidate);
+``oracle`` (the best (method, public set) of the task, DP-SGD alone included, chosen on the test
+accuracies of that very task: an upper bound, not an arm anyone can run).
+
+The issue's "done when" figures are computed on the held-out tasks only and repeated, apart, for the
+selection tasks (in-sample: the learning rates were tuned there). Written to
+``benchmarks/results/heldout_scores.json`` and ``heldout_scores.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from .arms import BASELINE, HELD_OUT_SEEDS, METHODS, RANK, SELECTION_SEEDS, chosen, settings
+from .cache import RANKINGS, RESULTS, gsd_commit, load_ranking, load_runs, run_key
+from .tasks import SPLIT, TASKS, null, sizes, split
+
+OUT_JSON = RESULTS.parent / "heldout_scores.json"
+OUT_MD = RESULTS.parent / "heldout_scores.md"
+B = 2000  # bootstrap resamples
+VALIDATED = "second-phase"  # the method gsd's order is validated for (gsd_cli/report/validity.json: validated_for)
+
+
+class _Row:
+    def __init__(self, public: str, distance: float):
+        self.public, self.distance = public, distance
+
+
+class _Ranking(list):
+    """A cached advised ranking (``to_dict()``) read back as :func:`gsd_cli.train.advice.advise` reads a
+    ranking: rows best first (``public``, ``distance``), ``runs`` (each repeat's rows), ``dp``, ``privacy``."""
+
+    def __init__(self, doc: dict):
+        super().__init__(_Row(r["public"], r["distance"]) for r in doc["results"])
+        self.runs = [[_Row(p, d) for p, d in run["distances"].items()] for run in doc.get("runs") or []]
+        self.dp, self.privacy = doc.get("dp", False), doc.get("privacy")
+
+    @property
+    def winner(self):
+        return self[0]
+
+
+def decision_rule(doc: dict) -> tuple[str, str | None] | None:
+    """The current rule on auto-select's plain ranking: ``gsd_cli.train.fallback.decide("auto", ...)`` at
+    auto-select's ranking settings (None where gsd no longer has it)."""
+    try:
+        from gsd_cli.train.fallback import decide
+    except ImportError:
+        return None
+    best = doc["results"][0]
+    d = decide("auto", best["public"], best["distance"], rank_settings=dict(RANK), dp=False)
+    return d.method, d.public
+
+
+def decision_advise(task: str, advised: dict | None) -> tuple[str, str | None] | None:
+    """The lead's advice, ``gsd_cli.train.advice.advise(ranking, method="auto", ...)``, re-applied to the
+    cached advised ranking (the ranking with the in-run noise reference and repeats) with the candidates'
+    public facts; None where gsd has no advice module or the advised ranking is not cached."""
+    if advised is None:
+        return None
+    try:
+        from gsd_cli.train.advice import advise, describe
+    except ImportError:
+        return None
+    from gsd_cli.data import resolve
+
+    from .tasks import register
+
+    register()
+    t = TASKS[task]
+    facts = {c: describe(resolve(c)) for c in t.candidates}
+    a = advise(_Ranking(advised["ranking"]), method="auto", candidates=facts, private_classes=int(resolve(t.train).num_classes))
+    return a.method, a.public
+
+
+def boot_mean(values, rng, b: int = B) -> dict:
+    v = np.asarray(values, float)
+    if len(v) == 0:
+        return {"mean": None, "ci": None, "n": 0}
+    if len(v) == 1:
+        return {"mean": float(v[0]), "ci": None, "n": 1}
+    idx = rng.integers(0, len(v), (b, len(v)))
+    means = v[idx].mean(1)
+    return {"mean": float(v.mean()), "ci": [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))], "n": len(v)}
+
+
+def spearman(a, b) -> float:
+    from scipy.stats import spearmanr
+
+    if len(set(a)) < 2 or len(set(b)) < 2:
+        return float("nan")
+    return float(spearmanr(a, b).statistic)
+
+
+class Cells:
+    """Accuracies of one task's cached runs at the tuned settings, by (method, public, seed)."""
+
+    def __init__(self, task: str, seeds, runs: dict, hps: dict):
+        self.task, self.runs, self.hps = task, runs, hps
+        self.seeds = [s for s in seeds if self.complete(s)]
+
+    def acc(self, method: str, public: str | None, seed: int) -> float | None:
+        key = run_key(self.task, method, public, settings(self.task, method, self.hps[method]), seed)
+        r = self.runs.get(key)
+        return None if r is None else 100.0 * r["accuracy"]
+
+    def complete(self, seed: int) -> bool:
+        t = TASKS[self.task]
+        need = [(BASELINE, None), ("gep", null(self.task))] + [(m, c) for c in t.candidates for m in METHODS]
+        return load_ranking(self.task, seed) is not None and all(self.acc(m, c, seed) is not None for m, c in need)
+
+
+def task_scores(task: str, seeds, runs: dict, hps: dict, rng) -> dict | None:
+    c = Cells(task, seeds, runs, hps)
+    if not c.seeds:
+        return None
+    t = TASKS[task]
+    size = sizes()
+    largest = max(t.candidates, key=lambda x: (size[x], -t.candidates.index(x)))
+    per_seed: dict[str, list[float]] = {}
+    decisions, used = [], set()
+    advised = {s: load_ranking(task, s, "advised") for s in c.seeds}
+    autos = [a for a, fn in (("auto:rule", lambda s: decision_rule(load_ranking(task, s))),
+                             ("auto:advise", lambda s: decision_advise(task, advised[s])))
+             if all(fn(s) is not None for s in c.seeds)]
+
+    def put(arm, v):
+        per_seed.setdefault(arm, []).append(v)
+
+    for s in c.seeds:
+        doc = load_ranking(task, s)
+        winner = doc["results"][0]["public"]
+        dec = {"seed": s, "winner": winner, "distance": doc["results"][0]["distance"], "uniform_baseline": doc.get("uniform_baseline")}
+        put("dpsgd", c.acc(BASELINE, None, s))
+        for arm in autos:
+            m, pub = decision_rule(doc) if arm == "auto:rule" else decision_advise(task, advised[s])
+            dec[arm] = {"method": m, "public": pub}
+            put(arm, c.acc(BASELINE, None, s) if m == BASELINE else c.acc(m, pub, s))
+        decisions.append(dec)
+        put("null", c.acc("gep", null(task), s))
+        for meth in METHODS:
+            accs = [c.acc(meth, x, s) for x in t.candidates]
+            put(f"{meth}:pick", c.acc(meth, winner, s))
+            put(f"{meth}:random", float(np.mean(accs)))
+            put(f"{meth}:largest", c.acc(meth, largest, s))
+            for x, a in zip(t.candidates, accs):
+                put(f"{meth}:{x}", a)
+    options = [(BASELINE, None)] + [(m, x) for m in METHODS for x in t.candidates]
+    best = max(options, key=lambda o: np.mean([c.acc(o[0], o[1], s) for s in c.seeds]))
+    per_seed["oracle"] = [c.acc(best[0], best[1], s) for s in c.seeds]
+    arms = {a: boot_mean(v, rng) for a, v in per_seed.items()}
+    base = np.array(per_seed["dpsgd"])
+    gains = {a: boot_mean(np.array(v) - base, rng) for a, v in per_seed.items() if a != "dpsgd"}
+    # Spearman: the candidates' mean distance over this task's rankings against their mean accuracy
+    # under the validated method; interval resampling candidates and seeds
+    dist = {x: np.mean([next(r["distance"] for r in load_ranking(task, s)["results"] if r["public"] == x) for s in c.seeds])
+            for x in t.candidates}
+    acc_cs = np.array([[c.acc(VALIDATED, x, s) for s in c.seeds] for x in t.candidates])  # candidates x seeds
+    dvec = np.array([dist[x] for x in t.candidates])
+    rho = spearman(list(dvec), list(acc_cs.mean(1)))
+    boots = []
+    for _ in range(B):
+        ci = rng.integers(0, len(dvec), len(dvec))
+        si = rng.integers(0, acc_cs.shape[1], acc_cs.shape[1])
+        r = spearman(list(dvec[ci]), list(acc_cs[ci][:, si].mean(1)))
+        if not math.isnan(r):
+            boots.append(r)
+    return {"task": task, "kind": t.kind, "realistic": t.realistic, "seeds": c.seeds, "largest": largest,
+            "oracle_choice": {"method": best[0], "public": best[1]}, "decisions": decisions, "auto_arms": autos,
+            "arms": arms, "gains_vs_dpsgd": gains, "per_seed": per_seed,
+            "distance": {x: float(dist[x]) for x in t.candidates},
+            "spearman": {"method": VALIDATED, "rho": rho,
+                         "ci": [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))] if boots else None}}
+
+
+AUTO_ARMS = ("auto:rule", "auto:advise")
+DECIDERS = {"auto:rule": "gsd_cli.train.fallback.decide (the current rule, on auto-select's plain ranking)",
+            "auto:advise": "gsd_cli.train.advice.advise (on advised_selection's ranking: noise reference and repeats)"}
+
+
+def figures(scores: dict, rng) -> dict:
+    """The issue's "done when" figures over a set of tasks' scores (each auto arm that every task has)."""
+    tasks = [s for s in scores.values() if s is not None]
+    if not tasks:
+        return {}
+    oracle_gain = {s["task"]: s["gains_vs_dpsgd"]["oracle"]["mean"] for s in tasks}
+    big = [t for t, g in oracle_gain.items() if g >= 3]
+    out = {"tasks": [s["task"] for s in tasks], "oracle_gain_by_task": oracle_gain,
+           "spearman": {"method": VALIDATED, "by_task": {s["task"]: s["spearman"] for s in tasks},
+                        "mean": float(np.nanmean([s["spearman"]["rho"] for s in tasks]))}}
+    for arm in AUTO_ARMS:
+        if not all(arm in s["per_seed"] for s in tasks):
+            continue
+        cells = [a - d for s in tasks for a, d in zip(s["per_seed"][arm], s["per_seed"]["dpsgd"])]
+        task_means = {s["task"]: s["gains_vs_dpsgd"][arm]["mean"] for s in tasks}
+        out[arm] = {
+            "decided_by": DECIDERS[arm],
+            "tasks_ok": sum(g >= -0.5 for g in task_means.values()), "tasks": len(task_means),
+            "share_tasks_ok": sum(g >= -0.5 for g in task_means.values()) / len(task_means),
+            "seed_cells_ok": sum(g >= -0.5 for g in cells), "seed_cells": len(cells),
+            "share_seed_cells_ok": sum(g >= -0.5 for g in cells) / len(cells),
+            "mean_gain_by_task": task_means,
+            "gain_where_oracle_gains_3": {"tasks": big, "mean": float(np.mean([task_means[t] for t in big])) if big else None},
+        }
+    # gsd's pick minus a random candidate, per method: mean over tasks, interval resampling candidates and seeds
+    for meth in METHODS:
+        point = float(np.mean([np.mean(np.array(s["per_seed"][f"{meth}:pick"]) - np.array(s["per_seed"][f"{meth}:random"])) for s in tasks]))
+        boots = []
+        for _ in range(B):
+            vals = []
+            for s in tasks:
+                cands = TASKS[s["task"]].candidates
+                A = np.array([s["per_seed"][f"{meth}:{x}"] for x in cands])  # candidates x seeds
+                pick = np.array(s["per_seed"][f"{meth}:pick"])
+                si = rng.integers(0, A.shape[1], A.shape[1])
+                ci = rng.integers(0, A.shape[0], A.shape[0])
+                vals.append(pick[si].mean() - A[ci][:, si].mean())
+            boots.append(np.mean(vals))
+        out[f"pick_minus_random_{meth}"] = {"mean": point, "ci": [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))]}
+    return out
+
+
+ARM_ORDER = ["dpsgd", "auto:rule", "auto:advise", "null", "gep:pick", "gep:random", "gep:largest", "second-phase:pick", "second-phase:random",
+             "second-phase:largest", "oracle"]
+
+
+def _f(d: dict | None) -> str:
+    if not d or d.get("mean") is None:
+        return "-"
+    s = f"{d['mean']:.1f}"
+    return s + (f" [{d['ci'][0]:.1f}, {d['ci'][1]:.1f}]" if d.get("ci") else "")
+
+
+def _g(d: dict | None) -> str:
+    if not d or d.get("mean") is None:
+        return "-"
+    s = f"{d['mean']:+.1f}"
+    return s + (f" [{d['ci'][0]:+.1f}, {d['ci'][1]:+.1f}]" if d.get("ci") else "")
+
+
+def markdown(doc: dict) -> str:
+    L = [f"# Held-out benchmark (issue 42)", "",
+         f"Split (`benchmarks/validity/heldout/split.json`, frozen in commit {doc['split_commit']}): selection "
+         f"{', '.join(doc['split']['selection'])}; held out {', '.join(doc['split']['held_out'])}. "
+         f"Tuned learning rates (selection tasks only): {', '.join(f'{m} {h}' for m, h in doc['tuned'].items())}. "
+         "Auto arms: " + "; ".join(f"`{a}` = {d}" for a, d in DECIDERS.items()) + " (a column of dashes: not available for every cell). "
+         "Accuracy % over seeds [95% bootstrap over seeds]; gains paired over seeds.", ""]
+    for stage in ("held_out", "selection"):
+        sc = doc["scores"][stage]
+        if not any(sc.values()):
+            continue
+        L += [f"## {'Held-out tasks' if stage == 'held_out' else 'Selection tasks (in-sample: tuned here)'}", "",
+              "| task | seeds | " + " | ".join(ARM_ORDER) + " |", "|---|---|" + "---|" * len(ARM_ORDER)]
+        for t, s in sc.items():
+            if s is None:
+                continue
+            L.append(f"| {t} ({s['kind']}{', realistic' if s['realistic'] else ''}) | {len(s['seeds'])} | "
+                     + " | ".join(_f(s["arms"].get(a)) for a in ARM_ORDER) + " |")
+        L += ["", "Gain over tuned DP-SGD alone (points):", "", "| task | " + " | ".join(ARM_ORDER[1:]) + " | oracle's choice | auto's decisions (seed: method public) |",
+              "|---|" + "---|" * (len(ARM_ORDER) + 1)]
+        for t, s in sc.items():
+            if s is None:
+                continue
+            dec = "; ".join(f"{d['seed']}: " + ", ".join(f"{d[a]['method']} {d[a]['public'] or '-'}" for a in AUTO_ARMS if a in d)
+                            for d in s["decisions"])
+            L.append(f"| {t} | " + " | ".join(_g(s["gains_vs_dpsgd"].get(a)) for a in ARM_ORDER[1:])
+                     + f" | {s['oracle_choice']['method']} {s['oracle_choice']['public'] or '-'} | {dec} |")
+        L += ["", "Each candidate (mean accuracy; distance = mean GSD over the task's rankings):", "",
+              "| task | candidate | GSD | GEP | second phase |", "|---|---|---|---|---|"]
+        for t, s in sc.items():
+            if s is None:
+                continue
+            for x in TASKS[t].candidates:
+                L.append(f"| {t} | {x} | {s['distance'][x]:.3f} | {_f(s['arms'][f'gep:{x}'])} | {_f(s['arms'][f'second-phase:{x}'])} |")
+        f = doc["figures"][stage]
+        if f:
+            L += ["", f"**Figures ({'held out' if stage == 'held_out' else 'selection, in-sample'})**", ""]
+            for arm in AUTO_ARMS:
+                if arm not in f:
+                    continue
+                a = f[arm]
+                g3 = a["gain_where_oracle_gains_3"]
+                L += [f"- `{arm}` >= tuned DP-SGD - 0.5 points: {a['tasks_ok']} of {a['tasks']} tasks (mean over seeds), "
+                      f"{a['seed_cells_ok']} of {a['seed_cells']} (task, seed) cells; tasks where the oracle gains >= 3 points: "
+                      f"{', '.join(g3['tasks']) or 'none'}, `{arm}`'s mean gain there: {'-' if g3['mean'] is None else format(g3['mean'], '+.1f')}"]
+            L += [*(f"- gsd's pick minus a random candidate, {m}: {_g(f[f'pick_minus_random_{m}'])} (interval resampling candidates and seeds)" for m in METHODS),
+                  f"- Spearman(GSD, {f['spearman']['method']} accuracy) per task: "
+                  + "; ".join(f"{t} {v['rho']:+.2f}" + (f" [{v['ci'][0]:+.2f}, {v['ci'][1]:+.2f}]" if v["ci"] else "") for t, v in f["spearman"]["by_task"].items())
+                  + f"; mean {f['spearman']['mean']:+.2f}"]
+        L.append("")
+    L += [f"Commits of the runs: {', '.join(doc['run_commits'])}.", ""]
+    return "\n".join(L)
+
+
+def build(partial: bool = False) -> dict:
+    import subprocess
+
+    rng = np.random.default_rng(0)
+    runs = load_runs()
+    hps = chosen()
+    sp = split()
+    frozen = subprocess.run(["git", "-C", str(SPLIT.parent), "log", "--format=%H", "--diff-filter=A", "--", SPLIT.name],
+                            capture_output=True, text=True).stdout.split()
+    scores = {"held_out": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, rng) for t in sp["held_out"]},
+              "selection": {t: task_scores(t, SELECTION_SEEDS, runs, hps, rng) for t in sp["selection"]}}
+    if not partial:
+        missing = [t for st in scores.values() for t, s in st.items() if s is None]
+        if missing:
+            raise SystemExit(f"no complete cell for {missing}: run the stages (or score --partial)")
+    return {"split": sp, "split_commit": frozen[-1] if frozen else "uncommitted", "tuned": hps, "deciders": DECIDERS,
+            "scored_with": gsd_commit(), "run_commits": sorted({r["commit"] for r in runs.values()}),
+            "rankings": str(RANKINGS.relative_to(RESULTS.parents[1])),
+            "scores": scores, "figures": {k: figures(v, rng) for k, v in scores.items()}}
+
+
+def main(partial: bool = False) -> dict:
+    doc = build(partial)
+    OUT_JSON.write_text(json.dumps(doc, indent=1) + "\n")
+    OUT_MD.write_text(markdown(doc))
+    print(markdown(doc))
+    return doc
