@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from gsd_cli.cli import main
 from gsd_cli.errors import GSDError
@@ -139,3 +140,57 @@ def test_an_edited_stage1_is_refused(tiny, tmp_path, interrupt, capsys):
     f.write_text(json.dumps(meta))
     code = main(["train", "--resume", str(run), "-q"])
     _one_line(code, capsys.readouterr().err, "stage1.json does not match")
+
+
+def _final_weights(run):
+    from safetensors.torch import load_file
+
+    return {k: v for k, v in load_file(str(run / ckpt.CKPT_WEIGHTS)).items() if k.startswith("model.")}
+
+
+def test_a_resumed_run_reproduces_the_uninterrupted_one_bit_for_bit(tiny, tmp_path, interrupt, monkeypatch):
+    """Issue 44: each layer's clipping path is timed at the run's first step; a resume reuses the
+    checkpoint's paths instead of timing again. The timing is made to flip between the runs, as it
+    may on a busy machine: the resumed run still ends on the uninterrupted run's bits."""
+    import gsd_cli.gradients.engines as engines
+
+    prefer = {"path": "materialised"}
+    tuned = []
+
+    def fake_timed(fn, device):  # the closures of clipsum_tune.tune_paths are named for their path
+        fn()
+        tuned.append(fn.__name__)
+        return 1.0 if fn.__name__ == prefer["path"] else 2.0
+
+    monkeypatch.setattr(engines, "timed", fake_timed)
+    cfg = _cfg(tiny, epochs=2, batch_size=40, physical_batch=40, insecure_seed=3, clip_engine="auto")
+    whole = train(cfg, tmp_path / "whole")
+    paths = json.loads((tmp_path / "whole" / ckpt.CKPT_META).read_text())["clip_paths"]
+    assert "materialised" in paths.values() and tuned, paths  # some layer's path was measured
+    assert whole["clip_engine"].count("materialised") >= 1
+
+    with pytest.raises(interrupt.error):
+        train(cfg, tmp_path / "cut", progress=interrupt("epoch", 1))
+    assert json.loads((tmp_path / "cut" / ckpt.CKPT_META).read_text())["clip_paths"] == paths
+    prefer["path"] = "ghost"  # the machine now times the other way
+    tuned.clear()
+    resumed = train(cfg, tmp_path / "cut", resume=True)
+    assert not tuned  # nothing timed again
+    a, b = _final_weights(tmp_path / "whole"), _final_weights(tmp_path / "cut")
+    assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed["clip_engine"] == whole["clip_engine"]
+
+    # the paths do move the bits: a run that measured the other way ends elsewhere (so the test can fail)
+    other = train(cfg, tmp_path / "other")
+    assert json.loads((tmp_path / "other" / ckpt.CKPT_META).read_text())["clip_paths"] != paths
+    c = _final_weights(tmp_path / "other")
+    assert any(not torch.equal(a[k], c[k]) for k in a)
+
+
+def test_edited_clip_paths_are_refused(tiny, tmp_path, interrupt):
+    cfg = _cfg(tiny, epochs=2, insecure_seed=3)
+    with pytest.raises(interrupt.error):
+        train(cfg, tmp_path / "run", progress=interrupt("epoch", 1))
+    _edit(tmp_path / "run", lambda m: m["clip_paths"].update({"edited.layer": "ghost"}))
+    with pytest.raises(GSDError, match="does not match"):
+        train(cfg, tmp_path / "run", resume=True)

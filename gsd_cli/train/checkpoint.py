@@ -7,10 +7,13 @@ randomness (Poisson sampling and noise): keep a run directory as private as the 
 the model weights are what may be released.
 
 ``checkpoint.json`` is verified, not trusted: the weights file carries in its safetensors metadata a
-SHA-256 digest (:func:`state_digest`) of the JSON's settings, epoch, step, privacy state, selection
-and secret seed, plus the epoch and step in clear. A resume (:func:`load_meta`) refuses a folder whose
-two files disagree (an edited epoch, epsilon or seed, or files of two runs), a JSON without its secret
-seed, and a checkpoint of format 1 (written before the digest existed, so it cannot be checked: the
+SHA-256 digest (:func:`state_digest`) of the JSON's settings, epoch, step, privacy state, selection,
+clipping paths and secret seed, plus the epoch and step in clear. ``clip_paths`` holds each layer's
+path of DP-SGD's clipped sums as the run's first step measured it (:mod:`gsd_cli.train.clipsum_tune`):
+``--resume`` reuses them instead of timing again, so an interrupted and resumed run computes the same
+bits as an uninterrupted one (with the same private randomness: ``--insecure-seed``). A resume
+(:func:`load_meta`) refuses a folder whose two files disagree (an edited epoch, epsilon or seed, or
+files of two runs), a JSON without its secret seed, and a checkpoint of format 1 (written before the digest existed, so it cannot be checked: the
 privacy statement of the resumed run would rest on an unverifiable epoch and seed). The metadata holds
 no secret and not the private set's size: the seed enters only through the digest (128 random bits:
 it cannot be recovered from it).
@@ -79,6 +82,8 @@ def state_digest(meta: dict) -> str:
     secret = meta.get("secret") if isinstance(meta.get("secret"), dict) else {}
     doc = {k: meta.get(k) for k in DIGESTED}
     doc["noise_seed"] = secret.get("noise_seed")
+    if "clip_paths" in meta:  # each layer's measured clipping path (a run checkpointed before they were kept has none)
+        doc["clip_paths"] = meta["clip_paths"]
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=True, default=str)
     return hashlib.sha256(b"gsd-checkpoint-v2\0" + text.encode()).hexdigest()
 

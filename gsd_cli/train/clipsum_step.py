@@ -56,6 +56,7 @@ class LazyClipSum:
     def __init__(self, mode: str, max_norm: float | None, loss=None):
         self.mode, self.loss = mode, loss
         self.tune_examples: int | None = None  # the synthetic chunk the paths are timed on (gsd train: public)
+        self.fixed_paths: dict[str, str] | None = None  # paths measured before (a resumed run's checkpoint): not timed again
         self.max_norm = None if max_norm is None else float(max_norm)
         self.step: ClipSumStep | None = None
         self.layers = None
@@ -104,10 +105,18 @@ class LazyClipSum:
 
             eng, self.reason = _first_use(self.mode, model, lambda: _only_trainable(model, names),
                                           lambda m, n: ClippedSum(m, n, self.loss), (model, names), x, y, "ghost",
-                                          self.tune_examples)
+                                          self.tune_examples, self.fixed_paths)
             self.step = ClipSumStep(eng, self.max_norm) if eng is not None else None
             self.decided = True
         return self.step
+
+    @property
+    def chosen_paths(self) -> dict[str, str] | None:
+        """Each layer's path once the first step chose them (``{}``: the materialised path for all), for
+        the checkpoint, so that ``--resume`` computes the same bits; None before the first step."""
+        if not self.decided or self.max_norm is None:
+            return None
+        return dict(self.step.engine.paths) if self.step is not None else {}
 
 
 class RGPClipSum:
@@ -122,8 +131,14 @@ class RGPClipSum:
         self.mode, self.max_norm, self.rgp, self.loss = mode, float(max_norm), rgp, loss
         self.decided, self.ok = False, False
         self.tune_examples: int | None = None
+        self.fixed_paths: dict[str, str] | None = None  # as LazyClipSum's
         self.paths: dict[str, str] = {}
         self.reason = ""
+
+    @property
+    def chosen_paths(self) -> dict[str, str] | None:
+        """As :attr:`LazyClipSum.chosen_paths`."""
+        return dict(self.paths) if self.decided else None
 
     def rows(self, model, names, x, y, out) -> bool:
         return False
@@ -132,7 +147,7 @@ class RGPClipSum:
         if not self.decided:
             eng, self.reason = _first_use(self.mode, model, lambda: self.rgp.leaves(model),
                                           lambda m, n: ClippedSum(m, n, self.loss), None, x, y, "ghost (RGP carriers)",
-                                          self.tune_examples)
+                                          self.tune_examples, self.fixed_paths)
             self.ok = eng is not None
             self.paths = dict(eng.paths) if eng is not None else {}  # the measured choice, for every step's engine
             self.decided = True
@@ -159,13 +174,16 @@ def gradient_rows(rows_engine, model, names, x, y, num_params: int, device) -> t
     return gradient_matrix(model, [(x, y)], x.shape[0], names, None, "vmap", device, "none")
 
 
-def _first_use(mode: str, model, context, make, fixed, x, y, label: str, tune_examples: int | None = None):
+def _first_use(mode: str, model, context, make, fixed, x, y, label: str, tune_examples: int | None = None,
+               fixed_paths: dict[str, str] | None = None):
     """The first-use check of ghost clipping on one synthetic batch: ``(engine, reason)``, or ``(None,
     reason)`` when the model is refused (``mode`` ghost: a one-line GSDError instead). ``context()``
     yields the model and parameter names to check (``fixed`` when it yields nothing of its own: the
     model and names as they are), ``make(model, names)`` builds the engine; train mode and full
     precision during the check, the model's mode restored after. ``tune_examples``: the size of the
-    synthetic chunk each layer's path is timed on (:meth:`ClippedSum.tune`; None: ``x``'s)."""
+    synthetic chunk each layer's path is timed on (:meth:`ClippedSum.tune`; None: ``x``'s). ``fixed_paths``:
+    paths chosen before (``gsd train --resume``: the checkpoint's), kept instead of timing again, so that
+    the resumed run computes the bits the uninterrupted one would have."""
     from ..gradients import _full_precision, _only_trainable
 
     was = model.training
@@ -175,7 +193,10 @@ def _first_use(mode: str, model, context, make, fixed, x, y, label: str, tune_ex
             m, n = fixed if fixed is not None else got
             with _only_trainable(m, n) if fixed is None else _nullcontext():
                 eng = make(m, n)
-                eng.tune(x, y, tune_examples)  # each layer's faster path, timed on a synthetic chunk
+                if fixed_paths is not None:
+                    eng.paths = {str(k): v for k, v in fixed_paths.items() if v in ("ghost", "materialised")}
+                else:
+                    eng.tune(x, y, tune_examples)  # each layer's faster path, timed on a synthetic chunk
                 eng.check(x, y)
         return eng, f"{label}: " + ", ".join(f"{k or 'model'} {v}" for k, v in eng.plan.items())
     except NotImplementedError as e:

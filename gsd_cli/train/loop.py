@@ -65,6 +65,11 @@ from .transforms import StepContext, chain_step_event
 Progress = Callable[[str, int, int], None]
 
 
+def _chosen_paths(clip_sum) -> dict | None:
+    """The clipping paths the run's first step chose (kept in the checkpoint for ``--resume``), None if none yet."""
+    return getattr(clip_sum, "chosen_paths", None) if clip_sum is not None else None
+
+
 def _same_event(a, b) -> bool:
     return abs(effective_noise_multiplier(a) - effective_noise_multiplier(b)) <= 1e-12 * max(1.0, effective_noise_multiplier(b))
 
@@ -205,6 +210,8 @@ def train(
     method = build_method(cfg, sigma, anchor, model=model, names=names, rgp=probe_method.details.get("rgp_state"))
     if method.clip_sum is not None:  # the paths are timed on a chunk of public size, not the first Poisson chunk's
         method.clip_sum.tune_examples = min(chunk, cfg.batch_size)
+        if meta is not None and isinstance(meta.get("clip_paths"), dict):  # the paths the run measured: the same bits on resume
+            method.clip_sum.fixed_paths = meta["clip_paths"]
     declared = chain_step_event(method.chain)
     if not _same_event(declared, method.step_event(sigma)):
         raise GSDError("internal: the method's noise does not match its accounted event; refusing to train")
@@ -277,6 +284,7 @@ def train(
                 "secret": {"noise_seed": str(noise_seed), "note": "seed of the private randomness: keep this file private",
                            **({"booking_nonce": booking_nonce} if booking_nonce is not None else {})},
                 "selection": selection,
+                **({"clip_paths": paths} if (paths := _chosen_paths(method.clip_sum)) is not None else {}),
             })
 
     if stage1 is not None and meta is None:  # theta_0 is the run's first checkpoint: --resume never redoes stage 1
