@@ -130,7 +130,7 @@ def test_json_dash_is_stdout_and_the_table_goes_to_stderr(capsys, tmp_path, monk
 
 def test_rank_cli_writes_through_a_symlink_and_refuses_one_path_twice(capsys, tmp_path):
     target = tmp_path / "r.json"
-    target.write_text("{}")
+    target.write_text('{"results": [], "metric": "gsd", "model": "probe"}')  # an earlier ranking (another file: refused, test_output_links.py)
     (tmp_path / "link.json").symlink_to(target)
     code, _, err = run(capsys, *RANK, "--json", tmp_path / "link.json")
     assert code == 0, err

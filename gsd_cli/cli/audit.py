@@ -10,7 +10,7 @@ import typer
 
 from .app import app
 from .common import err, out
-from .options import insecure_seed_option
+from .options import force_option, insecure_seed_option
 
 
 #: upper bounds of the audit's sizes (each is far above what a tight audit needs: README, Privacy audit)
@@ -63,6 +63,7 @@ def audit(
         "D + one canary and bound epsilon by a threshold test (tight enough to flag halved noise; e.g. 200000).",
     ),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON to this file (- for stdout)."),
+    force: bool = force_option(),
 ) -> None:
     """Audit a private trainer or DP-GSD empirically: a lower bound on epsilon at 95% confidence
     (Steinke, Nasr, Jagielski 2023 one-run canary audit; DP-GSD: a distinguishing test), beside the
@@ -74,7 +75,7 @@ def audit(
 
     from ..report.outputs import check_output_path, write_output
 
-    json_file = check_output_path(json_path, "--json")
+    json_file = check_output_path(json_path, "--json", force)
     from ..report.outputs import check_not_inputs, run_inputs
 
     check_not_inputs({"--json": json_file}, run_inputs([d for d in (private, public) if d], None, None, model))

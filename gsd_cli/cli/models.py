@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from .app import app
 from .common import err, out
-from .options import BatchNorm, batchnorm_option, json_option
+from .options import BatchNorm, batchnorm_option, force_option, json_option
 
 models_app = typer.Typer(help="Models: the registry, parameter names and counts, PEFT presets.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
@@ -41,6 +41,7 @@ def models_show(
     classes: int = typer.Option(10, "--classes", help="Size of the head."),
     batchnorm: BatchNorm = batchnorm_option("freeze"),
     json_path: Optional[Path] = json_option("Write the listing as JSON to this file."),
+    force: bool = force_option(),
 ) -> None:
     """Parameter names, shapes and counts, and each preset's parameters (builds the model: a timm or file model runs one forward pass)."""
     import json as _json
@@ -50,7 +51,7 @@ def models_show(
     from ..models.info import show_model
     from ..report import check_output_path, write_text
 
-    json_file = check_output_path(json_path, "--json")
+    json_file = check_output_path(json_path, "--json", force)
     from ..report.outputs import check_not_inputs, run_inputs
 
     check_not_inputs({"--json": json_file}, run_inputs([], None, None, name))  # a model file net.py:make

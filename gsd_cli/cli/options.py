@@ -89,5 +89,10 @@ def json_option(help_text: str):
     return typer.Option(None, "--json", help=help_text)
 
 
+def force_option():
+    return typer.Option(False, "--force", help="Write an output file through a symbolic link even when the link's target is "
+                        "not an earlier gsd output (default: refused, so that a link cannot make gsd replace another file).")
+
+
 def deterministic_noise_option():
     return typer.Option(False, "--deterministic-noise", help="Deprecated: --insecure-seed with the value of --seed.")

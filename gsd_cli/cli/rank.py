@@ -14,7 +14,7 @@ from .app import app
 from .common import err, out, print_error, progress_bar, public_names
 from .options import (
     MODEL_FORMS, BatchNorm, Device, DpRepeats, Engine, Labels, RowNorm, batchnorm_option, classes_option, data_root_option, device_option, extra_argument,
-    insecure_seed_option, json_option, peft_option, public_list_option, quiet_option, weights_option,
+    insecure_seed_option, json_option, force_option, peft_option, public_list_option, quiet_option, weights_option,
 )
 
 
@@ -124,6 +124,7 @@ def rank(
         False, "--fail-fast", help="With --catalog: stop at the first job that fails (default: run the other jobs, exit 2 at the end)."
     ),
     markdown_path: Optional[Path] = typer.Option(None, "--markdown", help="Write the ranking(s) as a Markdown table to this file."),
+    force: bool = force_option(),
     fail_above: Optional[float] = typer.Option(None, "--fail-above", help="Exit 1 when the best distance is above this."),
     expect_best: Optional[str] = typer.Option(None, "--expect-best", help="Exit 1 when another candidate ranks first."),
     no_cache: bool = typer.Option(
@@ -193,10 +194,10 @@ def rank(
     if distance is not None and catalog is not None:
         raise GSDError("--metric with --catalog is not supported; rank one private set with --private and --public")
 
-    plot_file = check_plot_path(plot_path)
-    json_file = check_output_path(json_path, "--json")
-    csv_file = check_output_path(csv_path, "--csv")
-    md_file = check_output_path(markdown_path, "--markdown")
+    plot_file = check_plot_path(plot_path, force)
+    json_file = check_output_path(json_path, "--json", force)
+    csv_file = check_output_path(csv_path, "--csv", force)
+    md_file = check_output_path(markdown_path, "--markdown", force)
     outputs = {"--json": json_file, "--csv": csv_file, "--markdown": md_file, "--plot": plot_file}
     check_distinct(outputs)
     check_not_inputs(outputs, run_inputs([private, *publics], catalog, weights, model) + catalog_inputs(catalog))  # before any work

@@ -4,7 +4,11 @@
   directly, never renamed over.
 * A regular file or a new path is written atomically: a temporary file in the same folder, then a
   rename, so an interrupted run never leaves half a file. A symbolic link is followed: its target
-  is replaced and the link stays a link.
+  is replaced and the link stays a link, but only where the target is an earlier gsd output
+  (:func:`written_by_gsd`: a ranking, catalogue, audit or model JSON, a ranking CSV, Markdown table
+  or plot), a device or a FIFO; a link to any other file, or to nothing, is refused before any work
+  (:func:`check_output_path`) unless ``force`` (the commands' ``--force``): ``--json out.json`` as a
+  link to ``~/.bashrc`` replaced it.
 * A new file gets the user's umask (``0666 & ~umask``), a replaced file keeps its mode; ``private``
   files (a run's secret seed) are created ``0600``.
 * Every ``OSError`` (a full disk, a read-only folder, a name too long) becomes one :class:`GSDError`
@@ -14,7 +18,9 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
+import re
 import stat
 import sys
 import tempfile
@@ -61,9 +67,62 @@ def _name_max(folder: Path) -> int:
         return 255
 
 
-def check_output_path(path: str | Path | None, what: str) -> Path | None:
+#: PNG text chunk gsd's plots carry (:func:`gsd_cli.report.plots.write_plot`), by which a later run knows them
+PNG_SOFTWARE = "gsd"
+#: top-level keys of gsd's JSON outputs: one ranking, a catalogue's jobs, an audit, ``gsd models show``
+_JSON_KEYS = ({"results", "metric", "model"}, {"jobs", "failures"}, {"claimed_epsilon", "epsilon_lower_bound"},
+              {"parameters", "total", "trainable"})
+#: first cells of gsd's CSV headers: a ranking, a ranking over repeats, a catalogue's jobs
+_CSV_HEADS = ("rank,public,distance,", "rank,public,mean,", "job,rank,public,")
+_MARKDOWN_HEAD = re.compile(r"^### .*(GSD|DP|distance|energy|not DP).* to `")
+#: what a catalogue's Markdown opens with when no job finished (:func:`gsd_cli.report.catalog_files.run_markdown`)
+_MARKDOWN_OPENINGS = ("**Jobs that failed:**", "**Checks failed:**", "All checks passed.")
+
+
+def written_by_gsd(file: str | Path, limit: int = 64 << 20) -> bool:
+    """Whether ``file`` is an earlier gsd output, by its content: a JSON object with the keys of one of
+    gsd's JSON outputs, a CSV whose header is a gsd ranking's, a Markdown file that opens with a gsd
+    ranking's heading, or a PNG whose ``Software`` text chunk names gsd (its plots since 0.3).
+    Anything unreadable, larger than ``limit`` or else: False."""
+    try:
+        with open(file, "rb") as f:
+            head = f.read(4096)
+            if head.startswith(b"\x89PNG\r\n\x1a\n"):
+                return b"tEXtSoftware\x00" + PNG_SOFTWARE.encode() in head + f.read(1 << 16)
+            if os.fstat(f.fileno()).st_size > limit:
+                return False
+            text = (head + f.read()).decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    first = text.lstrip().split("\n", 1)[0].rstrip("\r")
+    if first.startswith("{"):
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            return False
+        return isinstance(doc, dict) and any(keys <= doc.keys() for keys in _JSON_KEYS)
+    return (first.startswith(_CSV_HEADS) or first == "job" or bool(_MARKDOWN_HEAD.match(first))
+            or first in _MARKDOWN_OPENINGS)
+
+
+def _check_link(path: Path, target: Path, what: str, force: bool) -> None:
+    """Refuse ``path`` when it is a symbolic link whose target is neither an earlier gsd output nor a
+    device or FIFO (module docstring), unless ``force``."""
+    if force or not path.is_symlink():
+        return
+    if not target.exists():
+        raise GSDError(f"{what} {path} is a symbolic link to {target}, which does not exist: writing would create a file "
+                       "there; give another name, or add --force to write through the link")
+    mode = target.stat().st_mode
+    if stat.S_ISREG(mode) and not written_by_gsd(target):
+        raise GSDError(f"{what} {path} is a symbolic link to {target}, which is not an earlier gsd output: writing would "
+                       "replace it; give another name, or add --force to replace it")
+
+
+def check_output_path(path: str | Path | None, what: str, force: bool = False) -> Path | None:
     """Fail before any work if ``path`` cannot be written: a folder, a missing or unwritable folder,
-    a name too long. ``-`` (standard output), devices and FIFOs pass."""
+    a name too long, a symbolic link to anything but an earlier gsd output (unless ``force``: module
+    docstring). ``-`` (standard output), devices and FIFOs pass."""
     if path is None:
         return None
     if is_stdout(path):
@@ -71,6 +130,7 @@ def check_output_path(path: str | Path | None, what: str) -> Path | None:
     path = Path(path).expanduser()
     try:
         target = Path(os.path.realpath(path))
+        _check_link(path, target, what, force)
         if len(os.fsencode(target.name)) > _name_max(target.parent):
             raise GSDError(f"{what} {str(path)[:60]}...: file name too long ({len(os.fsencode(target.name))} bytes); use a shorter name")
         if target.is_dir():

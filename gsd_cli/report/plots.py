@@ -12,9 +12,9 @@ from ..ranking import Ranking
 from .files import check_output_path
 
 
-def check_plot_path(path: str | Path | None) -> Path | None:
+def check_plot_path(path: str | Path | None, force: bool = False) -> Path | None:
     """Like :func:`gsd_cli.report.check_output_path`, and the name must end in .png."""
-    path = check_output_path(path, "--plot")
+    path = check_output_path(path, "--plot", force)
     if path is not None and str(path) != "-" and path.suffix.lower() != ".png":
         raise GSDError(f"--plot {path}: the plot is a PNG image; give a file name ending in .png")
     return path
@@ -38,7 +38,11 @@ def write_plot(ranking: Ranking | Sequence[tuple[str, Ranking]], path: str | Pat
     for ax, (job, rk) in zip(axes, panels):
         _plot_ranking(ax, rk, job)
     fig.tight_layout()
-    save_output(path, lambda f: fig.savefig(f, format="png", dpi=120), binary=True, suffix=".png")
+    from .. import __version__
+    from .outputs import PNG_SOFTWARE
+
+    meta = {"Software": f"{PNG_SOFTWARE} {__version__} (matplotlib)"}  # a later run may write through a link to it (outputs.written_by_gsd)
+    save_output(path, lambda f: fig.savefig(f, format="png", dpi=120, metadata=meta), binary=True, suffix=".png")
 
 
 def _plot_ranking(ax, ranking: Ranking, job: str | None = None) -> None:
