@@ -17,8 +17,20 @@ DP_PROGRESS = " (DP)"  # = gsd_cli.subspace.side.DP_PROGRESS (not imported: the 
 #: every other line is a function of public inputs and DP releases (``grep -v '^private:'`` before publishing a log)
 PRIVATE_LABEL = "private:"
 
-out = Console()
-err = Console(stderr=True)
+class PipeConsole(Console):
+    """rich's Console, except on a closed pipe (``gsd datasets list | head -1``): rich points standard
+    output at /dev/null and exits 1; here the console goes quiet and a ``BrokenPipeError`` reaches
+    :func:`gsd_cli.cli.app.main`, which exits 0 without a word (:func:`gsd_cli.cli.app.closed_pipe`)."""
+
+    def on_broken_pipe(self) -> None:
+        import errno
+
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, "the reader of gsd's output went away")
+
+
+out = PipeConsole()
+err = PipeConsole(stderr=True)
 
 T = TypeVar("T")
 
@@ -149,7 +161,12 @@ def with_progress(quiet: bool, fn: Callable[[Callable], T], width: int = 24, eta
 def print_error(message: str) -> None:
     """One line on stderr: ``error: <message>`` (undecodable bytes of a file name shown as ``\\xff``)."""
     message = str(message).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    err.print("[bold red]error:[/] " + escape(" ".join(message.split())), highlight=False, soft_wrap=True, emoji=False)
+    try:
+        err.print("[bold red]error:[/] " + escape(" ".join(message.split())), highlight=False, soft_wrap=True, emoji=False)
+    except BrokenPipeError:  # nobody reads stderr any more (gsd ... 2>&1 | head): the exit status still says it
+        from .app import closed_pipe
+
+        closed_pipe()
 
 
 def public_names(public: Optional[List[str]], extra: Optional[List[str]]) -> list[str]:
