@@ -206,6 +206,10 @@ def rank(
     cache = None if no_cache else SubspaceCache()
     runner = get_executor(executor, **({"address": ray_address} if ray_address else {}))  # gsd_cli.ranking.get_executor
     dp_times = dp or (catalog is not None and _any_dp_job(catalog))
+    if dp_times:  # the privacy ledger the DP draws book into, before any data is read (exit 2 if unusable)
+        from ..privacy.budget import ready_ledger
+
+        ready_ledger()
     bar, progress = progress_bar(quiet, private=dp_times)  # under DP the times (and so the plain lines) are private
 
     options = dict(

@@ -225,6 +225,9 @@ def train(
         else:
             validate(cfg)
         prepare_run_dir(run, resume=False, create=False)  # fail before the ranking, not after it
+        from ..privacy.budget import ready_ledger
+
+        ready_ledger()  # the privacy ledger this run books into, before any work (exit 2 if unusable)
         from ..report.outputs import check_not_inputs, run_inputs
         from .common import catalog_inputs
 

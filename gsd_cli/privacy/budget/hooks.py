@@ -41,12 +41,13 @@ def ledger(location: str | os.PathLike | None = None) -> BudgetLedger:
 
 
 def ready_ledger(location: str | os.PathLike | None = None) -> BudgetLedger | None:
-    """The check a DP command makes before any work: the ledger it will book into is usable
-    (:class:`~gsd_cli.privacy.budget.store.LedgerError` otherwise, exit 2), made if new (and said
-    so). None within :func:`unbooked`."""
+    """The check a DP command makes before any work: the ledger it will book into is usable, or a new
+    one can be made where it is asked for (:class:`~gsd_cli.privacy.budget.store.LedgerError`
+    otherwise, exit 2). Nothing is created here: a new ledger is made by the first booking (and said
+    so), so a run refused before it books leaves none. None within :func:`unbooked`."""
     if _booking_off():
         return None
-    return BudgetLedger(location)
+    return BudgetLedger(location, create="check")
 
 
 def booked_line(booking: dict, name: str, led: BudgetLedger, epsilon: float | None = None) -> str:
@@ -122,16 +123,28 @@ def book_training(private, event, *, epsilon: float, delta: float, method: str, 
 
 def book_size_estimate(config, private, meta: dict | None = None, *, ledger_location=None) -> dict | None:
     """``gsd train``'s hook before it draws the DP estimate of the private set's size
-    (:mod:`gsd_cli.train.size`; process 0): the estimate, epsilon_N-DP (the Laplace mechanism), is
-    booked **before** it is drawn, so that a run refused afterwards has booked what it spent, and
-    whether the training is then admitted is a function of that booked release (post-processing).
-    None (nothing to book) when the size is declared (``--expected-size``, ``--sampling-rate``) or
-    the run resumes with its own estimate (``meta``: the checkpoint's)."""
+    (:mod:`gsd_cli.train.size`; process 0), so that no run spends the estimate without booking it and
+    no admission turns on an estimate that was not booked:
+
+    * admission decided before the draw: when basic composition admits the whole run at its full
+      ``--epsilon`` and ``--delta`` under every budget it counts against (or there is none), the
+      training, whose accounted epsilon is at most that, will be admitted too (basic composition is
+      monotone), so nothing is booked here and the estimate is booked with the training (one booking);
+    * else (only the Rényi filter may admit it, which depends on the curve that the estimate selects)
+      the estimate, epsilon_N-DP (the Laplace mechanism), is booked **before** it is drawn (refused:
+      nothing is drawn); a training refused afterwards leaves it booked, and that refusal is a
+      function of a booked release (post-processing).
+
+    None (nothing booked) in the first case, when the size is declared (``--expected-size``,
+    ``--sampling-rate``) or when the run resumes with its own estimate (``meta``: the checkpoint's)."""
     from ...train.size import size_epsilon
 
     if _booking_off() or meta is not None or config.expected_size is not None or config.sampling_rate is not None:
         return None
     eps_n = size_epsilon(config.epsilon, config.size_epsilon)
+    led = BudgetLedger(ledger_location, create="check")
+    if led.fits_basic(data_identity(private), config.epsilon, config.delta):
+        return None
     return _book(private, announce=False, ledger_location=ledger_location, what=f"training ({config.method}): size estimate",
                  mechanism=f"Laplace estimate of the private set's size (sensitivity 1), epsilon {eps_n:g}",
                  epsilon=eps_n, delta=0.0, rdp=pure_dp_curve(eps_n), dp=config.private_seed is None)

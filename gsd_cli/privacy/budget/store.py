@@ -171,10 +171,10 @@ class _SQLite:
 
     # -- checks before any work ----------------------------------------------------------------------
 
-    def open(self, create: bool) -> bool:
+    def open(self, create: bool | str) -> bool:
         """Check that the path is a usable ledger (or, with ``create``, a new one in a writable folder,
-        then create it); False: there is none and ``create`` is off. Reads at most 100 bytes of a file
-        that is not a ledger, and never writes to it."""
+        then create it; ``create="check"``: only check that it could be); False: there is none (not
+        created). Reads at most 100 bytes of a file that is not a ledger, and never writes to it."""
         p = self.path
         try:
             st = os.stat(p)
@@ -186,6 +186,9 @@ class _SQLite:
             if os.path.lexists(p):
                 raise self._fail("it is a link to a missing file", "give the path of a ledger, or of a new file")
             if not create:
+                return False
+            if create == "check":
+                self._check_new()
                 return False
             self._create()
             return True
@@ -218,14 +221,8 @@ class _SQLite:
             if not _writable(folder):
                 raise self._fail(f"its folder {folder} is read-only (SQLite writes a journal beside the ledger)",
                                  "make the folder writable, or move the ledger")
-        try:
-            con = self._connect(write=False)
-            try:
-                tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            finally:
-                con.close()
-        except Exception as e:  # noqa: BLE001 - sqlite3.DatabaseError and its kin: a damaged file
-            raise self._damaged(e) from None
+        with self.transaction(write=False) as cur:  # a lock held by another process: waited for, with a message
+            tables = {r[0] for r in cur.run("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if "gsd_meta" not in tables:
             raise self._fail("it is a SQLite database but not a gsd ledger (no gsd_meta table); it was not changed",
                              "give the path of a ledger, or of a file that does not exist yet")
@@ -240,6 +237,18 @@ class _SQLite:
         if "readonly" in msg or "read-only" in msg:
             return self._fail("it cannot be written (read-only)", "make it and its folder writable, or give another --ledger")
         return self._fail(f"it is damaged ({msg})", "restore it from a backup, or give another --ledger")
+
+    def _check_new(self) -> None:
+        """A new ledger could be made at the path: its folder, or the nearest folder above it that
+        exists, is a writable folder (nothing is created)."""
+        folder = os.path.dirname(os.path.abspath(self.path))
+        probe = folder
+        while not os.path.lexists(probe) and os.path.dirname(probe) != probe:
+            probe = os.path.dirname(probe)
+        if not os.path.isdir(probe):
+            raise self._fail(f"{probe} is not a folder", "give a path in a folder")
+        if not _writable(probe):
+            raise self._fail(f"{'its folder ' if probe == folder else 'the folder '}{probe} is read-only", "give a path in a writable folder")
 
     def _create(self) -> None:
         """A new ledger, made whole in a temporary file and linked into place: no other process ever
@@ -408,7 +417,7 @@ class _SQLAlchemy:
             raise self._server_error(e) from None
         if have:
             return True
-        if not create:
+        if not create or create == "check":
             return False
         with self.transaction(write=True, setup=True) as cur:
             existed = self._has_meta(cur)
@@ -508,12 +517,13 @@ _COLS = ("id", "digest", "name", "time", "what", "command", "mechanism", "epsilo
 class BudgetLedger:
     """The privacy ledger at ``location`` (a file path or SQLAlchemy URL; default
     :func:`default_location`), checked when it is opened (:class:`LedgerError`). ``create``: a ledger
-    that does not exist yet is made (and said so, through ``notice``); without it (``gsd budget
-    show``) nothing is ever created and :attr:`exists` says whether there is one. ``timeout``:
+    that does not exist yet is made (and said so, through ``notice``); ``"check"``: only checked that
+    it could be; False (``gsd budget show``): nothing is ever created. :attr:`exists` says whether
+    there is one. ``timeout``:
     seconds to wait for another process's lock (default :func:`ledger_timeout`). Every method is one
     transaction."""
 
-    def __init__(self, location: str | os.PathLike | None = None, *, create: bool = True, timeout: float | None = None,
+    def __init__(self, location: str | os.PathLike | None = None, *, create: bool | str = True, timeout: float | None = None,
                  notice: Callable[[str], None] | None = None):
         self.location = str(location) if location is not None else default_location()
         if not self.location.strip():
@@ -608,6 +618,13 @@ class BudgetLedger:
                 return None
         return data.legacy()
 
+    def _registered(self, data: DataIdentity) -> int:
+        """The ``sid`` of ``data``, added in a transaction of its own when new (kept whatever the run's
+        booking then says: a refused run's data set is known to the ledger, and so is what it shares)."""
+        legacy = self._legacy_for(data)
+        with self._db.transaction(write=True) as cur:
+            return self._register(cur, data, legacy)
+
     def _register(self, cur, data: DataIdentity, legacy: str | None) -> int:
         """The ``sid`` of ``data``, adding it (its examples and the sets it shares examples with) when new;
         a data set of an upgraded ledger found by its old digest gets its examples and the new digest."""
@@ -676,10 +693,9 @@ class BudgetLedger:
             raise GSDError(f"--epsilon {float(epsilon):g} is above the largest budget gsd keeps, {MAX_BUDGET_EPSILON:g} "
                            f"(e^{MAX_BUDGET_EPSILON:g} > 10^43: a bound on no one's privacy); give a budget of at most {MAX_BUDGET_EPSILON:g}")
         self._require()
-        legacy = self._legacy_for(data)
+        sid = self._registered(data)
         now = _now()
         with self._db.transaction(write=True) as cur:
-            sid = self._register(cur, data, legacy)
             old = cur.run("SELECT epsilon, delta, name FROM gsd_datasets WHERE sid = :s", {"s": sid})[0]
             runs = self._bookings(cur, sid)
             raising = old[0] is not None and bool(runs) and (epsilon > old[0] or delta > old[1])
@@ -719,9 +735,8 @@ class BudgetLedger:
                "command": command if command is not None else _command(), "mechanism": mechanism,
                "epsilon": float(epsilon), "delta": float(delta), "rdp": json.dumps(list(map(float, rdp))) if rdp is not None else None,
                "dp": int(bool(dp)), "guarantee": int(bool(guarantee))}
-        legacy = self._legacy_for(data)
+        sid = self._registered(data)
         with self._db.transaction(write=True) as cur:
-            sid = self._register(cur, data, legacy)
             found = self._booking(cur, bid)
             if found is not None:
                 if found["digest"] != data.digest:  # an id is one run's: never another data set's booking
@@ -780,6 +795,41 @@ class BudgetLedger:
             sets = self._sets(cur, "digest = :d" if digest else "1 = 1", {"d": digest})
             return [self._entry(cur, s) for s in sets]
 
+    def _around(self, cur, data: DataIdentity, legacy: str | None) -> list[tuple]:
+        """The data sets of the ledger that ``data`` is, or shares an example with (read only)."""
+        for d in (data.digest, legacy):
+            if d is not None:
+                own = self._sets(cur, "digest = :d", {"d": d})
+                if own:
+                    sid = int(own[0][0])
+                    return own + self._sets(cur, "sid IN (SELECT other FROM gsd_overlaps WHERE sid = :s)", {"s": sid})
+        sids: set[int] = set()
+        ex = list(data.examples)
+        for start in range(0, len(ex), 500):
+            part = ex[start:start + 500]
+            marks = ", ".join(f":e{i}" for i in range(len(part)))
+            sids.update(int(r[0]) for r in cur.run(f"SELECT DISTINCT sid FROM gsd_examples WHERE example IN ({marks})",
+                                                   {f"e{i}": e for i, e in enumerate(part)}))
+        if not sids:
+            return []
+        marks = ", ".join(f":s{i}" for i in range(len(sids)))
+        return self._sets(cur, f"sid IN ({marks})", {f"s{i}": s for i, s in enumerate(sorted(sids))})
+
+    def fits_basic(self, data: DataIdentity, epsilon: float, delta: float) -> bool:
+        """Whether a release of (``epsilon``, ``delta``) on ``data`` would be admitted by basic
+        composition under every budget it counts against, read only (nothing is booked or added).
+        Basic composition is monotone: a later release of at most (epsilon, delta) is then admitted too
+        (unless other runs book in between)."""
+        if not self.exists:
+            return True
+        legacy = self._legacy_for(data)
+        probe = {"epsilon": float(epsilon), "delta": float(delta), "rdp": None, "guarantee": True}
+        with self._db.transaction(write=False) as cur:
+            for t in self._around(cur, data, legacy):
+                if t[4] is not None and not _fits([*self._bookings(cur, int(t[0])), probe], float(t[4]), float(t[5])):
+                    return False
+        return True
+
     def status_of(self, data: DataIdentity) -> list[dict]:
         """:meth:`status` of the data set ``data``, read only (nothing is added): its own entry if the
         ledger has it (by its digest, or by the old digest of an upgraded ledger), else the entries of
@@ -788,22 +838,9 @@ class BudgetLedger:
             return []
         legacy = self._legacy_for(data)
         with self._db.transaction(write=False) as cur:
-            for d in (data.digest, legacy):
-                if d is not None:
-                    sets = self._sets(cur, "digest = :d", {"d": d})
-                    if sets:
-                        return [self._entry(cur, sets[0])]
-            sids: set[int] = set()
-            ex = list(data.examples)
-            for start in range(0, len(ex), 500):
-                part = ex[start:start + 500]
-                marks = ", ".join(f":e{i}" for i in range(len(part)))
-                sids.update(int(r[0]) for r in cur.run(f"SELECT DISTINCT sid FROM gsd_examples WHERE example IN ({marks})",
-                                                       {f"e{i}": e for i, e in enumerate(part)}))
-            if not sids:
-                return []
-            marks = ", ".join(f":s{i}" for i in range(len(sids)))
-            sets = self._sets(cur, f"sid IN ({marks})", {f"s{i}": s for i, s in enumerate(sorted(sids))})
+            sets = self._around(cur, data, legacy)
+            if sets and sets[0][1] in (data.digest, legacy):
+                return [self._entry(cur, sets[0])]
             return [{**self._entry(cur, s), "shares_with_asked": True} for s in sets]
 
 
