@@ -34,8 +34,28 @@ def _check_bounds(canaries: int, steps: int, examples: int, step_trials: int | N
                    "audit model, which has one input per canary)", "give fewer --canaries (1000 to 20000 is usual)")
 
 
+def _warn_unused(ctx, method: str) -> None:
+    """One warning line naming the settings given on the command line that ``method`` does not use."""
+    from rich.markup import escape
+
+    from ..train.config import METHOD_SETTINGS, unused_note
+
+    given = [n for n in (*METHOD_SETTINGS, "sparsify") if getattr(ctx.get_parameter_source(n), "name", None) == "COMMANDLINE"]
+    if method in ("dpgsd", "dp-energy", "dp-select"):  # a ranking's mechanism: only the row clip of the trainers' settings
+        unused = [n for n in given if n != "clip"]
+        note = (f"{', '.join('--' + n.replace('_', '-') for n in unused)} {'is' if len(unused) == 1 else 'are'} not used by "
+                f"--method {method} (settings of the trainers): ignored") if unused else None
+    else:
+        note = unused_note(method.removesuffix("+rs"), [n for n in given if n != "sparsify"])
+        if "sparsify" in given and not method.endswith("+rs"):
+            note = (note + "; " if note else "") + f"--sparsify is not used by --method {method} (a setting of the +rs methods): ignored"
+    if note:
+        err.print("[yellow]warning:[/] " + escape(note), highlight=False, soft_wrap=True)
+
+
 @app.command()
 def audit(
+    ctx: typer.Context,
     method: str = typer.Option(..., "--method", help="dpsgd, gep, rgp, topagg, second-phase (its DP-SGD stage 2), dpsgd+rs, gep+rs, dpgsd, or dp-energy (gsd rank --dp's default)."),
     epsilon: float = typer.Option(2.0, "--epsilon", help="Claimed epsilon: the trainer's sigma is calibrated to it (dpgsd, dp-energy: the ranking's epsilon)."),
     delta: float = typer.Option(1e-5, "--delta", help="Claimed delta (dpgsd and dp-energy are pure DP: unused)."),
@@ -82,6 +102,7 @@ def audit(
     if private is not None and model is None:
         raise GSDError("--private needs --model (the model trained on it)")
     _check_bounds(canaries, steps, examples, step_trials, model is None)
+    _warn_unused(ctx, method)  # another method's setting, given: said, not silently ignored
     kw: dict = {}
     if method == "dpgsd":
         kw = {"clip": clip, "trials": trials}

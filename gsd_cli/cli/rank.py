@@ -212,6 +212,9 @@ def rank(
         ready_ledger()
     bar, progress = progress_bar(quiet, private=dp_times)  # under DP the times (and so the plain lines) are private
 
+    for name, what in (("mechanism", "DP-GSD's sampler"), ("gibbs_sweeps", "the matrix sampler's sweeps"), ("clip", "the private rows' clip norm")):
+        if not dp and catalog is None and getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE":
+            raise GSDError(f"--{name.replace('_', '-')} is only used with --dp ({what}); add --dp (and --epsilon), or drop it")
     options = dict(
         k=k, examples=examples, seed=seed, model=model, params=params, labels=labels.value, row_norm=row_norm.value,
         device=device.value, chunk_size=chunk_size, engine=engine.value, dp=dp, epsilon=epsilon, clip=clip,

@@ -59,6 +59,17 @@ def notify_note(message: str) -> None:
         warn(message)
 
 
+def warn_unused(ctx, method: str) -> None:
+    """One warning line naming the options given on the command line that ``method`` does not use
+    (:func:`gsd_cli.train.config.unused_note`)."""
+    from ..train.config import METHOD_SETTINGS, unused_note
+
+    given = [n for n in METHOD_SETTINGS if getattr(ctx.get_parameter_source(n), "name", None) == "COMMANDLINE"]
+    note = unused_note(method, given)
+    if note:
+        warn(note)
+
+
 @app.command()
 def train(
     ctx: typer.Context,
@@ -224,6 +235,7 @@ def train(
             validate(TrainConfig(**{**fields, "method": "gep"}, public=cfg.public))
         else:
             validate(cfg)
+            warn_unused(ctx, cfg.method)  # a setting of another method, given on the command line: said, not silently ignored
         prepare_run_dir(run, resume=False, create=False)  # fail before the ranking, not after it
         from ..privacy.budget import ready_ledger
 

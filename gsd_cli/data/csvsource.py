@@ -7,7 +7,9 @@ values are all 0 or 1 is a label of a multi-label set. A label column of integer
 of strings maps the sorted distinct strings to 0, 1, ...; strings with ``|`` in them (``A|B``) make a
 multi-label set. Relative image paths resolve against the CSV's folder. Only drawn files are opened.
 The file is read as UTF-8, with or without a byte-order mark (Excel's "CSV UTF-8" writes one). An
-empty image or label cell is an error naming its lines (it would otherwise become a class ``""``).
+empty image or label cell is an error naming its lines (it would otherwise become a class ``""``), and
+so is a label cell ``nan`` (``NaN``, ``<NA>``: how pandas writes a missing value; it would become a
+class ``"nan"``). A header that names a column twice is refused (the reader would keep only the last).
 
 Only label columns *named* (``label_columns``) declare the class list; every other way reads it off
 the label values (the distinct strings, ``max + 1`` of integers, the columns that happen to hold only
@@ -60,6 +62,34 @@ def _empty_cells(name: str, path: Path, rows: list[dict], lines: list[int], colu
                            "fill them in or remove those rows")
 
 
+#: label cells that are a missing value written out (pandas: ``nan``, ``<NA>``), not a class
+MISSING = ("nan", "<na>")
+
+
+def _missing_labels(name: str, path: Path, rows: list[dict], lines: list[int], columns: Sequence[str]) -> None:
+    """A one-line error naming the lines whose label cell (or one ``|`` part of it) is a missing value."""
+    bad = [ln for r, ln in zip(rows, lines)
+           if any(t.strip().lower() in MISSING for c in columns for t in (r.get(c) or "").split("|"))]
+    if bad:
+        shown = ", ".join(map(str, bad[:5])) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise DatasetError(f"{name}: label 'nan' (a missing value, as pandas writes it) in column(s) "
+                           f"{', '.join(repr(c) for c in columns)} on line(s) {shown} of {path}; fill them in or remove those rows")
+
+
+def _duplicate_columns(name: str, path: Path, cols: Sequence[str]) -> None:
+    """Refuse a header that names a column twice (case and spaces aside): csv.DictReader would keep the
+    last column's cells under that name, silently."""
+    seen: dict[str, int] = {}
+    for i, c in enumerate(cols, 1):
+        key = (c or "").strip().lower()
+        if not key:  # an unnamed column (a trailing comma): never picked
+            continue
+        if key in seen:
+            raise DatasetError(f"{name}: the header of {path} names column {c!r} twice (columns {seen[key]} and {i}); "
+                               "rename one of them")
+        seen[key] = i
+
+
 def csv_source(path: str | Path, name: str | None = None, image_column: str | None = None,
                label_column: str | None = None, label_columns: Sequence[str] | None = None,
                group_column: str | None = None, frame: int | None = None) -> ImageSource:
@@ -80,6 +110,7 @@ def csv_source(path: str | Path, name: str | None = None, image_column: str | No
                 lines.append(reader.line_num)
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise DatasetError(f"{name}: cannot read {path} ({type(e).__name__}); give {expect}") from None
+    _duplicate_columns(name, path, cols)
     img_col = image_column or _pick(cols, IMAGE_COLUMNS)
     if img_col not in cols:
         raise DatasetError(f"{name}: no image column {image_column or ''} among {cols}; give {expect} (or name it: image_column)")
@@ -101,6 +132,7 @@ def csv_source(path: str | Path, name: str | None = None, image_column: str | No
         if missing:
             raise DatasetError(f"{name}: no column(s) {missing} among {cols}")
         _empty_cells(name, path, rows, lines, label_columns, "label")
+        _missing_labels(name, path, rows, lines, label_columns)
         try:
             y = np.asarray([[float(r[c]) for c in label_columns] for r in rows], dtype=np.float32)
         except ValueError:
@@ -112,6 +144,7 @@ def csv_source(path: str | Path, name: str | None = None, image_column: str | No
         if label_column not in cols:
             raise DatasetError(f"{name}: no label column {label_column!r} among {cols}")
         _empty_cells(name, path, rows, lines, [label_column], "label")
+        _missing_labels(name, path, rows, lines, [label_column])
         raw = [r[label_column].strip() for r in rows]
         if all(v.lstrip("-").isdigit() for v in raw):
             y = np.asarray([int(v) for v in raw], dtype=np.int64)

@@ -162,6 +162,38 @@ def check_anchor_batch(batch) -> None:
                        "0 uses all --public-examples at each recomputation, as paper 000")
 
 
+#: the settings only some methods read (gsd_cli.train.methods, gep.anchor_for, second_phase); the others ignore them
+METHOD_SETTINGS = {
+    "k": ("gep",), "groups": ("gep",), "clip_embedding": ("gep",), "clip_residual": ("gep",), "residual": ("gep",),
+    "anchor_every": ("gep",), "anchor_warm": ("gep",), "anchor_batch": ("gep",), "power_iters": ("gep", "rgp"),
+    "public_examples": ("gep", "second-phase"), "rgp_rank": ("rgp",), "rgp_warmup": ("rgp",), "topk_fraction": ("topagg",),
+    "public_epochs": ("second-phase",), "public_lr": ("second-phase",), "public_batch_size": ("second-phase",),
+    "clip": ("dpsgd", "rgp", "topagg", "second-phase"),
+}
+
+
+def unused_settings(method: str, given) -> list[str]:
+    """The names in ``given`` (settings the user set) that ``method`` does not read (:data:`METHOD_SETTINGS`)."""
+    return [n for n in given if n in METHOD_SETTINGS and method not in METHOD_SETTINGS[n]]
+
+
+def unused_note(method: str, names) -> str | None:
+    """One line saying which of ``names`` --method ``method`` ignores, and whose settings they are; None if none."""
+    names = unused_settings(method, names)
+    if not names:
+        return None
+    opts = ", ".join(f"--{n.replace('_', '-')}" for n in names)
+    owners = sorted({m for n in names for m in METHOD_SETTINGS[n]})
+    return (f"{opts} {'is' if len(names) == 1 else 'are'} not used by --method {method} (settings of --method "
+            f"{' or '.join(owners)}): ignored")
+
+
+def changed_settings(cfg: TrainConfig) -> list[str]:
+    """The method-specific settings of ``cfg`` that differ from their defaults (what a caller set)."""
+    base = TrainConfig()
+    return [n for n in METHOD_SETTINGS if getattr(cfg, n) != getattr(base, n)]
+
+
 def validate(cfg: TrainConfig) -> None:
     """User errors in the settings, before any data is touched."""
     import dataclasses

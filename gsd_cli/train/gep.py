@@ -92,6 +92,23 @@ def share_quota(k: int, group_sizes: Sequence[int], m: int) -> list[int]:
     return [max(1, min(int(k * r / total), m, p)) for r, p in zip(roots, group_sizes)]
 
 
+def clamp_notes(k: int, group_sizes: Sequence[int], m: int, asked_batch: int | None, batch: int, ks: Sequence[int]) -> list[str]:
+    """One line per setting GEP could not take as given (all public numbers): ``--anchor-batch`` above the
+    public examples or below ``--k``, and ``--k`` above what the groups can hold (each group's share at
+    most the anchors of a recomputation and its parameter count: :func:`share_quota`)."""
+    notes = []
+    if asked_batch and int(asked_batch) > m:
+        notes.append(f"--anchor-batch {asked_batch} is more than the {m} public examples: every basis recomputation uses all {m}")
+    elif asked_batch and int(asked_batch) < batch:
+        notes.append(f"--anchor-batch {asked_batch} is below --k {k}: raised to {batch} anchors per basis recomputation")
+    total = sum(math.sqrt(p) for p in group_sizes)
+    if any(int(k * math.sqrt(p) / total) > min(batch, p) for p in group_sizes):
+        notes.append(f"--k {k} is more than GEP's basis can hold here: it uses {sum(ks)} directions in {len(ks)} group(s) (each "
+                     f"group's share at most the {batch} anchors of a recomputation and its parameter count); lower --k, "
+                     "or give more --public-examples / --anchor-batch")
+    return notes
+
+
 def power_basis(G: torch.Tensor, k: int, iters: int, generator: torch.Generator | None,
                 start: torch.Tensor | None = None) -> torch.Tensor:
     """Algorithm 1 stage 1 on one group: orthonormal rows B (k x p) spanning approximately the top-k
@@ -150,6 +167,7 @@ class Anchor:
         m = public_x.shape[0]  # never fewer anchors than basis directions: k_g <= the anchors used
         self.batch = m if not batch else min(max(int(batch), k), m)
         self.ks = share_quota(k, [len(g) for g in groups], self.batch)
+        self.notes = clamp_notes(k, [len(g) for g in groups], m, batch, self.batch, self.ks)  # public: said, not silent
         self.power_iters = power_iters
         self.seed = seed
         self.gradients = gradients

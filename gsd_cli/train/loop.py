@@ -49,7 +49,7 @@ from ..privacy.randomness import INSECURE_NOTE, randomness_statement
 from ..gradients import default_chunk_size, resolve_device
 from ..privacy import Ledger, calibrate_noise, confirmed_epsilon, effective_noise_multiplier, epsilon_of, training_event
 from . import checkpoint as ckpt
-from .config import SAVED_BEFORE, TrainConfig, lr_at, validate
+from .config import SAVED_BEFORE, TrainConfig, changed_settings, lr_at, unused_note, validate
 from .evaluate import evaluate, metric_row, summary_block
 from .gep import anchor_for
 from .methods import build_method
@@ -203,6 +203,7 @@ def train(
     if cfg.method == "gep":  # public anchors; reusing their basis (--anchor-every, --anchor-warm) costs no privacy (gep.py)
         anchor = anchor_for(cfg, pub_sample.tensor(spec.input_size, spec.channels, dev), model, names,
                             train_src.num_classes, train_src.multilabel, chunk, dev)
+        public_notes += anchor.notes  # a --k or --anchor-batch GEP cannot take as given (public numbers)
 
     # sigma: the smallest noise multiplier meeting (epsilon, delta) over all T steps
     probe_method = build_method(cfg, 1.0, anchor, model=model, names=names)
@@ -348,6 +349,7 @@ def train(
         notes_unused = [f"--public {cfg.public} is not used by --method {cfg.method}"]
     else:
         notes_unused = []
+    notes_unused += [n for n in [unused_note(cfg.method, changed_settings(cfg))] if n]  # another method's settings: ignored, said
 
     notes = list(notes_unused) + public_notes
     if size.how == "dp-estimate" and size.q >= 1:  # N~ is DP (public): saying so reveals nothing more
