@@ -50,17 +50,23 @@ def _public(lines):
 
 
 def _released(lines):
-    """Public lines of a DP ranking with its DP releases masked: the table's distance cells and bars
-    (numbers with decimals, the bar), rows sorted (the noisy order is a release too)."""
-    rows, rest = [], []
-    for line in _public(lines):
-        if line.startswith("│"):
-            cells = line.split("│")
-            cells[1] = "#"  # the rank (and the winner's star)
-            rows.append(" ".join(re.sub(r"\d+\.\d+|█+", "#", "│".join(cells)).split()))
-        else:
-            rest.append(line)
-    return rest + sorted(rows)
+    """Public lines of a DP ranking with its DP release masked: the table's rows and rules (which
+    candidates are shown, in which order, with which noisy distances) and the line naming those not
+    chosen. The title and caption are wrapped to the table's width, which the released names set: the
+    rest is compared as one text with every space and line break taken out."""
+    kept = [line for line in _public(lines) if not line.lstrip().startswith(("┏", "┃", "┡", "│", "└", "Not chosen"))]
+    return ["".join("".join(kept).split())]
+
+
+def _wide(monkeypatch):
+    """``gsd rank`` prints on consoles 1,000 columns wide: a table's row is one line, and so is the line
+    naming the candidates not chosen (:func:`_released` leaves both out)."""
+    from rich.console import Console
+
+    from gsd_cli.cli import rank as rank_cli
+
+    monkeypatch.setattr(rank_cli, "out", Console(width=1000))
+    monkeypatch.setattr(rank_cli, "err", Console(width=1000, stderr=True))
 
 
 def _neighbours(tmp_path, base, target, argv_of, capsys, files=()):
@@ -90,9 +96,10 @@ def _same_public(got, released=False):
 
 # --- 1. a copy of the private set minus one example: no refusal on content under DP ----------------
 
-def test_dp_rank_does_not_refuse_a_copy_minus_the_target(tmp_path, capsys):
+def test_dp_rank_does_not_refuse_a_copy_minus_the_target(tmp_path, capsys, monkeypatch):
     """The public set is the private set minus example #7. Before: refused (exit 2) exactly when #7 was
     not in the private set (equal content), ran (exit 0) when it was."""
+    _wide(monkeypatch)
     base = _images(40, 1)
     _write(tmp_path / "public.npz", np.delete(base, 7, axis=0))
     argv = lambda: ["rank", "--dp", "--epsilon", "4", "--private", f"npz:{tmp_path / 'private.npz'}",  # noqa: E731
@@ -262,6 +269,7 @@ def test_dp_rank_progress_lines_are_private(tmp_path, capsys, monkeypatch):
     """gsd rank --dp off a terminal: every progress line is labelled private (their times include the
     private side's, and whether they appear at all turns on the time elapsed)."""
     monkeypatch.setattr(common, "PLAIN_AFTER", 0.0)
+    _wide(monkeypatch)
     base = _images(40, 14)
     argv = lambda: ["rank", "--dp", "--epsilon", "4", "--private", f"npz:{tmp_path / 'private.npz'}", "--public", "digits",  # noqa: E731
                     *RANK]
