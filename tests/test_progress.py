@@ -36,19 +36,55 @@ def test_train_prints_one_line_per_epoch_with_an_estimate():
     assert epochs[-1] == "epoch 4/4 done in 10s (40s elapsed)" and len(lines) == 5
 
 
-def test_rank_prints_an_estimate_after_the_first_chunk_and_a_line_per_dataset():
+def test_rank_prints_an_estimate_after_the_second_chunk_and_a_line_per_dataset():
     lines, clock = [], Clock()
     p = common.plain_progress(lines.append, clock, after=0)
     for name in ("mnist-a", "digits"):
         for done in (64, 128, 192, 200):
             clock.t += 2.0
             p(name, done, 200)
-    assert lines == [
-        "mnist-a: 64/200 after 2.0s, about 4.2s left",
+    assert lines == [  # timed from the first chunk on (issue 44): 2 s per 64 examples, 72 left
+        "mnist-a: 128/200 after 4.0s, about 2.2s left",
         "mnist-a: 200/200 done in 8.0s (8.0s elapsed)",
-        "digits: 64/200 after 2.0s, about 4.2s left",
+        "digits: 128/200 after 4.0s, about 2.2s left",
         "digits: 200/200 done in 8.0s (16s elapsed)",
     ]
+
+
+def test_the_estimates_leave_out_what_happens_once_before_the_first_unit():
+    """Issue 44: "about 38s left" of 3.6 s steps. A first epoch of one 3.6 s step plus 30 s of warm-up
+    (the clipping paths timed, the first pass), then 3.6 s epochs: the estimate after epoch 2 is the
+    18 epochs left at 3.6 s, not at the mean with the warm-up in it (the same for a dataset's first chunk)."""
+    lines, clock = [], Clock()
+    p = common.plain_progress(lines.append, clock, after=0)
+    p("epoch", 0, 20)
+    for epoch in range(20):
+        clock.t += 3.6 + (30.0 if epoch == 0 else 0.0)
+        p("step", 1, 1)
+        p("epoch", epoch + 1, 20)
+    assert lines[1] == "epoch 2/20 done in 3.6s (37s elapsed, about 1m04s left)"  # 18 x 3.6 s (was 5m34s: the mean with the warm-up)
+    lines.clear()
+    p = common.plain_progress(lines.append, clock, after=0)
+    clock.t += 30.0  # reading and decoding before the first chunk
+    for done in (64, 128, 192, 640):
+        clock.t += 0.5
+        p("faces", done, 640)
+    assert lines[0] == "faces: 128/640 after 31s, about 4.0s left"  # 0.5 s per 64 examples (was "about 4m34s left" at the first chunk)
+
+
+def test_the_bar_on_a_terminal_estimates_epochs_longer_than_30s(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(common, "err", Console(file=io.StringIO(), force_terminal=True, get_time=clock, width=100))
+    bar, p = common.progress_bar(False, width=8, eta=True)
+    try:
+        p("epoch", 0, 10)
+        for epoch in range(3):
+            clock.t += 60.0 + (100.0 if epoch == 0 else 0.0)  # a minute an epoch, the first with its warm-up
+            p("epoch", epoch + 1, 10)
+        task = next(t for t in bar.tasks if t.description == "epoch")
+        assert task.time_remaining == 7 * 60  # from the units after the first (rich's 30 s window gave none)
+    finally:
+        bar.stop()
 
 
 def test_a_short_command_prints_nothing_and_a_resumed_run_counts_from_its_epoch():

@@ -56,12 +56,18 @@ def plain_progress(write: Callable[[str], None], clock: Callable[[], float] = ti
     """The callback ``progress(name, done, total)`` for a log (stderr not a terminal: CI, a file):
     plain lines, never more than one per finished unit, once the command has run ``after`` seconds. A
     unit count (:data:`UNITS`) prints one line per finished epoch (run) with its time, the elapsed time
-    and an estimate of the time left; a dataset prints an estimate after its first chunk (the first
-    one past ``after``) and one line when done; the steps of an epoch print one estimate, after the
-    first step (past ``after``) of the run."""
+    and an estimate of the time left; a dataset prints an estimate once (at its first chunk past
+    ``after`` that is not its first) and one line when done; the steps of an epoch print one estimate,
+    after the first step (past ``after``) of the run.
+
+    Every estimate is timed from the first finished unit, chunk or step on, once there is a second: what
+    comes before the first (set-up, reading and decoding, the first step's warm-up and its timing of the
+    clipping paths, the model's first pass) happens once, and counted as a unit's time it made "about 38s
+    left" of 3.6 s steps. Only the first epoch's line, with nothing else to go by, uses its own time."""
     t0 = clock()
     last_event = [t0]
     began: dict[str, tuple[float, int]] = {}  # name -> (time, done) when it began
+    first: dict[str, tuple[float, int]] = {}  # name -> (time, done) of its first progress past the start
     prev: dict[str, tuple[float, int]] = {}  # unit counts: the previous line's (time, done)
     said: set[str] = set()
 
@@ -77,7 +83,10 @@ def plain_progress(write: Callable[[str], None], clock: Callable[[], float] = ti
             t_prev, d_prev = prev[name]
             if done > d_prev:
                 t_start, d_start = began[name]
-                per = (now - t_start) / (done - d_start)
+                first.setdefault(name, (now, done))
+                t_first, d_first = first[name]
+                # after the first unit: the units since it (the first carries the warm-up); before: its own time
+                per = (now - t_first) / (done - d_first) if done > d_first else (now - t_start) / (done - d_start)
                 left = f", about {_duration(per * (total - done))} left" if done < total else ""
                 write_now(f"{name} {done}/{total} done in {_duration(now - t_prev)} ({_duration(now - t0)} elapsed{left})")
                 prev[name] = (now, done)
@@ -95,6 +104,8 @@ def plain_progress(write: Callable[[str], None], clock: Callable[[], float] = ti
         else:
             if name not in began:
                 began[name] = (last_event[0], 0)  # a dataset's chunks: it began when the previous thing ended
+            if 0 < done and name not in first:
+                first[name] = (now, done)  # the rate is timed from here: before it, reading, decoding, warm-up
             t_start = began[name][0]
             if done >= total and name + "\0done" not in said:
                 said.add(name + "\0done")
@@ -102,10 +113,11 @@ def plain_progress(write: Callable[[str], None], clock: Callable[[], float] = ti
                     write_now(f"{name}: {total}/{total} done")
                 else:
                     write_now(f"{name}: {total}/{total} done in {_duration(now - t_start)} ({_duration(now - t0)} elapsed)")
-            elif 0 < done < total and name not in said and write_now is write:
+            elif 0 < done < total and name not in said and write_now is write and done > first[name][1]:
                 said.add(name)
-                el = now - t_start
-                write(f"{name}: {done}/{total} after {_duration(el)}, about {_duration(el / done * (total - done))} left")
+                t_first, d_first = first[name]
+                rate = (now - t_first) / (done - d_first)
+                write(f"{name}: {done}/{total} after {_duration(now - t_start)}, about {_duration(rate * (total - done))} left")
         last_event[0] = now
 
     return progress
@@ -131,7 +143,10 @@ def progress_bar(quiet: bool, width: int = 24, eta: bool = False, private: bool 
     plain = not quiet and not err.is_terminal
     cols = [TextColumn(f"{{task.description:<{width}}}"), BarColumn(), MofNCompleteColumn(),
             *([TextColumn(f"[yellow]{PRIVATE_LABEL}[/]")] if private else []), TimeElapsedColumn()]
-    bar = Progress(*cols, *([TimeRemainingColumn()] if eta else []), console=err, transient=True, disable=quiet or plain)
+    # the rate over every unit since the first (rich's default keeps 30 s of samples: an epoch longer than that
+    # never had an estimate)
+    bar = Progress(*cols, *([TimeRemainingColumn()] if eta else []), console=err, transient=True, disable=quiet or plain,
+                   speed_estimate_period=30 * 86400.0)
     if plain:
         label = PRIVATE_LABEL + " " if private else ""
         return bar, plain_progress(lambda line: err.print(label + line, markup=False, highlight=False, soft_wrap=True), after=PLAIN_AFTER)
