@@ -247,10 +247,9 @@ def test_the_validity_line_is_printed_from_the_shipped_figures():
         return console.export_text()
 
     assert "validity: on" in shown("gsd") and "validity: on" not in shown("otdd")
-    dp = validity_line("dp-energy")  # gsd rank --dp's default: the private selection's rule
-    for method, r in doc["rule_dp"]["rule"].items():
-        assert f"{method} when its DP energy distance <= {r['threshold']:g}" in dp
-    assert "--select-epsilon" in dp and "clip=1.0" in dp and "validity: Rule" in shown("dp-energy")
+    dp = validity_line("dp-energy")  # gsd rank --dp's default: what auto-select does with a private selection's winner
+    assert "--select-epsilon" in dp and "noise references" in dp and "validity: Advice" in shown("dp-energy")
+    assert "in-sample" in line and "noise references" in line
 
 
 def test_logme_of_degenerate_features_is_finite():

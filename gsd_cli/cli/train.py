@@ -127,8 +127,9 @@ def train(
     rank_model: str = typer.Option("probe", "--rank-model", help="--auto-select: model of the ranking (default: probe; with --weights or --peft, the trained model with its weights and --peft).", rich_help_panel="Auto-select ranking (--auto-select)"),
     rank_k: int = typer.Option(16, "--rank-k", help="--auto-select: subspace dimension of the ranking.", rich_help_panel="Auto-select ranking (--auto-select)"),
     rank_examples: int = typer.Option(2000, "--rank-examples", help="--auto-select: examples per dataset in the ranking.", rich_help_panel="Auto-select ranking (--auto-select)"),
-    select_epsilon: Optional[float] = typer.Option(None, "--select-epsilon", help="--auto-select with a private ranking at this epsilon (gsd rank --dp: the DP energy distance; added to the budget); without it the selection is not private.", rich_help_panel="Auto-select ranking (--auto-select)"),
-    fallback: bool = typer.Option(True, "--fallback/--no-fallback", help="--auto-select: apply the calibrated rule of gsd's downstream benchmark (validity.json): when the winner's GSD is above the threshold at which public data helped --method, train DP-SGD without public data (or the other public method whose threshold it passes) and say so. Applied only to the default non-private ranking (--rank-model probe, --rank-k 16, --rank-examples 2000).", rich_help_panel="Auto-select ranking (--auto-select)"),
+    select_epsilon: Optional[float] = typer.Option(None, "--select-epsilon", help="--auto-select with a private selection at this epsilon (gsd rank --dp: the winner by permute-and-flip, whose cost does not grow with the number of candidates, and its DP energy distance; added to the budget); without it the selection is not private.", rich_help_panel="Auto-select ranking (--auto-select)"),
+    rank_repeats: Optional[int] = typer.Option(None, "--rank-repeats", help="--auto-select: draws of the ranking (default 3; 1 with --select-epsilon): the advice uses a candidate only when it is closer than the in-run noise reference by a one-sided paired t-test over the draws.", rich_help_panel="Auto-select ranking (--auto-select)"),
+    fallback: bool = typer.Option(True, "--fallback/--no-fallback", help="--auto-select: follow the advice (gsd_cli.train.advice): public data only when a candidate is closer than the in-run noise reference with confidence, the second phase only with a candidate that has the private task's classes and 100 examples per class; otherwise DP-SGD without public data (--method auto) or exit 2 (an explicit --method gep or second-phase). --no-fallback trains with the closest candidate anyway, with a warning.", rich_help_panel="Auto-select ranking (--auto-select)"),
     device: Device = _panel(device_option(), "Run folder and output"),
     nproc: int = typer.Option(1, "--nproc", help="Train with N processes on this machine (torch.distributed: gloo on CPU, NCCL with one GPU each), each on its shard of every Poisson subsample; the same mechanism, epsilon and weights (to float rounding) as one process. Under torchrun leave it out: the processes exist already.", rich_help_panel="Run folder and output"),
     quiet: bool = _panel(quiet_option("No progress bars."), "Run folder and output"),
@@ -156,7 +157,7 @@ def train(
     summary.json holds only public settings and the privacy statement; the test metrics and the exact
     size of the private set go to private-summary.json.
     """
-    from ..train import TrainConfig, auto_select as auto_select_fn, train as train_fn
+    from ..train import TrainConfig, advised_selection as advised_fn, train as train_fn
     from ..train.checkpoint import load_meta
 
     publics = public_names(public, extra)
@@ -254,27 +255,41 @@ def train(
                 rank_opts.update(dp=True, epsilon=select_epsilon, insecure_seed=cfg.private_seed)
             if classes is not None:
                 rank_opts.update(classes=classes)
-            ranking = with_progress(quiet, lambda pr: auto_select_fn(private, publics, private_test=private_test, catalog=cat, progress=pr, **rank_opts),
-                                    private=True)  # the ranking's time grows with the private set: labelled private
+            ranking, decision = with_progress(
+                quiet, lambda pr: advised_fn(private, publics, cfg.method, private_test=private_test, catalog=cat, progress=pr,
+                                             repeats=rank_repeats, **rank_opts),
+                private=True)  # the ranking's time grows with the private set: labelled private
             print_ranking(ranking, out)
-            best = ranking.results[0]
-            cfg.public, cfg.public_distance = best.public, best.distance
-            selection = ranking.to_dict()
-            from ..train.fallback import by_gain, decide, rules
+            if ranking.references:
+                from ..train.advice import reference_line
 
+                out.print(escape(reference_line(ranking)), highlight=False, soft_wrap=True)
+            selection = ranking.to_dict()
+            if select_epsilon is not None:  # the DP winner and its released score: what a decision may read (DP releases only)
+                from ..distance.dpselect import released_winner
+
+                selection["dp_winner"] = released_winner(ranking)
+            from ..train.advice import is_reference
+
+            out.print(escape(decision.message), highlight=False, soft_wrap=True)
+            selection["advice"] = decision.to_dict()
+            closest = next((r for r in ranking if not is_reference(r.public)), None)
             if fallback:
-                decision = decide(cfg.method, best.public, best.distance, rank_settings=rank_opts, dp=select_epsilon is not None)
-                out.print(escape(decision.message), highlight=False, soft_wrap=True)
-                selection["fallback"] = decision.to_dict()
+                if decision.refused:
+                    raise GSDError(decision.message)
                 cfg.method, cfg.public = decision.method, decision.public
-                if decision.public is None:
-                    cfg.public_distance = None
-            elif cfg.method == "auto":  # --no-fallback: the winner, by the method the benchmark favours
-                cfg.method = (by_gain(rules(dp=select_epsilon is not None)[0] or rules()[0]) or ["gep"])[0]
-                out.print(f"--method auto with --no-fallback: {cfg.method} with the winner (the benchmark's largest gain)", highlight=False)
+                cfg.public_distance = decision.distance if decision.public is not None else None
+            else:  # --no-fallback: the closest candidate whatever the advice, said in a warning when the advice differs
+                if cfg.method == "auto":
+                    cfg.method = decision.method if decision.public is not None else "gep"
+                cfg.public, cfg.public_distance = closest.public, closest.distance
+                if decision.public != closest.public or decision.method != cfg.method:
+                    warn(f"--no-fallback: training {cfg.method} with {closest.public} against the advice ({decision.message})")
             validate(cfg)
             if cfg.public is not None:
-                out.print(f"training with [bold]{escape(cfg.public)}[/] (GSD {best.distance:.4f}, --method {cfg.method})")
+                what = "GSD" if select_epsilon is None else "DP energy distance, released"
+                shown = f"{what} {cfg.public_distance:.4f}, " if cfg.public_distance is not None else ""
+                out.print(f"training with [bold]{escape(cfg.public)}[/] ({shown}--method {cfg.method})")
             else:
                 out.print(f"training without public data (--method {cfg.method})")
 

@@ -63,6 +63,8 @@ class Ranking:
     dp: bool = False  # whether this output is differentially private (DP-GSD with secret randomness)
     metric: str = "gsd"  # the registered distance that produced it (gsd, dp-gsd, otdd, frechet, task2vec, logme)
     subspace_method: str = "auto"  # --subspace-method: how the non-private top-k subspaces were found
+    not_selected: list[str] = field(default_factory=list)  # a DP selection: the candidates not chosen (nothing released about them)
+    references: list = field(default_factory=list)  # gsd train --auto-select: the in-run noise references' rows (gsd_cli.train.advice)
 
     def __len__(self) -> int:
         return len(self.results)

@@ -6,7 +6,7 @@ sparsification).
 """
 
 from .gep import Anchor, GEPProject, GEPReconstruct, power_basis, share_quota, split_groups
-from .select import auto_select
+from .select import advised_selection, auto_select
 from .config import METHODS, TrainConfig
 from .loop import private_step, train
 from .methods import build_method
@@ -16,7 +16,7 @@ from .topagg import NormTopK, norm_top_k
 from .transforms import Chain, Clip, GaussianNoise, Release, StepContext, Transform, chain, chain_step_event, clip, gaussian_noise
 
 __all__ = [
-    "METHODS", "TrainConfig", "train", "auto_select", "private_step", "build_method", "Anchor", "GEPProject", "GEPReconstruct", "power_basis",
+    "METHODS", "TrainConfig", "train", "auto_select", "advised_selection", "private_step", "build_method", "Anchor", "GEPProject", "GEPReconstruct", "power_basis",
     "share_quota", "split_groups", "Chain", "Clip", "GaussianNoise", "Release", "StepContext", "Transform", "chain",
     "chain_step_event", "clip", "gaussian_noise", "RGP", "power_carriers", "RandomSparsify", "random_mask", "sparsity_rate",
     "NormTopK", "norm_top_k",

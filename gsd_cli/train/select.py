@@ -10,9 +10,51 @@ from .splits import private_parts
 
 def auto_select(private: str, candidates: Sequence[str], *, private_test: str | None = None, catalog=None, **rank_options) -> Ranking:
     """Rank ``candidates`` by GSD to the private *training* part (the test part is never looked at)
-    with :func:`gsd_cli.ranking.rank` and its options (``dp=True, epsilon=...`` for DP-GSD, whose
-    budget the trainer adds to its ledger). The winner is ``ranking.results[0]``. ``catalog``
+    with :func:`gsd_cli.ranking.rank` and its options (``dp=True, epsilon=...`` for the DP selection,
+    :mod:`gsd_cli.distance.dpselect`, booked in the privacy ledger). The winner is ``ranking.results[0]``
+    (under DP: the DP winner and its released DP energy distance; :func:`gsd_cli.distance.dpselect.released_winner`
+    gives both with the noise scale of the score). ``catalog``
     (a :class:`gsd_cli.ranking.catalog.Catalog`) resolves the names it defines."""
     train_part, _ = private_parts(private, private_test, catalog)
     pubs = [catalog.resolve(c) for c in candidates] if catalog is not None else list(candidates)
     return rank(train_part, pubs, **rank_options)
+
+
+def advised_selection(private: str, candidates: Sequence[str], method: str = "auto", *, private_test: str | None = None,
+                      catalog=None, repeats: int | None = None, **rank_options):
+    """``gsd train --auto-select``'s ranking and decision: ``(ranking, decision)``.
+
+    The ranking (:func:`auto_select`) carries the in-run noise references
+    (:func:`gsd_cli.train.advice.reference_sources`, at the ranking model's input shape, from the public
+    ``seed``) and ``repeats`` draws (default :data:`gsd_cli.train.advice.REPEATS`; one under DP, where each
+    fresh draw would spend the selection's epsilon again); :func:`gsd_cli.train.advice.advise` decides from it,
+    the candidates' sizes and label counts, and the private task's declared class count."""
+    from ..data import resolve
+    from ..models.spec import resolve_model
+    from .advice import REFERENCE, REPEATS, advise, describe, is_reference, reference_sources
+
+    if any(is_reference(getattr(c, "name", c)) for c in candidates):
+        from ..errors import GSDError
+
+        raise GSDError(f"{REFERENCE} is gsd's own in-run reference; name your candidates otherwise")
+    dp = bool(rank_options.get("dp"))
+    if repeats is None:
+        repeats = 1 if dp else REPEATS
+    train_part, _ = private_parts(private, private_test, catalog)
+    pubs = [catalog.resolve(c) for c in candidates] if catalog is not None else [resolve(c) if isinstance(c, str) else c for c in candidates]
+    spec = resolve_model(rank_options.get("model", "probe"))
+    references = reference_sources(spec.input_size, spec.channels, int(rank_options.get("examples", 2000)),
+                                   train_part.num_classes, int(rank_options.get("seed", 0)))
+    options = dict(rank_options)
+    if repeats != 1:
+        options["repeats"] = repeats
+    ranking = rank(train_part, [*pubs, *references], **options)
+    facts = {getattr(p, "name", str(p)): describe(p) for p in pubs}
+    decision = advise(ranking, method, candidates=facts, private_classes=int(train_part.num_classes))
+    # the table and the winner are the candidates'; the references are kept apart (their rows, and in each
+    # repeat's distances)
+    ranking.references = [r for r in ranking.results if is_reference(r.public)]
+    ranking.results = [r for r in ranking.results if not is_reference(r.public)]
+    for i, r in enumerate(ranking.results):
+        r.rank, r.winner = i + 1, i == 0
+    return ranking, decision

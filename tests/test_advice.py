@@ -1,0 +1,171 @@
+"""gsd train --auto-select's advice (gsd_cli.train.advice, issue 42): public data only when a candidate is
+closer than the in-run noise references with confidence, the second phase only with a candidate whose labels
+can prepare the model, and no setting without a rule."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from gsd_cli.train.advice import (
+    REFERENCE, Candidate, advise, closer_than_reference, is_reference, reference_sources, second_phase_usable,
+)
+
+
+@dataclass
+class Row:
+    public: str
+    distance: float | None
+
+
+@dataclass
+class Run:
+    rows: list
+
+    def __iter__(self):
+        return iter(self.rows)
+
+
+@dataclass
+class FakeRanking:
+    """What advise reads of a (repeat) ranking: rows best first, each repeat's rows, privacy."""
+
+    draws: dict  # name -> per-repeat distances
+    privacy: dict | None = None
+    dp: bool = False
+    results: list = field(default_factory=list)
+    runs: list = field(default_factory=list)
+
+    def __post_init__(self):
+        means = {n: float(np.mean(v)) for n, v in self.draws.items()}
+        self.results = [Row(n, means[n]) for n in sorted(means, key=means.get)]
+        reps = len(next(iter(self.draws.values())))
+        self.runs = [Run([Row(n, v[i]) for n, v in self.draws.items()]) for i in range(reps)] if reps > 1 else []
+
+    def __iter__(self):
+        return iter(self.results)
+
+    @property
+    def winner(self):
+        return self.results[0]
+
+
+REFS = {f"{REFERENCE}@28": [0.80, 0.79, 0.81], f"{REFERENCE}@7": [0.74, 0.73, 0.75]}
+FACTS = {"mnist-b": Candidate("mnist-b", 5000, 10), "faces": Candidate("faces", 200, 2),
+         "noise": Candidate("noise", 2500, 10), "digits": Candidate("digits", 1797, 10)}
+
+
+def test_a_close_labelled_candidate_gets_the_second_phase():
+    r = FakeRanking({"mnist-b": [0.38, 0.40, 0.39], "faces": [0.58, 0.60, 0.59], **REFS})
+    d = advise(r, "auto", candidates=FACTS, private_classes=10)
+    assert (d.method, d.public, d.fell_back, d.refused) == ("second-phase", "mnist-b", False, False)
+    assert "p = " in d.message and d.distance == pytest.approx(0.39) and d.reference == pytest.approx(0.74)
+
+
+def test_a_few_class_candidate_never_gets_the_second_phase():
+    """The issue's failure: faces (200 images, 2 classes) ranked first for a 10-class task was pretrained on."""
+    r = FakeRanking({"faces": [0.45, 0.46, 0.44], "digits": [0.70, 0.69, 0.71], **REFS})
+    d = advise(r, "auto", candidates=FACTS, private_classes=10)
+    assert (d.method, d.public) == ("second-phase", "digits")  # the closest usable one, itself closer than noise
+    r = FakeRanking({"faces": [0.45, 0.46, 0.44], "digits": [0.76, 0.77, 0.75], **REFS})
+    d = advise(r, "auto", candidates=FACTS, private_classes=10)
+    assert (d.method, d.public) == ("gep", "faces")  # GEP uses its gradient subspace only
+    assert "2 classes" in second_phase_usable(FACTS["faces"], 10)
+    assert "fewer than 100 per private class" in second_phase_usable(Candidate("small", 500, 10), 10)
+    assert second_phase_usable(Candidate("unlabelled", 5000, None), 10) is not None
+    assert second_phase_usable(Candidate("ok", 1000, 10), 10) is None
+
+
+def test_noise_like_candidates_fall_back_to_dpsgd():
+    r = FakeRanking({"noise": [0.735, 0.74, 0.745], **REFS})  # no closer than the closest reference
+    d = advise(r, "auto", candidates=FACTS, private_classes=10)
+    assert (d.method, d.public, d.fell_back) == ("dpsgd", None, True) and "closer than noise" in d.message
+    for m in ("gep", "second-phase"):  # an explicit method is refused (the CLI: exit 2 unless --no-fallback)
+        d = advise(r, m, candidates=FACTS, private_classes=10)
+        assert d.refused and "--no-fallback" in d.message
+
+
+def test_the_bar_is_the_closest_reference_in_each_draw():
+    # closer than the @28 reference in every draw, but not than the @7 one in the second: margins to the
+    # per-draw minimum are +0.04, -0.01, +0.05: not significant over 3 draws
+    r = FakeRanking({"x": [0.70, 0.74, 0.70], **REFS})
+    beats, how, fig = closer_than_reference(r, "x")
+    assert not beats and fig["p_value"] > 0.05 and fig["closest_reference"].endswith("@7")
+    assert fig["mean_margin"] == pytest.approx((0.04 - 0.01 + 0.05) / 3)
+    # the t-test against an independent computation
+    from scipy import stats
+
+    assert fig["p_value"] == pytest.approx(stats.ttest_1samp([0.04, -0.01, 0.05], 0, alternative="greater").pvalue)
+
+
+def test_one_draw_gives_no_confidence():
+    r = FakeRanking({"mnist-b": [0.3], f"{REFERENCE}@28": [0.8]})
+    d = advise(r, "auto", candidates=FACTS, private_classes=10)
+    assert d.method == "dpsgd" and "no confidence" in d.message
+
+
+def test_a_private_selection_uses_its_winner_only_over_the_references():
+    r = FakeRanking({"mnist-b": [0.5]}, privacy={"epsilon": 1}, dp=True)
+    assert advise(r, "auto", candidates=FACTS, private_classes=10).public == "mnist-b"
+    r = FakeRanking({f"{REFERENCE}@28": [0.5]}, privacy={"epsilon": 1}, dp=True)  # the DP winner is noise
+    d = advise(r, "auto", candidates=FACTS, private_classes=10)
+    assert (d.method, d.public) == ("dpsgd", None)
+    assert advise(r, "gep", candidates=FACTS, private_classes=10).refused
+
+
+def test_reference_sources_are_public_deterministic_and_subset_stable():
+    refs = reference_sources(224, 3, 50, 10, seed=3)
+    assert [r.name for r in refs] == [f"{REFERENCE}@{g}{c}" for g in (224, 56, 28) for c in ("", "-rgb")]
+    assert all(is_reference(r.name) for r in refs) and not is_reference("noise")
+    a, b = refs[0].images([4, 7]), reference_sources(224, 3, 50, 10, seed=3)[0].images([7])
+    assert np.array_equal(a[1], b[0]) and a[0].shape == (224, 224) and refs[1].images([0])[0].shape == (224, 224, 3)
+    assert not np.array_equal(refs[0].images([0])[0], reference_sources(224, 3, 50, 10, seed=4)[0].images([0])[0])
+    x = np.stack(refs[4].images(range(50)))
+    assert x.min() >= 0 and x.max() <= 1 and abs(x.mean() - 0.5) < 0.02
+    assert [r.name for r in reference_sources(28, 1, 5, 10, 0)] == [f"{REFERENCE}@28", f"{REFERENCE}@7"]
+    assert set(refs[0].labels(range(50))) <= set(range(10))
+
+
+# -- end to end: gsd train --auto-select ----------------------------------------------------------
+
+def _train(main, capsys, tmp_path, name, *args):
+    code = main(["train", "--auto-select", "--epochs", "1", "--batch-size", "100", "--expected-size", "400", "-q",
+                 "--delta", "1e-3", *args, "--out", str(tmp_path / name)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("args", [
+    ["--rank-examples", "64", "--rank-k", "4"],
+    ["--rank-examples", "100", "--rank-k", "8", "--rank-model", "fmnist-cnn"],
+    ["--rank-examples", "64", "--rank-k", "4", "--select-epsilon", "1", "--insecure-seed", "1"],
+])
+def test_noise_as_the_only_candidate_trains_dpsgd_and_says_why(capsys, tmp_path, args):
+    from gsd_cli.cli import main
+
+    code, out, err = _train(main, capsys, tmp_path, "run", "--public", "noise", *args)
+    assert code == 0, err
+    assert "training without public data (--method dpsgd)" in out and "DP-SGD without public data" in out
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert s["method"] == "dpsgd" and s["selection"]["advice"]["fell_back"]
+    code, out, err = _train(main, capsys, tmp_path, "gep", "--public", "noise", "--method", "gep", *args)
+    assert code == 2 and "--no-fallback" in err and "Traceback" not in err and not (tmp_path / "gep").exists()
+
+
+def test_a_close_candidate_is_used_and_the_references_are_shown(capsys, tmp_path):
+    from gsd_cli.cli import main
+
+    code, out, err = _train(main, capsys, tmp_path, "run", "--public", "mnist-b", "faces", "--rank-examples", "64",
+                            "--rank-k", "4", "--public-examples", "200", "--public-epochs", "1")
+    assert code == 0, err
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (s["method"], s["public"]) == ("second-phase", "mnist-b")
+    assert "in-run noise references" in out and not any(is_reference(r["public"]) for r in s["selection"]["results"])
+    assert len(s["selection"]["references"]) == 6
+    capsys.readouterr()
+    code = main(["train", "--public", "mnist-b", "--method", "auto", "-q", "--out", str(tmp_path / "no")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--auto-select" in err and not (tmp_path / "no").exists()
