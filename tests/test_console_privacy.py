@@ -247,7 +247,9 @@ def test_test_size_and_epoch_times_are_on_private_lines(tmp_path, capsys, monkey
     """The default split: the target example falls in the test part, so the test set has 1 example less.
     Progress lines (plain, off a terminal, from the first second) carry the times: labelled private."""
     from gsd_cli import data as gdata
+    from gsd_cli.train.release import PRIVATE_LABEL
 
+    assert common.PRIVATE_LABEL == PRIVATE_LABEL  # the CLI's copy (its start-up imports no torch)
     monkeypatch.setattr(common, "PLAIN_AFTER", 0.0)
     base = _images(60, 13)
     _write(tmp_path / "private.npz", base)
