@@ -90,7 +90,7 @@ def test_no_module_is_over_400_lines():
 def test_rank_config_round_trips_the_flat_options():
     cfg = RankConfig.from_options(k=8, examples=300, dp=True, epsilon=2.0, model="fmnist-cnn", params="fc*", seed=4)
     assert cfg.gradients.k == 8 and cfg.privacy.epsilon == 2.0 and cfg.model.params == "fc*" and cfg.seed == 4
-    assert cfg.distance_name == "dp-energy" and RankConfig().distance_name == "gsd"  # DP: DP energy by default
+    assert cfg.distance_name == "dp-select" and RankConfig().distance_name == "gsd"  # DP: the DP selection by default
     assert cfg.replace(dp_sketch=32).distance_name == "dp-gsd" and cfg.replace(mechanism="matrix").distance_name == "dp-gsd"
     assert cfg.replace(distance="dp-gsd").distance_name == "dp-gsd"
     assert RankConfig.from_options(**cfg.options()) == cfg

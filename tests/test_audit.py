@@ -282,5 +282,5 @@ def test_the_pipeline_audit_of_the_default_dp_ranking_flags_a_reseeded_draw():
     assert not bad.consistent and bad.method == "dp-energy (pipeline)" and bad.details["equal_to_replay_under_D"] == 14
     ok = audit_dpgsd_pipeline(0.5, trials=5, examples=200, distance="dp-energy")
     assert ok.consistent and ok.details["equal_to_replay_under_D"] == 0 and ok.epsilon_lower_bound == 0.0
-    with pytest.raises(GSDError, match="dp-gsd or dp-energy"):
+    with pytest.raises(GSDError, match="dp-gsd, dp-energy or dp-select"):
         audit_dpgsd_pipeline(0.5, distance="gsd")

@@ -263,9 +263,14 @@ def test_dp_ranking_large_epsilon_matches_and_tiny_epsilon_warns():
     tiny = gsd_cli.rank(**kw, dp=True, epsilon=1e-3, distance="dp-gsd")
     assert tiny.warnings and "uniform" in " ".join(tiny.warnings)
     assert "uniform_distance_99" in tiny.to_dict()["privacy"]
-    # the default DP distance (DP energy) at a huge epsilon: the same winner, and its value the
-    # noise-free energy distance sqrt(1 - sum_i |V_j^T g_i|^2 / m), here checked against GSD's order
-    energy = gsd_cli.rank(**kw, dp=True, epsilon=1e9, clip=1.0)
+    # the DP energy order at a huge epsilon: the same winner, and its value the noise-free energy
+    # distance sqrt(1 - sum_i |V_j^T g_i|^2 / m), here checked against GSD's order
+    energy = gsd_cli.rank(**kw, dp=True, epsilon=1e9, clip=1.0, distance="dp-energy")
     assert energy.to_dict()["metric"] == "dp-energy" and energy.results[0].public == plain.results[0].public
+    # the default DP distance (the DP selection): the same winner, alone, with the same released distance
+    chosen = gsd_cli.rank(**kw, dp=True, epsilon=1e9, clip=1.0)
+    assert chosen.to_dict()["metric"] == "dp-select" and [r.public for r in chosen] == [plain.results[0].public]
+    assert chosen.results[0].distance == pytest.approx(energy.results[0].distance, abs=1e-6)
+    assert sorted(chosen.not_selected) == sorted(r.public for r in plain.results[1:])
     with pytest.raises(GSDError, match="epsilon"):
         gsd_cli.rank(**kw, dp=True)

@@ -124,9 +124,10 @@ def test_cache_reuses_subspaces_of_earlier_repeats(monkeypatch):
 
 
 @pytest.mark.parametrize("distance, module, release", [("dp-gsd", "gsd_cli.subspace.dppca", "private_top_k_subspace"),
-                                                        (None, "gsd_cli.distance.dpenergy", "private_energies")])
+                                                        ("dp-energy", "gsd_cli.distance.dpenergy", "private_energies")])
 def test_dp_repeats_shared_spends_once_and_fresh_composes(monkeypatch, distance, module, release):
-    """DP-GSD and the default DP distance (DP energy): shared repeats release once, fresh ones R times."""
+    """DP-GSD and the DP energy order: shared repeats release once, fresh ones R times (the default DP
+    distance, the DP selection, refuses repeats: tests/test_dp_select.py)."""
     import importlib
 
     from dp_accounting.pld import common, privacy_loss_distribution
@@ -184,7 +185,8 @@ def test_cli_repeats_json_csv_plot(capsys, npz_pair, tmp_path):
     code = main(args + ["--plot", str(tmp_path / "one.png")])  # R=1 plots too, and says no tie test is possible
     out, err = capsys.readouterr()
     assert code == 0 and "no tie test" in out and (tmp_path / "one.png").exists()
-    code = main(args + ["--repeats", "2", "--dp", "--epsilon", "2", "--dp-repeats", "fresh", "--json", str(j), "--csv", str(c)])
+    code = main(args + ["--repeats", "2", "--dp", "--epsilon", "2", "--metric", "dp-energy", "--dp-repeats", "fresh", "--json", str(j),
+                        "--csv", str(c)])
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "total epsilon=4" in out and "2 x 2 = 4" in " ".join(out.split())

@@ -5,6 +5,9 @@
   transform chain, Poisson sampling, clip and noise (:mod:`.trainers`).
 * :func:`audit_dpgsd`: a distinguishing audit of DP-GSD's exponential mechanism on neighbouring
   low-dimensional matrices, and the exact privacy loss of the pair (:mod:`.dpgsd`).
+* :func:`audit_dp_energy`, :func:`audit_dp_select`: the DP energy distance's Laplace mechanism and
+  the DP selection (permute-and-flip and the chosen score), on a worst-case neighbouring pair with its
+  exact privacy loss (:mod:`.dpenergy`, :mod:`.dpselect`).
 * :func:`audit_step`: a many-trial distinguishing audit of one full-batch step of dpsgd or
   second-phase stage 2 (:mod:`.step`), tight enough to flag halved noise, which the one-run audit
   cannot.
@@ -18,11 +21,12 @@ audit, with these canaries, found nothing.
 from .bound import AuditResult, audit_epsilon, clopper_pearson, distinguishing_epsilon, one_run_epsilon, one_run_p_value
 from .dpgsd import audit_dpgsd, exact_privacy_loss
 from .dpenergy import audit_dp_energy
+from .dpselect import audit_dp_select
 from .pipeline import audit_dpgsd_pipeline
 from .step import STEP_METHODS, audit_step
 from .trainers import BUGS, audit_config, audit_training, inject_bug
 
-METHODS = ("dpsgd", "gep", "rgp", "topagg", "second-phase", "dpsgd+rs", "gep+rs", "dpgsd", "dp-energy")
+METHODS = ("dpsgd", "gep", "rgp", "topagg", "second-phase", "dpsgd+rs", "gep+rs", "dpgsd", "dp-energy", "dp-select")
 
 
 def audit(method: str, epsilon: float = 2.0, delta: float = 1e-5, *, canaries: int = 1000, insecure_seed: int | None = None,
@@ -40,6 +44,8 @@ def audit(method: str, epsilon: float = 2.0, delta: float = 1e-5, *, canaries: i
         return audit_dpgsd_both(epsilon, draws=canaries, insecure_seed=insecure_seed, bug=bug, **kw)
     if method == "dp-energy":
         return audit_dp_energy_both(epsilon, draws=canaries, insecure_seed=insecure_seed, bug=bug, **kw)
+    if method == "dp-select":
+        return audit_dp_energy_both(epsilon, draws=canaries, insecure_seed=insecure_seed, bug=bug, distance="dp-select", **kw)
     check_delta(delta)
     cfg = audit_config(method, epsilon, delta, **(settings or {}))
     return audit_training(cfg, canaries=canaries, insecure_seed=insecure_seed, bug=bug, **kw)
@@ -84,35 +90,39 @@ def audit_dpgsd_both(epsilon: float, *, draws: int = 2000, trials: int | None = 
 
 def audit_dp_energy_both(epsilon: float, *, draws: int = 2000, trials: int | None = None, examples: int = 200,
                          insecure_seed: int | None = None, bug: str | None = None, confidence: float = 0.95,
-                         clip: float = 1.0) -> AuditResult:
-    """``gsd audit --method dp-energy``: the Laplace mechanism of ``gsd rank --dp``'s default
-    (:func:`audit_dp_energy`, ``draws`` per neighbour) and the pipeline a user runs
-    (:func:`audit_dpgsd_pipeline` with ``distance="dp-energy"``, ``trials`` rankings per neighbour of
-    ``examples`` rows; None: as for DP-GSD), each at half the error probability (Bonferroni), the larger
-    bound reported.
+                         clip: float = 1.0, distance: str = "dp-energy") -> AuditResult:
+    """``gsd audit --method dp-energy`` (``distance="dp-energy"``: the Laplace noisy order,
+    :func:`audit_dp_energy`) or ``--method dp-select`` (``"dp-select"``: ``gsd rank --dp``'s default,
+    the DP selection, :func:`audit_dp_select`): the mechanism (``draws`` per neighbour) and the pipeline
+    a user runs (:func:`audit_dpgsd_pipeline` with that ``distance``, ``trials`` rankings per neighbour
+    of ``examples`` rows; None: as for DP-GSD), each at half the error probability (Bonferroni), the
+    larger bound reported.
     ``bug``: the mechanism's (``half-scale``, ``public-seed``) or ``pipeline-public-seed``."""
     from .dpenergy import BUGS as ENERGY_BUGS
+    from .dpselect import BUGS as SELECT_BUGS
 
+    bugs, label = (SELECT_BUGS, "DP selection") if distance == "dp-select" else (ENERGY_BUGS, "DP energy")
     half = 1 - (1 - confidence) / 2
-    mech_bug = bug if bug in ENERGY_BUGS else None
+    mech_bug = bug if bug in bugs else None
     pipe_bug = "public-seed" if bug == "pipeline-public-seed" else None
     if bug is not None and mech_bug is None and pipe_bug is None:
         from ..errors import GSDError
 
-        raise GSDError(f"unknown DP energy bug {bug!r}; use {', '.join(ENERGY_BUGS)} (the mechanism's) or pipeline-public-seed")
+        raise GSDError(f"unknown {label} bug {bug!r}; use {', '.join(bugs)} (the mechanism's) or pipeline-public-seed")
     trials, auto = _trials(trials, epsilon, half)
-    a = audit_dp_energy(epsilon, draws=draws, clip=clip, insecure_seed=insecure_seed, bug=mech_bug, confidence=half)
+    mech = audit_dp_select if distance == "dp-select" else audit_dp_energy
+    a = mech(epsilon, draws=draws, clip=clip, insecure_seed=insecure_seed, bug=mech_bug, confidence=half)
     b = audit_dpgsd_pipeline(epsilon, trials=trials, examples=examples, clip=clip, insecure_seed=insecure_seed, bug=pipe_bug,
-                             confidence=half, distance="dp-energy")
+                             confidence=half, distance=distance)
     best = max((a, b), key=lambda r: r.epsilon_lower_bound)
     details = {**(a.details or {}), "sampler": a.to_dict(), "pipeline": b.to_dict(), "best_audit": best.method,
                "confidence_split": "Bonferroni: each audit at half the error probability", **auto}
-    return AuditResult("dp-energy", float(epsilon), 0.0, max(a.epsilon_lower_bound, b.epsilon_lower_bound),
+    return AuditResult(distance, float(epsilon), 0.0, max(a.epsilon_lower_bound, b.epsilon_lower_bound),
                        a.canaries + b.canaries, a.guesses + b.guesses, best.correct, confidence, details)
 
 
 __all__ = [
-    "audit_dp_energy", "audit_dp_energy_both",
+    "audit_dp_energy", "audit_dp_energy_both", "audit_dp_select",
     "AuditResult", "BUGS", "METHODS", "STEP_METHODS", "audit", "audit_config", "audit_dpgsd", "audit_dpgsd_both",
     "audit_dpgsd_pipeline", "audit_step", "audit_epsilon", "audit_training", "clopper_pearson",
     "distinguishing_epsilon", "exact_privacy_loss", "inject_bug", "one_run_epsilon", "one_run_p_value",

@@ -108,8 +108,8 @@ def audit_dpgsd_pipeline(epsilon: float = 1.0, *, trials: int = 15, examples: in
     from ..privacy.randomness import check_insecure_seed
 
     check_insecure_seed(insecure_seed)
-    if distance not in ("dp-gsd", "dp-energy"):
-        raise GSDError(f"the pipeline audit runs dp-gsd or dp-energy, not {distance!r}")
+    if distance not in ("dp-gsd", "dp-energy", "dp-select"):
+        raise GSDError(f"the pipeline audit runs dp-gsd, dp-energy or dp-select, not {distance!r}")
     if trials < 5 or examples < 2:
         raise GSDError("the DP-GSD pipeline audit needs at least 5 trials and 2 examples")
     if not epsilon > 0:
@@ -126,15 +126,19 @@ def audit_dpgsd_pipeline(epsilon: float = 1.0, *, trials: int = 15, examples: in
             ins = None if insecure_seed is None else int(insecure_seed) * 1_000_003 + 3 * trial + side
             rk = rank(private, pubs, dp=True, epsilon=epsilon, clip=clip, examples=examples + 1, k=1, model=MODEL, params=PARAMS,
                       engine="vmap", seed=trial, labels="own", insecure_seed=ins, distance=distance)
-            return np.array([r.distance for r in sorted(rk.results, key=lambda r: r.public)])
+            got = {r.public: r.distance for r in rk.results}  # a selection releases the chosen candidates only: NaN for the rest
+            return np.array([got.get(n, np.nan) for n in sorted([*got, *rk.not_selected])])
 
         for i in range(trials):
             out["D"].append(released(d, i, 0))
             out["D'"].append(released(d1, i, 1))
             out["replay"].append(released(d, i, 2))
     ref = np.stack(out["replay"])
-    same_d = (np.abs(np.stack(out["D"]) - ref).max(1) <= 1e-12).astype(float)
-    same_d1 = (np.abs(np.stack(out["D'"]) - ref).max(1) <= 1e-12).astype(float)
+
+    def same(x: np.ndarray) -> np.ndarray:  # the same candidates released, with the same numbers to 1e-12
+        return np.all(np.isclose(x, ref, rtol=0.0, atol=1e-12, equal_nan=True), axis=1).astype(float)
+
+    same_d, same_d1 = same(np.stack(out["D"])), same(np.stack(out["D'"]))
     # region S = "equals the replay": the count under D is the statistic above 0.5
     e, how = distinguishing_epsilon(same_d1, same_d, (0.5,), confidence)
     details = {"audit": "gsd rank --dp end to end, replay test", "trials": trials, "examples": examples, "model": MODEL,
@@ -143,5 +147,5 @@ def audit_dpgsd_pipeline(epsilon: float = 1.0, *, trials: int = 15, examples: in
                "dp_randomness": "insecure seed per call" if insecure_seed is not None else "operating system"}
     correct = int(how.get("correct", 0)) if how else trials
     details["distance"] = distance
-    name = "dpgsd (pipeline)" if distance == "dp-gsd" else "dp-energy (pipeline)"
+    name = "dpgsd (pipeline)" if distance == "dp-gsd" else f"{distance} (pipeline)"
     return AuditResult(name, float(epsilon), 0.0, float(e), 1, 2 * trials, correct, confidence, details)

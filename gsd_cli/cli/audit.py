@@ -56,18 +56,18 @@ def _warn_unused(ctx, method: str) -> None:
 @app.command()
 def audit(
     ctx: typer.Context,
-    method: str = typer.Option(..., "--method", help="dpsgd, gep, rgp, topagg, second-phase (its DP-SGD stage 2), dpsgd+rs, gep+rs, dpgsd, or dp-energy (gsd rank --dp's default)."),
-    epsilon: float = typer.Option(2.0, "--epsilon", help="Claimed epsilon: the trainer's sigma is calibrated to it (dpgsd, dp-energy: the ranking's epsilon)."),
-    delta: float = typer.Option(1e-5, "--delta", help="Claimed delta (dpgsd and dp-energy are pure DP: unused)."),
-    canaries: int = typer.Option(1000, "--canaries", help="Gradient canaries (dpgsd, dp-energy: the mechanism audit's draws under each neighbour)."),
-    trials: Optional[int] = typer.Option(None, "--trials", help="dpgsd, dp-energy: rankings per neighbour of the end-to-end audit of gsd rank --dp (3 tiny rankings a trial; default: the fewest that would flag a replayed pipeline at --epsilon, at most 100).", min=5, max=10000),
+    method: str = typer.Option(..., "--method", help="dpsgd, gep, rgp, topagg, second-phase (its DP-SGD stage 2), dpsgd+rs, gep+rs, dpgsd, dp-select (gsd rank --dp's default: the DP selection) or dp-energy (--metric dp-energy's noisy order)."),
+    epsilon: float = typer.Option(2.0, "--epsilon", help="Claimed epsilon: the trainer's sigma is calibrated to it (dpgsd, dp-select, dp-energy: the ranking's epsilon)."),
+    delta: float = typer.Option(1e-5, "--delta", help="Claimed delta (dpgsd, dp-select and dp-energy are pure DP: unused)."),
+    canaries: int = typer.Option(1000, "--canaries", help="Gradient canaries (dpgsd, dp-select, dp-energy: the mechanism audit's draws under each neighbour)."),
+    trials: Optional[int] = typer.Option(None, "--trials", help="dpgsd, dp-select, dp-energy: rankings per neighbour of the end-to-end audit of gsd rank --dp (3 tiny rankings a trial; default: the fewest that would flag a replayed pipeline at --epsilon, at most 100).", min=5, max=10000),
     steps: int = typer.Option(1, "--steps", help="Training steps of the audited run."),
     sampling_rate: float = typer.Option(1.0, "--sampling-rate", help="Poisson sampling rate q of every step."),
-    examples: int = typer.Option(64, "--examples", help="Real (private or synthetic) examples beside the canaries (dp-energy: rows of the pipeline audit's private file, at least 200)."),
+    examples: int = typer.Option(64, "--examples", help="Real (private or synthetic) examples beside the canaries (dp-select, dp-energy: rows of the pipeline audit's private file, at least 200)."),
     model: Optional[str] = typer.Option(None, "--model", help="Audit this probes model on --private (default: a Linear model on synthetic inputs)."),
     private: Optional[str] = typer.Option(None, "--private", help="Private dataset whose examples train beside the canaries (with --model)."),
     public: Optional[str] = typer.Option(None, "--public", help="gep with --model: the public anchor set."),
-    clip: float = typer.Option(1.0, "--clip", help="dpsgd, rgp, topagg: clip norm C; dpgsd, dp-energy: row clip."),
+    clip: float = typer.Option(1.0, "--clip", help="dpsgd, rgp, topagg: clip norm C; dpgsd, dp-select, dp-energy: row clip."),
     clip_embedding: float = typer.Option(1.0, "--clip-embedding", help="gep: S1 (as gsd train's default)."),
     clip_residual: float = typer.Option(0.5, "--clip-residual", help="gep: S2 (as gsd train's default)."),
     k: int = typer.Option(16, "--k", help="gep: anchor subspace dimension."),
@@ -106,7 +106,7 @@ def audit(
     kw: dict = {}
     if method == "dpgsd":
         kw = {"clip": clip, "trials": trials}
-    elif method == "dp-energy":
+    elif method in ("dp-energy", "dp-select"):
         kw = {"clip": clip, "trials": trials, "examples": max(examples, 200)}  # clamped releases need a few hundred rows
     else:
         settings = {"clip": clip, "clip_embedding": clip_embedding, "clip_residual": clip_residual, "k": k, "rgp_rank": rgp_rank,
@@ -147,7 +147,8 @@ def audit(
         out.print(f"exact privacy loss of the audited pair (numerical integration): {d['exact_loss']:.4f}")
     if "pipeline" in d:
         sam, pipe = d["sampler"], d["pipeline"]
-        out.print(f"{'sampler' if method == 'dpgsd' else 'Laplace mechanism'} audit: {sam['epsilon_lower_bound']:.3f}; gsd rank --dp end to end ({pipe['details']['trials']} trials, "
+        mech = {"dpgsd": "sampler", "dp-select": "selection mechanism"}.get(method, "Laplace mechanism")
+        out.print(f"{mech} audit: {sam['epsilon_lower_bound']:.3f}; gsd rank --dp end to end ({pipe['details']['trials']} trials, "
                   f"replay test): {pipe['epsilon_lower_bound']:.3f} (each at half the error probability)")
         if not d.get("pipeline_can_flag_replay", True):
             err.print(f"note: {pipe['details']['trials']} trials cannot flag even a fully replayed pipeline at epsilon {epsilon:g}; "

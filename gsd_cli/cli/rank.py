@@ -64,10 +64,19 @@ def rank(
         False, "--dp",
         help="A pure epsilon-DP ranking (rows clipped to --clip; add/remove-one-example neighbours, delta=0; the private "
         "examples, labels and noise come from the operating system, never from --seed); one release serves all "
-        "candidates, so epsilon is spent once. Default: the DP energy distance (Laplace noise on each candidate's "
-        "energy of the private gradients, which keeps the order); --metric dp-gsd (implied by --dp-sketch or "
-        "--mechanism matrix): DP-GSD, the private subspace drawn by the Bingham exponential mechanism.",
+        "candidates, so epsilon is spent once. Default: the DP selection (the winner by permute-and-flip, --top k "
+        "for a short list, and the chosen candidates' DP energy distances; its noise does not grow with the number of "
+        "candidates, and nothing is released about the others); --metric dp-energy: the noisy order of all "
+        "candidates, each score Laplace-noised; --metric dp-gsd (implied by --dp-sketch or --mechanism matrix): "
+        "DP-GSD, the private subspace drawn by the Bingham exponential mechanism.",
     ),
+    top: int = typer.Option(1, "--top", help="With --dp (the DP selection): how many candidates to choose, best first (1: the winner by "
+                            "permute-and-flip; k > 1: k rounds of the exponential mechanism at epsilon/k each)."),
+    regret_clip: float = typer.Option(0.02, "--regret-clip", help="With --dp (the DP selection): each private row's shortfall against its "
+                                      "best candidate is clipped at this many C^2, the sensitivity of the selection's utility (in (0, 1]; "
+                                      "1: the plain energy)."),
+    score_share: float = typer.Option(0.5, "--score-share", help="With --dp (the DP selection): the part of --epsilon that releases the "
+                                      "chosen candidates' scores (the rest chooses them)."),
     epsilon: Optional[float] = typer.Option(None, "--epsilon", help="With --dp: the privacy budget (> 0)."),
     clip: float = typer.Option(1.0, "--clip", help="With --dp: L2 clip norm C of each private per-sample gradient."),
     mechanism: str = typer.Option(
@@ -136,8 +145,9 @@ def rank(
         "per candidate on a Ray cluster; private subspaces stay in this process; pip install 'gsd-cli[ray]')."
     ),
     metric: str = typer.Option(
-        "gsd", "--metric", help="What ranks the candidates: gsd (default; with --dp the DP energy distance); dp-energy (with --dp: each "
-        "candidate's share of the private gradients' energy in its own subspace, Laplace mechanism, pure epsilon-DP); "
+        "gsd", "--metric", help="What ranks the candidates: gsd (default; with --dp the DP selection, dp-select: the closest candidate "
+        "chosen privately, with its score); dp-energy (with --dp: the noisy order of all candidates, each score Laplace-noised: each "
+        "candidate's share of the private gradients' energy in its own subspace, pure epsilon-DP); "
         "dp-gsd (with --dp: DP-GSD, the private subspace by the Bingham mechanism); or a baseline beside it, "
         "not private and refused with --dp: otdd (optimal-transport dataset distance; pip install 'gsd-cli[ot]'), "
         "frechet (Frechet distance of the model's penultimate features), task2vec (Fisher embedding distance), "
@@ -222,6 +232,10 @@ def rank(
         subspace_method=subspace_method,
         repeats=repeats, dp_repeats=(dp_repeats or DpRepeats.shared).value, insecure_seed=insecure_seed, classes=classes,
     )
+    options.update(top=top, regret_clip=regret_clip, score_share=score_share)  # the DP selection's settings
+    for name in ("top", "regret_clip", "score_share"):
+        if not dp and catalog is None and ctx.get_parameter_source(name).name == "COMMANDLINE":
+            raise GSDError(f"--{name.replace('_', '-')} is a setting of the DP selection; add --dp (and --epsilon)")
     options.update(weights=weights, peft=peft, batchnorm=batchnorm.value)
     if distance is not None:
         options.update(distance=distance)

@@ -62,14 +62,18 @@ def laplace_scale(epsilon: float, clip: float, lam: float) -> float:
     return 2.0 * clip * clip * lam / epsilon
 
 
-def private_energies(P: torch.Tensor, W: list[torch.Tensor], epsilon: float, clip: float, lam: float,
-                     rng: np.random.Generator) -> np.ndarray:
-    """s~_j = sum_i |W_j^T clip(q_i)|^2 + Laplace(b) for the projected private rows P (m x D)."""
+def energies(P: torch.Tensor, W: list[torch.Tensor], clip: float) -> np.ndarray:
+    """s_j = sum_i |W_j^T clip(q_i)|^2 for the projected private rows P (m x D): no noise."""
     from ..subspace.dppca import clip_rows
 
     Pc = clip_rows(P.to(torch.float64), clip)
-    s = np.array([float(((Pc @ Wj.to(Pc.device, torch.float64)) ** 2).sum()) for Wj in W])
-    return s + rng.laplace(0.0, laplace_scale(epsilon, clip, lam), size=len(W))
+    return np.array([float(((Pc @ Wj.to(Pc.device, torch.float64)) ** 2).sum()) for Wj in W])
+
+
+def private_energies(P: torch.Tensor, W: list[torch.Tensor], epsilon: float, clip: float, lam: float,
+                     rng: np.random.Generator) -> np.ndarray:
+    """s~_j = sum_i |W_j^T clip(q_i)|^2 + Laplace(b) for the projected private rows P (m x D)."""
+    return energies(P, W, clip) + rng.laplace(0.0, laplace_scale(epsilon, clip, lam), size=len(W))
 
 
 @register_distance("dp-energy")
@@ -79,12 +83,17 @@ class DPEnergy(DPGSD):
 
     reading = ("DP energy distance: sqrt(1 - the private gradients' energy share in the candidate's own top-k subspace), "
                "each share released with Laplace noise; lower is closer")
+    #: one release fixes every candidate's distance: repeats that share it show the same numbers
+    fixed_release = True
 
     def __init__(self, config) -> None:
         if not config.privacy.dp:
             raise GSDError("--metric dp-energy is differentially private: give --dp and --epsilon")
         if config.gradients.dp_sketch not in (None, 0, "0", "none"):
-            raise GSDError("--metric dp-energy measures in the candidates' own subspaces; drop --dp-sketch")
+            raise GSDError(f"--metric {self.name} measures in the candidates' own subspaces; drop --dp-sketch")
+        if config.privacy.mechanism != "sequential":  # DP-GSD's Bingham sampler: no such draw here (and no guarantee to book)
+            raise GSDError(f"--mechanism {config.privacy.mechanism} is DP-GSD's Bingham sampler; --metric {self.name} draws no "
+                           "subspace: drop --mechanism (or use --metric dp-gsd)")
         super().__init__(config)
         self.extra = 0  # the public sides come first (the pipeline's needs_public_sides)
         self.sketch = None
@@ -96,12 +105,15 @@ class DPEnergy(DPGSD):
         self.names = [s.name for s in publics]
         self.lam = energy_sensitivity(Vs)
 
-    def private_side(self, ctx: SideContext, sample: gdata.Sample) -> Subspace:
+    def projected_rows(self, ctx: SideContext, sample: gdata.Sample) -> torch.Tensor:
+        """The private rows projected onto the public basis, q_i = Q^T g_i (m x D, float64, not yet
+        clipped): each a function of its own example alone. Chunk by chunk: only m x D numbers are
+        kept, never the m x p matrix."""
         from ..gradients import default_chunk_size, gradient_matrix, resolve_device
         from ..subspace.side import sample_labels
 
         if self.basis is None:
-            raise GSDError("dp-energy: the public sides must come first (use_public_sides)")
+            raise GSDError(f"{self.name}: the public sides must come first (use_public_sides)")
         c = ctx.common
         dev = resolve_device(c.get("device", "auto"))
         engine = "vmap" if c.get("engine", "auto") == "auto" else c["engine"]  # per-example rows by construction (as DPGSD)
@@ -117,12 +129,17 @@ class DPEnergy(DPGSD):
             parts.append(project_rows(Gc, self.basis).cpu())
             del Gc
         P = torch.cat(parts) if parts else torch.zeros(0, self.basis.shape[1], dtype=torch.float64)
-        pv = self.config.privacy
-        s = private_energies(P, self.W, float(pv.epsilon), float(pv.clip), self.lam, self.rng)
         if c.get("progress") is not None:  # m of m under the DP name, whose time the CLI withholds (as DP-GSD's)
             c["progress"](sample.source.name + DP_PROGRESS, m, m)
-        return EnergySide(sample.source.name, self.basis[:, :0], torch.empty(0, dtype=torch.float64), m, 0.0,
-                          info.get("engine", engine), energies=dict(zip(self.names, s.tolist())))
+        self.engine_used = info.get("engine", engine)
+        return P
+
+    def private_side(self, ctx: SideContext, sample: gdata.Sample) -> Subspace:
+        P = self.projected_rows(ctx, sample)
+        pv = self.config.privacy
+        s = private_energies(P, self.W, float(pv.epsilon), float(pv.clip), self.lam, self.rng)
+        return EnergySide(sample.source.name, self.basis[:, :0], torch.empty(0, dtype=torch.float64), int(self.config.gradients.examples),
+                          0.0, self.engine_used, energies=dict(zip(self.names, s.tolist())))
 
     def compare(self, private: Subspace, public: Subspace) -> tuple[float, list[float]]:
         m, C = int(self.config.gradients.examples), float(self.config.privacy.clip)
@@ -137,7 +154,8 @@ class DPEnergy(DPGSD):
         for key in ("concentration_bound", "uniform_distance_99", "sketch", "sketch_dims", "sketch_description"):
             privacy.pop(key, None)
         privacy.update(
-            mechanism="laplace-energy", exact=True, delta=0.0,
+            mechanism="laplace-energy", exact=True, delta=0.0, release="noisy order",
+            what_is_dp="noisy order of all candidates, each score Laplace-noised (every candidate's DP energy distance)",
             guarantee=("pure epsilon-DP: the Laplace mechanism on the K candidates' energies, L1 sensitivity "
                        "2 C^2 Lambda (one row replaced), Lambda = lambda_max(sum_j V_j V_j^T) from the public subspaces"),
             sensitivity_lambda=lam, laplace_scale=b,

@@ -50,6 +50,12 @@ class Distance(ABC):
     private: bool = False
     #: whether public sides are gradient subspaces that the disk cache of public subspaces may keep
     disk_cache: bool = True
+    #: whether it releases a choice of candidates rather than a distance for each (DP selection):
+    #: :meth:`arrange` then keeps the chosen ones, and repeats are refused
+    selection: bool = False
+    #: whether its released numbers stay the same in every repeat that shares one private release
+    #: (the private side fixes every distance): the tie test of such repeats is not run
+    fixed_release: bool = False
 
     def __init__(self, config) -> None:
         self.config = config
@@ -74,6 +80,11 @@ class Distance(ABC):
         sqrt(1 - ||V1^T V2||_F^2 / k) (paper 004, Definition 3, normalised; DESIGN.md)."""
         angles = principal_angles(private.V, public.V)
         return projection_metric(private.V, public.V), [round(math.degrees(a), 4) for a in angles.tolist()]
+
+    def arrange(self, private: Subspace, rows: list) -> tuple[list, list[str]]:
+        """``(rows in rank order, names of candidates with nothing released)``: by distance, lowest first
+        (a selection keeps the chosen candidates in the order chosen)."""
+        return sorted(rows, key=lambda r: r.distance), []
 
     def memo_key(self) -> tuple:
         """What, beyond the shared settings, a cached private side depends on."""
@@ -117,6 +128,11 @@ def metric_distance(metric: str | None, dp: bool) -> str | None:
         raise GSDError(f"--metric {metric} is not differentially private and cannot run with --dp; "
                        f"drop --dp, or use --dp without --metric for a private ranking")
     return metric
+
+
+def distance_flag(name: str, flag: str) -> bool:
+    """A class attribute (``private``, ``selection``, ``fixed_release``) of the registered distance ``name``."""
+    return name in _DISTANCES and bool(getattr(_DISTANCES.get(name), flag, False))
 
 
 def is_private(name: str) -> bool:

@@ -63,12 +63,14 @@ from ..models.spec import split_file_reference
 #: Options a job may set (the flat options of :class:`gsd_cli.ranking.RankConfig`).
 OPTIONS = ("k", "examples", "seed", "model", "params", "labels", "row_norm", "device", "chunk_size", "engine",
            "dp", "epsilon", "clip", "mechanism", "dp_sketch", "gibbs_sweeps", "gram", "memory_budget",
-           "repeats", "dp_repeats", "weights", "peft", "insecure_seed", "classes", "subspace_method", "batchnorm")
+           "repeats", "dp_repeats", "weights", "peft", "insecure_seed", "classes", "subspace_method", "batchnorm",
+           "top", "regret_clip", "score_share")
 CHECKS = ("fail_above", "expect_best")
 #: the type each numeric or boolean option (and check) must have in a catalogue
 OPTION_TYPES = {"k": "an integer", "examples": "an integer", "seed": "an integer", "chunk_size": "an integer",
                 "dp_sketch": "an integer or a string", "gibbs_sweeps": "an integer", "repeats": "an integer", "dp": "true or false",
                 "epsilon": "a number", "clip": "a number", "fail_above": "a number", "expect_best": "a string",
+                "top": "an integer", "regret_clip": "a number", "score_share": "a number",
                 "dp_repeats": "a string", "gram": "a string", "subspace_method": "a string", "weights": "a string", "peft": "a string",
                 "insecure_seed": "an integer", "model": "a string", "batchnorm": "a string",
                 "params": "a list of strings", "device": "a string", "labels": "a string", "row_norm": "a string",

@@ -3,7 +3,7 @@
 >>> from gsd_cli.ranking import RankConfig
 >>> cfg = RankConfig.from_options(k=8, examples=500, dp=True, epsilon=2.0)
 >>> cfg.gradients.k, cfg.privacy.epsilon, cfg.distance_name
-(8, 2.0, 'dp-energy')
+(8, 2.0, 'dp-select')
 
 Four small frozen groups: the probe model and its parameters (:class:`ModelSettings`), how the
 gradients and subspaces are computed (:class:`GradientSettings`), what is private and how
@@ -64,6 +64,9 @@ class PrivacySettings:
     gibbs_sweeps: int = 10
     dp_repeats: str = "shared"  # with repeats: shared (one private draw) or fresh (R draws, R x epsilon)
     insecure_seed: int | None = None  # experiments only: private randomness from a seed, output not DP
+    top: int = 1  # DP selection (dp-select): how many candidates it chooses (1: permute-and-flip; k > 1: peeling)
+    regret_clip: float = 0.02  # DP selection: each row's regret clipped at this many C^2 (the utility's sensitivity)
+    score_share: float = 0.5  # DP selection: the part of epsilon that releases the chosen candidates' scores
 
 
 _GROUPS = {"model": ModelSettings, "gradients": GradientSettings, "privacy": PrivacySettings}
@@ -72,7 +75,7 @@ _GROUPS = {"model": ModelSettings, "gradients": GradientSettings, "privacy": Pri
 @dataclass(frozen=True)
 class RankConfig:
     """Every setting of a ranking. ``distance``: a registered distance (:mod:`gsd_cli.distance`);
-    default ``gsd``, and with ``privacy.dp`` ``dp-energy`` (``dp-gsd`` where a DP-GSD-only setting is
+    default ``gsd``, and with ``privacy.dp`` ``dp-select`` (``dp-gsd`` where a DP-GSD-only setting is
     given: ``dp_sketch``, ``mechanism="matrix"``)."""
 
     model: ModelSettings = field(default_factory=ModelSettings)
@@ -92,12 +95,12 @@ class RankConfig:
             return self.distance
         if not self.privacy.dp:
             return "gsd"
-        # under DP, the DP energy distance (gsd_cli.distance.dpenergy): it keeps the non-private order where
-        # DP-GSD's Bingham draw does not (issue 33: Kendall tau at epsilon 4 0.93-0.96 on the downstream
-        # benchmark's tasks against 0.27-0.61 with any sketch; docs/dp-gsd.md). Settings that only
-        # DP-GSD has (a sketch, the matrix sampler) ask for DP-GSD.
+        # under DP, the DP selection (gsd_cli.distance.dpselect): the winner (or --top k) and its score, at a
+        # cost that does not grow with the number of candidates (issue 43; docs/dp-gsd.md). The noisy order
+        # of all candidates is --metric dp-energy. Settings that only DP-GSD has (a sketch, the matrix
+        # sampler) ask for DP-GSD.
         bingham = self.gradients.dp_sketch is not None or self.privacy.mechanism != "sequential"
-        return "dp-gsd" if bingham else "dp-energy"
+        return "dp-gsd" if bingham else "dp-select"
 
     @classmethod
     def from_options(cls, **options) -> "RankConfig":

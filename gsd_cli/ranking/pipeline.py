@@ -170,8 +170,8 @@ def rank_once(private, publics: Sequence, config: RankConfig, *, public_seed: in
     else:
         results = {i: compared(i, sub) for i, sub in subs.items()}
     subs = None
-    rows = [results[i] for i in range(len(pub_samples))]
-    rows.sort(key=lambda r: r.distance)
+    # by distance; a DP selection keeps the chosen candidates in the order chosen, nothing released about the rest
+    rows, not_selected = distance.arrange(priv, [results[i] for i in range(len(pub_samples))])
     for i, r in enumerate(rows, 1):
         r.rank = i
         r.winner = i == 1
@@ -184,7 +184,7 @@ def rank_once(private, publics: Sequence, config: RankConfig, *, public_seed: in
         num_params=num_params, device=str(dev), engine=priv.engine,
         # under DP the requested m: min(m, N) would reveal N
         private_examples=int(g.examples) if distance.private else priv.examples,
-        uniform_baseline=uniform_baseline(g.k, ctx.dims), results=rows, sketch=sketch, weights=m.weights, peft=m.peft,
+        uniform_baseline=uniform_baseline(g.k, ctx.dims), results=rows, not_selected=not_selected, sketch=sketch, weights=m.weights, peft=m.peft,
         # under DP the run's time grows with min(m, N): withheld (None), as the private set's size
         seconds=None if distance.private else round(time.perf_counter() - t0, 3), subspace_method=g.subspace_method,
     )

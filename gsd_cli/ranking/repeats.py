@@ -28,7 +28,10 @@ Under DP (``dp=True``) the user chooses what repeats cost (``dp_repeats``):
   examples, labels and w0) and every repeat compares with it; the repeats vary the public side only
   (public examples and random labels; w0 stays, because a distance between subspaces taken at two
   different w0 means nothing). Total budget: epsilon (post-processing). The intervals then describe
-  the public side's sampling, given the one private draw.
+  the public side's sampling, given the one private draw. A distance whose one release fixes every
+  candidate's number (the DP energy distance) shows the same distances in every shared repeat: the
+  tie test is then not run, and the output says why (:data:`NO_TIE_TEST`). The DP selection releases
+  a choice, not distances: repeats are refused (``--top k`` gives a short list).
 * ``fresh``: every repeat draws new private examples and labels (secretly), w0 and a new DP sample, so R
   epsilon-DP releases about the same data: total epsilon R * epsilon by basic composition of pure DP
   (delta = 0; :func:`total_epsilon` checks it with dp-accounting).
@@ -49,11 +52,11 @@ from typing import Sequence
 import numpy as np
 
 from .. import data as gdata
-from ..distance import is_private
+from ..distance import distance_flag, is_private
 from ..errors import GSDError
 from .config import RankConfig
 from .pipeline import rank_once
-from .results import DP_REPEATS, LEVEL, TIE_ALPHA, Ranking, RepeatRanking, RepeatResult
+from .results import DP_REPEATS, LEVEL, TIE_ALPHA, TIE_TEST, Ranking, RepeatRanking, RepeatResult
 
 
 #: the most repeats a ranking runs (each is a full ranking; the interval's width falls as 1/sqrt(R))
@@ -186,6 +189,13 @@ def rank_repeats(
     memo = {} if own else memo
     dp = is_private(config.distance_name)
     shared = dp and pv.dp_repeats == "shared"
+    if int(repeats) > 1 and distance_flag(config.distance_name, "selection"):
+        raise GSDError("--repeats with the DP selection: it releases the winner (--top k: a short list), not a distance per "
+                       "candidate to average; drop --repeats (--top 3 for a short list), or use --metric dp-energy for a noisy "
+                       "order of all candidates")
+    # the DP energy distance's one release fixes every distance: shared repeats show it R times, and a
+    # tie test on R copies of the same numbers would mean nothing, so it is not run (and the output says so)
+    fixed = shared and distance_flag(config.distance_name, "fixed_release")
     engine = config.gradients.engine
     seeds = [repeat_seed(seed, r) for r in range(int(repeats))]
     runs: list[Ranking] = []
@@ -205,11 +215,21 @@ def rank_repeats(
             memo.clear()
             if keep is not None:
                 memo[keep[0]] = keep[1]
-    return summarise(runs, seeds, pv.dp_repeats if dp else None, seconds=None if dp else time.perf_counter() - t0)
+    return summarise(runs, seeds, pv.dp_repeats if dp else None, seconds=None if dp else time.perf_counter() - t0,
+                     tie_test=None if fixed else TIE_TEST)
 
 
-def summarise(runs: Sequence[Ranking], seeds: Sequence[int], dp_repeats: str | None = None, *, seconds: float | None = 0.0) -> RepeatRanking:
-    """Summarise plain rankings of the same candidates (one per repeat) into a :class:`RepeatRanking`."""
+#: what a repeated ranking says when its repeats share one release that fixes every distance
+NO_TIE_TEST = ("not run: the repeats share one DP release, which fixes every candidate's distance, so every repeat "
+               "shows the same numbers and a tie test on them would mean nothing (--dp-repeats fresh draws a release "
+               "per repeat, at R x epsilon)")
+
+
+def summarise(runs: Sequence[Ranking], seeds: Sequence[int], dp_repeats: str | None = None, *, seconds: float | None = 0.0,
+              tie_test: str | None = TIE_TEST) -> RepeatRanking:
+    """Summarise plain rankings of the same candidates (one per repeat) into a :class:`RepeatRanking`.
+    ``tie_test=None``: no tie test (every p-value None, nothing tied) and the ranking says why
+    (:data:`NO_TIE_TEST`)."""
     if not runs:
         raise GSDError("nothing to summarise: no repeats")
     first = runs[0]
@@ -220,7 +240,7 @@ def summarise(runs: Sequence[Ranking], seeds: Sequence[int], dp_repeats: str | N
     stats = [t_interval(D[:, j]) for j in range(len(names))]
     order = sorted(range(len(names)), key=lambda j: (stats[j][0], names[j]))
     w = order[0]
-    raw = [paired_tie_test(D[:, j], D[:, w]) for j in order[1:]]
+    raw = [paired_tie_test(D[:, j], D[:, w]) for j in order[1:]] if tie_test is not None else [math.nan] * (len(order) - 1)
     adj = [math.nan] + holm(raw)
     by_name = {n: [{x.public: x for x in run}[n] for run in runs] for n in names}
     rows = []
@@ -255,4 +275,5 @@ def summarise(runs: Sequence[Ranking], seeds: Sequence[int], dp_repeats: str | N
     return RepeatRanking(
         **base, seed=seeds[0], results=rows, seconds=None if seconds is None else round(seconds, 3), privacy=privacy, warnings=warnings,
         repeats=R, repeat_seeds=[int(s) for s in seeds], dp_repeats=dp_repeats, runs=list(runs),
+        tie_test=tie_test or NO_TIE_TEST,
     )

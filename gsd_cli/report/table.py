@@ -105,20 +105,41 @@ def how_to_read(ranking: Ranking) -> str:
 
 
 def _dp_name(pv: dict) -> str:
-    """What a DP ranking's table calls itself: DP-GSD, or the DP energy distance (--metric dp-energy)."""
+    """What a DP ranking's table calls itself: DP-GSD, the DP selection (gsd rank --dp's default), or the
+    DP energy distance's noisy order (--metric dp-energy)."""
+    if pv.get("release") == "selection":
+        return "DP selection"
     return "DP energy" if pv.get("mechanism") == "laplace-energy" else "DP-GSD"
+
+
+def selection_line(ranking: Ranking) -> str | None:
+    """What a DP selection released and how; None for another ranking."""
+    pv = ranking.privacy or {}
+    if pv.get("release") != "selection":
+        return None
+    top = pv["top"]
+    chose = "the winner" if top == 1 else f"the top {top}, in the order chosen"
+    noise = f" (each share +- Laplace of scale {pv['share_noise_scale']:.2g})" if pv.get("share_noise_scale") is not None else ""
+    return (f"DP selection: {chose} by {pv['mechanism']} at epsilon={pv['epsilon_select']:g} on the clipped regret "
+            f"(sensitivity {pv['regret_clip']:g} C^2, whatever the number of candidates), then the chosen candidates' DP energy "
+            f"distances by the Laplace mechanism at epsilon={pv['epsilon_score']:g}{noise}; epsilon={pv['epsilon']:g} in all, "
+            f"delta=0, clip={pv['clip']:g}, k={pv['k']}, at most {pv['examples']} private examples ({pv['neighbouring']}). "
+            "What is DP: " + pv["what_is_dp"] + ".")
 
 
 def privacy_line(ranking: Ranking) -> str | None:
     pv = ranking.privacy
     if not pv:
         return None
+    if pv.get("release") == "selection":
+        return selection_line(ranking)
     delta = "0" if pv["delta"] == 0 else "unknown"
     energy = pv["mechanism"] == "laplace-energy"  # --metric dp-energy: noisy numbers, no sampled subspace
     sample = "exact noise" if energy else ("exact sample" if pv["exact"] else "NOT an exact sample")
     sketch = f" Sketch: {pv['sketch_description']}." if pv.get("sketch") and pv.get("sketch_description") else ""
     return (
-        f"{'DP energy distance' if energy else 'DP-GSD'}: {pv['mechanism']} mechanism, epsilon={pv['epsilon']:g}, "
+        f"{'DP energy distance, noisy order of all candidates, each score Laplace-noised' if energy else 'DP-GSD'}: "
+        f"{pv['mechanism']} mechanism, epsilon={pv['epsilon']:g}, "
         f"delta={delta}, clip={pv['clip']:g}, k={pv['k']}, at most {pv['examples']} private examples, {sample}: "
         f"{pv['guarantee']} ({pv['neighbouring']}); spent once for all candidates.{sketch}"
     )
@@ -128,6 +149,8 @@ def tie_line(ranking: RepeatRanking) -> str:
     """How the ties were decided (or why they could not be)."""
     if ranking.repeats < 2:
         return "One repeat: no interval and no tie test is possible; use --repeats 5 or more to see which candidates are tied."
+    if ranking.tie_test.startswith("not run"):
+        return f"Ranked by the mean over {ranking.repeats} repeats; tie test {ranking.tie_test}."
     tied = [r.public for r in ranking if r.tied]
     who = (", ".join(tied) + (" is" if len(tied) == 1 else " are") + " tied with the winner") if tied else "no candidate is tied with the winner"
     return (
@@ -177,6 +200,9 @@ def _validity(ranking: Ranking, console: Console) -> None:
 def print_ranking(ranking: Ranking, console: Console | None = None) -> None:
     console = console or Console()
     console.print(ranking_table(ranking))
+    if getattr(ranking, "not_selected", None):
+        console.print(f"Not chosen (nothing released about them: no score, no order): {escape(', '.join(ranking.not_selected))}.",
+                      highlight=False)
     console.print(how_to_read(ranking))
     _validity(ranking, console)
     line = privacy_line(ranking)

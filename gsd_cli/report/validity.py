@@ -27,7 +27,7 @@ def validity_line(metric: str = "gsd") -> str | None:
     """One line: the default's Spearman with downstream accuracy on the benchmark's tasks, how often
     its winner was the best, and the advice those numbers support. None for other metrics."""
     doc = figures()
-    from ..train.advice import advice_sentence
+    from ..ranking.reference import advice_sentence
 
     if metric in ("dp-energy", "dp-select"):  # a private selection: what auto-select does with its winner
         return "validity: " + advice_sentence(private=True)

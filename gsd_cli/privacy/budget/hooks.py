@@ -77,7 +77,8 @@ def _book(private, announce: bool = True, announce_epsilon: float | None = None,
 _DP_DISTANCES = {
     "dp-gsd": ("DP-GSD ranking", "DP-GSD"),
     "dp-energy": ("DP energy ranking", "DP energy distance (Laplace)"),
-    "dp-select": ("DP selection", "DP selection of the winner"),
+    "dp-select": ("DP selection", "DP selection (permute-and-flip winner, or peeling exponential mechanism for --top k; "
+                                  "Laplace scores of the chosen)"),
 }
 
 
@@ -227,6 +228,10 @@ def book_ranking(private, privacy, repeats: int = 1, *, distance: str = "dp-gsd"
     ``insecure_seed``: booked, marked not DP."""
     releases = int(repeats) if (repeats > 1 and privacy.dp_repeats == "fresh") else 1
     what = _DP_DISTANCES.get(distance, (f"DP ranking ({distance})",))[0]
+    if distance == "dp-select":  # which selection mechanism this run uses (gsd_cli.distance.dpselect)
+        top = int(getattr(privacy, "top", 1) or 1)
+        what = "DP selection: " + ("permute-and-flip winner" if top == 1 else f"top {top} by peeling exponential mechanism") \
+            + " and Laplace scores of the chosen"
     return book_dpgsd(private, float(privacy.epsilon), releases=releases, mechanism=privacy.mechanism, what=what, distance=distance,
                       dp=privacy.insecure_seed is None, ledger_location=ledger_location)
 
