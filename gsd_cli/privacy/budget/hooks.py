@@ -47,7 +47,9 @@ def ready_ledger(location: str | os.PathLike | None = None) -> BudgetLedger | No
     so), so a run refused before it books leaves none. None within :func:`unbooked`."""
     if _booking_off():
         return None
-    return BudgetLedger(location, create="check")
+    led = BudgetLedger(location, create="check")
+    led.close()  # a server's connections: a booking opens its own
+    return led
 
 
 def booked_line(booking: dict, name: str, led: BudgetLedger, epsilon: float | None = None) -> str:
@@ -66,8 +68,11 @@ def booked_line(booking: dict, name: str, led: BudgetLedger, epsilon: float | No
 
 def _book(private, announce: bool = True, announce_epsilon: float | None = None, ledger_location=None, **kw) -> dict:
     led = BudgetLedger(ledger_location)
-    data = data_identity(private)
-    b = led.book(data, **kw)
+    try:
+        data = data_identity(private)
+        b = led.book(data, **kw)
+    finally:
+        led.close()
     if announce and not b.get("again"):
         say(booked_line(b, data.name, led, announce_epsilon))
     return b
@@ -144,8 +149,11 @@ def book_size_estimate(config, private, meta: dict | None = None, *, ledger_loca
         return None
     eps_n = size_epsilon(config.epsilon, config.size_epsilon)
     led = BudgetLedger(ledger_location, create="check")
-    if led.fits_basic(data_identity(private), config.epsilon, config.delta):
-        return None
+    try:
+        if led.fits_basic(data_identity(private), config.epsilon, config.delta):
+            return None
+    finally:
+        led.close()
     return _book(private, announce=False, ledger_location=ledger_location, what=f"training ({config.method}): size estimate",
                  mechanism=f"Laplace estimate of the private set's size (sensitivity 1), epsilon {eps_n:g}",
                  epsilon=eps_n, delta=0.0, rdp=pure_dp_curve(eps_n), dp=config.private_seed is None)
