@@ -331,7 +331,7 @@ def test_auto_select_for_second_phase_ranks_on_the_trained_parameters(capsys, ti
     code = main(["train", "--private", tiny["private"], "--auto-select", "--public", tiny["public"], tiny["public12"],
                  "--method", "second-phase", "--model", "fmnist-cnn", "--weights", str(path), "--peft", "fc2",
                  "--rank-k", "2", "--rank-examples", "30", "--epochs", "1", "--batch-size", "30", "--public-epochs", "1",
-                 "--public-examples", "30", "--out", str(run), "-q"])
+                 "--public-examples", "30", "--no-fallback", "--out", str(run), "-q"])  # noise-like candidates: past the advice
     out, err = capsys.readouterr()
     assert code == 0, err
     s = json.loads((run / "summary.json").read_text())

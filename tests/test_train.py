@@ -267,7 +267,7 @@ def test_auto_select_with_dp_ranking_adds_both_budgets(capsys, tiny, tmp_path, n
     code = main(["train", "--private", tiny["private"], "--auto-select", "--public", tiny["public"], f"npz:{npz_pair['far']}",
                  "--rank-model", "fmnist-cnn", "--rank-k", "2", "--rank-examples", "40", "--select-epsilon", "1.5",
                  "--epochs", "1", "--batch-size", "30", "--k", "4", "--public-examples", "30", "--out", str(run), "-q",
-                 "--classes", "4"])  # npz_pair's priv.npz (same folder as tiny's) declares no classes
+                 "--classes", "4", "--no-fallback"])  # npz_pair's priv.npz declares no classes; noise-like candidates
     out, err = capsys.readouterr()
     assert code == 0, err
     s = json.loads((run / "summary.json").read_text())
@@ -346,7 +346,7 @@ candidates = ["web", "digits"]
     run = tmp_path / "cat"
     code = main(["train", "--catalog", str(cat), "--private", "xray", "--auto-select", "--rank-model", "fmnist-cnn",
                  "--rank-k", "2", "--rank-examples", "30", "--epochs", "1", "--batch-size", "30", "--k", "4",
-                 "--public-examples", "30", "--out", str(run), "-q"])
+                 "--public-examples", "30", "--no-fallback", "--out", str(run), "-q"])  # noise-like candidates: past the advice
     out, err = capsys.readouterr()
     assert code == 0, err
     s = json.loads((run / "summary.json").read_text())

@@ -257,7 +257,7 @@ def train(
                 rank_opts.update(classes=classes)
             ranking, decision = with_progress(
                 quiet, lambda pr: advised_fn(private, publics, cfg.method, private_test=private_test, catalog=cat, progress=pr,
-                                             repeats=rank_repeats, **rank_opts),
+                                             repeats=rank_repeats, references=fallback or select_epsilon is None, **rank_opts),
                 private=True)  # the ranking's time grows with the private set: labelled private
             print_ranking(ranking, out)
             if ranking.references:
@@ -271,8 +271,9 @@ def train(
                 selection["dp_winner"] = released_winner(ranking)
             from ..train.advice import is_reference
 
-            out.print(escape(decision.message), highlight=False, soft_wrap=True)
-            selection["advice"] = decision.to_dict()
+            if decision is not None:
+                out.print(escape(decision.message), highlight=False, soft_wrap=True)
+                selection["advice"] = decision.to_dict()
             closest = next((r for r in ranking if not is_reference(r.public)), None)
             if fallback:
                 if decision.refused:
@@ -281,9 +282,9 @@ def train(
                 cfg.public_distance = decision.distance if decision.public is not None else None
             else:  # --no-fallback: the closest candidate whatever the advice, said in a warning when the advice differs
                 if cfg.method == "auto":
-                    cfg.method = decision.method if decision.public is not None else "gep"
+                    cfg.method = decision.method if decision is not None and decision.public is not None else "gep"
                 cfg.public, cfg.public_distance = closest.public, closest.distance
-                if decision.public != closest.public or decision.method != cfg.method:
+                if decision is not None and (decision.public != closest.public or decision.method != cfg.method):
                     warn(f"--no-fallback: training {cfg.method} with {closest.public} against the advice ({decision.message})")
             validate(cfg)
             if cfg.public is not None:

@@ -126,6 +126,21 @@ class TrainConfig:
 SAVED_BEFORE = {"anchor_every": 1, "anchor_warm": False, "anchor_batch": None}  # 0.x runs: paper 000's basis at every step, from all anchors
 
 
+#: how the clipped sums are computed and how far the run may plan, not what is released (the update
+#: equals the per-example path's to float rounding, tested): a resumed run may change these
+COMPUTE_ONLY = frozenset({"clip_engine", "physical_batch", "max_steps"})
+
+
+def check_resume_settings(cfg: "TrainConfig", saved: dict, out) -> None:
+    """Refuse ``--resume`` with settings other than the run's own (but :data:`COMPUTE_ONLY`); a setting
+    added after the run started has its default (or its :data:`SAVED_BEFORE` value) there."""
+    defaults = {**TrainConfig().to_dict(), **SAVED_BEFORE}
+    diff = sorted(k for k, v in cfg.to_dict().items() if k not in COMPUTE_ONLY and saved.get(k, defaults.get(k)) != v)
+    if diff:
+        shown = ", ".join(f"{k}: run has {saved.get(k, defaults.get(k))!r}, asked {getattr(cfg, k)!r}" for k in diff[:4])
+        raise GSDError(f"--resume {out}: settings differ from the checkpoint's ({shown}); resume with the run's own settings")
+
+
 def parse_groups(spec: str, model: str) -> list[list[str]] | None:
     """``auto`` (the paper's split for resnet20, one group otherwise), ``none`` (one group), or
     groups separated by ``;`` each a comma-separated list of glob patterns."""

@@ -49,13 +49,12 @@ from ..privacy.randomness import INSECURE_NOTE, randomness_statement
 from ..gradients import default_chunk_size, resolve_device
 from ..privacy import Ledger, calibrate_noise, confirmed_epsilon, effective_noise_multiplier, epsilon_of, training_event
 from . import checkpoint as ckpt
-from .config import SAVED_BEFORE, TrainConfig, changed_settings, lr_at, unused_note, validate
+from .config import TrainConfig, changed_settings, check_resume_settings, lr_at, unused_note, validate
 from .evaluate import evaluate, metric_row, summary_block
 from .gep import anchor_for
 from .methods import build_method
 from .overlap import left_out as _left_out, refuse_shared_public  # noqa: F401 (refuse_shared_public re-exported)
-from .size import Info, check_plan
-from .size import run_size as _mechanism_size
+from .size import Info, check_plan, run_size as _mechanism_size
 from .release import PRIVATE_SUMMARY, PrivateNote, delta_notes, not_dp_fields, split_summary
 from .splits import private_parts
 from .distributed import current_world
@@ -130,14 +129,7 @@ def train(
 
         meta = world.from_main(lambda: ckpt.load_meta(out) if (out / ckpt.CKPT_META).is_file() else None)  # None: in stage 1
         saved = meta.get("settings", {}) if meta is not None else world.from_main(lambda: run_settings(out))
-        defaults = {**TrainConfig().to_dict(), **SAVED_BEFORE}  # a setting added after the run started has its default there
-        # how the clipped sums are computed, not what is released (the update equals the per-example
-        # path's to float rounding, tested): a resumed run may change these
-        compute_only = {"clip_engine", "physical_batch", "max_steps"}
-        diff = sorted(k for k, v in cfg.to_dict().items() if k not in compute_only and saved.get(k, defaults.get(k)) != v)
-        if diff:
-            shown = ", ".join(f"{k}: run has {saved.get(k, defaults.get(k))!r}, asked {getattr(cfg, k)!r}" for k in diff[:4])
-            raise GSDError(f"--resume {out}: settings differ from the checkpoint's ({shown}); resume with the run's own settings")
+        check_resume_settings(cfg, saved, out)
         selection = meta.get("selection", selection) if meta is not None else selection
     ledger = Ledger()
     selection_dp = False
@@ -148,11 +140,9 @@ def train(
     dev = world.device
     resolve_model(cfg.model)  # a bad --model fails before any data is read
 
-    cat = None
-    if cfg.catalog:
-        from ..ranking.catalog import load_catalog
+    from ..ranking.catalog import load_catalog
 
-        cat = load_catalog(cfg.catalog)
+    cat = load_catalog(cfg.catalog) if cfg.catalog else None
     train_src, test_src = private_parts(cfg.private, cfg.private_test, cat)
     if cfg.classes is not None:
         train_src, test_src = gdata.with_classes(train_src, cfg.classes), gdata.with_classes(test_src, cfg.classes)
@@ -172,9 +162,7 @@ def train(
     size_booking = world.from_main(lambda: book_size_estimate(cfg, train_src, meta))  # the DP size estimate is booked before it is drawn
     size = world.from_main(lambda: _mechanism_size(cfg, n_train, meta))
     q, steps_per_epoch = size.q, size.steps_per_epoch
-    total_steps = check_plan(cfg.epochs, steps_per_epoch, cfg.max_steps,
-                             {"declared-size": "--expected-size", "declared-rate": "--sampling-rate",
-                              "dp-estimate": "the DP estimate of the private set's size"}.get(size.how, size.how))  # refused above --max-steps, before any booking
+    total_steps = check_plan(cfg.epochs, steps_per_epoch, cfg.max_steps, size.how)  # refused above --max-steps, before any booking
     train_epsilon = cfg.epsilon - size.epsilon  # basic composition with the size estimate (size.py)
     public_notes = delta_notes(cfg.delta, size, cfg.batch_size)  # on the size that sets the mechanism, never N (release.py)
 
@@ -219,15 +207,10 @@ def train(
     event = training_event(method.step_event(sigma), q, total_steps)
     final_eps = size.epsilon + world.from_main(lambda: confirmed_epsilon(event, cfg.delta, cfg.accountant))  # once, by process 0; a second computation confirms it
     if notify and world.is_main:  # the plan, public: steps from public settings or the DP size, time from synthetic data
-        from .plan import estimate_seconds, plan_line, synthetic_step_seconds
+        from .plan import announce
 
-        try:
-            per_chunk = synthetic_step_seconds(model, names, (spec.channels, spec.input_size, spec.input_size),
-                                               min(chunk, cfg.batch_size), dev)
-            seconds = estimate_seconds(per_chunk, cfg.batch_size, chunk, total_steps - (int(meta["epoch"]) * steps_per_epoch if meta else 0), cfg.method)
-        except RuntimeError:  # a model the synthetic pass cannot run (its own input contract): no estimate, the plan stands
-            seconds = None
-        notify(Info(plan_line(total_steps, cfg.epochs, steps_per_epoch, cfg.batch_size, q, sigma, final_eps, seconds)))
+        notify(Info(announce(model, names, spec, chunk, dev, cfg, total_steps, steps_per_epoch,
+                             int(meta["epoch"]) * steps_per_epoch if meta else 0, q, sigma, final_eps)))
     world.distribute(method, anchor)  # GEP: anchor gradients sharded, bases broadcast (no change to the mechanism)
 
     opt = torch.optim.SGD([dict(model.named_parameters())[n] for n in names], lr=cfg.lr,

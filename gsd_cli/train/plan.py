@@ -80,3 +80,16 @@ def plan_line(total_steps: int, epochs: int, steps_per_epoch: int, batch_size: i
     if seconds is not None:
         s += f"; about {duration(seconds)} of steps on this machine (one synthetic chunk timed; evaluation not counted)"
     return s
+
+
+def announce(model, names, spec, chunk: int, device, cfg, total_steps: int, steps_per_epoch: int, done: int, q: float,
+             sigma: float, epsilon: float) -> str:
+    """The plan line of a run (``done`` steps already taken, on ``--resume``), its time estimated from one
+    synthetic chunk of min(chunk, batch size) examples (no estimate for a model the synthetic pass cannot run)."""
+    try:
+        per_chunk = synthetic_step_seconds(model, names, (spec.channels, spec.input_size, spec.input_size),
+                                           min(chunk, cfg.batch_size), device)
+        seconds = estimate_seconds(per_chunk, cfg.batch_size, chunk, total_steps - done, cfg.method)
+    except (RuntimeError, TypeError, ValueError):  # its own input contract (a user's model): the plan without a time
+        seconds = None
+    return plan_line(total_steps, cfg.epochs, steps_per_epoch, cfg.batch_size, q, sigma, epsilon, seconds)

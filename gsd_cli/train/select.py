@@ -21,14 +21,16 @@ def auto_select(private: str, candidates: Sequence[str], *, private_test: str | 
 
 
 def advised_selection(private: str, candidates: Sequence[str], method: str = "auto", *, private_test: str | None = None,
-                      catalog=None, repeats: int | None = None, **rank_options):
+                      catalog=None, repeats: int | None = None, references: bool = True, **rank_options):
     """``gsd train --auto-select``'s ranking and decision: ``(ranking, decision)``.
 
     The ranking (:func:`auto_select`) carries the in-run noise references
     (:func:`gsd_cli.train.advice.reference_sources`, at the ranking model's input shape, from the public
     ``seed``) and ``repeats`` draws (default :data:`gsd_cli.train.advice.REPEATS`; one under DP, where each
     fresh draw would spend the selection's epsilon again); :func:`gsd_cli.train.advice.advise` decides from it,
-    the candidates' sizes and label counts, and the private task's declared class count."""
+    the candidates' sizes and label counts, and the private task's declared class count. ``references=False``
+    (``--no-fallback`` under DP, where the references would compete in the private selection): no
+    references, no decision (``None``)."""
     from ..data import resolve
     from ..models.spec import resolve_model
     from .advice import REFERENCE, REPEATS, advise, describe, is_reference, reference_sources
@@ -44,12 +46,14 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
     pubs = [catalog.resolve(c) for c in candidates] if catalog is not None else [resolve(c) if isinstance(c, str) else c for c in candidates]
     spec = resolve_model(rank_options.get("model", "probe"))
     references = reference_sources(spec.input_size, spec.channels, int(rank_options.get("examples", 2000)),
-                                   train_part.num_classes, int(rank_options.get("seed", 0)))
+                                   train_part.num_classes, int(rank_options.get("seed", 0))) if references else []
     options = dict(rank_options)
     if repeats != 1:
         options["repeats"] = repeats
     ranking = rank(train_part, [*pubs, *references], **options)
     facts = {getattr(p, "name", str(p)): describe(p) for p in pubs}
+    if not references:  # --no-fallback under DP: the winner among the candidates alone, no advice
+        return ranking, None
     decision = advise(ranking, method, candidates=facts, private_classes=int(train_part.num_classes))
     # the table and the winner are the candidates'; the references are kept apart (their rows, and in each
     # repeat's distances)

@@ -116,6 +116,8 @@ def check_plan(epochs: int, steps_per_epoch: int, max_steps: int, how: str) -> i
     """The planned step count ``epochs x steps_per_epoch``, refused above ``max_steps`` (public: the plan
     is a function of public settings or of the DP size estimate). ``--sampling-rate 1e-300`` planned 1e301
     steps and hung; ``--expected-size 1e9`` on 48 examples planned 8e7."""
+    how = {"declared-size": "--expected-size", "declared-rate": "--sampling-rate",
+           "dp-estimate": "the DP estimate of the private set's size"}.get(how, how)
     total = int(epochs) * int(steps_per_epoch)
     if total > max_steps:
         shown = f"{total:,}" if total < 10**15 else f"{float(total):.3g}"

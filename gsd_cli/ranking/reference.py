@@ -1,0 +1,152 @@
+"""The in-run noise references of a ranking, and whether a candidate is closer than them.
+
+``gsd train --auto-select`` (:mod:`gsd_cli.train.advice`) ranks its candidates beside noise references
+(:func:`reference_sources`) and uses a candidate only when it is closer than them with confidence
+(:func:`closer_than_reference`): a bar measured in the same run, at the same model, k, m and metric,
+which needs no calibration on any benchmark.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..data.base import ImageSource
+
+#: the in-run references' names start so (never a dataset name: a colon and no source kind)
+REFERENCE = "reference:noise"
+#: the coarsest grid the noise references are drawn at (pixels a side) before resizing to the model's input
+SMALLEST_GRID = 7
+#: one-sided significance level of "closer than the reference"
+ALPHA = 0.05
+#: repeats of the auto-select ranking by default (the paired test needs at least 2)
+REPEATS = 3
+#: the second phase needs at least this many public examples per private class (and as many classes)
+PER_CLASS = 100
+
+
+def is_reference(name: str) -> bool:
+    return str(name).startswith(REFERENCE)
+
+
+def reference_sources(input_size: int | None, channels: int | None, examples: int, num_classes: int, seed: int) -> list:
+    """The in-run references: for each grid G in {S, S/4, S/8} (at least :data:`SMALLEST_GRID` pixels; S the
+    ranking model's input size, 28 where the model does not say), ``examples`` images of i.i.d. Gaussian
+    noise N(0.5, 0.25^2) clipped to [0, 1] on a G x G grid, grey and (for a colour model) in colour,
+    random labels, from the public ``seed``; the ranking resizes them to the model's input as it resizes
+    every image. Noise is closer the smoother it is and grey against a grey private set (28 x 28 digits at
+    the probe's 224: grey noise on a 28 grid scores 0.74 against mnist-a where colour noise at 224 scores
+    0.82), so the bar is the closest of them: whatever the private set's resolution and colour, a
+    candidate must be closer than noise like it."""
+    size, chans = int(input_size or 28), int(channels or 1)
+    grids = sorted({size} | {g for g in (size // 4, size // 8) if g >= SMALLEST_GRID}, reverse=True)
+    return [NoiseSource(g, c, examples, max(2, int(num_classes)), seed) for g in grids for c in sorted({1, chans})]
+
+
+class NoiseSource(ImageSource):
+    """An in-run reference (:func:`reference_sources`): Gaussian noise N(0.5, 0.25^2) clipped to [0, 1] on a
+    ``grid`` x ``grid`` grid, each example drawn from (seed, grid, index) alone, so any subset reads the same
+    images in O(batch) memory; random labels."""
+
+    multilabel = False
+    classes_declared = True
+
+    def __init__(self, grid: int, channels: int, examples: int, num_classes: int, seed: int):
+        self.grid, self.channels, self.n = int(grid), int(channels), int(examples)
+        self.num_classes, self.seed = int(num_classes), int(seed)
+        self.name = f"{REFERENCE}@{self.grid}{'' if self.channels == 1 else '-rgb'}"
+        self.description = (f"gsd's in-run reference: {'grey' if self.channels == 1 else 'colour'} Gaussian noise on a "
+                            f"{self.grid}x{self.grid} grid")
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _rng(self, i: int, what: int) -> np.random.Generator:
+        return np.random.default_rng([self.seed, 0x4EF, self.grid, int(i), what])
+
+    def labels(self, indices) -> np.ndarray:
+        return np.asarray([int(self._rng(i, 1).integers(0, self.num_classes)) for i in indices], dtype=np.int64)
+
+    def images(self, indices) -> list[np.ndarray]:
+        shape = (self.grid, self.grid) if self.channels == 1 else (self.grid, self.grid, self.channels)
+        return [np.clip(self._rng(i, 0).standard_normal(size=shape, dtype=np.float32) * 0.25 + 0.5, 0.0, 1.0) for i in indices]
+
+
+def reference_line(ranking) -> str:
+    """One line on the in-run references of ``ranking`` (kept apart from its candidates: ``ranking.references``)."""
+    refs = sorted((r for r in ranking.references if _distance(r) is not None), key=lambda r: _distance(r))
+    if not refs:
+        return f"in-run noise references: {len(ranking.references)}, nothing released about them"
+    return (f"in-run noise references ({len(refs)}: Gaussian noise, grey and colour, on several grids): the closest, "
+            f"{refs[0].public}, at {_distance(refs[0]):.4f}; a candidate must be closer with confidence to be used")
+
+
+def _per_repeat(ranking) -> dict[str, list[float]] | None:
+    """Each candidate's distance per repeat (a repeat ranking), else None."""
+    runs = getattr(ranking, "runs", None)
+    if not runs:
+        return None
+    out: dict[str, list[float]] = {}
+    for run in runs:
+        for r in run:
+            out.setdefault(r.public, []).append(float(r.distance))
+    return out
+
+
+def closer_than_reference(ranking, name: str) -> tuple[bool, str, dict]:
+    """Whether candidate ``name`` beats the references in ``ranking`` (module docstring: in each draw,
+    the closest reference is the bar), a phrase saying how, and the figures (distances, p-value)."""
+    rows = {r.public: r for r in ranking}
+    if getattr(ranking, "dp", False) or ranking.privacy:  # the DP winner (released) against the references it was chosen among
+        beats = not is_reference(ranking.winner.public) and name == ranking.winner.public
+        how = (f"the private selection chose {name} over the noise references" if beats
+               else f"the private selection did not choose {name} over the noise references"
+               + (f" (it chose {ranking.winner.public})" if is_reference(ranking.winner.public) else ""))
+        return beats, how, {"distance": _distance(rows[name]) if name in rows else None}
+    refs = [n for n in rows if is_reference(n)]
+    if not refs:
+        raise ValueError("internal: the ranking has no in-run reference")
+    d = _distance(rows[name])
+    ref_name = min(refs, key=lambda n: _distance(rows[n]) if _distance(rows[n]) is not None else math.inf)
+    ref = _distance(rows[ref_name])
+    figures = {"distance": d, "reference": ref, "closest_reference": ref_name}
+    reps = _per_repeat(ranking)
+    if reps is None or len(reps.get(name, [])) < 2:
+        figures["repeats"] = 1
+        return False, (f"{name}'s distance {d:.4f} against the closest noise reference's {ref:.4f} from one draw: no "
+                       "confidence without repeats (--rank-repeats 3)"), figures
+    bar = np.min(np.stack([np.asarray(reps[n]) for n in refs]), axis=0)  # the closest reference in each draw
+    diffs = bar - np.asarray(reps[name])
+    p = _one_sided_p(diffs)
+    figures.update(repeats=len(diffs), p_value=p, mean_margin=float(diffs.mean()))
+    beats = p < ALPHA
+    how = (f"{name} {d:.4f} against the closest noise reference's {ref:.4f} ({ref_name}) over {len(diffs)} repeats "
+           f"(one-sided paired t-test on the per-draw margin to the closest reference, p = {p:.3g}{' <' if beats else ' >='} {ALPHA:g})")
+    return beats, how, figures
+
+
+def _distance(row) -> float | None:
+    d = getattr(row, "distance", None)
+    return None if d is None else float(d)
+
+
+def _one_sided_p(diffs: np.ndarray) -> float:
+    """p-value of "mean(diffs) > 0" by a one-sided one-sample t-test; all-equal diffs: 0 if positive, 1 otherwise."""
+    from scipy import stats
+
+    if np.allclose(diffs, diffs[0]):
+        return 0.0 if diffs[0] > 0 else 1.0
+    p = float(stats.ttest_1samp(diffs, 0.0, alternative="greater").pvalue)
+    return 1.0 if math.isnan(p) else p
+
+
+def advice_sentence(private: bool = False) -> str:
+    """What ``gsd train --auto-select`` does with a ranking (the validity line under every table)."""
+    test = ("the private selection chooses it over the in-run noise references" if private else
+            f"it is closer than the in-run noise references with confidence (one-sided paired t-test over "
+            f"{REPEATS} draws, alpha {ALPHA:g})")
+    return (f"Advice (gsd train --auto-select{' --select-epsilon' if private else ''}, --method auto): a candidate is used "
+            f"only when {test}; the second phase only with one that has the private task's classes and "
+            f"{PER_CLASS} examples per class, else GEP; otherwise DP-SGD without public data. Set before any held-out "
+            "run; measured on held-out tasks on the validity page.")
