@@ -12,65 +12,14 @@ import math
 
 import numpy as np
 
-from ..data.base import ImageSource
+from ..data.reference import REFERENCE, NoiseSource, is_reference, reference_sources  # noqa: F401 (re-exported)
 
-#: the in-run references' names start so (never a dataset name: a colon and no source kind)
-REFERENCE = "reference:noise"
-#: the coarsest grid the noise references are drawn at (pixels a side) before resizing to the model's input
-SMALLEST_GRID = 7
 #: one-sided significance level of "closer than the reference"
 ALPHA = 0.05
 #: repeats of the auto-select ranking by default (the paired test needs at least 2)
 REPEATS = 3
 #: the second phase needs at least this many public examples per private class (and as many classes)
 PER_CLASS = 100
-
-
-def is_reference(name: str) -> bool:
-    return str(name).startswith(REFERENCE)
-
-
-def reference_sources(input_size: int | None, channels: int | None, examples: int, num_classes: int, seed: int) -> list:
-    """The in-run references: for each grid G in {S, S/4, S/8} (at least :data:`SMALLEST_GRID` pixels; S the
-    ranking model's input size, 28 where the model does not say), ``examples`` images of i.i.d. Gaussian
-    noise N(0.5, 0.25^2) clipped to [0, 1] on a G x G grid, grey and (for a colour model) in colour,
-    random labels, from the public ``seed``; the ranking resizes them to the model's input as it resizes
-    every image. Noise is closer the smoother it is and grey against a grey private set (28 x 28 digits at
-    the probe's 224: grey noise on a 28 grid scores 0.74 against mnist-a where colour noise at 224 scores
-    0.82), so the bar is the closest of them: whatever the private set's resolution and colour, a
-    candidate must be closer than noise like it."""
-    size, chans = int(input_size or 28), int(channels or 1)
-    grids = sorted({size} | {g for g in (size // 4, size // 8) if g >= SMALLEST_GRID}, reverse=True)
-    return [NoiseSource(g, c, examples, max(2, int(num_classes)), seed) for g in grids for c in sorted({1, chans})]
-
-
-class NoiseSource(ImageSource):
-    """An in-run reference (:func:`reference_sources`): Gaussian noise N(0.5, 0.25^2) clipped to [0, 1] on a
-    ``grid`` x ``grid`` grid, each example drawn from (seed, grid, index) alone, so any subset reads the same
-    images in O(batch) memory; random labels."""
-
-    multilabel = False
-    classes_declared = True
-
-    def __init__(self, grid: int, channels: int, examples: int, num_classes: int, seed: int):
-        self.grid, self.channels, self.n = int(grid), int(channels), int(examples)
-        self.num_classes, self.seed = int(num_classes), int(seed)
-        self.name = f"{REFERENCE}@{self.grid}{'' if self.channels == 1 else '-rgb'}"
-        self.description = (f"gsd's in-run reference: {'grey' if self.channels == 1 else 'colour'} Gaussian noise on a "
-                            f"{self.grid}x{self.grid} grid")
-
-    def __len__(self) -> int:
-        return self.n
-
-    def _rng(self, i: int, what: int) -> np.random.Generator:
-        return np.random.default_rng([self.seed, 0x4EF, self.grid, int(i), what])
-
-    def labels(self, indices) -> np.ndarray:
-        return np.asarray([int(self._rng(i, 1).integers(0, self.num_classes)) for i in indices], dtype=np.int64)
-
-    def images(self, indices) -> list[np.ndarray]:
-        shape = (self.grid, self.grid) if self.channels == 1 else (self.grid, self.grid, self.channels)
-        return [np.clip(self._rng(i, 0).standard_normal(size=shape, dtype=np.float32) * 0.25 + 0.5, 0.0, 1.0) for i in indices]
 
 
 def reference_line(ranking) -> str:
