@@ -234,6 +234,7 @@ def test_dp_rank_on_the_gram_path_equals_materialised():
     a = rank("mnist-a", ["mnist-b"], gram="materialize", **kw)
     b = rank("mnist-a", ["mnist-b"], gram="ghost", **kw)
     assert b.results[0].distance == pytest.approx(a.results[0].distance, rel=1e-6)
-    floats = {k for k, v in a.privacy.items() if isinstance(v, float)}  # DP energy's Lambda: from the public subspaces
+    # the DP selection's released shares and scales: from float sums that the two paths round differently
+    floats = {k for k, v in a.privacy.items() if isinstance(v, (float, dict))}
     assert {k: v for k, v in b.privacy.items() if k not in floats} == {k: v for k, v in a.privacy.items() if k not in floats}
-    assert all(b.privacy[k] == pytest.approx(a.privacy[k], rel=1e-9) for k in floats)
+    assert all(b.privacy[k] == pytest.approx(a.privacy[k], rel=1e-6) for k in floats)
