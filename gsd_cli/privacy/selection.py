@@ -16,9 +16,11 @@ lands heads (the best candidate has p = 1, so the walk stops). Their privacy the
 is epsilon-DP for every quality function of sensitivity Delta. Its expected quality is never below
 the exponential mechanism's at the same epsilon, and up to twice as close to u* (their Sec. 4). It
 has the law of report-noisy-max with exponential noise Exp(scale 2 Delta / epsilon) on each u_r
-(Ding, Kifer, Steinke, Wang, Xiao, Zhang, "The permute-and-flip mechanism is identical to
-report-noisy-max with exponential noise", 2021). The noise does not grow with K: the cost is
-epsilon for one choice among any number of candidates.
+(Ding et al., "The permute-and-flip mechanism is identical to report-noisy-max with exponential
+noise", 2021; ``tests/test_dp_select.py`` checks the two laws agree). The noise does not grow with K:
+the cost is epsilon for one choice among any number of candidates. The scale is tight: two
+candidates tied under D and 2 Delta apart under D' (each quality moved by Delta) give the trailing
+one probability 1/2 against e^-epsilon / 2, a log ratio of exactly epsilon (tested).
 
 **Top-k by peeling the exponential mechanism** (:func:`peel_top_k`; Durfee and Rogers, "Practical
 differentially private top-k selection with pay-what-you-get composition", NeurIPS 2019). k rounds of
@@ -35,8 +37,10 @@ books pure epsilon.
 The monotone case. For a quality function that moves all coordinates the same way between
 neighbours (every u_r goes up, or every one down), the exponential mechanism is epsilon-DP with
 epsilon/Delta in place of epsilon/(2 Delta) (McSherry and Talwar 2007; Dwork and Roth 2014, the
-remark after Theorem 3.10). Neither function here takes that factor: the caller's neighbours are
-what decides it, and gsd's ranking needs replace-one (:mod:`gsd_cli.distance.dpselect`).
+remark after Theorem 3.10). Neither function here takes that factor, and gsd relies on no monotone
+form of permute-and-flip: the general epsilon/(2 Delta) of Algorithm 1 is used, as in McKenna's own
+implementation. gsd's ranking could not use it anyway: its neighbours are replace-one on the rows,
+where its utility is not monotone (:mod:`gsd_cli.distance.dpselect`).
 
 **Scores** (:func:`laplace_scores`): released values of given (already chosen, so public) candidates,
 the Laplace mechanism (Dwork and Roth 2014, Theorem 3.6): noise of scale L1-sensitivity / epsilon on
