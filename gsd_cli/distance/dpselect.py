@@ -56,7 +56,6 @@ released about the candidates not chosen. The generator is DP-GSD's secret one (
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
