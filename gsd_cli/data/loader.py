@@ -9,6 +9,11 @@ the same as without the thread; an error in a chunk (an unreadable file) is rais
 is reached, after the chunks before it. At most ``ahead`` chunks wait beyond the one in use, so
 memory stays bounded; closing the iterator early cancels what was not started.
 
+Closing never waits on a pool from one of that pool's own threads (:func:`_shutdown`): an iterator
+dropped in a reference cycle is closed by the garbage collector in whatever thread allocates at that
+moment, a decoding thread included, and joining the input thread from there (which waits for that very
+decoding thread's image) would hang for good.
+
 A file-backed source (folders, CSV lists, DICOM) is decoded by a pool of ``workers`` threads, one
 image per task, in the order of ``indices`` (PIL, pydicom's pixel copy and torch's resize release
 the GIL, so the threads use every core). Each thread also resizes its image at once, on the device
@@ -21,6 +26,7 @@ sources are read in the calling thread, as before (a user's dataset need not be 
 from __future__ import annotations
 
 import os
+import threading
 from collections import deque
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Iterator, Sequence
@@ -32,6 +38,20 @@ from .transform import to_model_input
 
 #: Chunks prepared ahead by default (one background thread): two chunks in memory at a time.
 AHEAD = 1
+
+
+#: the name prefixes of the input pipeline's threads (the input thread waits on the decoding threads)
+THREAD_PREFIXES = ("gsd-input", "gsd-decode")
+
+
+def _shutdown(pool: ThreadPoolExecutor) -> None:
+    """``pool.shutdown``: waiting for its threads, unless this is a thread of the input pipeline (module
+    docstring; the input thread waits on the decoding threads, so neither may wait on the other's pool):
+    then the work not started is cancelled and the threads end on their own."""
+    if threading.current_thread().name.startswith(THREAD_PREFIXES):
+        pool.shutdown(wait=False, cancel_futures=True)
+    else:
+        pool.shutdown(wait=True)
 
 
 def decode_workers() -> int:
@@ -90,7 +110,7 @@ def model_batches(source: ImageSource, indices: Sequence[int], size: int, channe
         yield from _chunks(starts, prepare, ahead)
     finally:
         if decoders is not None:
-            decoders.shutdown(wait=True)
+            _shutdown(decoders)
 
 
 def _chunks(starts: range, prepare, ahead: int) -> Iterator[tuple[int, torch.Tensor]]:
@@ -118,4 +138,4 @@ def _chunks(starts: range, prepare, ahead: int) -> Iterator[tuple[int, torch.Ten
     finally:
         for _, job in pending:
             job.cancel()
-        pool.shutdown(wait=True)
+        _shutdown(pool)
