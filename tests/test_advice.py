@@ -108,8 +108,10 @@ def test_one_draw_gives_no_confidence():
 
 
 def test_a_private_selection_uses_its_winner_only_over_the_references():
-    r = FakeRanking({"mnist-b": [0.5]}, privacy={"epsilon": 1}, dp=True)
+    r = FakeRanking({"mnist-b": [0.5]}, privacy={"epsilon": 1, "reference_margin": 2.0, "margin_laplace_scale": 0.1}, dp=True)
     assert advise(r, "auto", candidates=FACTS, private_classes=10).public == "mnist-b"
+    r = FakeRanking({"mnist-b": [0.5]}, privacy={"epsilon": 1}, dp=True)  # no margin released: not used
+    assert advise(r, "auto", candidates=FACTS, private_classes=10).public is None
     r = FakeRanking({f"{REFERENCE}@28": [0.5]}, privacy={"epsilon": 1}, dp=True)  # the DP winner is noise
     d = advise(r, "auto", candidates=FACTS, private_classes=10)
     assert (d.method, d.public) == ("dpsgd", None)
@@ -169,3 +171,55 @@ def test_a_close_candidate_is_used_and_the_references_are_shown(capsys, tmp_path
     code = main(["train", "--public", "mnist-b", "--method", "auto", "-q", "--out", str(tmp_path / "no")])
     err = capsys.readouterr().err
     assert code == 2 and "--auto-select" in err and not (tmp_path / "no").exists()
+
+
+# -- under DP: the released margin over the references ------------------------------------------------
+
+def test_the_reference_margin_has_sensitivity_two_tau_by_brute_force():
+    from gsd_cli.distance.dpselect import clipped_regret, reference_margin
+
+    rng = np.random.default_rng(0)
+    tau, worst = 0.3, 0.0
+    for _ in range(300):
+        K, m = int(rng.integers(3, 7)), int(rng.integers(2, 12))
+        A = rng.uniform(0, 1, size=(m, K)) ** rng.uniform(0.2, 3)
+        B = A.copy()
+        B[int(rng.integers(m))] = rng.uniform(0, 1, size=K) ** rng.uniform(0.2, 3)  # one row replaced
+        refs = sorted(rng.choice(np.arange(1, K), size=int(rng.integers(1, K)), replace=False).tolist())
+        ua, ub = clipped_regret(A, tau), clipped_regret(B, tau)
+        worst = max(worst, abs(reference_margin(ua, 0, refs) - reference_margin(ub, 0, refs)))
+    assert worst <= 2 * tau + 1e-12 and worst > 1.5 * tau  # the bound holds and is nearly reached
+
+
+def test_the_release_splits_epsilon_and_releases_the_margin_only_for_a_real_winner():
+    import torch
+
+    from gsd_cli.distance.dpselect import release
+
+    W = [torch.eye(4)[:, :1] for _ in range(3)]
+    u, s = np.array([0.0, -50.0, -60.0]), np.array([5.0, 1.0, 1.0])
+    sel = release(u, s, W, 1.0, 1.0, rng=np.random.default_rng(1), references=[1, 2])
+    assert sel.chosen == [0] and sel.epsilon_select + sel.epsilon_score + sel.extra["epsilon_margin"] == pytest.approx(1.0)
+    assert sel.extra["margin_laplace_scale"] == pytest.approx(2 * sel.selection_sensitivity / sel.extra["epsilon_margin"])
+    assert abs(sel.extra["reference_margin"] - 50.0) < 20 * sel.extra["margin_laplace_scale"]
+    sel = release(-u, s, W, 1.0, 1.0, rng=np.random.default_rng(1), references=[1, 2])  # a reference wins
+    assert sel.chosen[0] in (1, 2) and sel.extra["reference_margin"] is None
+    assert release(u, s, W, 1.0, 1.0, rng=np.random.default_rng(1)).extra == {}  # no references: as before
+
+
+def test_margin_threshold_is_the_laplace_tail():
+    from gsd_cli.ranking.reference import margin_threshold
+
+    t = margin_threshold(2.0, 0.05)
+    assert 0.5 * np.exp(-t / 2.0) == pytest.approx(0.05)
+    draws = np.random.default_rng(0).laplace(0, 2.0, size=200_000)
+    assert (draws > t).mean() == pytest.approx(0.05, abs=0.003)
+
+
+def test_a_private_selection_needs_its_margin_above_the_threshold():
+    base = {"epsilon": 1, "margin_laplace_scale": 0.16}
+    close = FakeRanking({"mnist-b": [0.5]}, privacy={**base, "reference_margin": 3.7}, dp=True)
+    assert advise(close, "auto", candidates=FACTS, private_classes=10).public == "mnist-b"
+    tie = FakeRanking({"noise": [0.8]}, privacy={**base, "reference_margin": 0.2}, dp=True)
+    d = advise(tie, "auto", candidates=FACTS, private_classes=10)
+    assert d.method == "dpsgd" and "not above" in d.message

@@ -47,12 +47,8 @@ def closer_than_reference(ranking, name: str) -> tuple[bool, str, dict]:
     """Whether candidate ``name`` beats the references in ``ranking`` (module docstring: in each draw,
     the closest reference is the bar), a phrase saying how, and the figures (distances, p-value)."""
     rows = {r.public: r for r in ranking}
-    if getattr(ranking, "dp", False) or ranking.privacy:  # the DP winner (released) against the references it was chosen among
-        beats = not is_reference(ranking.winner.public) and name == ranking.winner.public
-        how = (f"the private selection chose {name} over the noise references" if beats
-               else f"the private selection did not choose {name} over the noise references"
-               + (f" (it chose {ranking.winner.public})" if is_reference(ranking.winner.public) else ""))
-        return beats, how, {"distance": _distance(rows[name]) if name in rows else None}
+    if getattr(ranking, "dp", False) or ranking.privacy:  # a private selection: its released winner and margin only
+        return _closer_by_release(ranking, name, rows)
     refs = [n for n in rows if is_reference(n)]
     if not refs:
         raise ValueError("internal: the ranking has no in-run reference")
@@ -75,6 +71,32 @@ def closer_than_reference(ranking, name: str) -> tuple[bool, str, dict]:
     return beats, how, figures
 
 
+def margin_threshold(scale: float, alpha: float = ALPHA) -> float:
+    """t with P(Laplace(scale) > t) = alpha: a released margin above t is above 0 with confidence 1 - alpha
+    (for a true margin <= 0, P(margin + noise > t) <= 1/2 exp(-t / scale) = alpha)."""
+    return float(scale) * math.log(1.0 / (2.0 * alpha))
+
+
+def _closer_by_release(ranking, name: str, rows: dict) -> tuple[bool, str, dict]:
+    """Under DP: ``name`` is the selection's winner, not a reference, and its released margin over the best
+    reference (:func:`gsd_cli.distance.dpselect.reference_margin`, Laplace-noised) is above
+    :func:`margin_threshold` of its noise scale. Reads DP releases only (post-processing)."""
+    pv = ranking.privacy or {}
+    figures = {"distance": _distance(rows[name]) if name in rows else None}
+    winner = ranking.winner.public
+    if is_reference(winner) or name != winner:
+        return False, (f"the private selection chose {winner}" if is_reference(winner) else
+                       f"the private selection did not choose {name}"), figures
+    margin, scale = pv.get("reference_margin"), pv.get("margin_laplace_scale")
+    if margin is None or scale is None:
+        return False, f"the private selection released no margin of {name} over the noise references", figures
+    t = margin_threshold(scale)
+    beats = margin > t
+    figures.update(margin=margin, margin_scale=scale, threshold=t)
+    return beats, (f"the private selection chose {name}; its released margin over the best noise reference, {margin:.3g}, "
+                   f"is {'above' if beats else 'not above'} {t:.3g} (Laplace scale {scale:.3g}: one-sided alpha {ALPHA:g})"), figures
+
+
 def _distance(row) -> float | None:
     d = getattr(row, "distance", None)
     return None if d is None else float(d)
@@ -92,7 +114,8 @@ def _one_sided_p(diffs: np.ndarray) -> float:
 
 def advice_sentence(private: bool = False) -> str:
     """What ``gsd train --auto-select`` does with a ranking (the validity line under every table)."""
-    test = ("the private selection chooses it over the in-run noise references" if private else
+    test = ("the private selection chooses it over the in-run noise references and its released margin over them "
+            f"is above 0 with confidence (alpha {ALPHA:g})" if private else
             f"it is closer than the in-run noise references with confidence (one-sided paired t-test over "
             f"{REPEATS} draws, alpha {ALPHA:g})")
     return (f"Advice (gsd train --auto-select{' --select-epsilon' if private else ''}, --method auto): a candidate is used "

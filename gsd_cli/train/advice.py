@@ -99,10 +99,12 @@ def advise(ranking, method: str = "auto", *, candidates: dict[str, Candidate], p
     auto-select ``ranking`` that includes the reference rows (:func:`reference_sources`). ``candidates``: each real
     candidate's public facts (:func:`describe`); ``private_classes``: the private task's class count."""
     order = [r.public for r in ranking if not is_reference(r.public)]
-    if not order:
-        return Decision(FALLBACK if method == "auto" else method, None, method == "auto",
-                        "no candidate was chosen over the noise references" if ranking.privacy else "no candidates",
-                        refused=method != "auto", evidence={})
+    if not order:  # a private selection that chose a noise reference: nothing released about the candidates
+        why = f"the private selection chose {ranking.winner.public}" if len(ranking.results) else "no candidates"
+        if method == "auto":
+            return Decision(FALLBACK, None, True, f"--method auto: training DP-SGD without public data: {why}", evidence={})
+        return Decision(method, None, False, f"--method {method}: no candidate is closer than noise ({why}); train with "
+                        "--method dpsgd, or add --no-fallback to train with the closest anyway", refused=True, evidence={})
     tested = {n: closer_than_reference(ranking, n) for n in order}
     rows = {r.public: r for r in ranking}
     ref = min((_distance(r) for r in ranking if is_reference(r.public) and _distance(r) is not None), default=None)
