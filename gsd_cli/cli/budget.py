@@ -48,7 +48,9 @@ def set_budget(
     filter's guarantee is for a budget fixed in advance, so raising one after runs needs --raise and
     is recorded; a budget below what is already spent needs --force."""
     from ..privacy.budget import data_identity
+    from ..privacy.budget.store import check_budget
 
+    check_budget(epsilon, delta)  # before a new ledger is made
     led = _ledger(ledger, ledger_timeout)  # checked (and made, if new) before the data is read
     s = led.set_budget(data_identity(private), epsilon, delta, allow_raise=raise_, force=force)
     left = s["remaining"]

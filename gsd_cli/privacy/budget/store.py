@@ -685,13 +685,7 @@ class BudgetLedger:
         nothing, and say less than the truth about what was spent); with ``force`` it is set, and
         :meth:`status` says ``overspent``. ``epsilon`` at most :data:`MAX_BUDGET_EPSILON`.
         Returns :meth:`status` of the data set."""
-        from ..accountant import check_delta, check_epsilon
-
-        check_epsilon(epsilon)
-        check_delta(delta)
-        if float(epsilon) > MAX_BUDGET_EPSILON:
-            raise GSDError(f"--epsilon {float(epsilon):g} is above the largest budget gsd keeps, {MAX_BUDGET_EPSILON:g} "
-                           f"(e^{MAX_BUDGET_EPSILON:g} > 10^43: a bound on no one's privacy); give a budget of at most {MAX_BUDGET_EPSILON:g}")
+        check_budget(epsilon, delta)
         self._require()
         sid = self._registered(data)
         now = _now()
@@ -842,6 +836,18 @@ class BudgetLedger:
             if sets and sets[0][1] in (data.digest, legacy):
                 return [self._entry(cur, sets[0])]
             return [{**self._entry(cur, s), "shares_with_asked": True} for s in sets]
+
+
+def check_budget(epsilon: float, delta: float) -> None:
+    """A budget's (epsilon, delta), refused in one line: epsilon in (0, :data:`MAX_BUDGET_EPSILON`],
+    delta as the accountant takes it."""
+    from ..accountant import check_delta, check_epsilon
+
+    check_epsilon(epsilon)
+    check_delta(delta)
+    if float(epsilon) > MAX_BUDGET_EPSILON:
+        raise GSDError(f"--epsilon {float(epsilon):g} is above the largest budget gsd keeps, {MAX_BUDGET_EPSILON:g} "
+                       f"(e^{MAX_BUDGET_EPSILON:g} > 10^43: a bound on no one's privacy); give a budget of at most {MAX_BUDGET_EPSILON:g}")
 
 
 def _fits(runs: list[dict], epsilon: float, delta: float) -> bool:
