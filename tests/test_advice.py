@@ -224,3 +224,18 @@ def test_a_private_selection_needs_its_margin_above_the_threshold():
     tie = FakeRanking({"noise": [0.8]}, privacy={**base, "reference_margin": 0.2}, dp=True)
     d = advise(tie, "auto", candidates=FACTS, private_classes=10)
     assert d.method == "dpsgd" and "not above" in d.message
+
+
+def test_gsd_rank_with_references_says_which_candidates_are_closer_than_noise(capsys, tmp_path):
+    from gsd_cli.cli import main
+
+    code = main(["rank", "--public", "mnist-b", "noise", "--references", "--repeats", "3", "-m", "100", "-k", "4",
+                 "--model", "fmnist-cnn", "--json", str(tmp_path / "r.json")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "mnist-b: closer than noise" in out and "noise: not shown closer than noise" in out
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert [r["public"] for r in doc["results"]] == ["mnist-b", "noise"] and doc["results"][0]["winner"]
+    assert [r["public"] for r in doc["references"]] == [f"{REFERENCE}@7"]
+    code = main(["rank", "--dp", "--epsilon", "1", "--references", "-m", "50"])
+    assert code == 2 and "--references" in capsys.readouterr().err

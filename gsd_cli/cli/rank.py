@@ -29,12 +29,28 @@ def _any_dp_job(catalog: Path) -> bool:
         return False
 
 
+def with_references(wanted: bool, dp: bool, config, private) -> list:
+    """``gsd rank --references``: the noise references of :mod:`gsd_cli.data.reference` at the ranking
+    model's input (refused under --dp: a private selection's references are auto-select's affair)."""
+    if not wanted:
+        return []
+    if dp:
+        raise GSDError("--references compares a non-private ranking with noise; under --dp use gsd train --auto-select --select-epsilon")
+    from ..data.reference import reference_sources
+    from ..models.spec import resolve_model
+
+    spec = resolve_model(config.model.model)
+    m = config.gradients.examples or len(private)
+    return reference_sources(spec.input_size, spec.channels, m, private.num_classes, config.seed)
+
+
 @app.command()
 def rank(
     private: str = typer.Option(DEFAULT_PRIVATE, "--private", help="Private dataset: an embedded or built-in name (gsd datasets list), folder:PATH, csv:PATH, npz:PATH or hf:PATH; add :train or :test for a split."),
     public: Optional[List[str]] = public_list_option(
         f"Public candidates (repeat the option or list names after it). Default: {' '.join(DEFAULT_PUBLIC)}."
     ),
+    references: bool = typer.Option(False, "--references", help="Rank in-run noise references beside the candidates (Gaussian noise, grey and colour, on grids a quarter and an eighth of the model's input; what gsd train --auto-select's advice compares with) and say which candidates are closer than noise: with --repeats 3 or more, by a one-sided paired t-test on the margin to the closest reference in each draw. Not with --dp or --catalog."),
     k: int = typer.Option(16, "--k", "-k", help="Dimension of the gradient subspaces (paper 004 uses 16)."),
     examples: int = typer.Option(2000, "--examples", "-m", help="Examples drawn per dataset (all of a smaller set)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the public randomness: the initial weights w0, the public examples and their random labels (and, without --dp, the private ones: a non-private ranking is reproducible)."),
@@ -245,7 +261,13 @@ def rank(
             check_not_example_files(outputs, sources)  # a CSV's images may live anywhere
             config = RankConfig.from_options(**options)  # the settings, built once and passed whole
             check_options(fail_above, expect_best, [*(publics or DEFAULT_PUBLIC), *(s.name for s in sources[1:])])
-            results = [(private, rank_fn(sources[0], sources[1:], config, progress=progress, cache=cache, executor=runner))]
+            from ..ranking.reference import closer_than_noise, reference_line, split_references
+
+            refs = with_references(references, dp, config, sources[0])
+            results = [(private, rank_fn(sources[0], [*sources[1:], *refs], config, progress=progress, cache=cache, executor=runner))]
+            verdicts = closer_than_noise(results[0][1]) if refs else {}
+            if refs:
+                split_references(results[0][1])
             checks = [{}]
             log_ranking(results[0][1], private, log, log_dir)
         else:
@@ -267,6 +289,11 @@ def rank(
             print_repeats(result, shown_on)
         else:
             print_ranking(result, shown_on)
+        if getattr(result, "references", None):
+            shown_on.print(escape(reference_line(result)), highlight=False, soft_wrap=True)
+            for name, (closer, how) in verdicts.items():
+                shown_on.print(escape(f"{name}: {'closer than noise' if closer else 'not shown closer than noise'} ({how})"),
+                               highlight=False, soft_wrap=True)
         failures += check_ranking(
             result,
             fail_above if fail_above is not None else job_checks.get("fail_above"),

@@ -22,6 +22,22 @@ REPEATS = 3
 PER_CLASS = 100
 
 
+def split_references(ranking):
+    """Move the reference rows of ``ranking`` to ``ranking.references`` (the table and the winner are the
+    candidates'; each repeat's distances keep the references' too) and renumber the rest; returns it."""
+    ranking.references = [r for r in ranking.results if is_reference(r.public)]
+    ranking.results = [r for r in ranking.results if not is_reference(r.public)]
+    for i, r in enumerate(ranking.results):
+        r.rank, r.winner = i + 1, i == 0
+    return ranking
+
+
+def closer_than_noise(ranking) -> dict[str, tuple[bool, str]]:
+    """For each candidate of a ranking that still holds its reference rows: whether it is closer than
+    noise (:func:`closer_than_reference`) and the phrase that says how."""
+    return {r.public: closer_than_reference(ranking, r.public)[:2] for r in ranking if not is_reference(r.public)}
+
+
 def reference_line(ranking) -> str:
     """One line on the in-run references of ``ranking`` (kept apart from its candidates: ``ranking.references``)."""
     refs = sorted((r for r in ranking.references if _distance(r) is not None), key=lambda r: _distance(r))

@@ -33,6 +33,7 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
     references, no decision (``None``)."""
     from ..data import resolve
     from ..models.spec import resolve_model
+    from ..ranking.reference import split_references
     from .advice import REFERENCE, REPEATS, advise, describe, is_reference, reference_sources
 
     if any(is_reference(getattr(c, "name", c)) for c in candidates):
@@ -55,10 +56,4 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
     if not references:  # --no-fallback under DP: the winner among the candidates alone, no advice
         return ranking, None
     decision = advise(ranking, method, candidates=facts, private_classes=int(train_part.num_classes))
-    # the table and the winner are the candidates'; the references are kept apart (their rows, and in each
-    # repeat's distances)
-    ranking.references = [r for r in ranking.results if is_reference(r.public)]
-    ranking.results = [r for r in ranking.results if not is_reference(r.public)]
-    for i, r in enumerate(ranking.results):
-        r.rank, r.winner = i + 1, i == 0
-    return ranking, decision
+    return split_references(ranking), decision  # the table and the winner are the candidates'; the references apart
