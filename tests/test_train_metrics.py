@@ -112,3 +112,52 @@ def test_a_training_run_writes_the_lead_metric_privately(tiny, tmp_path):
     assert "test" not in json.loads((tmp_path / "run" / "summary.json").read_text())
     private = json.loads((tmp_path / "run" / "private-summary.json").read_text())
     assert private["test"]["balanced_accuracy"] == pytest.approx(s["test"]["balanced_accuracy"])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_roc_auc_and_balanced_accuracy_equal_scikit_learns(seed):
+    """gsd's own AUC (mid-ranks) and balanced accuracy against scikit-learn's, on scores with many ties
+    (rounded) and without, predictions naming classes the targets lack (issue 45: sklearn is no
+    longer imported by a run)."""
+    from sklearn.metrics import balanced_accuracy_score, roc_auc_score
+
+    from gsd_cli.train.evaluate import balanced_accuracy, roc_auc
+
+    rng = np.random.default_rng(seed)
+    for decimals in (1, 2, None):
+        s = rng.random(500)
+        s = np.round(s, decimals) if decimals else s
+        t = rng.random(500) < 0.3
+        assert roc_auc(t, s) == pytest.approx(roc_auc_score(t, s), rel=1e-12, abs=1e-12)
+    small = rng.integers(0, 2, 12).astype(bool)
+    small[:2] = [True, False]
+    vals = np.round(rng.random(12), 1)
+    assert roc_auc(small, vals) == pytest.approx(_pair_auc(small.astype(int), vals), abs=1e-12)
+    targets = rng.integers(0, 6, 300)
+    pred = np.where(rng.random(300) < 0.6, targets, rng.integers(0, 9, 300))  # classes 6-8 only predicted
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = balanced_accuracy_score(targets, pred)
+    assert balanced_accuracy(targets, pred) == want  # the same fractions, the same mean: exactly
+
+
+def test_evaluate_on_a_cpu_with_channels_last_max_pools_matches_a_plain_forward():
+    """evaluate() feeds the max-pools channels-last on a CPU (issue 45): the model's loss and accuracy
+    are those of its plain forward, to float rounding, and no hook is left on the model."""
+    from probes import get_model_spec
+
+    model = get_model_spec("fmnist-cnn").build(num_classes=10, seed=0)
+    rng = np.random.default_rng(0)
+    x = rng.random((300, 28, 28)).astype(np.float32)
+    y = rng.integers(0, 10, 300)
+    src = ArraySource("evalcheck", x, y, classes=[str(i) for i in range(10)])
+    got = evaluate(model, src, 28, 1, "cpu", batch=128)
+    with torch.no_grad():
+        out = model((torch.from_numpy(x)[:, None] - 0.5) / 0.5)
+    want_loss = float(torch.nn.functional.cross_entropy(out.double(), torch.from_numpy(y)))
+    assert got["loss"] == pytest.approx(want_loss, rel=1e-5)
+    assert got["accuracy"] == pytest.approx(float((out.argmax(1).numpy() == y).mean()))
+    assert not any(m._forward_pre_hooks for m in model.modules())
+    assert model.training

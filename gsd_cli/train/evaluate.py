@@ -14,12 +14,14 @@
 ``primary`` names the leading metric. All of these are statistics of the private test set, outside
 the privacy guarantee (which one leads says something about its class balance, too): they go to
 ``metrics.jsonl`` and ``private-summary.json``, never to ``summary.json`` (:mod:`gsd_cli.train.release`).
-AUCs are ``sklearn.metrics.roc_auc_score``, as paper 004 reports for ChestX-ray14 and HAM10000.
+AUCs are ROC AUCs as ``sklearn.metrics.roc_auc_score`` gives them (paper 004 reports them for
+ChestX-ray14 and HAM10000), computed here by :func:`roc_auc` (the Mann-Whitney statistic with ties
+counted half, equal to scikit-learn's to float rounding, tested) and balanced accuracy by
+:func:`balanced_accuracy` (scikit-learn's, exactly): importing scikit-learn cost a run 0.9 s on the
+2-core CPU (issue 45).
 """
 
 from __future__ import annotations
-
-import warnings
 
 import numpy as np
 import torch
@@ -41,15 +43,43 @@ def finding_names(source: ImageSource, width: int) -> list[str]:
     return names if len(names) == width and len(set(names)) == width else [str(i) for i in range(width)]
 
 
+def roc_auc(positive: np.ndarray, scores: np.ndarray) -> float:
+    """Area under the ROC curve of ``scores`` for the boolean labels ``positive`` (both classes present):
+    the probability that a positive example scores above a negative one, a tie counting 1/2 (the
+    Mann-Whitney U over n+ n-, from mid-ranks), which is the trapezoidal area scikit-learn's
+    ``roc_auc_score`` computes."""
+    positive = np.asarray(positive, dtype=bool)
+    s = np.asarray(scores, dtype=np.float64)
+    n_pos = int(positive.sum())
+    n_neg = len(s) - n_pos
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError("roc_auc needs positive and negative examples")
+    order = np.argsort(s, kind="mergesort")
+    sorted_s = s[order]
+    # mid-rank of each run of equal scores: ranks first..last (1-based) share (first + last) / 2
+    starts = np.flatnonzero(np.r_[True, sorted_s[1:] != sorted_s[:-1]])
+    ends = np.r_[starts[1:], len(s)]
+    ranks = np.empty(len(s))
+    ranks[order] = np.repeat((starts + 1 + ends) / 2.0, ends - starts)
+    u = ranks[positive].sum() - n_pos * (n_pos + 1) / 2.0
+    return float(u / (n_pos * n_neg))
+
+
+def balanced_accuracy(targets: np.ndarray, pred: np.ndarray) -> float:
+    """Mean over the classes present in ``targets`` of the fraction of their examples predicted right
+    (scikit-learn's ``balanced_accuracy_score``, whose classes absent from the targets have no recall
+    and are left out)."""
+    t, p = np.asarray(targets), np.asarray(pred)
+    return float(np.mean([np.mean(p[t == c] == c) for c in np.unique(t)]))
+
+
 def per_finding_auc(targets: np.ndarray, scores: np.ndarray, names: list[str]) -> dict[str, float | None]:
     """ROC AUC of each column of ``scores`` against the 0/1 column of ``targets`` (None where that
     column has no positive or no negative example)."""
-    from sklearn.metrics import roc_auc_score
-
     out = {}
     for c, name in enumerate(names):
         t = targets[:, c] > 0.5
-        out[name] = float(roc_auc_score(t, scores[:, c])) if 0 < t.sum() < len(t) else None
+        out[name] = roc_auc(t, scores[:, c]) if 0 < t.sum() < len(t) else None
     return out
 
 
@@ -76,8 +106,6 @@ def primary_metric(result: dict, multilabel: bool) -> str:
 def score(scores: np.ndarray, targets: np.ndarray, multilabel: bool, names: list[str] | None = None) -> dict:
     """The metrics of the module docstring from predicted probabilities ``scores`` (n x classes:
     sigmoid for multi-label, softmax otherwise) and ``targets`` (0/1 n x classes, or class indices)."""
-    from sklearn.metrics import balanced_accuracy_score, roc_auc_score
-
     s, t = np.asarray(scores, dtype=np.float64), np.asarray(targets)
     result: dict = {}
     if multilabel:
@@ -88,12 +116,10 @@ def score(scores: np.ndarray, targets: np.ndarray, multilabel: bool, names: list
     else:
         pred = s.argmax(1)
         result["accuracy"] = float((pred == t).mean())
-        with warnings.catch_warnings():  # "y_pred contains classes not in y_true": expected, those recalls are not defined
-            warnings.simplefilter("ignore")
-            result["balanced_accuracy"] = float(balanced_accuracy_score(t, pred))
+        result["balanced_accuracy"] = balanced_accuracy(t, pred)  # predicted classes absent from t: no recall, left out
         result["class_ratio"] = class_ratio(t)
         present = [c for c in range(s.shape[1]) if 0 < (t == c).sum() < len(t)]
-        result["macro_auc"] = float(np.mean([roc_auc_score(t == c, s[:, c]) for c in present])) if len(present) >= 2 else None
+        result["macro_auc"] = float(np.mean([roc_auc(t == c, s[:, c]) for c in present])) if len(present) >= 2 else None
     result["primary"] = primary_metric(result, multilabel)
     return result
 
@@ -103,10 +129,15 @@ def evaluate(model: torch.nn.Module, source: ImageSource, input_size: int, chann
     """``{"loss", "examples", "accuracy", "macro_auc", "primary", ...}`` of ``model`` on every example
     of ``source`` (module docstring; :func:`score`). An image with a NaN or infinite value is a
     one-line error (:func:`gsd_cli.data.read_images`)."""
+    from ..gradients.layers import maxpool_channels_last
+
     was = model.training
     model.eval()
     n = len(source)
     scores, targets, losses = [], [], []
+    # on a CPU, max-pools fed channels-last (the private steps' trick: the same values, the channels-first
+    # kernel was 10x slower on the FMNIST CNN; evaluating its 2,000 test images took 0.25 s an epoch, issue 45)
+    hooks = maxpool_channels_last(model) if torch.device(device).type == "cpu" else []
     try:
         for start in range(0, n, batch):
             idx = np.arange(start, min(n, start + batch))
@@ -124,6 +155,8 @@ def evaluate(model: torch.nn.Module, source: ImageSource, input_size: int, chann
             scores.append((torch.sigmoid(out) if source.multilabel else torch.softmax(out, -1)).double().cpu())
             targets.append(y.cpu())
     finally:
+        for h in hooks:
+            h.remove()
         model.train(was)
     s = torch.cat(scores).numpy()
     t = torch.cat(targets).numpy()
