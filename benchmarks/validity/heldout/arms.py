@@ -121,7 +121,8 @@ def rank_advised(task: str, seed: int) -> dict | None:
     t0 = time.perf_counter()
     ranking, dec = advised_selection(t.train, list(t.candidates), "auto", private_test=t.test, seed=seed, device="cpu",
                                      cache=SubspaceCache(data_dir() / "subspaces"), **RANK)
-    doc = {"ranking": ranking.to_dict(), "decision": dec.to_dict(),
+    refs = [r.to_dict() for r in getattr(ranking, "references", None) or []]  # split_references: the noise rows apart
+    doc = {"ranking": ranking.to_dict(), "references": refs, "decision": dec.to_dict(),
            "benchmark": {"task": task, "seed": seed, "commit": gsd_commit(), "wall_seconds": round(time.perf_counter() - t0, 1)}}
     save_ranking(task, seed, doc, "advised")
     return doc

@@ -39,8 +39,10 @@ class _Ranking(list):
     """A cached advised ranking (``to_dict()``) read back as :func:`gsd_cli.train.advice.advise` reads a
     ranking: rows best first (``public``, ``distance``), ``runs`` (each repeat's rows), ``dp``, ``privacy``."""
 
-    def __init__(self, doc: dict):
-        super().__init__(_Row(r["public"], r["distance"]) for r in doc["results"])
+    def __init__(self, doc: dict, references: list | None = None):
+        rows = sorted([*doc["results"], *(references or [])], key=lambda r: r["distance"])
+        super().__init__(_Row(r["public"], r["distance"]) for r in rows)
+        self.results = list(self)
         self.runs = [[_Row(p, d) for p, d in run["distances"].items()] for run in doc.get("runs") or []]
         self.dp, self.privacy = doc.get("dp", False), doc.get("privacy")
 
@@ -63,23 +65,26 @@ def decision_rule(doc: dict) -> tuple[str, str | None] | None:
 
 def decision_advise(task: str, advised: dict | None) -> tuple[str, str | None] | None:
     """The lead's advice, ``gsd_cli.train.advice.advise(ranking, method="auto", ...)``, re-applied to the
-    cached advised ranking (the ranking with the in-run noise reference and repeats) with the candidates'
-    public facts; None where gsd has no advice module or the advised ranking is not cached."""
+    cached advised ranking (the candidates and the in-run noise references, over repeats) with the
+    candidates' public facts; where this gsd's advise cannot read the cached ranking, the decision
+    ``advised_selection`` made when it ranked (cached beside it). None where no advised ranking is cached."""
     if advised is None:
         return None
     try:
+        from gsd_cli.data import resolve
         from gsd_cli.train.advice import advise, describe
-    except ImportError:
-        return None
-    from gsd_cli.data import resolve
 
-    from .tasks import register
+        from .tasks import register
 
-    register()
-    t = TASKS[task]
-    facts = {c: describe(resolve(c)) for c in t.candidates}
-    a = advise(_Ranking(advised["ranking"]), method="auto", candidates=facts, private_classes=int(resolve(t.train).num_classes))
-    return a.method, a.public
+        register()
+        t = TASKS[task]
+        facts = {c: describe(resolve(c)) for c in t.candidates}
+        a = advise(_Ranking(advised["ranking"], advised.get("references")), method="auto", candidates=facts,
+                   private_classes=int(resolve(t.train).num_classes))
+        return a.method, a.public
+    except Exception:  # an advice module whose interface moved on: the decision made at ranking time
+        d = advised["decision"]
+        return d["method"], d["public"]
 
 
 def boot_mean(values, rng, b: int = B) -> dict:
@@ -127,11 +132,12 @@ def task_scores(task: str, seeds, runs: dict, hps: dict, rng) -> dict | None:
     size = sizes()
     largest = max(t.candidates, key=lambda x: (size[x], -t.candidates.index(x)))
     per_seed: dict[str, list[float]] = {}
-    decisions, used = [], set()
+    decisions = []
     advised = {s: load_ranking(task, s, "advised") for s in c.seeds}
-    autos = [a for a, fn in (("auto:rule", lambda s: decision_rule(load_ranking(task, s))),
-                             ("auto:advise", lambda s: decision_advise(task, advised[s])))
-             if all(fn(s) is not None for s in c.seeds)]
+    deciders = {"auto:rule": lambda s: decision_rule(load_ranking(task, s)), "auto:advise": lambda s: decision_advise(task, advised[s])}
+    # each auto arm on the seeds where its decision exists (the advised rankings may cover fewer seeds)
+    auto_seeds = {a: [s for s in c.seeds if fn(s) is not None] for a, fn in deciders.items()}
+    autos = [a for a in deciders if auto_seeds[a]]
 
     def put(arm, v):
         per_seed.setdefault(arm, []).append(v)
@@ -142,9 +148,12 @@ def task_scores(task: str, seeds, runs: dict, hps: dict, rng) -> dict | None:
         dec = {"seed": s, "winner": winner, "distance": doc["results"][0]["distance"], "uniform_baseline": doc.get("uniform_baseline")}
         put("dpsgd", c.acc(BASELINE, None, s))
         for arm in autos:
-            m, pub = decision_rule(doc) if arm == "auto:rule" else decision_advise(task, advised[s])
+            if s not in auto_seeds[arm]:
+                continue
+            m, pub = deciders[arm](s)
             dec[arm] = {"method": m, "public": pub}
             put(arm, c.acc(BASELINE, None, s) if m == BASELINE else c.acc(m, pub, s))
+            put(f"dpsgd@{arm}", c.acc(BASELINE, None, s))  # the baseline on the same seeds, for the paired gain
         decisions.append(dec)
         put("null", c.acc("gep", null(task), s))
         for meth in METHODS:
@@ -157,9 +166,10 @@ def task_scores(task: str, seeds, runs: dict, hps: dict, rng) -> dict | None:
     options = [(BASELINE, None)] + [(m, x) for m in METHODS for x in t.candidates]
     best = max(options, key=lambda o: np.mean([c.acc(o[0], o[1], s) for s in c.seeds]))
     per_seed["oracle"] = [c.acc(best[0], best[1], s) for s in c.seeds]
-    arms = {a: boot_mean(v, rng) for a, v in per_seed.items()}
+    arms = {a: boot_mean(v, rng) for a, v in per_seed.items() if not a.startswith("dpsgd@")}
     base = np.array(per_seed["dpsgd"])
-    gains = {a: boot_mean(np.array(v) - base, rng) for a, v in per_seed.items() if a != "dpsgd"}
+    gains = {a: boot_mean(np.array(v) - np.array(per_seed.get(f"dpsgd@{a}", base)), rng)
+             for a, v in per_seed.items() if a != "dpsgd" and not a.startswith("dpsgd@")}
     # Spearman: the candidates' mean distance over this task's rankings against their mean accuracy
     # under the validated method; interval resampling candidates and seeds
     dist = {x: np.mean([next(r["distance"] for r in load_ranking(task, s)["results"] if r["public"] == x) for s in c.seeds])
@@ -174,7 +184,7 @@ def task_scores(task: str, seeds, runs: dict, hps: dict, rng) -> dict | None:
         r = spearman(list(dvec[ci]), list(acc_cs[ci][:, si].mean(1)))
         if not math.isnan(r):
             boots.append(r)
-    return {"task": task, "kind": t.kind, "realistic": t.realistic, "seeds": c.seeds, "largest": largest,
+    return {"task": task, "kind": t.kind, "realistic": t.realistic, "seeds": c.seeds, "auto_seeds": auto_seeds, "largest": largest,
             "oracle_choice": {"method": best[0], "public": best[1]}, "decisions": decisions, "auto_arms": autos,
             "arms": arms, "gains_vs_dpsgd": gains, "per_seed": per_seed,
             "distance": {x: float(dist[x]) for x in t.candidates},
@@ -200,10 +210,10 @@ def figures(scores: dict, rng) -> dict:
     for arm in AUTO_ARMS:
         if not all(arm in s["per_seed"] for s in tasks):
             continue
-        cells = [a - d for s in tasks for a, d in zip(s["per_seed"][arm], s["per_seed"]["dpsgd"])]
+        cells = [a - d for s in tasks for a, d in zip(s["per_seed"][arm], s["per_seed"][f"dpsgd@{arm}"])]
         task_means = {s["task"]: s["gains_vs_dpsgd"][arm]["mean"] for s in tasks}
         out[arm] = {
-            "decided_by": DECIDERS[arm],
+            "decided_by": DECIDERS[arm], "seeds_by_task": {s["task"]: s["auto_seeds"][arm] for s in tasks},
             "tasks_ok": sum(g >= -0.5 for g in task_means.values()), "tasks": len(task_means),
             "share_tasks_ok": sum(g >= -0.5 for g in task_means.values()) / len(task_means),
             "seed_cells_ok": sum(g >= -0.5 for g in cells), "seed_cells": len(cells),
@@ -289,7 +299,8 @@ def markdown(doc: dict) -> str:
                     continue
                 a = f[arm]
                 g3 = a["gain_where_oracle_gains_3"]
-                L += [f"- `{arm}` >= tuned DP-SGD - 0.5 points: {a['tasks_ok']} of {a['tasks']} tasks (mean over seeds), "
+                nseeds = sorted({len(v) for v in a["seeds_by_task"].values()})
+                L += [f"- `{arm}` (seeds per task: {'/'.join(map(str, nseeds))}) >= tuned DP-SGD - 0.5 points: {a['tasks_ok']} of {a['tasks']} tasks (mean over seeds), "
                       f"{a['seed_cells_ok']} of {a['seed_cells']} (task, seed) cells; tasks where the oracle gains >= 3 points: "
                       f"{', '.join(g3['tasks']) or 'none'}, `{arm}`'s mean gain there: {'-' if g3['mean'] is None else format(g3['mean'], '+.1f')}"]
             L += [*(f"- gsd's pick minus a random candidate, {m}: {_g(f[f'pick_minus_random_{m}'])} (interval resampling candidates and seeds)" for m in METHODS),
