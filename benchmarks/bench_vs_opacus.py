@@ -15,7 +15,8 @@ Every run has the same model (the ``probes`` registry's, built from the same ``-
 data (npz files written once, below), epsilon, delta, expected batch B, epochs, clip C, lr, momentum,
 weight decay (constant lr), and the same noise multiplier sigma: calibrated once here by gsd's
 ``calibrate_noise`` for q = B / N and T = epochs * N / B steps, given to Opacus as ``noise_multiplier``,
-and checked against the sigma gsd's own run calibrated. The epsilon each run reports (gsd: dp-accounting
+and checked against the sigma gsd's own run calibrated (its calibration cache holds it, as for a second
+run of the same settings; ``--cold-calibration``: every gsd run calibrates afresh, as a first run). The epsilon each run reports (gsd: dp-accounting
 RDP; Opacus: its RDP accountant's ``get_epsilon``) is printed side by side.
 
 Per run: whole-process wall time (start of the child to its exit: imports, data, model, evaluation and
@@ -183,7 +184,7 @@ def _child_opacus(cfg: dict) -> dict:
 
     epochs, accs, steps = [], [], 0
     sync()
-    t_loop = time.perf_counter()
+    t_loop, c_loop = time.perf_counter(), time.process_time()
     for _ in range(cfg["epochs"]):
         te = time.perf_counter()
         for x, y in loader:
@@ -196,7 +197,8 @@ def _child_opacus(cfg: dict) -> dict:
         accs.append(evaluate())
         sync()
         epochs.append(time.perf_counter() - te)
-    out = {"epoch_seconds": epochs, "loop_seconds": time.perf_counter() - t_loop, "setup_seconds": t_loop - t0,
+    out = {"epoch_seconds": epochs, "loop_seconds": time.perf_counter() - t_loop, "loop_cpu_seconds": time.process_time() - c_loop,
+           "setup_seconds": t_loop - t0,
            "import_seconds": t0 - t_import, "accuracy": accs[-1], "steps": steps,
            "epsilon": engine.get_epsilon(cfg["delta"]), "sample_rate": loader.sample_rate if hasattr(loader, "sample_rate") else None,
            "model_note": changed}
@@ -235,15 +237,18 @@ def _child_gsd_lib(cfg: dict) -> dict:
 
     t0 = time.perf_counter()
     marks: list[float] = []
+    cpu_marks: list[float] = []
 
     def progress(kind, done, total):
         if kind == "epoch":
             if cfg["device"] == "cuda":
                 torch.cuda.synchronize()
             marks.append(time.perf_counter())
+            cpu_marks.append(time.process_time())
 
     s = train(_gsd_config(cfg), cfg["out"], device=cfg["device"], progress=progress)
-    out = {"epoch_seconds": list(np.diff(marks)), "loop_seconds": marks[-1] - marks[0], "setup_seconds": marks[0] - t0,
+    out = {"epoch_seconds": [float(v) for v in np.diff(marks)], "loop_seconds": marks[-1] - marks[0],
+           "loop_cpu_seconds": cpu_marks[-1] - cpu_marks[0], "setup_seconds": marks[0] - t0,
            "import_seconds": t0 - t_import, "accuracy": _accuracy(cfg["out"]),
            "steps": s["steps"], "epsilon": s["epsilon"], "sigma": s["sigma"], "sample_rate": s["sampling_rate"],
            "clip_engine": s.get("clip_engine")}
@@ -272,6 +277,8 @@ def run_child(kind: str, cfg: dict, work: Path, env: dict) -> dict:
     else:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--child-config",
                json.dumps({**cfg, "out": str(out)}), "--child-result", str(result)]
+    if cfg.get("cold_calibration") and kind.startswith("gsd"):
+        env = {**env, "GSD_CACHE_DIR": str(out) + "-cache"}  # an empty cache: the run calibrates sigma itself
     load = os.getloadavg()
     with open(work / "stdout.txt", "w") as so, open(work / "stderr.txt", "w") as se:
         t0 = time.perf_counter()
@@ -318,6 +325,8 @@ def summarise(rows: list[dict], kinds: list[str]) -> dict:
                 "wall_seconds": statistics.median(r["wall_seconds"] for r in rs),
                 "cpu_seconds": statistics.median(r["cpu_seconds"] for r in rs),
                 "epoch_seconds": statistics.median(per_epoch) if per_epoch else None,
+                "epoch_cpu_seconds": (statistics.median(r["loop_cpu_seconds"] / len(r["epoch_seconds"]) for r in rs)
+                                      if all(r.get("loop_cpu_seconds") for r in rs) else None),
                 "steady_epoch_seconds": statistics.median(steady) if steady else None,
                 "peak_rss_mib": max(r["peak_rss_mib"] for r in rs),
                 "accuracy_mean": acc_m, "accuracy_halfwidth95": acc_h,
@@ -330,7 +339,7 @@ def summarise(rows: list[dict], kinds: list[str]) -> dict:
         op = [k for k in s if k.startswith("opacus")]
         ratios = {}
         if op:
-            for field in ("wall_seconds", "epoch_seconds", "steady_epoch_seconds", "cpu_seconds", "peak_rss_mib"):
+            for field in ("wall_seconds", "epoch_seconds", "steady_epoch_seconds", "epoch_cpu_seconds", "cpu_seconds", "peak_rss_mib"):
                 vals = [s[k][field] for k in op if s[k].get(field)]
                 if not vals:
                     continue
@@ -345,13 +354,14 @@ def summarise(rows: list[dict], kinds: list[str]) -> dict:
 def print_table(summary: dict) -> None:
     for task, t in summary.items():
         print(f"\n== {task}")
-        print(f"{'run':14s} {'wall s':>8s} {'cpu s':>8s} {'s/epoch':>8s} {'steady':>8s} {'RSS MiB':>8s} {'acc %':>14s} {'epsilon':>8s} {'load':>5s}")
+        print(f"{'run':14s} {'wall s':>8s} {'cpu s':>8s} {'s/epoch':>8s} {'steady':>8s} {'cpu/ep':>8s} {'RSS MiB':>8s} {'acc %':>14s} {'epsilon':>8s} {'load':>5s}")
         for k, r in t["kinds"].items():
             acc = f"{r['accuracy_mean']:.2f}+-{r['accuracy_halfwidth95']:.2f}"
             st = f"{r['steady_epoch_seconds']:.2f}" if r.get("steady_epoch_seconds") else "-"
             ep = f"{r['epoch_seconds']:.2f}" if r.get("epoch_seconds") else "-"
-            print(f"{k:14s} {r['wall_seconds']:8.2f} {r['cpu_seconds']:8.2f} {ep:>8s} {st:>8s} {r['peak_rss_mib']:8.0f} {acc:>14s} "
-                  f"{r['epsilon']:8.4f} {r['loadavg_1min']:5.2f}" + (f"  ({r['model_note']})" if r.get("model_note") else "")
+            ce = f"{r['epoch_cpu_seconds']:.2f}" if r.get("epoch_cpu_seconds") else "-"
+            print(f"{k:14s} {r['wall_seconds']:8.2f} {r['cpu_seconds']:8.2f} {ep:>8s} {st:>8s} {ce:>8s} {r['peak_rss_mib']:8.0f} {acc:>14s} "
+                  f"{r['epsilon']:8.5f} {r['loadavg_1min']:5.2f}" + (f"  ({r['model_note']})" if r.get("model_note") else "")
                   + (f"  cuda {r['cuda_max_memory_mib']:.0f} MiB" if "cuda_max_memory_mib" in r else ""))
         for k, v in t["gsd_over_best_opacus"].items():
             print(f"  {k} / best Opacus mode: {v:.2f}x")
@@ -380,6 +390,9 @@ def main() -> None:
     ap.add_argument("--r18-train", type=int, default=400)
     ap.add_argument("--r18-test", type=int, default=200)
     ap.add_argument("--r18-batch", type=int, default=50, help="expected batch of the ResNet-18 task")
+    ap.add_argument("--cold-calibration", action="store_true",
+                    help="every gsd run calibrates sigma itself (by default the sigma calibrated here is in the cache the gsd runs "
+                         "share, as for a second run of the same settings)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--child", choices=["gsd-lib", "opacus-hooks", "opacus-ghost"], help=argparse.SUPPRESS)
     ap.add_argument("--child-config", help=argparse.SUPPRESS)
@@ -406,7 +419,7 @@ def main() -> None:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(a.threads)
     work = Path(tempfile.mkdtemp(prefix="gsd-vs-opacus-"))
     env["GSD_LEDGER"] = str(work / "ledger.sqlite")  # the runs book into a ledger of their own
-    env["GSD_CACHE_DIR"] = str(work / "cache")
+    env["GSD_CACHE_DIR"] = os.environ["GSD_CACHE_DIR"] = str(work / "cache")  # the calibration below is cached there
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     rows: list[dict] = []
     meta = {"python": sys.version.split()[0], "opacus": opacus.__version__, "device": a.device, "threads": a.threads,
@@ -417,12 +430,17 @@ def main() -> None:
             batch = a.r18_batch if task == "resnet18" else a.batch
             q = batch / n
             steps = a.epochs * round(1 / q)
-            sigma = calibrate_noise(dpsgd_step_event, a.epsilon, a.delta, q, steps, "rdp", cache=False)
-            meta["tasks"][task] = {"train": str(train_p), "test": str(test_p), "n": n, "batch": batch, "q": q, "steps": steps, "sigma": sigma}
-            print(f"{task}: N={n}, B={batch}, q={q:g}, T={steps}, epsilon={a.epsilon}, delta={a.delta}: sigma={sigma:.6f}", flush=True)
+            t_cal = time.perf_counter()
+            sigma = calibrate_noise(dpsgd_step_event, a.epsilon, a.delta, q, steps, "rdp", cache=not a.cold_calibration)
+            t_cal = time.perf_counter() - t_cal
+            meta["tasks"][task] = {"train": str(train_p), "test": str(test_p), "n": n, "batch": batch, "q": q, "steps": steps, "sigma": sigma,
+                                   "calibration_cold_seconds": t_cal}
+            print(f"{task}: N={n}, B={batch}, q={q:g}, T={steps}, epsilon={a.epsilon}, delta={a.delta}: sigma={sigma:.6f} "
+                  f"(calibrated in {t_cal:.2f} s{'' if a.cold_calibration else ', cached for the gsd runs'})", flush=True)
             base = {**TASKS[task], "task": task, "train": str(train_p), "test": str(test_p), "epochs": a.epochs, "batch": batch, "q": q,
                     "epsilon": a.epsilon, "delta": a.delta, "clip": a.clip, "lr": a.lr, "momentum": a.momentum,
-                    "weight_decay": a.weight_decay, "sigma": sigma, "device": a.device, "threads": a.threads}
+                    "weight_decay": a.weight_decay, "sigma": sigma, "device": a.device, "threads": a.threads,
+                    "cold_calibration": a.cold_calibration}
             order = list(a.kinds)
             for i, seed in enumerate(s for s in a.seeds for _ in range(a.repeats)):
                 rot = order[i % len(order):] + order[: i % len(order)]  # rotate the order from round to round
@@ -432,7 +450,7 @@ def main() -> None:
                     if row.get("sigma") is not None and abs(row["sigma"] - sigma) > 1e-9 * sigma:
                         raise SystemExit(f"{kind} calibrated sigma {row['sigma']} != {sigma}")
                     print(f"  {kind:13s} seed {seed}: {row['wall_seconds']:6.2f} s wall, {row['cpu_seconds']:6.2f} s CPU, "
-                          f"{row['peak_rss_mib']:6.0f} MiB, acc {100 * row['accuracy']:.2f}%, eps {row['epsilon']:.4f}, "
+                          f"{row['peak_rss_mib']:6.0f} MiB, acc {100 * row['accuracy']:.2f}%, eps {row['epsilon']:.5f}, "
                           f"load {row['loadavg_before'][0]:.2f}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)

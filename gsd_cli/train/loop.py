@@ -197,6 +197,10 @@ def train(
     probe_method = build_method(cfg, 1.0, anchor, model=model, names=names)
     sigma = world.from_main(lambda: calibrate_noise(probe_method.step_event, train_epsilon, cfg.delta, q, total_steps, cfg.accountant))
     method = build_method(cfg, sigma, anchor, model=model, names=names, rgp=probe_method.details.get("rgp_state"))
+    if method.clip_sum is not None and cfg.physical_batch is None and dev.type == "cpu":  # ghost sums: chunks by activations
+        from .chunks import ghost_cpu_chunk
+
+        chunk = ghost_cpu_chunk(model, (spec.channels, spec.input_size, spec.input_size), num_params, chunk)
     if method.clip_sum is not None:  # the paths are timed on a chunk of public size, not the first Poisson chunk's
         method.clip_sum.tune_examples = min(chunk, cfg.batch_size)
         if meta is not None and isinstance(meta.get("clip_paths"), dict):  # the paths the run measured: the same bits on resume
