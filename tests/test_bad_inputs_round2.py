@@ -85,7 +85,8 @@ def _run(capsys, argv, d) -> tuple[int, str]:
 
 
 def _one_error_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("warning:")]
+    info = ("warning:", "plan:", "booked epsilon", "created the privacy ledger", "private:")  # a run's information lines
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith(info)]
     assert "Traceback" not in err, err
     assert len(lines) == 1 and lines[0].startswith("error:"), err
     return lines[0]

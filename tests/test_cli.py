@@ -150,9 +150,9 @@ def test_dp_rank_cli(capsys, npz_pair, tmp_path):
         "--json", str(j), "-q",
     )
     assert code == 0, err
-    assert "DP energy" in out and "epsilon=2" in out  # the default DP distance
+    assert "DP selection" in out and "epsilon=2" in out  # the default under DP: the DP selection of the winner
     pv = json.loads(j.read_text())["privacy"]
-    assert pv["mechanism"] == "laplace-energy" and pv["epsilon"] == 2 and pv["delta"] == 0 and pv["clip"] == 1
+    assert pv["mechanism"] == "permute-and-flip" and pv["epsilon"] == 2 and pv["delta"] == 0 and pv["clip"] == 1
     code, out, err = run(  # DP-GSD by name
         capsys, "rank", "--private", f"npz:{npz_pair['priv']}", "--public", f"npz:{npz_pair['near']}",
         "--model", "fmnist-cnn", "-m", "40", "--k", "2", "--params", "fc2.*", "--dp", "--epsilon", "2", "--clip", "1",

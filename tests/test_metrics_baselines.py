@@ -246,7 +246,7 @@ def test_the_validity_line_is_printed_from_the_shipped_figures():
         print_ranking(rk, console)
         return console.export_text()
 
-    assert "validity: on" in shown("gsd") and "validity: on" not in shown("otdd")
+    assert "validity (in-sample" in shown("gsd") and "validity" not in shown("otdd")
     dp = validity_line("dp-energy")  # gsd rank --dp's default: what auto-select does with a private selection's winner
     assert "--select-epsilon" in dp and "noise references" in dp and "validity: Advice" in shown("dp-energy")
     assert "in-sample" in line and "noise references" in line

@@ -263,7 +263,7 @@ def test_dp_gsd_private_draw_does_not_use_it():
     differ only by the public sides' certified error."""
     from gsd_cli.ranking import rank
 
-    kw = dict(KW, dp=True, epsilon=50.0, insecure_seed=3)
+    kw = dict(KW, dp=True, epsilon=50.0, insecure_seed=3, distance="dp-gsd")  # DP-GSD by name (the DP selection is the default)
     a = rank("mnist-a", ["mnist-b", "noise"], subspace_method="exact", **kw)
     b = rank("mnist-a", ["mnist-b", "noise"], subspace_method="randomized", **kw)
     c = rank("mnist-a", ["mnist-b", "noise"], subspace_method="exact", **dict(kw, insecure_seed=4))
