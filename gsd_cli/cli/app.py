@@ -13,6 +13,7 @@ from .. import __version__
 from ..allocator import keep_freed_memory
 from ..errors import GSDError
 from .common import err, out, print_error
+from .pipes import closed_pipe, is_devnull, stdout_unflushable
 
 app = typer.Typer(
     help="Choose public data for differentially private training by Gradient Subspace Distance (GSD).",
@@ -97,77 +98,20 @@ def main(argv: list[str] | None = None) -> int:
     system error (disk full, read-only folder) is a user error too; anything else is a bug: one line
     ``error: internal error: ...`` and exit 3 (the traceback with ``--debug`` or ``GSD_DEBUG=1``)."""
     invoked["argv"] = list(sys.argv[1:] if argv is None else argv)  # the command, as the privacy ledger records it
-    was_null = _devnull(1)
+    was_null = is_devnull(1)
     try:
         rc = _main(argv)
-        return closed_pipe() if rc == 0 and _unflushable() else rc
+        return closed_pipe() if rc == 0 and stdout_unflushable() else rc
     except SystemExit as e:
         # a closed pipe met outside gsd's consoles (typer's --help): rich points standard output at
         # /dev/null and exits 1, click wraps the streams and exits 1; both silently
-        if e.code == 1 and ("PacifyFlushWrapper" in type(sys.stdout).__name__ or (not was_null and _devnull(1))):
+        if e.code == 1 and ("PacifyFlushWrapper" in type(sys.stdout).__name__ or (not was_null and is_devnull(1))):
             return closed_pipe()
         raise
     except BrokenPipeError:
         return closed_pipe()
     finally:  # a library call made after this command (in the same process) is not booked under it
         invoked["argv"] = None
-
-
-def _devnull(fd: int) -> bool:
-    """Whether file descriptor ``fd`` is /dev/null."""
-    try:
-        return os.path.samestat(os.fstat(fd), os.stat(os.devnull))
-    except (OSError, ValueError):
-        return False
-
-
-def _unflushable() -> bool:
-    """Whether standard output's last buffered text cannot be written: its reader went away."""
-    try:
-        sys.stdout.flush()
-    except BrokenPipeError:
-        return True
-    except (OSError, ValueError, AttributeError):
-        return False
-    return False
-
-
-def closed_pipe() -> int:
-    """The reader of the command's output went away (``gsd datasets list | head -1``): nothing is wrong,
-    exit 0 without a word. Standard output (and standard error where it is the same pipe) is pointed at
-    /dev/null, so that Python's last flush at exit raises nothing, and click's stream wrappers are
-    taken off again."""
-    for name in ("stdout", "stderr"):
-        stream = getattr(sys, name)
-        if "PacifyFlushWrapper" in type(stream).__name__:
-            setattr(sys, name, getattr(stream, "wrapped", stream))
-    try:
-        fds = [f.fileno() for f in (sys.stdout, sys.stderr)]  # a test's captured stream has none: nothing to redirect
-    except (OSError, ValueError, AttributeError):
-        return 0
-    null = os.open(os.devnull, os.O_WRONLY)
-    try:
-        for fd in fds:
-            if _broken(fd):
-                os.dup2(null, fd)
-    finally:
-        os.close(null)
-    return 0
-
-
-def _broken(fd: int) -> bool:
-    """Whether ``fd`` is a pipe (or socket) whose reader went away: a poll reports an error on it."""
-    import select
-    import stat as _stat
-
-    try:
-        if not (_stat.S_ISFIFO(os.fstat(fd).st_mode) or _stat.S_ISSOCK(os.fstat(fd).st_mode)):
-            return False
-        poller = select.poll()
-        poller.register(fd, select.POLLOUT)
-        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def _main(argv: list[str] | None) -> int:

@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..errors import GSDError
+from .pipes import closed_pipe
 
 DP_PROGRESS = " (DP)"  # = gsd_cli.subspace.side.DP_PROGRESS (not imported: the CLI's start-up stays free of torch)
 #: What starts a line of a DP command that carries private figures (= gsd_cli.train.release.PRIVATE_LABEL):
@@ -20,7 +21,7 @@ PRIVATE_LABEL = "private:"
 class PipeConsole(Console):
     """rich's Console, except on a closed pipe (``gsd datasets list | head -1``): rich points standard
     output at /dev/null and exits 1; here the console goes quiet and a ``BrokenPipeError`` reaches
-    :func:`gsd_cli.cli.app.main`, which exits 0 without a word (:func:`gsd_cli.cli.app.closed_pipe`)."""
+    :func:`gsd_cli.cli.app.main`, which exits 0 without a word (:func:`gsd_cli.cli.pipes.closed_pipe`)."""
 
     def on_broken_pipe(self) -> None:
         import errno
@@ -179,8 +180,6 @@ def print_error(message: str) -> None:
     try:
         err.print("[bold red]error:[/] " + escape(" ".join(message.split())), highlight=False, soft_wrap=True, emoji=False)
     except BrokenPipeError:  # nobody reads stderr any more (gsd ... 2>&1 | head): the exit status still says it
-        from .app import closed_pipe
-
         closed_pipe()
 
 
