@@ -245,15 +245,9 @@ def train(
         notify(note)  # once the run is booked (N~ is released with it); private facts as PrivateNote
 
     privacy_static = {
-        "accountant": cfg.accountant,
-        "neighbouring": "add or remove one example",
-        "private_randomness": randomness_statement(cfg.private_seed),
-        "sampling": "Poisson",
-        "sampling_rate": q,
-        "size": size.statement(),
-        "expected_batch_size": cfg.batch_size,
-        "steps": total_steps,
-        "noise_multiplier": sigma,
+        "accountant": cfg.accountant, "neighbouring": "add or remove one example",
+        "private_randomness": randomness_statement(cfg.private_seed), "sampling": "Poisson", "sampling_rate": q,
+        "size": size.statement(), "expected_batch_size": cfg.batch_size, "steps": total_steps, "noise_multiplier": sigma,
         "effective_noise_multiplier": effective_noise_multiplier(method.step_event(sigma)),
         "target_epsilon": cfg.epsilon,
         "delta": cfg.delta,
