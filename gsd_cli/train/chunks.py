@@ -6,9 +6,10 @@ memory of the materialised per-sample gradients (chunk x p floats). The ghost en
 matrix: a chunk's memory is its activations and their gradients (and a materialised layer's own
 per-example gradients). Where those are small, a chunk of 64 mostly pays per-chunk overhead: on the
 2-core CPU the FMNIST CNN's DP-SGD step at an expected batch of 250 (0.09 MB of activations and
-gradients an example) took 30-36 ms of CPU time in chunks of 64 and 22-27 ms in one chunk of 256
-(Opacus: 40-44 ms). Where they are large the bigger chunk leaves the caches: ResNet20 at 32x32 (3.5 MB
-an example) took 767 ms in chunks of 64 and 918 ms in one of 256 (issue 45). So on a CPU a ghost
+gradients an example) took 30-32 ms of CPU time in chunks of 64, 26-28 ms in chunks of 128 and 23-25 ms
+in one of 256, whose peak RSS was 290 MiB higher than at 128 (Opacus: 40-44 ms). Where they are large
+the bigger chunk leaves the caches: ResNet20 at 32x32 (3.5 MB an example) took 767 ms in chunks of 64
+and 918 ms in one of 256 (issue 45). So on a CPU a ghost
 step's chunk grows from the default up to :data:`MOST` examples while they hold at most
 :data:`ACTIVATION_BUDGET` bytes of activations (the leaf modules' outputs of one example, counted by
 a forward of one synthetic example, twice: kept for the backward, and their gradients), and never
@@ -21,8 +22,8 @@ from __future__ import annotations
 
 import torch
 
-#: the most examples a ghost step's chunk takes on a CPU (the GPU's default chunk)
-MOST = 256
+#: the most examples a ghost step's chunk takes on a CPU
+MOST = 128
 #: bytes of activations (and their gradients) a CPU chunk may hold
 ACTIVATION_BUDGET = 64 << 20
 
