@@ -55,7 +55,7 @@ the same runs *fixed in advance* would give (dp-accounting's RDP accountant).
 
 Storage: SQLite by default (stdlib ``sqlite3``), the file :func:`default_location`; ``--ledger PATH``
 or ``$GSD_LEDGER`` choose another file, or a SQLAlchemy URL (``postgresql://user@host/db``; ``pip
-install 'gsd-cli[budget-server]'``) for a team's shared server (tables: :mod:`.store`). Every DP
+install 'gsd-cli[budget-server]'``) for a team's shared server (tables: :mod:`.schema`). Every DP
 command checks its ledger before any work (:func:`ready_ledger`; :class:`LedgerError` "ledger PATH
 is unusable: why; what to do", exit 2, and a file that is not a ledger is never written). A booking
 is one transaction that reads the bookings that count against each budget concerned and adds the
