@@ -27,15 +27,12 @@ exact N remains a private output (``private-summary.json``), as do the realised 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import GSDError
-
-#: Share of ``--epsilon`` spent on the DP estimate of N when no size is declared.
-SIZE_EPSILON_SHARE = 0.02
+from ..privacy.size_budget import SIZE_EPSILON_SHARE, size_epsilon  # noqa: F401 (the epsilon share, kept importable from here)
 
 
 @dataclass(frozen=True)
@@ -64,16 +61,6 @@ class MechanismSize:
                         "it reveals; kept on --resume so that the run's mechanism does not change")
         return {"how": self.how, "size": self.size, "epsilon_size": self.epsilon, "sampling_rate": self.q,
                 "steps_per_epoch": self.steps_per_epoch, "statement": text}
-
-
-def size_epsilon(epsilon: float, declared: float | None) -> float:
-    """The epsilon of the size estimate: ``declared`` (``--size-epsilon``), or
-    :data:`SIZE_EPSILON_SHARE` of the run's ``epsilon``."""
-    eps_n = SIZE_EPSILON_SHARE * float(epsilon) if declared is None else float(declared)
-    if not (math.isfinite(eps_n) and 0 < eps_n < float(epsilon)):
-        raise GSDError(f"--size-epsilon must be positive and below --epsilon {epsilon:g} (got {declared!r}); "
-                       "or declare the size with --expected-size N or --sampling-rate q")
-    return eps_n
 
 
 def check_size_settings(batch_size: int, expected_size, sampling_rate, declared_size_epsilon, epsilon: float) -> None:

@@ -42,7 +42,7 @@ def ledger(location: str | os.PathLike | None = None) -> BudgetLedger:
 
 def ready_ledger(location: str | os.PathLike | None = None) -> BudgetLedger | None:
     """The check a DP command makes before any work: the ledger it will book into is usable, or a new
-    one can be made where it is asked for (:class:`~gsd_cli.privacy.budget.store.LedgerError`
+    one can be made where it is asked for (:class:`~gsd_cli.privacy.budget.location.LedgerError`
     otherwise, exit 2). Nothing is created here: a new ledger is made by the first booking (and said
     so), so a run refused before it books leaves none. None within :func:`unbooked`."""
     if _booking_off():
@@ -143,7 +143,7 @@ def book_size_estimate(config, private, meta: dict | None = None, *, ledger_loca
 
     None (nothing booked) in the first case, when the size is declared (``--expected-size``,
     ``--sampling-rate``) or when the run resumes with its own estimate (``meta``: the checkpoint's)."""
-    from ...train.size import size_epsilon
+    from ..size_budget import size_epsilon
 
     if _booking_off() or meta is not None or config.expected_size is not None or config.sampling_rate is not None:
         return None
