@@ -23,7 +23,15 @@ import os
 import tempfile
 import time
 
-from .cache import RESULTS, append_run, gsd_commit, load_ranking, load_runs, run_key, save_ranking
+from .cache import (
+    RESULTS,
+    append_run,
+    gsd_commit,
+    load_ranking,
+    load_runs,
+    run_key,
+    save_ranking,
+)
 from .tasks import TASKS, null, register, sizes, split
 
 METHODS = ("gep", "second-phase")

@@ -15,7 +15,7 @@ import hashlib
 import json
 import os
 import subprocess
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
@@ -24,12 +24,12 @@ RUNS = RESULTS / "runs.jsonl"
 RANKINGS = RESULTS / "rankings"
 
 
-@lru_cache(maxsize=None)
+@cache
 def gsd_commit() -> str:
     """The commit of the checkout that runs gsd (``+dirty`` when gsd_cli/ has uncommitted changes)."""
     try:
         head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "gsd_cli"], capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "gsd_cli"], capture_output=True, text=True, check=False).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("+dirty" if dirty else "")

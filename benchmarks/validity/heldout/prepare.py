@@ -173,8 +173,8 @@ def _crops(imgs: list[np.ndarray], part: str, n: int, rng: np.random.Generator) 
 
 def mnist_m(x: np.ndarray, part: str, seed: int) -> np.ndarray:
     """MNIST-M's recipe: each digit padded to 32x32 and blended into a photo crop as |crop - digit|."""
-    import sklearn.datasets as skd
     import matplotlib
+    import sklearn.datasets as skd
 
     photos = [_photo(Path(skd.__file__).parent / "images" / f, True) for f in ("china.jpg", "flower.jpg")]
     photos.append(_photo(Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg", True))

@@ -20,7 +20,15 @@ import math
 
 import numpy as np
 
-from .arms import BASELINE, HELD_OUT_SEEDS, METHODS, RANK, SELECTION_SEEDS, chosen, settings
+from .arms import (
+    BASELINE,
+    HELD_OUT_SEEDS,
+    METHODS,
+    RANK,
+    SELECTION_SEEDS,
+    chosen,
+    settings,
+)
 from .cache import RANKINGS, RESULTS, gsd_commit, load_ranking, load_runs, run_key
 from .tasks import SPLIT, TASKS, null, sizes, split
 
@@ -82,7 +90,7 @@ def decision_advise(task: str, advised: dict | None) -> tuple[str, str | None] |
         a = advise(_Ranking(advised["ranking"], advised.get("references")), method="auto", candidates=facts,
                    private_classes=int(resolve(t.train).num_classes))
         return a.method, a.public
-    except Exception:  # an advice module whose interface moved on: the decision made at ranking time
+    except (TypeError, KeyError, AttributeError, ValueError):  # an advice module whose interface moved on: the decision made at ranking time
         d = advised["decision"]
         return d["method"], d["public"]
 
@@ -258,7 +266,7 @@ def _g(d: dict | None) -> str:
 
 
 def markdown(doc: dict) -> str:
-    L = [f"# Held-out benchmark (issue 42)", "",
+    L = ["# Held-out benchmark (issue 42)", "",
          f"Split (`benchmarks/validity/heldout/split.json`, frozen in commit {doc['split_commit']}): selection "
          f"{', '.join(doc['split']['selection'])}; held out {', '.join(doc['split']['held_out'])}. "
          f"Tuned learning rates (selection tasks only): {', '.join(f'{m} {h}' for m, h in doc['tuned'].items())}. "
@@ -291,9 +299,11 @@ def markdown(doc: dict) -> str:
                 continue
             for x in TASKS[t].candidates:
                 L.append(f"| {t} | {x} | {s['distance'][x]:.3f} | {_f(s['arms'][f'gep:{x}'])} | {_f(s['arms'][f'second-phase:{x}'])} |")
-        f = doc["figures"][stage]
-        if f:
-            L += ["", f"**Figures ({'held out' if stage == 'held_out' else 'selection, in-sample'})**", ""]
+        for f, what in ((doc["figures"][stage], "held out" if stage == "held_out" else "selection, in-sample"),
+                        (doc["figures"].get("held_out_realistic") if stage == "held_out" else None, "held out, realistic tasks only")):
+            if not f:
+                continue
+            L += ["", f"**Figures ({what})**", ""]
             for arm in AUTO_ARMS:
                 if arm not in f:
                     continue
@@ -320,7 +330,7 @@ def build(partial: bool = False) -> dict:
     hps = chosen()
     sp = split()
     frozen = subprocess.run(["git", "-C", str(SPLIT.parent), "log", "--format=%H", "--diff-filter=A", "--", SPLIT.name],
-                            capture_output=True, text=True).stdout.split()
+                            capture_output=True, text=True, check=False).stdout.split()
     scores = {"held_out": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, rng) for t in sp["held_out"]},
               "selection": {t: task_scores(t, SELECTION_SEEDS, runs, hps, rng) for t in sp["selection"]}}
     if not partial:
@@ -330,7 +340,8 @@ def build(partial: bool = False) -> dict:
     return {"split": sp, "split_commit": frozen[-1] if frozen else "uncommitted", "tuned": hps, "deciders": DECIDERS,
             "scored_with": gsd_commit(), "run_commits": sorted({r["commit"] for r in runs.values()}),
             "rankings": str(RANKINGS.relative_to(RESULTS.parents[1])),
-            "scores": scores, "figures": {k: figures(v, rng) for k, v in scores.items()}}
+            "scores": scores, "figures": {**{k: figures(v, rng) for k, v in scores.items()},
+                                          "held_out_realistic": figures({t: v for t, v in scores["held_out"].items() if TASKS[t].realistic}, rng)}}
 
 
 def main(partial: bool = False) -> dict:

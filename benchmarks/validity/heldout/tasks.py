@@ -93,7 +93,7 @@ def write_split() -> dict:
     return doc
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def register() -> None:
     """Make every benchmark set resolvable by name (an npz source each)."""
     from gsd_cli.data import register_dataset
@@ -107,7 +107,7 @@ def register() -> None:
         register_dataset(n, functools.partial(npz_source, d / f"{n}.npz", n))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sizes() -> dict[str, int]:
     """Examples of every set (the public sizes are what the ``largest`` arm reads)."""
     from gsd_cli.data import resolve
