@@ -102,6 +102,6 @@ if [ "$quick" != "--quick" ]; then
     --models fmnist-cnn resnet20 resnet18:64 resnet50-bn:32 vit_b_16:32 --gep-models fmnist-cnn resnet20 \
     --json "$out/train_step_gpu.json" 2>&1
   echo "== gsd train's DP-SGD against Opacus, whole runs (issue 45)"
-  $py benchmarks/bench_vs_opacus.py --device cuda --threads 0 --tasks fmnist resnet20 resnet18 --epochs 5 --seeds 0 1 2 \
+  $py benchmarks/bench_vs_opacus.py --device cuda --threads 0 --tasks fmnist resnet20 resnet18 resnet18-conv --epochs 5 --seeds 0 1 2 \
     --rgb-train 10000 --json "$out/vs_opacus_gpu.json" 2>&1 | tee "$out/vs_opacus_gpu.txt"
 fi
