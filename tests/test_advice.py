@@ -127,7 +127,9 @@ def test_reference_sources_are_public_deterministic_and_subset_stable():
     assert not np.array_equal(refs[0].images([0])[0], reference_sources(224, 3, 50, 10, seed=4)[0].images([0])[0])
     x = np.stack(refs[3].images(range(50)))
     assert x.min() >= 0 and x.max() <= 1 and abs(x.mean() - 0.5) < 0.02
-    assert [r.name for r in reference_sources(28, 1, 5, 10, 0)] == [f"{REFERENCE}@7"]
+    assert [r.name for r in reference_sources(28, 1, 5, 10, 0)] == [f"{REFERENCE}@28", f"{REFERENCE}@7"]
+    twice = reference_sources(28, 1, 5, 10, 0, draws=2)  # under DP: two noise sets of each kind
+    assert [r.name for r in twice][2:] == [f"{REFERENCE}@28#2", f"{REFERENCE}@7#2"] and twice[2].seed == 1
     assert [r.name for r in reference_sources(8, 1, 5, 10, 0)] == [f"{REFERENCE}@8"]
     assert set(refs[0].labels(range(50))) <= set(range(10))
 
@@ -236,6 +238,6 @@ def test_gsd_rank_with_references_says_which_candidates_are_closer_than_noise(ca
     assert "mnist-b: closer than noise" in out and "noise: not shown closer than noise" in out
     doc = json.loads((tmp_path / "r.json").read_text())
     assert [r["public"] for r in doc["results"]] == ["mnist-b", "noise"] and doc["results"][0]["winner"]
-    assert [r["public"] for r in doc["references"]] == [f"{REFERENCE}@7"]
+    assert [r["public"] for r in doc["references"]] == [f"{REFERENCE}@28", f"{REFERENCE}@7"]
     code = main(["rank", "--dp", "--epsilon", "1", "--references", "-m", "50"])
     assert code == 2 and "--references" in capsys.readouterr().err

@@ -50,7 +50,7 @@ def rank(
     public: Optional[List[str]] = public_list_option(
         f"Public candidates (repeat the option or list names after it). Default: {' '.join(DEFAULT_PUBLIC)}."
     ),
-    references: bool = typer.Option(False, "--references", help="Rank in-run noise references beside the candidates (Gaussian noise, grey and colour, on grids a quarter and an eighth of the model's input; what gsd train --auto-select's advice compares with) and say which candidates are closer than noise: with --repeats 3 or more, by a one-sided paired t-test on the margin to the closest reference in each draw. Not with --dp or --catalog."),
+    references: bool = typer.Option(False, "--references", help="Rank in-run noise references beside the candidates (Gaussian noise, grey and colour, on the model's input grid and grids a quarter and an eighth as fine, of 7 to 64 pixels; what gsd train --auto-select's advice compares with) and say which candidates are closer than noise: with --repeats 3 or more, by a one-sided paired t-test on the margin to the closest reference in each draw. Not with --dp or --catalog."),
     k: int = typer.Option(16, "--k", "-k", help="Dimension of the gradient subspaces (paper 004 uses 16)."),
     examples: int = typer.Option(2000, "--examples", "-m", help="Examples drawn per dataset (all of a smaller set)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the public randomness: the initial weights w0, the public examples and their random labels (and, without --dp, the private ones: a non-private ranking is reproducible)."),

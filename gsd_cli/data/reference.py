@@ -15,25 +15,31 @@ from .base import ImageSource
 REFERENCE = "reference:noise"
 #: the coarsest grid the noise references are drawn at (pixels a side) before resizing to the model's input
 SMALLEST_GRID = 7
+#: the finest grid: noise on a finer grid is white at any scale a private image is likely to have
+LARGEST_GRID = 64
 
 
 def is_reference(name: str) -> bool:
     return str(name).startswith(REFERENCE)
 
 
-def reference_sources(input_size: int | None, channels: int | None, examples: int, num_classes: int, seed: int) -> list:
-    """The in-run references: for each grid G in {S/4, S/8} (those of at least :data:`SMALLEST_GRID` pixels;
-    S itself where neither is; S the ranking model's input size, 28 where the model does not say),
-    ``examples`` images of i.i.d. Gaussian noise N(0.5, 0.25^2) clipped to [0, 1] on a G x G grid, grey
-    and (for a colour model) in colour, random labels, from the public ``seed``; the ranking resizes them
-    to the model's input as it resizes every image. Noise is closer the smoother it is and grey against a
-    grey private set (mnist-a at the probe's 224, m = 500: grey noise on grids of 28, 56, 112 and 224
-    pixels scores 0.708, 0.779, 0.826, 0.833), so the coarse grids set the bar and the finest adds nothing
-    but cost; the bar is the closest reference: a candidate must be closer than noise like it.
+def reference_sources(input_size: int | None, channels: int | None, examples: int, num_classes: int, seed: int,
+                      draws: int = 1) -> list:
+    """The in-run references: for each grid G in {S, S/4, S/8} between :data:`SMALLEST_GRID` and
+    :data:`LARGEST_GRID` pixels (S itself where none is; S the ranking model's input size, 28 where the
+    model does not say), ``examples`` images of i.i.d. Gaussian noise N(0.5, 0.25^2) clipped to [0, 1] on a
+    G x G grid, grey and (for a colour model) in colour, random labels, from the public ``seed`` (``draws``
+    independent sets of each, seeds ``seed``, ``seed + 1``, ...); the ranking resizes them to the model's
+    input as it resizes every image. The bar is the closest reference: a candidate must be closer than
+    noise like it. Which noise is closest depends on the model's input and the private set's resolution:
+    at the probe's 224 against 28 x 28 digits noise drawn on a 28 grid is closest (grids of 28, 56, 112, 224:
+    0.708, 0.779, 0.826, 0.833, m = 500), at the FMNIST CNN's 28 the 28 grid beats the 7 grid; noise finer
+    than 64 pixels is white at any scale a private set is likely to have, and was never the closest.
     """
     size, chans = int(input_size or 28), int(channels or 1)
-    grids = sorted({g for g in (size // 4, size // 8) if g >= SMALLEST_GRID} or {size}, reverse=True)
-    return [NoiseSource(g, c, examples, max(2, int(num_classes)), seed) for g in grids for c in sorted({1, chans})]
+    grids = sorted({g for g in (size, size // 4, size // 8) if SMALLEST_GRID <= g <= LARGEST_GRID} or {size}, reverse=True)
+    return [NoiseSource(g, c, examples, max(2, int(num_classes)), seed + i, tag=f"#{i + 1}" if i else "")
+            for i in range(max(1, int(draws))) for g in grids for c in sorted({1, chans})]
 
 
 class NoiseSource(ImageSource):
@@ -44,10 +50,10 @@ class NoiseSource(ImageSource):
     multilabel = False
     classes_declared = True
 
-    def __init__(self, grid: int, channels: int, examples: int, num_classes: int, seed: int):
+    def __init__(self, grid: int, channels: int, examples: int, num_classes: int, seed: int, tag: str = ""):
         self.grid, self.channels, self.n = int(grid), int(channels), int(examples)
         self.num_classes, self.seed = int(num_classes), int(seed)
-        self.name = f"{REFERENCE}@{self.grid}{'' if self.channels == 1 else '-rgb'}"
+        self.name = f"{REFERENCE}@{self.grid}{'' if self.channels == 1 else '-rgb'}{tag}"
         self.description = (f"gsd's in-run reference: {'grey' if self.channels == 1 else 'colour'} Gaussian noise on a "
                             f"{self.grid}x{self.grid} grid")
 

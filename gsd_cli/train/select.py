@@ -47,7 +47,8 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
     pubs = [catalog.resolve(c) for c in candidates] if catalog is not None else [resolve(c) if isinstance(c, str) else c for c in candidates]
     spec = resolve_model(rank_options.get("model", "probe"))
     references = reference_sources(spec.input_size, spec.channels, int(rank_options.get("examples", 2000)),
-                                   train_part.num_classes, int(rank_options.get("seed", 0))) if references else []
+                                   train_part.num_classes, int(rank_options.get("seed", 0)),
+                                   draws=2 if dp else 1) if references else []  # under DP one draw: two noise sets of each kind
     options = dict(rank_options)
     if repeats != 1:
         options["repeats"] = repeats

@@ -1,0 +1,69 @@
+"""Does ``gsd train --auto-select --public noise`` ever train with noise? The advice (gsd_cli.train.advice)
+on a grid of ranking settings: models, k, m, with and without a private selection.
+
+For every cell, ``gsd_cli.train.select.advised_selection(private, ["noise"], "auto", ...)`` (the same call
+``gsd train --auto-select`` makes, no training) on the embedded private set, and the decision: the
+method and the public set it would train with. Non-private cells are deterministic (a non-private ranking
+draws from ``--seed``); private cells draw from the OS, so each is run ``--dp-draws`` times.
+
+    python benchmarks/bench_noise_advice.py --json benchmarks/results/noise_advice_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import time
+
+
+def cell(model: str, k: int, m: int, epsilon: float | None, seed: int) -> dict:
+    from gsd_cli.train.select import advised_selection
+
+    opts = dict(k=k, examples=m, seed=seed, model=model, device="cpu")
+    if epsilon is not None:
+        opts.update(dp=True, epsilon=epsilon)
+    t0 = time.perf_counter()
+    _, d = advised_selection("mnist-a", ["noise"], "auto", **opts)
+    return {"model": model, "k": k, "m": m, "epsilon": epsilon, "seed": seed, "method": d.method, "public": d.public,
+            "message": d.message, "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=["probe", "fmnist-cnn", "resnet20"])
+    ap.add_argument("--k", nargs="+", type=int, default=[4, 16])
+    ap.add_argument("--m", nargs="+", type=int, default=[100, 500])
+    ap.add_argument("--epsilons", nargs="+", type=float, default=[1.0])
+    ap.add_argument("--dp-draws", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    import tempfile
+
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    os.environ.setdefault("GSD_LEDGER", os.path.join(tempfile.mkdtemp(prefix="gsd-bench-"), "ledger.sqlite"))  # not the user's
+    rows = []
+    for model, k, m in itertools.product(a.models, a.k, a.m):
+        rows.append(cell(model, k, m, None, a.seed))
+        print(json.dumps(rows[-1]), flush=True)
+        for eps in a.epsilons:
+            for _ in range(a.dp_draws):
+                rows.append(cell(model, k, m, eps, a.seed))
+                print(json.dumps(rows[-1]), flush=True)
+    used = [r for r in rows if r["public"] is not None]
+    summary = {"cells": len(rows), "trained_with_noise": len(used), "loadavg": os.getloadavg(),
+               "command": "python benchmarks/bench_noise_advice.py " + " ".join(
+                   f"--{n.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+                   for n, v in vars(a).items() if n != "json" and v is not None)}
+    print(json.dumps(summary))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"summary": summary, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
