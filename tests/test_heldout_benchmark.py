@@ -1,0 +1,98 @@
+"""The held-out benchmark's pure parts (benchmarks/validity/heldout): the split rule and the scoring,
+on synthetic inputs (the benchmark's data lives in benchmark-only packages, absent in CI)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from validity.heldout import score as S  # noqa: E402
+from validity.heldout.cache import run_key  # noqa: E402
+from validity.heldout.tasks import SPLIT, TASKS, Task, assign  # noqa: E402
+
+
+def test_the_committed_split_is_the_rule_s_and_meets_its_constraints():
+    salt, sel, held = assign()
+    doc = json.loads(SPLIT.read_text())
+    assert (doc["salt"], doc["selection"], doc["held_out"]) == (salt, sel, held)
+    assert sorted(sel + held) == sorted(TASKS) and len(held) >= 4
+    assert len({TASKS[t].kind for t in held}) >= 3 and sum(TASKS[t].realistic for t in held) >= 2
+    # the rule, computed apart: the first four tasks by the salted hash are held out
+    order = sorted(TASKS, key=lambda t: hashlib.sha256(f"gsd-issue-42:{salt}:{t}".encode()).hexdigest())
+    assert set(order[:4]) == set(held)
+
+
+def test_the_split_rule_moves_on_to_the_next_salt_when_the_constraints_fail():
+    # all tasks of one kind and none realistic: no salt can pass
+    tasks = {f"t{i}": Task(f"t{i}", "digits", "a", "b", ("c",) * 6, "fmnist-cnn", False) for i in range(8)}
+    with pytest.raises(RuntimeError):
+        assign(tasks)
+    kinds = ["a", "a", "a", "a", "b", "c", "d", "e"]
+    tasks = {f"t{i}": Task(f"t{i}", k, "a", "b", ("c",) * 6, "fmnist-cnn", i in (0, 4, 5)) for i, k in enumerate(kinds)}
+    salt, sel, held = assign(tasks)
+    for s in range(salt):  # every earlier salt fails the constraints
+        order = sorted(tasks, key=lambda t, s=s: hashlib.sha256(f"gsd-issue-42:{s}:{t}".encode()).hexdigest())
+        h, se = order[:4], order[4:]
+        assert not (len({tasks[t].kind for t in h}) >= 3 and sum(tasks[t].realistic for t in h) >= 2
+                    and sum(tasks[t].realistic for t in se) >= 1 and len({tasks[t].kind for t in se}) >= 3)
+
+
+def test_run_keys_change_with_every_setting_and_not_with_dict_order():
+    a = run_key("mnist", "gep", "pub-mnist", {"lr": 1.0, "epochs": 3}, 0)
+    assert a == run_key("mnist", "gep", "pub-mnist", {"epochs": 3, "lr": 1.0}, 0)
+    assert len({a, run_key("mnist", "gep", "pub-mnist", {"lr": 2.0, "epochs": 3}, 0),
+                run_key("mnist", "gep", "pub-mnist", {"lr": 1.0, "epochs": 3}, 1),
+                run_key("mnist", "second-phase", "pub-mnist", {"lr": 1.0, "epochs": 3}, 0),
+                run_key("mnist", "gep", "digits", {"lr": 1.0, "epochs": 3}, 0)}) == 5
+
+
+def test_bootstrap_interval_covers_the_mean_and_shrinks_to_a_point_for_constant_values():
+    rng = np.random.default_rng(0)
+    d = S.boot_mean([1.0, 2.0, 3.0, 4.0, 5.0], rng)
+    assert d["mean"] == 3.0 and d["ci"][0] < 3.0 < d["ci"][1] and 1.0 <= d["ci"][0] and d["ci"][1] <= 5.0
+    assert S.boot_mean([2.0, 2.0, 2.0], rng)["ci"] == [2.0, 2.0]
+    assert S.boot_mean([7.0], rng) == {"mean": 7.0, "ci": None, "n": 1}
+
+
+def _synthetic(task: str, auto: list[float], dpsgd: list[float], oracle: list[float], pick: list[float], cands: dict) -> dict:
+    """A task_scores-shaped dict (what figures() reads)."""
+    rng = np.random.default_rng(1)
+    per_seed = {"dpsgd": dpsgd, "auto:rule": auto, "dpsgd@auto:rule": dpsgd, "oracle": oracle}
+    for m in S.METHODS:
+        per_seed[f"{m}:pick"] = pick
+        per_seed[f"{m}:random"] = list(np.mean([cands[c] for c in TASKS[task].candidates], axis=0))
+        for c in TASKS[task].candidates:
+            per_seed[f"{m}:{c}"] = cands[c]
+    gains = {a: S.boot_mean(np.array(v) - np.array(dpsgd), rng) for a, v in per_seed.items() if a != "dpsgd"}
+    return {"task": task, "per_seed": per_seed, "gains_vs_dpsgd": gains, "auto_seeds": {"auto:rule": [0, 1]},
+            "spearman": {"method": S.VALIDATED, "rho": -1.0, "ci": [-1.0, -1.0]}}
+
+
+def test_figures_count_cells_within_half_a_point_and_the_gain_where_the_oracle_gains():
+    rng = np.random.default_rng(2)
+    cands = dict(zip(TASKS["animal"].candidates, ([60.0, 62.0], [40.0, 40.0], [40.0, 40.0], [40.0, 40.0], [40.0, 40.0], [40.0, 40.0])))
+    a = _synthetic("animal", auto=[60.0, 62.0], dpsgd=[50.0, 50.0], oracle=[60.0, 62.0], pick=[60.0, 62.0], cands=cands)
+    cands_b = {c: [70.0, 70.0] for c in TASKS["medical"].candidates}
+    b = _synthetic("medical", auto=[69.6, 69.0], dpsgd=[70.0, 70.0], oracle=[70.0, 70.0], pick=[70.0, 70.0], cands=cands_b)
+    f = S.figures({"animal": a, "medical": b}, rng)
+    r = f["auto:rule"]
+    assert (r["seed_cells_ok"], r["seed_cells"]) == (3, 4)  # -0.4 passes, -1.0 does not
+    assert (r["tasks_ok"], r["tasks"]) == (1, 2)  # medical's mean -0.7 < -0.5
+    assert r["gain_where_oracle_gains_3"] == {"tasks": ["animal"], "mean": pytest.approx(11.0)}
+    # pick minus random on animal: pick 61 against the candidates' mean (61 + 5 * 40) / 6; on medical 0
+    expected = ((61.0 - (61.0 + 200.0) / 6) + 0.0) / 2
+    assert f["pick_minus_random_gep"]["mean"] == pytest.approx(expected)
+    lo, hi = f["pick_minus_random_gep"]["ci"]
+    assert lo <= expected <= hi
+
+
+def test_spearman_of_a_reversed_order_is_minus_one_and_undefined_for_ties():
+    assert S.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert np.isnan(S.spearman([1, 1, 1], [1, 2, 3]))
