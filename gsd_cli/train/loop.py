@@ -305,7 +305,7 @@ def train(
         if not world.is_main:  # process 0 evaluates and writes; the others go on
             continue
         spent = size.epsilon + epsilon_of(training_event(method.step_event(sigma), q, done), cfg.delta, cfg.accountant)
-        test = evaluate(model, test_src, spec.input_size, spec.channels, dev)
+        test = evaluate(model, test_src, spec.input_size, spec.channels, dev, batch=chunk)  # the steps' memory bound holds here too
         row = {
             "epoch": epoch + 1, "step": done, "lr": lr_at(cfg, epoch), "epsilon_spent": spent,
             **metric_row(test),
