@@ -241,3 +241,24 @@ def test_gsd_rank_with_references_says_which_candidates_are_closer_than_noise(ca
     assert [r["public"] for r in doc["references"]] == [f"{REFERENCE}@28", f"{REFERENCE}@7"]
     code = main(["rank", "--dp", "--epsilon", "1", "--references", "-m", "50"])
     assert code == 2 and "--references" in capsys.readouterr().err
+
+
+def test_a_private_selection_adds_noise_of_each_candidates_shape(monkeypatch):
+    """Under --select-epsilon (one draw, no paired test) the references also hold noise of each candidate's
+    own shape: 28 x 28 noise resized to ResNet20's 32 fell between the 32 and 8 grids and was chosen."""
+    import gsd_cli.train.select as sel
+
+    seen = {}
+
+    def fake_rank(private, publics, **kw):
+        seen["names"] = [getattr(p, "name", p) for p in publics]
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(sel, "rank", fake_rank)
+    for dp, want in ((False, False), (True, True)):
+        with pytest.raises(RuntimeError):
+            sel.advised_selection("mnist-a", ["noise", "digits"], "auto", model="resnet20", examples=20, seed=0,
+                                  **({"dp": True, "epsilon": 1.0} if dp else {}))
+        refs = [n for n in seen["names"] if is_reference(n)]
+        assert (f"{REFERENCE}@28" in refs and f"{REFERENCE}@8#2" in refs) == want  # noise's 28 x 28 and a second draw
+        assert f"{REFERENCE}@32-rgb" in refs and f"{REFERENCE}@8" in refs

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 from ..ranking import Ranking, rank
 from .splits import private_parts
 
@@ -47,8 +49,8 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
     pubs = [catalog.resolve(c) for c in candidates] if catalog is not None else [resolve(c) if isinstance(c, str) else c for c in candidates]
     spec = resolve_model(rank_options.get("model", "probe"))
     references = reference_sources(spec.input_size, spec.channels, int(rank_options.get("examples", 2000)),
-                                   train_part.num_classes, int(rank_options.get("seed", 0)),
-                                   draws=2 if dp else 1) if references else []  # under DP one draw: two noise sets of each kind
+                                   train_part.num_classes, int(rank_options.get("seed", 0)), draws=2 if dp else 1,
+                                   shapes=_shapes(pubs) if dp else ()) if references else []  # under DP (one draw): more noise
     options = dict(rank_options)
     if repeats != 1:
         options["repeats"] = repeats
@@ -58,3 +60,17 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
         return ranking, None
     decision = advise(ranking, method, candidates=facts, private_classes=int(train_part.num_classes))
     return split_references(ranking), decision  # the table and the winner are the candidates'; the references apart
+
+
+def _shapes(sources) -> list[tuple[int, int, int]]:
+    """(height, width, channels) of each public candidate's first image (public data): noise of these
+    shapes joins a private selection's references (:func:`gsd_cli.data.reference.reference_sources`)."""
+    out = []
+    for src in sources:
+        if not hasattr(src, "images") or len(src) == 0:
+            continue
+        img = np.asarray(src.images([0])[0])
+        shape = (int(img.shape[0]), int(img.shape[1]), 1 if img.ndim == 2 else int(img.shape[2]))
+        if shape not in out:
+            out.append(shape)
+    return out
