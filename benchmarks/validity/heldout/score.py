@@ -142,7 +142,9 @@ def task_scores(task: str, seeds, runs: dict, hps: dict, rng) -> dict | None:
     per_seed: dict[str, list[float]] = {}
     decisions = []
     advised = {s: load_ranking(task, s, "advised") for s in c.seeds}
-    deciders = {"auto:rule": lambda s: decision_rule(load_ranking(task, s)), "auto:advise": lambda s: decision_advise(task, advised[s])}
+    first = next((advised[s] for s in sorted(advised) if advised[s] is not None), None)  # the first seed's advised ranking
+    deciders = {"auto:rule": lambda s: decision_rule(load_ranking(task, s)), "auto:advise": lambda s: decision_advise(task, advised[s]),
+                "auto:advise-once": lambda s: decision_advise(task, first)}  # ranked once, its decision trained with every seed
     # each auto arm on the seeds where its decision exists (the advised rankings may cover fewer seeds)
     auto_seeds = {a: [s for s in c.seeds if fn(s) is not None] for a, fn in deciders.items()}
     autos = [a for a in deciders if auto_seeds[a]]
@@ -200,9 +202,10 @@ def task_scores(task: str, seeds, runs: dict, hps: dict, rng) -> dict | None:
                          "ci": [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))] if boots else None}}
 
 
-AUTO_ARMS = ("auto:rule", "auto:advise")
+AUTO_ARMS = ("auto:rule", "auto:advise", "auto:advise-once")
 DECIDERS = {"auto:rule": "gsd_cli.train.fallback.decide (the current rule, on auto-select's plain ranking)",
-            "auto:advise": "gsd_cli.train.advice.advise (on advised_selection's ranking: noise reference and repeats)"}
+            "auto:advise": "gsd_cli.train.advice.advise (on advised_selection's ranking: noise reference and repeats)",
+            "auto:advise-once": "gsd_cli.train.advice.advise on the first seed's advised ranking, its decision trained with every seed (rank once, train many)"}
 
 
 def figures(scores: dict, rng) -> dict:
@@ -247,7 +250,7 @@ def figures(scores: dict, rng) -> dict:
     return out
 
 
-ARM_ORDER = ["dpsgd", "auto:rule", "auto:advise", "null", "gep:pick", "gep:random", "gep:largest", "second-phase:pick", "second-phase:random",
+ARM_ORDER = ["dpsgd", "auto:rule", "auto:advise", "auto:advise-once", "null", "gep:pick", "gep:random", "gep:largest", "second-phase:pick", "second-phase:random",
              "second-phase:largest", "oracle"]
 
 
