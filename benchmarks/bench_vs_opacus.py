@@ -267,7 +267,7 @@ def _child_gsd_lib(cfg: dict) -> dict:
 
 def _accuracy(out: str) -> float:
     """The last epoch's test accuracy from the run's metrics.jsonl (private-summary.json holds it too)."""
-    rows = [json.loads(line) for line in open(Path(out) / "metrics.jsonl") if line.strip()]
+    rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return float(rows[-1]["test_accuracy"])
 
 
@@ -300,11 +300,11 @@ def run_child(kind: str, cfg: dict, work: Path, env: dict) -> dict:
         err = [line for line in (work / "stderr.txt").read_text().splitlines() if line.strip()]
         return {**row, "failed": (err[-1] if err else f"exit {rc}")[:300]}
     if kind == "gsd":
-        s = json.load(open(out / "summary.json"))
+        s = json.loads((out / "summary.json").read_text())
         row.update(epsilon=s["epsilon"], sigma=s["sigma"], steps=s["steps"], sample_rate=s["sampling_rate"],
                    accuracy=_accuracy(str(out)), clip_engine=s.get("clip_engine"))
     else:
-        row.update(json.load(open(result)))
+        row.update(json.loads(result.read_text()))
     shutil.rmtree(out, ignore_errors=True)
     return row
 
@@ -423,9 +423,9 @@ def main() -> None:
         return
 
     sys.path.insert(0, str(ROOT))
-    from gsd_cli.privacy import calibrate_noise, dpsgd_step_event
-
     import opacus
+
+    from gsd_cli.privacy import calibrate_noise, dpsgd_step_event
 
     env = dict(os.environ)
     if a.threads:
