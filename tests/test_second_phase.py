@@ -253,7 +253,9 @@ def test_second_phase_changes_only_the_trainable_parameters(tiny, tmp_path, weig
 def test_resume_across_stages_equals_a_straight_run(tiny, tmp_path, interrupt):
     from safetensors.torch import load_file
 
-    cfg = _cfg(tiny)
+    # one clipping path for every layer: two separate runs that *time* their paths (clip_engine auto) may choose
+    # differently on a loaded machine and differ by float rounding; reuse on resume is tested in test_resume_verify
+    cfg = _cfg(tiny, clip_engine="materialise")
     train(cfg, tmp_path / "ref")
     for name, where in (("in-stage1", ("public", 1)), ("in-stage2", ("epoch", 1))):
         run = tmp_path / name
