@@ -19,6 +19,11 @@ def main() -> None:
     s.add_argument("--partial", action="store_true", help="score whatever cells are complete")
     sub.add_parser("all", help="rank, tune, run and score both stages in order")
     a = ap.parse_args()
+    import os
+
+    from .prepare import data_dir
+
+    os.environ.setdefault("GSD_LEDGER", str(data_dir() / "ledger.sqlite"))  # the benchmark's bookings, not the user's ledger
     if a.cmd == "prepare":
         from .prepare import build, data_dir
 
