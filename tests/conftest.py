@@ -241,3 +241,24 @@ def interrupt():
 
     after.error = Interrupted
     return after
+
+
+@pytest.fixture
+def pg_server(tmp_path):
+    """A real PostgreSQL (pgserver) for the budget-server tests, with sqlalchemy; skipped, with the reason,
+    where it is not installed or cannot start on this machine. Stopped after the test."""
+    try:
+        import pgserver
+        import psycopg  # noqa: F401
+        import sqlalchemy  # noqa: F401
+    except ImportError as e:
+        pytest.skip(f"no pip-installable PostgreSQL here ({e.name} missing: pip install 'gsd-cli[budget-server]' pgserver)")
+    try:
+        server = pgserver.get_server(tmp_path / "pg", cleanup_mode="stop")
+    except Exception as e:  # noqa: BLE001 - a server that cannot start on this machine is a skip, with its reason
+        detail = " ".join(str(getattr(e, "stderr", "") or getattr(e, "output", "") or "").split())[-300:]
+        pytest.skip(f"PostgreSQL (pgserver) did not start: {type(e).__name__}: {e} {detail}")
+    try:
+        yield server
+    finally:
+        server.cleanup()

@@ -5,7 +5,6 @@ bookings from real processes, and the Rényi filter against dp-accounting's RDP 
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -217,38 +216,20 @@ def test_ledger_location_and_its_errors(tmp_path, monkeypatch, capsys):
     assert "Traceback" not in err and "epsilon must be a positive number" in err
 
 
-def _postgres(tmp_path):
-    try:
-        import pgserver  # noqa: F401
-        import psycopg  # noqa: F401
-        import sqlalchemy  # noqa: F401
-    except ImportError as e:
-        pytest.skip(f"no pip-installable PostgreSQL here ({e.name} missing: pip install 'gsd-cli[budget-server]' pgserver)")
-    try:
-        return pgserver.get_server(tmp_path / "pg", cleanup_mode="stop")
-    except Exception as e:  # noqa: BLE001 - a server that cannot start on this machine is a skip, with its reason
-        detail = " ".join(str(getattr(e, "stderr", "") or getattr(e, "output", "") or "").split())[-300:]
-        pytest.skip(f"PostgreSQL (pgserver) did not start: {type(e).__name__}: {e} {detail}")
-
-
-def test_a_shared_postgresql_ledger(tmp_path):
-    server = _postgres(tmp_path)
-    try:
-        url = server.get_uri()
-        led, other = B.BudgetLedger(url), B.BudgetLedger(url)  # two users of the server
-        data = B.DataIdentity("9" * 64, "hospital", "files")
-        led.set_budget(data, 1.0, 1e-6)
-        led.book(data, what="DP-GSD", mechanism="m", epsilon=0.6, delta=0.0, rdp=B.pure_dp_curve(0.6))
-        with pytest.raises(B.BudgetExceeded):
-            other.book(data, what="DP-GSD", mechanism="m", epsilon=0.6, delta=0.0, rdp=B.pure_dp_curve(0.6))
-        s = other.status(data.digest)
-        assert len(s) == 1 and len(s[0]["runs"]) == 1 and s[0]["spent"]["basic_epsilon"] == pytest.approx(0.6)
-        assert s[0]["runs"][0]["rdp"] == pytest.approx(B.pure_dp_curve(0.6))
-        led.close()
-        other.close()
-        _race(url, tmp_path)  # two processes at once on the shared server (LOCK TABLE)
-    finally:
-        server.cleanup()
+def test_a_shared_postgresql_ledger(pg_server, tmp_path):
+    url = pg_server.get_uri()
+    led, other = B.BudgetLedger(url), B.BudgetLedger(url)  # two users of the server
+    data = B.DataIdentity("9" * 64, "hospital", "files")
+    led.set_budget(data, 1.0, 1e-6)
+    led.book(data, what="DP-GSD", mechanism="m", epsilon=0.6, delta=0.0, rdp=B.pure_dp_curve(0.6))
+    with pytest.raises(B.BudgetExceeded):
+        other.book(data, what="DP-GSD", mechanism="m", epsilon=0.6, delta=0.0, rdp=B.pure_dp_curve(0.6))
+    s = other.status(data.digest)
+    assert len(s) == 1 and len(s[0]["runs"]) == 1 and s[0]["spent"]["basic_epsilon"] == pytest.approx(0.6)
+    assert s[0]["runs"][0]["rdp"] == pytest.approx(B.pure_dp_curve(0.6))
+    led.close()
+    other.close()
+    _race(url, tmp_path)  # two processes at once on the shared server (LOCK TABLE)
 
 
 def test_audit_on_real_data_and_the_opacus_hook_book(npz_pair, tmp_path):

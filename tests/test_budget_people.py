@@ -310,25 +310,15 @@ def test_set_budget_bounds(tmp_path):
     assert led.set_budget(data, B.MAX_BUDGET_EPSILON, 1e-5)["budget"]["epsilon"] == 100.0
 
 
-def test_examples_and_the_upgrade_on_postgresql(tmp_path):
+def test_examples_and_the_upgrade_on_postgresql(pg_server, tmp_path):
     """The same on a real PostgreSQL (pgserver): a schema-1 ledger upgraded in place, the one-pixel copy refused."""
-    try:
-        import pgserver
-        import sqlalchemy as sa
-    except ImportError as e:
-        pytest.skip(f"no pip-installable PostgreSQL here ({e.name} missing: pip install 'gsd-cli[budget-server]' pgserver)")
-    try:
-        server = pgserver.get_server(tmp_path / "pg", cleanup_mode="stop")
-    except Exception as e:  # noqa: BLE001 - a server that cannot start on this machine is a skip, with its reason
-        pytest.skip(f"PostgreSQL (pgserver) did not start: {type(e).__name__}: {e}")
-    try:
-        url = server.get_uri()
-        x, y = _images()
-        npz = _npz(tmp_path / "x.npz", x, y)
-        engine = sa.create_engine("postgresql+psycopg://" + url.split("://", 1)[1])
-        with engine.begin() as con:
-            _old_ledger(lambda sql, p: con.execute(sa.text(sql), p), B.legacy_digest(gdata.resolve(npz)), npz)
-        engine.dispose()
-        _check_upgraded(url, npz, tmp_path)
-    finally:
-        server.cleanup()
+    import sqlalchemy as sa
+
+    url = pg_server.get_uri()
+    x, y = _images()
+    npz = _npz(tmp_path / "x.npz", x, y)
+    engine = sa.create_engine("postgresql+psycopg://" + url.split("://", 1)[1])
+    with engine.begin() as con:
+        _old_ledger(lambda sql, p: con.execute(sa.text(sql), p), B.legacy_digest(gdata.resolve(npz)), npz)
+    engine.dispose()
+    _check_upgraded(url, npz, tmp_path)

@@ -234,33 +234,23 @@ def test_budget_set_bounds_and_lowering_below_what_is_spent(tmp_path, private, c
     assert "--raise" in capsys.readouterr().err
 
 
-def test_a_locked_postgresql_ledger_is_waited_for_then_one_line(tmp_path, capsys):
-    try:
-        import pgserver
-        import sqlalchemy as sa
-    except ImportError as e:
-        pytest.skip(f"no pip-installable PostgreSQL here ({e.name} missing: pip install 'gsd-cli[budget-server]' pgserver)")
-    try:
-        server = pgserver.get_server(tmp_path / "pg", cleanup_mode="stop")
-    except Exception as e:  # noqa: BLE001 - a server that cannot start on this machine is a skip, with its reason
-        pytest.skip(f"PostgreSQL (pgserver) did not start: {type(e).__name__}: {e}")
-    try:
-        url = server.get_uri()
-        data = B.DataIdentity("b" * 64, "s", "arrays", examples=("1" * 32, "2" * 32))
-        B.BudgetLedger(url).set_budget(data, 1.0, 1e-5)
-        assert "created the privacy ledger" in capsys.readouterr().err
-        engine = sa.create_engine("postgresql+psycopg://" + url.split("://", 1)[1])
-        with engine.begin() as con:  # another session holds the table
-            con.execute(sa.text("LOCK TABLE gsd_bookings IN EXCLUSIVE MODE"))
-            t0 = time.perf_counter()
-            with pytest.raises(B.LedgerError, match=r"is locked by another process \(waited 1 s\)"):
-                B.BudgetLedger(url, timeout=1).book(data, what="t", mechanism="m", epsilon=0.1, delta=0.0, rdp=B.pure_dp_curve(0.1))
-            assert time.perf_counter() - t0 < 15
-            assert "waiting up to 1 s" in capsys.readouterr().err
-        engine.dispose()
-        led = B.BudgetLedger(url, timeout=1)
-        led.book(data, what="t", mechanism="m", epsilon=0.1, delta=0.0, rdp=B.pure_dp_curve(0.1))
-        assert led.status()[0]["spent"]["runs"] == 1
-        led.close()
-    finally:
-        server.cleanup()
+def test_a_locked_postgresql_ledger_is_waited_for_then_one_line(pg_server, tmp_path, capsys):
+    import sqlalchemy as sa
+
+    url = pg_server.get_uri()
+    data = B.DataIdentity("b" * 64, "s", "arrays", examples=("1" * 32, "2" * 32))
+    B.BudgetLedger(url).set_budget(data, 1.0, 1e-5)
+    assert "created the privacy ledger" in capsys.readouterr().err
+    engine = sa.create_engine("postgresql+psycopg://" + url.split("://", 1)[1])
+    with engine.begin() as con:  # another session holds the table
+        con.execute(sa.text("LOCK TABLE gsd_bookings IN EXCLUSIVE MODE"))
+        t0 = time.perf_counter()
+        with pytest.raises(B.LedgerError, match=r"is locked by another process \(waited 1 s\)"):
+            B.BudgetLedger(url, timeout=1).book(data, what="t", mechanism="m", epsilon=0.1, delta=0.0, rdp=B.pure_dp_curve(0.1))
+        assert time.perf_counter() - t0 < 15
+        assert "waiting up to 1 s" in capsys.readouterr().err
+    engine.dispose()
+    led = B.BudgetLedger(url, timeout=1)
+    led.book(data, what="t", mechanism="m", epsilon=0.1, delta=0.0, rdp=B.pure_dp_curve(0.1))
+    assert led.status()[0]["spent"]["runs"] == 1
+    led.close()

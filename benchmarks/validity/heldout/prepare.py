@@ -42,12 +42,11 @@ from __future__ import annotations
 
 import gzip
 import os
-import pickle
 from pathlib import Path
 
 import numpy as np
 
-from ..prepare_large import _site as _large_site, mnist_csv  # noqa: F401 (mnist_csv: the same MNIST rows)
+from ..prepare_large import _site as _large_site, animals, mnist_csv  # noqa: F401 (the same MNIST and animal rows)
 
 DIGITS = [str(i) for i in range(10)]
 FASHION = ["t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "ankle-boot"]
@@ -90,19 +89,6 @@ def fashion(part: str) -> tuple[np.ndarray, np.ndarray]:
     if not FASHION_DIR.is_dir():
         raise SystemExit(f"{FASHION_DIR} is missing: {INSTALL}")
     return _idx(FASHION_DIR / f"{part}-images-idx3-ubyte.gz").copy(), _idx(FASHION_DIR / f"{part}-labels-idx1-ubyte.gz").astype(np.int64)
-
-
-def animals() -> tuple[np.ndarray, np.ndarray]:
-    """animal-mnist's silhouettes without exact duplicates, shuffled with seed 0 (as prepare_large)."""
-    d = _site("animal_mnist") / "data" / "Animal_MNIST"
-    with gzip.open(d / "animal_data_version_3.gz", "rb") as f:
-        x = np.asarray(pickle.load(f), dtype=np.uint8)
-    with gzip.open(d / "animal_label_version_3.gz", "rb") as f:
-        y = np.asarray(pickle.load(f), dtype=np.int64)
-    _, first = np.unique(x.reshape(len(x), -1), axis=0, return_index=True)
-    x, y = x[np.sort(first)], y[np.sort(first)]
-    perm = np.random.default_rng(0).permutation(len(x))
-    return x[perm], y[perm]
 
 
 def _photo(path: Path, colour: bool) -> np.ndarray:
