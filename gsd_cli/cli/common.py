@@ -40,13 +40,7 @@ T = TypeVar("T")
 UNITS = ("epoch", "public", "runs")
 
 
-def _duration(seconds: float) -> str:
-    s = max(0.0, seconds)
-    if s < 10:
-        return f"{s:.1f}s"
-    if s < 3600:
-        return f"{int(s // 60)}m{int(s % 60):02d}s" if s >= 60 else f"{s:.0f}s"
-    return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+from ..units import duration as _duration  # noqa: E402 (one writer of durations)
 
 
 #: seconds a command runs before it prints progress lines off a terminal (a short command stays silent)

@@ -19,6 +19,8 @@ import time
 
 import torch
 
+from ..units import duration
+
 #: a private step's cost in non-private steps of the same examples (rounded up from the speed page)
 METHOD_FACTOR = {"dpsgd": 1.25, "second-phase": 1.25, "topagg": 1.5, "rgp": 1.5, "gep": 2.4}
 
@@ -58,18 +60,6 @@ def estimate_seconds(step_seconds_per_chunk: float, batch_size: int, chunk: int,
     chunk's time, times the method's factor."""
     chunks = max(1, math.ceil(batch_size / max(1, chunk)))
     return steps * chunks * step_seconds_per_chunk * METHOD_FACTOR.get(method, 1.5)
-
-
-def duration(seconds: float) -> str:
-    """``3.6s``, ``7m46s``, ``2h05m``, ``3.1 days``."""
-    s = max(0.0, float(seconds))
-    if s < 10:
-        return f"{s:.1f}s"
-    if s < 3600:
-        return f"{int(s // 60)}m{int(s % 60):02d}s" if s >= 60 else f"{s:.0f}s"
-    if s < 2 * 86400:
-        return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
-    return f"{s / 86400:.3g} days"
 
 
 def plan_line(total_steps: int, epochs: int, steps_per_epoch: int, batch_size: int, q: float, sigma: float,
