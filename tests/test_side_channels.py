@@ -242,7 +242,8 @@ def test_private_label_errors_name_no_label_value(tmp_path):
     np.savez(tmp_path / "p.npz", x=np.zeros((6, 8, 8), np.uint8), y=np.array([0, 1, 2, 3, 4, 987]))
     with pytest.raises(GSDError) as e:
         gdata.with_classes(gdata.resolve(f"npz:{tmp_path / 'p.npz'}"), 5)
-    assert "987" not in str(e.value) and "outside --classes" in str(e.value)
+    message = str(e.value).replace(str(tmp_path), "DIR")  # the tmp path may hold any digits
+    assert "987" not in message and "outside --classes" in message
 
 
 def test_one_class_private_training_set_is_not_refused_on_its_labels(tmp_path):
