@@ -38,6 +38,7 @@ def main() -> None:
     ap.add_argument("--epsilons", nargs="+", type=float, default=[1.0])
     ap.add_argument("--dp-draws", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--private-only", action="store_true", help="only the cells with a private selection")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     import tempfile
@@ -48,8 +49,9 @@ def main() -> None:
     os.environ.setdefault("GSD_LEDGER", os.path.join(tempfile.mkdtemp(prefix="gsd-bench-"), "ledger.sqlite"))  # not the user's
     rows = []
     for model, k, m in itertools.product(a.models, a.k, a.m):
-        rows.append(cell(model, k, m, None, a.seed))
-        print(json.dumps(rows[-1]), flush=True)
+        if not a.private_only:
+            rows.append(cell(model, k, m, None, a.seed))
+            print(json.dumps(rows[-1]), flush=True)
         for eps in a.epsilons:
             for _ in range(a.dp_draws):
                 rows.append(cell(model, k, m, eps, a.seed))
@@ -58,7 +60,8 @@ def main() -> None:
     summary = {"cells": len(rows), "trained_with_noise": len(used), "loadavg": os.getloadavg(),
                "command": "python benchmarks/bench_noise_advice.py " + " ".join(
                    f"--{n.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
-                   for n, v in vars(a).items() if n != "json" and v is not None)}
+                   for n, v in vars(a).items() if n not in ("json", "private_only") and v is not None)
+                   + (" --private-only" if a.private_only else "")}
     print(json.dumps(summary))
     if a.json:
         with open(a.json, "w") as f:

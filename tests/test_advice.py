@@ -178,36 +178,53 @@ def test_a_close_candidate_is_used_and_the_references_are_shown(capsys, tmp_path
 
 # -- under DP: the released margin over the references ------------------------------------------------
 
-def test_the_reference_margin_has_sensitivity_two_tau_by_brute_force():
-    from gsd_cli.distance.dpselect import clipped_regret, reference_margin
+def test_the_reference_margin_has_sensitivity_four_c_squared_by_brute_force():
+    """T = min_r (s_w - s_r) - max_kind |s_k1 - s_k2| on energies s_j = sum_i a_ij, a_ij in [0, C^2]
+    (C = 1): one row replaced moves T by at most 4 C^2, and the bound is nearly reached."""
+    from gsd_cli.distance.dpselect import reference_margin
 
     rng = np.random.default_rng(0)
-    tau, worst = 0.3, 0.0
-    for _ in range(300):
-        K, m = int(rng.integers(3, 7)), int(rng.integers(2, 12))
+    worst = 0.0
+    for _ in range(2000):
+        K, m = int(rng.integers(4, 8)), int(rng.integers(1, 6))
         A = rng.uniform(0, 1, size=(m, K)) ** rng.uniform(0.2, 3)
         B = A.copy()
-        B[int(rng.integers(m))] = rng.uniform(0, 1, size=K) ** rng.uniform(0.2, 3)  # one row replaced
-        refs = sorted(rng.choice(np.arange(1, K), size=int(rng.integers(1, K)), replace=False).tolist())
-        ua, ub = clipped_regret(A, tau), clipped_regret(B, tau)
-        worst = max(worst, abs(reference_margin(ua, 0, refs) - reference_margin(ub, 0, refs)))
-    assert worst <= 2 * tau + 1e-12 and worst > 1.5 * tau  # the bound holds and is nearly reached
+        B[int(rng.integers(m))] = rng.choice([0.0, 1.0], size=K) if rng.uniform() < 0.5 else rng.uniform(0, 1, size=K)
+        refs = list(range(1, K))
+        kinds = [refs[i:i + 2] for i in range(0, len(refs), 2)]
+        ta, tb = (reference_margin(X.sum(0), 0, refs, kinds) for X in (A, B))
+        worst = max(worst, abs(ta - tb))
+    assert worst <= 4.0 + 1e-12 and worst > 3.0
+
+
+def test_the_reference_margin_subtracts_the_largest_gap_between_draws_of_one_kind():
+    from gsd_cli.distance.dpselect import reference_margin
+
+    s = np.array([10.0, 7.0, 6.0, 4.0, 1.0])  # the winner, then two kinds of two draws: gaps 1 and 3
+    assert reference_margin(s, 0, [1, 2, 3, 4]) == pytest.approx(3.0)
+    assert reference_margin(s, 0, [1, 2, 3, 4], [[1, 2], [3, 4]]) == pytest.approx(0.0)
+    assert reference_margin(s, 0, [1, 2, 3, 4], [[1], [3]]) == pytest.approx(3.0)  # one draw: no gap
 
 
 def test_the_release_splits_epsilon_and_releases_the_margin_only_for_a_real_winner():
     import torch
 
-    from gsd_cli.distance.dpselect import release
+    from gsd_cli.distance.dpselect import MARGIN_SHARE, release
 
     W = [torch.eye(4)[:, :1] for _ in range(3)]
-    u, s = np.array([0.0, -50.0, -60.0]), np.array([5.0, 1.0, 1.0])
-    sel = release(u, s, W, 1.0, 1.0, rng=np.random.default_rng(1), references=[1, 2])
+    u, s = np.array([0.0, -50.0, -60.0]), np.array([100.0, 40.0, 30.0])
+    sel = release(u, s, W, 1.0, 1.0, rng=np.random.default_rng(1), references=[1, 2], reference_kinds=[[1, 2]])
     assert sel.chosen == [0] and sel.epsilon_select + sel.epsilon_score + sel.extra["epsilon_margin"] == pytest.approx(1.0)
-    assert sel.extra["margin_laplace_scale"] == pytest.approx(2 * sel.selection_sensitivity / sel.extra["epsilon_margin"])
-    assert abs(sel.extra["reference_margin"] - 50.0) < 20 * sel.extra["margin_laplace_scale"]
+    assert sel.extra["epsilon_margin"] == pytest.approx(0.5 * MARGIN_SHARE)
+    assert sel.extra["margin_sensitivity"] == 4.0 and sel.extra["margin_laplace_scale"] == pytest.approx(4.0 / sel.extra["epsilon_margin"])
+    assert abs(sel.extra["reference_margin"] - 50.0) < 20 * sel.extra["margin_laplace_scale"]  # 100 - 40, less the gap 10
     sel = release(-u, s, W, 1.0, 1.0, rng=np.random.default_rng(1), references=[1, 2])  # a reference wins
     assert sel.chosen[0] in (1, 2) and sel.extra["reference_margin"] is None
     assert release(u, s, W, 1.0, 1.0, rng=np.random.default_rng(1)).extra == {}  # no references: as before
+    # the margin's noise is centred on T: many releases of one fixed input
+    got = [release(u, s, W, 1.0, 1.0, rng=np.random.default_rng(i), references=[1, 2], reference_kinds=[[1, 2]]).extra["reference_margin"]
+           for i in range(4000)]
+    assert np.median(got) == pytest.approx(50.0, abs=0.6)
 
 
 def test_margin_threshold_is_the_laplace_tail():
@@ -220,10 +237,10 @@ def test_margin_threshold_is_the_laplace_tail():
 
 
 def test_a_private_selection_needs_its_margin_above_the_threshold():
-    base = {"epsilon": 1, "margin_laplace_scale": 0.16}
-    close = FakeRanking({"mnist-b": [0.5]}, privacy={**base, "reference_margin": 3.7}, dp=True)
+    base = {"epsilon": 1, "margin_laplace_scale": 10.7}
+    close = FakeRanking({"mnist-b": [0.5]}, privacy={**base, "reference_margin": 60.0}, dp=True)
     assert advise(close, "auto", candidates=FACTS, private_classes=10).public == "mnist-b"
-    tie = FakeRanking({"noise": [0.8]}, privacy={**base, "reference_margin": 0.2}, dp=True)
+    tie = FakeRanking({"noise": [0.8]}, privacy={**base, "reference_margin": 20.0}, dp=True)
     d = advise(tie, "auto", candidates=FACTS, private_classes=10)
     assert d.method == "dpsgd" and "not above" in d.message
 

@@ -23,6 +23,12 @@ def is_reference(name: str) -> bool:
     return str(name).startswith(REFERENCE)
 
 
+def reference_kind(name: str) -> str:
+    """The kind of noise a reference is (its name without the draw's ``#n`` tag): draws of one kind are
+    exchangeable, and their gap measures what one public draw of noise can win over another."""
+    return str(name).split("#", 1)[0]
+
+
 def reference_sources(input_size: int | None, channels: int | None, examples: int, num_classes: int, seed: int,
                       draws: int = 1, shapes=()) -> list:
     """The in-run references: for each grid G in {S, S/4, S/8} between :data:`SMALLEST_GRID` and

@@ -62,7 +62,7 @@ import numpy as np
 import torch
 
 from .. import data as gdata
-from ..data.reference import is_reference
+from ..data.reference import is_reference, reference_kind
 from ..errors import GSDError
 from ..privacy.randomness import INSECURE_NOTE
 from ..privacy.selection import laplace_scores, peel_top_k, permute_and_flip
@@ -138,29 +138,52 @@ def mechanism_name(top: int) -> str:
     return "permute-and-flip" if top == 1 else f"peeling exponential mechanism (top {top})"
 
 
-def reference_margin(u: np.ndarray, winner: int, references: list[int]) -> float:
-    """min over the references r of u_winner - u_r: how far the winner's clipped regret is ahead of the
-    best noise reference's (in units of C^2 rows). Under replace one row each u_j moves by a term
-    min(M - a_j, tau) in [0, tau], so each difference moves by at most 2 tau, and so does their minimum:
-    sensitivity 2 tau (checked against brute force on random neighbouring pairs, tests)."""
-    u = np.asarray(u, dtype=np.float64)
-    return float(min(u[winner] - u[r] for r in references))
+def reference_margin(s: np.ndarray, winner: int, references: list[int], kinds: list[list[int]] | None = None) -> float:
+    """The winner's margin over the noise references, beyond the spread of noise itself, in energy
+    (units of C^2):
+
+        T = min_r (s_winner - s_r)  -  max_kind |s_kind,1 - s_kind,2|,
+
+    s_j = sum_i a_ij the energy (:func:`private_selection`'s ``s``): how much more of the private
+    gradients' energy the winner's top-k subspace holds than the best reference's, less the largest
+    gap between two draws of the same kind of noise (``kinds``: the indices of each kind's draws; a
+    kind with one draw adds nothing). Why energy, not the clipped regret the winner is chosen by: with
+    tau = 0.02 C^2 the regret is a vote of the rows, and near-equal subspaces split the vote by tiny
+    public-draw differences (ResNet20, m = 500: the built-in ``noise`` set won 150 more of 500 rows than
+    two draws of the same noise, at energies equal to 0.1%). Why the allowance: one public draw per
+    candidate, so a margin from one draw of noise over another grows with m (energy gaps of 0.2 to 9 C^2
+    between draws at m = 500) and is not a sign of closeness.
+
+    Sensitivity under replace one row (each a_ij in [0, C^2]): each difference s_j - s_l moves by
+    (a_j(q') - a_l(q')) - (a_j(q) - a_l(q)), at most 2 C^2, and so do a minimum or a maximum of such
+    differences (or of their absolute values): 4 C^2 for T (checked against brute force on random
+    neighbouring pairs, tests)."""
+    s = np.asarray(s, dtype=np.float64)
+    ahead = min(s[winner] - s[r] for r in references)
+    gaps = [abs(s[a] - s[b]) for kind in (kinds or ()) for i, a in enumerate(kind) for b in kind[i + 1:]]
+    return float(ahead - max(gaps, default=0.0))
+
+
+#: the part of the scores' share (``score_share`` x epsilon) that releases :func:`reference_margin` when
+#: the selection has references: the advice reads the margin, the winner's own score is for the table
+MARGIN_SHARE = 0.75
 
 
 def release(u: np.ndarray, s: np.ndarray, W: list[torch.Tensor], epsilon: float, clip: float, *, regret_clip: float = REGRET_CLIP,
             top: int = TOP, score_share: float = SCORE_SHARE, rng: np.random.Generator,
-            references: list[int] | None = None) -> Selection:
+            references: list[int] | None = None, reference_kinds: list[list[int]] | None = None) -> Selection:
     """The mechanism on given utilities ``u`` (clipped regret) and energies ``s`` of the K candidates
     whose public subspaces (in the basis) are ``W``: choose (permute-and-flip, or peeling for ``top``
     > 1) at epsilon (1 - score_share), then release the chosen candidates' energies with Laplace noise
     at epsilon score_share (module docstring). ``rng``: the private generator.
 
     ``references`` (the indices of ``gsd train --auto-select``'s in-run noise references among the
-    candidates): the score part is split in two, and the second half releases the winner's
-    :func:`reference_margin` + Laplace(2 tau / epsilon_margin) (Dwork and Roth 2014, Theorem 3.6;
-    sensitivity 2 tau), drawn whatever was chosen (the budget does not depend on the choice) and
-    released only when the winner is not a reference: the advice reads "closer than noise" from it
-    (:func:`gsd_cli.ranking.reference.closer_than_reference`). Adaptive basic composition: epsilon in all."""
+    candidates; ``reference_kinds``: the indices of each kind's draws): :data:`MARGIN_SHARE` of the
+    score part releases the winner's :func:`reference_margin` + Laplace(4 C^2 / epsilon_margin) (Dwork
+    and Roth 2014, Theorem 3.6; sensitivity 4 C^2), drawn whatever was chosen (the budget does not depend
+    on the choice) and released only when the winner is not a reference: the advice reads "closer than
+    noise" from it (:func:`gsd_cli.ranking.reference.closer_than_reference`). Adaptive basic
+    composition: epsilon in all."""
     check_settings(top, regret_clip, score_share)
     K = len(W)
     if len(u) != K or len(s) != K:
@@ -168,7 +191,7 @@ def release(u: np.ndarray, s: np.ndarray, W: list[torch.Tensor], epsilon: float,
     top = min(int(top), K)
     eps_sel, eps_score = epsilon * (1.0 - score_share), epsilon * score_share
     refs = sorted(set(references or ()))
-    eps_margin = eps_score / 2 if refs else 0.0
+    eps_margin = eps_score * MARGIN_SHARE if refs else 0.0
     eps_score -= eps_margin
     tau = regret_clip * clip * clip  # Delta of the utility under replace one row
     chosen = [permute_and_flip(u, eps_sel, tau, rng)] if top == 1 else peel_top_k(u, top, eps_sel, tau, rng)
@@ -177,22 +200,25 @@ def release(u: np.ndarray, s: np.ndarray, W: list[torch.Tensor], epsilon: float,
     extra = {}
     if refs:
         w, others = chosen[0], [r for r in refs if r != chosen[0]]
-        scale = 2.0 * tau / eps_margin
+        sensitivity = 4.0 * clip * clip
+        scale = sensitivity / eps_margin
         noise = float(rng.laplace(0.0, scale))
-        extra = {"epsilon_margin": eps_margin, "margin_sensitivity": 2.0 * tau, "margin_laplace_scale": scale,
-                 "reference_margin": (reference_margin(u, w, others) + noise) if (w not in refs and others) else None}
+        kinds = [[j for j in kind if j != w] for kind in (reference_kinds or ())]
+        extra = {"epsilon_margin": eps_margin, "margin_sensitivity": sensitivity, "margin_laplace_scale": scale,
+                 "reference_margin": (reference_margin(s, w, others, kinds) + noise) if (w not in refs and others) else None}
     return Selection(chosen, [float(v) for v in scores], mechanism_name(top), float(epsilon), eps_sel, eps_score, tau, l1,
                      l1 / eps_score, top, extra)
 
 
 def private_selection(P: torch.Tensor, W: list[torch.Tensor], epsilon: float, clip: float, *, regret_clip: float = REGRET_CLIP,
                       top: int = TOP, score_share: float = SCORE_SHARE, rng: np.random.Generator,
-                      references: list[int] | None = None) -> Selection:
+                      references: list[int] | None = None, reference_kinds: list[list[int]] | None = None) -> Selection:
     """The whole release from the projected private rows ``P`` (m x D): clip, utilities (clipped regret
     and energies), :func:`release`."""
     A = row_energies(P, W, clip)
     return release(clipped_regret(A, regret_clip * clip * clip), A.sum(axis=0), W, epsilon, clip,
-                   regret_clip=regret_clip, top=top, score_share=score_share, rng=rng, references=references)
+                   regret_clip=regret_clip, top=top, score_share=score_share, rng=rng, references=references,
+                   reference_kinds=reference_kinds)
 
 
 @dataclass
@@ -224,8 +250,11 @@ class DPSelect(DPEnergy):
         P = self.projected_rows(ctx, sample)
         pv = self.config.privacy
         refs = [j for j, n in enumerate(self.names) if is_reference(n)]  # auto-select's noise references: a margin too
+        kinds: dict[str, list[int]] = {}
+        for j in refs:
+            kinds.setdefault(reference_kind(self.names[j]), []).append(j)
         sel = private_selection(P, self.W, float(pv.epsilon), float(pv.clip), rng=self.rng, references=refs or None,
-                                **self.select_settings)
+                                reference_kinds=list(kinds.values()) or None, **self.select_settings)
         names = [self.names[j] for j in sel.chosen]
         self.last_selection = sel
         return SelectSide(sample.source.name, self.basis[:, :0], torch.empty(0, dtype=torch.float64), int(self.config.gradients.examples),
@@ -272,8 +301,9 @@ class DPSelect(DPEnergy):
         if last is not None and last.extra.get("epsilon_margin"):  # auto-select's references: the margin's release
             privacy.update({k: last.extra[k] for k in ("epsilon_margin", "margin_sensitivity", "margin_laplace_scale", "reference_margin")},
                            epsilon_score=last.epsilon_score)
-            privacy["guarantee"] += (f"; then the winner's margin over the best noise reference (clipped regret, sensitivity 2 tau) "
-                                     f"by the Laplace mechanism at epsilon {last.extra['epsilon_margin']:g} (the scores' share halved)")
+            privacy["guarantee"] += (f"; then the winner's energy margin over the best noise reference less the largest gap between "
+                                     f"two draws of one kind of noise (sensitivity 4 C^2) by the Laplace mechanism at epsilon "
+                                     f"{last.extra['epsilon_margin']:g} ({MARGIN_SHARE:g} of the scores' share)")
         if last is not None:  # this ranking's own release (a side recalled from a memo has its own ranking's figures)
             m = int(g.examples)
             privacy.update(score_l1_sensitivity=last.score_sensitivity, score_laplace_scale=last.score_laplace_scale,
@@ -297,5 +327,5 @@ def released_winner(ranking) -> dict | None:
             "share_noise_scale": pv.get("share_noise_scale"), "epsilon_score": pv["epsilon_score"]}
 
 
-__all__ = ["DPSelect", "Selection", "check_settings", "clipped_regret", "mechanism_name", "private_selection", "reference_margin", "release",
+__all__ = ["DPSelect", "Selection", "check_settings", "clipped_regret", "mechanism_name", "private_selection", "reference_margin", "release", "MARGIN_SHARE",
            "released_winner", "row_energies", "score_sensitivity", "REGRET_CLIP", "SCORE_SHARE", "TOP"]

@@ -95,8 +95,9 @@ def margin_threshold(scale: float, alpha: float = ALPHA) -> float:
 
 def _closer_by_release(ranking, name: str, rows: dict) -> tuple[bool, str, dict]:
     """Under DP: ``name`` is the selection's winner, not a reference, and its released margin over the best
-    reference (:func:`gsd_cli.distance.dpselect.reference_margin`, Laplace-noised) is above
-    :func:`margin_threshold` of its noise scale. Reads DP releases only (post-processing)."""
+    reference beyond the gap between two draws of one kind of noise (energy, in C^2 units:
+    :func:`gsd_cli.distance.dpselect.reference_margin`, Laplace-noised) is above :func:`margin_threshold`
+    of its noise scale. Reads DP releases only (post-processing)."""
     pv = ranking.privacy or {}
     figures = {"distance": _distance(rows[name]) if name in rows else None}
     winner = ranking.winner.public
@@ -109,8 +110,9 @@ def _closer_by_release(ranking, name: str, rows: dict) -> tuple[bool, str, dict]
     t = margin_threshold(scale)
     beats = margin > t
     figures.update(margin=margin, margin_scale=scale, threshold=t)
-    return beats, (f"the private selection chose {name}; its released margin over the best noise reference, {margin:.3g}, "
-                   f"is {'above' if beats else 'not above'} {t:.3g} (Laplace scale {scale:.3g}: one-sided alpha {ALPHA:g})"), figures
+    return beats, (f"the private selection chose {name}; its released energy margin over the best noise reference, beyond "
+                   f"the gap between two draws of noise, {margin:.3g} C^2, is {'above' if beats else 'not above'} {t:.3g} "
+                   f"(Laplace scale {scale:.3g}: one-sided alpha {ALPHA:g})"), figures
 
 
 def _distance(row) -> float | None:
@@ -130,8 +132,8 @@ def _one_sided_p(diffs: np.ndarray) -> float:
 
 def advice_sentence(private: bool = False) -> str:
     """What ``gsd train --auto-select`` does with a ranking (the validity line under every table)."""
-    test = ("the private selection chooses it over the in-run noise references and its released margin over them "
-            f"is above 0 with confidence (alpha {ALPHA:g})" if private else
+    test = ("the private selection chooses it over the in-run noise references and its released energy margin over "
+            f"them, beyond the gap between two draws of noise, is above 0 with confidence (alpha {ALPHA:g})" if private else
             f"it is closer than the in-run noise references with confidence (one-sided paired t-test over "
             f"{REPEATS} draws, alpha {ALPHA:g})")
     return (f"Advice (gsd train --auto-select{' --select-epsilon' if private else ''}, --method auto): a candidate is used "
