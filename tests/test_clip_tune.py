@@ -145,3 +145,22 @@ def test_the_tuned_chunk_has_the_size_asked_for(monkeypatch):
         eng.tune(x, y, 7)
         eng.tune(x, y)
     assert seen == [7, 3]
+
+
+@pytest.mark.parametrize("ratio, path", [(0.99, "ghost"), (0.86, "ghost"), (0.8, "materialised"), (1.2, "ghost")])
+def test_a_near_tie_keeps_the_ghost_path_which_holds_less_memory(monkeypatch, ratio, path):
+    """materialised / ghost time = ``ratio``: the materialised path only when faster by FASTER_BY (15%)."""
+    import gsd_cli.gradients.engines as engines
+
+    seconds = {"ghost": 1.0, "materialised": ratio}
+
+    def fake_timed(fn, device):
+        return seconds[fn.__name__]
+
+    monkeypatch.setattr(engines, "timed", fake_timed)
+    model = _net().train()
+    names = [n for n, _ in model.named_parameters()]
+    eng = ClippedSum(model, names)
+    with _only_trainable(model, names):
+        eng.tune(*_data())
+    assert tune.FASTER_BY == 0.15 and eng.paths and set(eng.paths.values()) == {path}
