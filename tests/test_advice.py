@@ -279,3 +279,34 @@ def test_a_private_selection_adds_noise_of_each_candidates_shape(monkeypatch):
         refs = [n for n in seen["names"] if is_reference(n)]
         assert (f"{REFERENCE}@28" in refs and f"{REFERENCE}@8#2" in refs) == want  # noise's 28 x 28 and a second draw
         assert f"{REFERENCE}@32-rgb" in refs and f"{REFERENCE}@8" in refs
+
+
+def test_a_noise_set_that_wins_the_rows_vote_by_a_hair_is_not_closer_than_noise():
+    """The failure the energy margin fixes: a candidate a hair above every reference on every row wins the
+    clipped-regret vote outright (all 500 rows), while its energy is the references' to 0.2%; a candidate
+    with a real energy lead is used."""
+    import torch
+
+    from gsd_cli.distance.dpselect import clipped_regret, release
+    from gsd_cli.ranking.reference import margin_threshold
+
+    rng = np.random.default_rng(0)
+    m, tau = 500, 0.02
+    refs = 0.5 + 1e-5 * rng.standard_normal((m, 4))  # two kinds of noise, two draws each, near-identical
+    W = [torch.eye(6)[:, :1] for _ in range(5)]
+
+    def used(lead: float) -> float:
+        A = np.c_[refs.max(axis=1) + lead, refs]
+        u, s = clipped_regret(A, tau), A.sum(axis=0)
+        assert u[0] == 0.0 and (u[1:] < -0.5 * m * min(lead, tau) + 1e-9).all()  # every row votes for the candidate
+        hits = 0
+        for i in range(1000):
+            sel = release(u, s, W, 1.0, 1.0, rng=np.random.default_rng(i), references=[1, 2, 3, 4], reference_kinds=[[1, 2], [3, 4]])
+            t = sel.extra["reference_margin"]
+            hits += t is not None and t > margin_threshold(sel.extra["margin_laplace_scale"])
+        return hits / 1000
+
+    # a hair: T = 500 x 0.001 = 0.5 C^2 against a Laplace scale of 10.7, so P(used) = 1/2 exp(-(24.6 - 0.5) / 10.7)
+    # = 0.053 (binomial sd 0.007); the vote's margin, 500 rows x 0.001 against a scale of 0.16, passed every time
+    assert used(0.001) <= 0.075
+    assert used(0.2) >= 0.95  # a real lead: T about 100 C^2 - allowance
