@@ -147,9 +147,9 @@ def test_the_tuned_chunk_has_the_size_asked_for(monkeypatch):
     assert seen == [7, 3]
 
 
-@pytest.mark.parametrize("ratio, path", [(0.99, "ghost"), (0.86, "ghost"), (0.8, "materialised"), (1.2, "ghost")])
+@pytest.mark.parametrize("ratio, path", [(0.99, "ghost"), (0.8, "ghost"), (0.7, "materialised"), (1.2, "ghost")])
 def test_a_near_tie_keeps_the_ghost_path_which_holds_less_memory(monkeypatch, ratio, path):
-    """materialised / ghost time = ``ratio``: the materialised path only when faster by FASTER_BY (15%)."""
+    """materialised / ghost time = ``ratio``: the materialised path only when faster by FASTER_BY (25%)."""
     import gsd_cli.gradients.engines as engines
 
     seconds = {"ghost": 1.0, "materialised": ratio}
@@ -163,4 +163,4 @@ def test_a_near_tie_keeps_the_ghost_path_which_holds_less_memory(monkeypatch, ra
     eng = ClippedSum(model, names)
     with _only_trainable(model, names):
         eng.tune(*_data())
-    assert tune.FASTER_BY == 0.15 and eng.paths and set(eng.paths.values()) == {path}
+    assert tune.FASTER_BY == 0.25 and eng.paths and set(eng.paths.values()) == {path}

@@ -32,11 +32,13 @@ import torch
 #: timed rounds per path and layer (after one warm-up); the least is kept
 ROUNDS = 5
 #: the materialised path is kept only when it is faster than the ghost path by this fraction: on an open
-#: layer the ghost path holds less memory (fastDP's rule), and a near tie is decided by timing noise. The
-#: FMNIST CNN's conv2 (expected batch 250, chunks of 128, 2-core CPU) timed 0.98-1.11 materialised /
-#: ghost on a quiet machine and below 0.9 under load, and its materialised path, taken in about half of
-#: the runs when the faster path won, raised the run's peak RSS from 1047-1060 to 1193-1240 MiB (issue 45)
-FASTER_BY = 0.15
+#: layer the ghost path holds less memory (fastDP's rule), and a layer timed alone does not pay the memory
+#: traffic its per-example gradients cause the rest of the step. The FMNIST CNN's conv2 (expected batch
+#: 250, chunks of 128, one thread of the 2-core CPU) timed 0.80-0.93 materialised / ghost alone, yet the
+#: runs that materialised it took 1.05-1.11 s an epoch against 0.89-1.06 s for those that did not, with
+#: a peak RSS of 1180-1245 MiB against 1051-1098 MiB (issue 45). ResNet-18's stride-2 convolutions at 224
+#: (0.57) stay materialised
+FASTER_BY = 0.25
 #: the largest per-example gradient tensor of one layer and chunk the measured choice may materialise
 MATERIALISE_MAX_BYTES = 256 << 20
 
