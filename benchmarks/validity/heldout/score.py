@@ -60,7 +60,7 @@ class _Ranking(list):
 
 
 def decision_rule(doc: dict) -> tuple[str, str | None] | None:
-    """The current rule on auto-select's plain ranking: ``gsd_cli.train.fallback.decide("auto", ...)`` at
+    """The previous rule (gsd train's before the advice) on auto-select's plain ranking: ``gsd_cli.train.fallback.decide("auto", ...)`` at
     auto-select's ranking settings (None where gsd no longer has it)."""
     try:
         from gsd_cli.train.fallback import decide
@@ -203,7 +203,7 @@ def task_scores(task: str, seeds, runs: dict, hps: dict, rng) -> dict | None:
 
 
 AUTO_ARMS = ("auto:rule", "auto:advise", "auto:advise-once")
-DECIDERS = {"auto:rule": "gsd_cli.train.fallback.decide (the current rule, on auto-select's plain ranking)",
+DECIDERS = {"auto:rule": "gsd_cli.train.fallback.decide (the previous rule, before the advice, on auto-select's plain ranking)",
             "auto:advise": "gsd_cli.train.advice.advise (on advised_selection's ranking: noise reference and repeats)",
             "auto:advise-once": "gsd_cli.train.advice.advise on the first seed's advised ranking, its decision trained with every seed (rank once, train many)"}
 
