@@ -127,3 +127,21 @@ def test_a_run_prints_its_plan_before_training(tmp_path, capsys):
     assert code == 0, output
     line = next(ln for ln in output.err.splitlines() if ln.startswith("plan:"))
     assert "4 steps (1 epochs x 4)" in line and "q = 0.25" in line and "about" in line
+
+
+def test_the_second_epsilon_is_opacus_code_without_the_opacus_package_import():
+    """second_epsilon runs Opacus's rdp.py from its file (no package __init__: 1.1-1.4 s a run); the same
+    numbers as the package's own module, and no `opacus` package in sys.modules afterwards."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from gsd_cli.privacy.accountant import second_epsilon; "
+            "e = second_epsilon(0.05, 1.1, 300, 1e-5); print(e, 'opacus' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    from opacus.accountants.analysis import rdp
+
+    from gsd_cli.privacy.accountant import RDP_ORDERS
+
+    orders = list(RDP_ORDERS)
+    want, _ = rdp.get_privacy_spent(orders=orders, rdp=rdp.compute_rdp(q=0.05, noise_multiplier=1.1, steps=300, orders=orders), delta=1e-5)
+    assert float(out[0]) == float(want) and out[1] == "False"
