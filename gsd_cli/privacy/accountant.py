@@ -149,8 +149,8 @@ def _opacus_rdp():
     """Opacus's RDP analysis, ``opacus/accountants/analysis/rdp.py`` (it imports math, warnings, typing,
     numpy and scipy.special only), run from its file without the ``opacus`` package's ``__init__``, which
     imports Opacus's privacy engine, optimizers and grad samplers: 1.1-1.4 s of a ``gsd train`` run on the
-    2-core CPU, for two calls that take milliseconds. Where the file is not there (another layout), the
-    package import. The same code either way: the second computation stays Opacus's."""
+    2-core CPU, for two calls that take milliseconds. Where the file is not there (another layout) or does
+    not run alone, the package import. The same code either way: the second computation stays Opacus's."""
     global _OPACUS_RDP
     if _OPACUS_RDP is None:
         import importlib.util
@@ -163,7 +163,10 @@ def _opacus_rdp():
             if os.path.isfile(path):
                 file_spec = importlib.util.spec_from_file_location("gsd_cli._opacus_rdp", path)
                 module = importlib.util.module_from_spec(file_spec)
-                file_spec.loader.exec_module(module)
+                try:
+                    file_spec.loader.exec_module(module)
+                except ImportError:  # a later rdp.py that needs its package (a relative import): import that
+                    module = None
                 break
         if module is None:
             from opacus.accountants.analysis import rdp as module
