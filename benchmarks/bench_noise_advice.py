@@ -18,14 +18,14 @@ import os
 import time
 
 
-def cell(model: str, k: int, m: int, epsilon: float | None, seed: int) -> dict:
+def cell(model: str, k: int, m: int, epsilon: float | None, seed: int, public=("noise",)) -> dict:
     from gsd_cli.train.select import advised_selection
 
     opts = dict(k=k, examples=m, seed=seed, model=model, device="cpu")
     if epsilon is not None:
         opts.update(dp=True, epsilon=epsilon)
     t0 = time.perf_counter()
-    _, d = advised_selection("mnist-a", ["noise"], "auto", **opts)
+    _, d = advised_selection("mnist-a", list(public), "auto", **opts)
     return {"model": model, "k": k, "m": m, "epsilon": epsilon, "seed": seed, "method": d.method, "public": d.public,
             "message": d.message, "seconds": round(time.perf_counter() - t0, 1)}
 
@@ -39,6 +39,8 @@ def main() -> None:
     ap.add_argument("--dp-draws", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--private-only", action="store_true", help="only the cells with a private selection")
+    ap.add_argument("--public", nargs="+", default=["noise"],
+                    help="the candidates (default: noise alone; with a useful one among them, the advice's power)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     import tempfile
@@ -50,14 +52,16 @@ def main() -> None:
     rows = []
     for model, k, m in itertools.product(a.models, a.k, a.m):
         if not a.private_only:
-            rows.append(cell(model, k, m, None, a.seed))
+            rows.append(cell(model, k, m, None, a.seed, a.public))
             print(json.dumps(rows[-1]), flush=True)
         for eps in a.epsilons:
             for _ in range(a.dp_draws):
-                rows.append(cell(model, k, m, eps, a.seed))
+                rows.append(cell(model, k, m, eps, a.seed, a.public))
                 print(json.dumps(rows[-1]), flush=True)
-    used = [r for r in rows if r["public"] is not None]
-    summary = {"cells": len(rows), "trained_with_noise": len(used), "loadavg": os.getloadavg(),
+    used = [r for r in rows if r["public"] == "noise"]
+    summary = {"cells": len(rows), "trained_with_noise": len(used),
+               "trained_with": {p: sum(r["public"] == p for r in rows) for p in {r["public"] for r in rows}},
+               "loadavg": os.getloadavg(),
                "command": "python benchmarks/bench_noise_advice.py " + " ".join(
                    f"--{n.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
                    for n, v in vars(a).items() if n not in ("json", "private_only") and v is not None)
