@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..errors import GSDError
+from ..units import duration as _duration  # one writer of durations
 from .pipes import closed_pipe
 
 DP_PROGRESS = " (DP)"  # = gsd_cli.subspace.side.DP_PROGRESS (not imported: the CLI's start-up stays free of torch)
@@ -39,8 +40,6 @@ T = TypeVar("T")
 #: progress names counted in whole units (train's epochs, stage 1's public epochs, compare's runs)
 UNITS = ("epoch", "public", "runs")
 
-
-from ..units import duration as _duration  # noqa: E402 (one writer of durations)
 
 
 #: seconds a command runs before it prints progress lines off a terminal (a short command stays silent)

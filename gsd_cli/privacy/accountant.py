@@ -24,6 +24,7 @@ DESIGN.md, "GEP"). The residual-free variant (B-GEP) releases the embedding alon
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
@@ -142,36 +143,30 @@ def never_sampled_delta(sampling_rate: float, steps: int) -> float:
     return float(-math.expm1(steps * math.log1p(-sampling_rate)))
 
 
-_OPACUS_RDP = None
-
-
+@functools.cache
 def _opacus_rdp():
     """Opacus's RDP analysis, ``opacus/accountants/analysis/rdp.py`` (it imports math, warnings, typing,
     numpy and scipy.special only), run from its file without the ``opacus`` package's ``__init__``, which
     imports Opacus's privacy engine, optimizers and grad samplers: 1.1-1.4 s of a ``gsd train`` run on the
     2-core CPU, for two calls that take milliseconds. Where the file is not there (another layout) or does
     not run alone, the package import. The same code either way: the second computation stays Opacus's."""
-    global _OPACUS_RDP
-    if _OPACUS_RDP is None:
-        import importlib.util
-        import os
+    import importlib.util
+    import os
 
-        module = None
-        spec = importlib.util.find_spec("opacus")
-        for root in (spec.submodule_search_locations or []) if spec is not None else []:
-            path = os.path.join(root, "accountants", "analysis", "rdp.py")
-            if os.path.isfile(path):
-                file_spec = importlib.util.spec_from_file_location("gsd_cli._opacus_rdp", path)
-                module = importlib.util.module_from_spec(file_spec)
-                try:
-                    file_spec.loader.exec_module(module)
-                except ImportError:  # a later rdp.py that needs its package (a relative import): import that
-                    module = None
+    spec = importlib.util.find_spec("opacus")
+    for root in (spec.submodule_search_locations or []) if spec is not None else []:
+        path = os.path.join(root, "accountants", "analysis", "rdp.py")
+        if os.path.isfile(path):
+            file_spec = importlib.util.spec_from_file_location("gsd_cli._opacus_rdp", path)
+            module = importlib.util.module_from_spec(file_spec)
+            try:
+                file_spec.loader.exec_module(module)
+                return module
+            except ImportError:  # a later rdp.py that needs its package (a relative import): import that
                 break
-        if module is None:
-            from opacus.accountants.analysis import rdp as module
-        _OPACUS_RDP = module
-    return _OPACUS_RDP
+    from opacus.accountants.analysis import rdp
+
+    return rdp
 
 
 def second_epsilon(sampling_rate: float, noise_multiplier: float, steps: int, delta: float) -> float:
