@@ -10,6 +10,7 @@ def main() -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("prepare", help="build the npz files (benchmark-only packages)").add_argument("--force", action="store_true")
     sub.add_parser("split", help="write split.json (once, before any run)")
+    sub.add_parser("split2", help="write split2.json: round 2's tasks, all held out (once, before any run on them)")
     r = sub.add_parser("rank", help="auto-select's ranking of each task's candidates, per seed (cached)")
     r.add_argument("--stage", choices=("selection", "held-out"), required=True)
     r.add_argument("--advised", action="store_true", help="gsd_cli.train.select.advised_selection's ranking and decision (noise reference, repeats)")
@@ -33,6 +34,10 @@ def main() -> None:
         from .tasks import write_split
 
         print(write_split())
+    elif a.cmd == "split2":
+        from .tasks import write_split2
+
+        print(write_split2())
     elif a.cmd == "rank":
         from .arms import rank_stage
 

@@ -49,7 +49,19 @@ TASKS: dict[str, Task] = {t.name: t for t in (
          ("pub-textures", "pub-photos", "pub-mnist", "pub-fashion", "faces", "digits"), "fmnist-cnn", True),
     Task("photos", "rgb-photos", "photos-train", "photos-test",
          ("pub-photos", "pub-textures", "pub-fashion", "pub-mnist", "faces", "digits"), "fmnist-cnn@32x3", False, "pub-photos"),
+    # round 2: all held out (split2.json), defined after round 1's results were seen, before any run on them
+    Task("mnist-rot", "digits", "mnist-rot-train", "mnist-rot-test",
+         ("pub-mnist", "digits", "pub-fashion", "pub-animal", "faces", "pub-textures"), "fmnist-cnn", True),
+    Task("fashion-m", "rgb-clothing", "fashion-m-train", "fashion-m-test",
+         ("pub-fashion", "pub-mnist", "pub-photos", "pub-animal", "faces", "digits"), "fmnist-cnn@32x3", True),
+    Task("animal-rot", "silhouettes", "animal-rot-train", "animal-rot-test",
+         ("pub-animal", "pub-mnist", "pub-fashion", "pub-shoes", "faces", "pub-textures"), "fmnist-cnn", True),
+    Task("scenes", "natural-patches", "scenes-train", "scenes-test",
+         ("pub-textures", "pub-photos", "pub-mnist", "pub-fashion", "faces", "digits"), "fmnist-cnn", True),
 )}
+ROUND1 = ("mnist", "mnist-neg", "mnist-m", "fashion", "animal", "textures", "medical", "photos")
+ROUND2 = ("mnist-rot", "fashion-m", "animal-rot", "scenes")
+SPLIT2 = Path(__file__).with_name("split2.json")
 
 
 
@@ -68,7 +80,7 @@ def assign(tasks: dict[str, Task] | None = None) -> tuple[int, list[str], list[s
     """(salt, selection, held out) by :data:`SPLIT_RULE`; a function of the task names and kinds only."""
     import hashlib
 
-    tasks = tasks or TASKS
+    tasks = tasks or {n: TASKS[n] for n in ROUND1}
     for salt in range(1000):
         order = sorted(tasks, key=lambda t: hashlib.sha256(f"gsd-issue-42:{salt}:{t}".encode()).hexdigest())
         held, sel = order[:4], order[4:]
@@ -86,7 +98,7 @@ def write_split() -> dict:
     salt, sel, held = assign()
     doc = {"selection": sel, "held_out": held, "rule": SPLIT_RULE, "salt": salt,
            "tasks": {n: {"kind": t.kind, "realistic": t.realistic, "private_train": t.train, "candidates": list(t.candidates)}
-                     for n, t in TASKS.items()},
+                     for n, t in TASKS.items() if n in ROUND1},
            "note": "written before any training or ranking run; nothing (default, threshold, learning rate, epochs) "
                    "is chosen on a held-out cell. The commit that froze it: git log -1 --format=%H -- split.json"}
     SPLIT.write_text(json.dumps(doc, indent=1) + "\n")
@@ -114,6 +126,27 @@ def sizes() -> dict[str, int]:
 
     register()
     return {n: len(resolve(n)) for n in {c for t in TASKS.values() for c in (t.train, *t.candidates)}}
+
+
+def write_split2() -> dict:
+    """Write split2.json: round 2's tasks, every one held out (refuses to overwrite)."""
+    if SPLIT2.is_file():
+        raise SystemExit(f"{SPLIT2} exists: round 2's split is frozen")
+    doc = {"held_out": list(ROUND2),
+           "rule": "round 2: every task is held out. Defined after round 1's held-out results had been seen (which "
+                   "makes round 1's held-out tasks in-sample for any change made since), and written before any "
+                   "training or ranking run on them; nothing is chosen on them",
+           "tasks": {n: {"kind": TASKS[n].kind, "realistic": TASKS[n].realistic, "private_train": TASKS[n].train,
+                         "candidates": list(TASKS[n].candidates)} for n in ROUND2},
+           "note": "the commit that froze it: git log -1 --format=%H -- split2.json"}
+    SPLIT2.write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
+
+
+def split2() -> dict:
+    if not SPLIT2.is_file():
+        raise SystemExit(f"{SPLIT2} is missing: python -m validity.heldout split2 (before any run)")
+    return json.loads(SPLIT2.read_text())
 
 
 def split() -> dict:
