@@ -163,11 +163,14 @@ def test_noise_as_the_only_candidate_trains_dpsgd_and_says_why(capsys, tmp_path,
 def test_a_close_candidate_is_used_and_the_references_are_shown(capsys, tmp_path):
     from gsd_cli.cli import main
 
-    code, out, err = _train(main, capsys, tmp_path, "run", "--public", "mnist-b", "faces", "--rank-examples", "64",
-                            "--rank-k", "4", "--public-examples", "200", "--public-epochs", "1")
+    # enough private examples and stage-1 epochs for the feature probe to see the gain with confidence
+    code, out, err = _train(main, capsys, tmp_path, "run", "--public", "mnist-b", "faces", "--rank-examples", "300",
+                            "--rank-k", "4", "--public-examples", "500", "--public-epochs", "2")
     assert code == 0, err
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert (s["method"], s["public"]) == ("second-phase", "mnist-b")
+    probe = s["selection"]["advice"]["evidence"]["probe"]
+    assert probe["repeats"] == 3 and set(probe["gains"]) == {"mnist-b", "faces"} and "linear probe" in out
     assert "in-run noise references" in out and not any(is_reference(r["public"]) for r in s["selection"]["results"])
     assert len(s["selection"]["references"]) == 4
     capsys.readouterr()

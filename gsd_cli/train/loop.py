@@ -182,7 +182,8 @@ def train(
         from .second_phase import run_second_phase
 
         stage1 = run_second_phase(model, names, cfg, spec, out, dev, num_classes=train_src.num_classes,
-                                  multilabel=train_src.multilabel, catalog=cat, progress=progress)
+                                  multilabel=train_src.multilabel, catalog=cat, progress=progress,
+                                  private_classes=getattr(train_src, "classes", None))
     world.broadcast_module(model)
     num_params = sum(dict(model.named_parameters())[n].numel() for n in names)
     chunk = cfg.physical_batch or default_chunk_size(dev, num_params)

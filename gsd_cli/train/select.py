@@ -23,14 +23,20 @@ def auto_select(private: str, candidates: Sequence[str], *, private_test: str | 
 
 
 def advised_selection(private: str, candidates: Sequence[str], method: str = "auto", *, private_test: str | None = None,
-                      catalog=None, repeats: int | None = None, references: bool = True, **rank_options):
+                      catalog=None, repeats: int | None = None, references: bool = True, train_settings=None,
+                      probe_repeats: int | None = None, **rank_options):
     """``gsd train --auto-select``'s ranking and decision: ``(ranking, decision)``.
 
     The ranking (:func:`auto_select`) carries the in-run noise references
     (:func:`gsd_cli.train.advice.reference_sources`, at the ranking model's input shape, from the public
     ``seed``) and ``repeats`` draws (default :data:`gsd_cli.train.advice.REPEATS`; one under DP, where each
     fresh draw would spend the selection's epsilon again); :func:`gsd_cli.train.advice.advise` decides from it,
-    the candidates' sizes and label counts, and the private task's declared class count. ``references=False``
+    the candidates' sizes and label counts, and the private task's declared class count. With
+    ``train_settings`` (the run's :class:`gsd_cli.train.TrainConfig`: its model and stage-1 settings), a
+    non-private selection for ``auto`` or ``second-phase`` also runs the feature probe
+    (:func:`gsd_cli.train.probe.probe_second_phase`, ``probe_repeats`` draws, default
+    :data:`gsd_cli.train.probe.REPEATS`), which then decides which candidate the second phase takes, or
+    none (the decision's ``evidence["probe"]``). ``references=False``
     (``--no-fallback`` under DP, where the references would compete in the private selection): no
     references, no decision (``None``)."""
     from ..data import resolve
@@ -58,7 +64,16 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
     facts = {getattr(p, "name", str(p)): describe(p) for p in pubs}
     if not references:  # --no-fallback under DP: the winner among the candidates alone, no advice
         return ranking, None
-    decision = advise(ranking, method, candidates=facts, private_classes=int(train_part.num_classes))
+    probe = None
+    if train_settings is not None and not dp and method in ("auto", "second-phase") and not train_part.multilabel:
+        from .probe import REPEATS as PROBE_REPEATS, probe_second_phase
+
+        probe = probe_second_phase(train_part, pubs, train_settings, examples=int(rank_options.get("examples", 2000)),
+                                   repeats=probe_repeats or PROBE_REPEATS, seed=int(rank_options.get("seed", 0)),
+                                   device=rank_options.get("device"), progress=rank_options.get("progress"))
+    decision = advise(ranking, method, candidates=facts, private_classes=int(train_part.num_classes), probe=probe)
+    if probe is not None:
+        decision.evidence["probe"] = probe.to_dict()
     return split_references(ranking), decision  # the table and the winner are the candidates'; the references apart
 
 

@@ -12,10 +12,12 @@ def main() -> None:
     sub.add_parser("split", help="write split.json (once, before any run)")
     sub.add_parser("split2", help="write split2.json: round 2's tasks, all held out (once, before any run on them)")
     r = sub.add_parser("rank", help="auto-select's ranking of each task's candidates, per seed (cached)")
-    r.add_argument("--stage", choices=("selection", "held-out"), required=True)
+    r.add_argument("--stage", choices=("selection", "held-out", "held-out-2"), required=True)
     r.add_argument("--advised", action="store_true", help="gsd_cli.train.select.advised_selection's ranking and decision (noise reference, repeats)")
+    r.add_argument("--probe", action="store_true", help="the feature probe of the second phase (gsd_cli.train.probe)")
     r = sub.add_parser("run", help="the trainings of a stage (cached, resumable)")
-    r.add_argument("--stage", choices=("tune", "selection", "held-out"), required=True)
+    r.add_argument("--stage", choices=("tune", "selection", "held-out", "held-out-2"), required=True)
+    r.add_argument("--methods", nargs="+", choices=("dpsgd", "gep", "second-phase"), help="only these methods' runs")
     s = sub.add_parser("score", help="tables and figures: benchmarks/results/heldout_*.{json,md}")
     s.add_argument("--partial", action="store_true", help="score whatever cells are complete")
     sub.add_parser("all", help="rank, tune, run and score both stages in order")
@@ -41,11 +43,11 @@ def main() -> None:
     elif a.cmd == "rank":
         from .arms import rank_stage
 
-        rank_stage(a.stage, a.advised)
+        rank_stage(a.stage, a.advised, a.probe)
     elif a.cmd == "run":
         from .arms import run_stage, tuned
 
-        run_stage(a.stage)
+        run_stage(a.stage, a.methods)
         if a.stage == "tune":
             print("tuned:", tuned())
     elif a.cmd == "score":

@@ -32,7 +32,7 @@ from .cache import (
     run_key,
     save_ranking,
 )
-from .tasks import TASKS, null, register, sizes, split
+from .tasks import TASKS, null, register, sizes, split, split2
 
 METHODS = ("gep", "second-phase")
 BASELINE = "dpsgd"
@@ -137,6 +137,28 @@ def rank_advised(task: str, seed: int) -> dict | None:
     return doc
 
 
+def probe_one(task: str, seed: int) -> dict:
+    """The feature probe of ``task``'s candidates (:func:`gsd_cli.train.probe.probe_second_phase`) with the
+    second phase's stage-1 settings and the ranking's private examples and seed, cached as
+    ``<task>-s<seed>-probe.json`` (``ProbeResult.to_dict()``)."""
+    doc = load_ranking(task, seed, "probe")
+    if doc is not None:
+        return doc
+    from gsd_cli.data import resolve
+    from gsd_cli.train import TrainConfig
+    from gsd_cli.train.probe import probe_second_phase
+
+    register()
+    t = TASKS[task]
+    s = settings(task, "second-phase", chosen()["second-phase"])
+    cfg = TrainConfig(private=t.train, public=t.candidates[0], method="second-phase", **s)
+    t0 = time.perf_counter()
+    res = probe_second_phase(resolve(t.train), [resolve(c) for c in t.candidates], cfg, examples=RANK["examples"], seed=seed, device="cpu")
+    doc = {**res.to_dict(), "benchmark": {"task": task, "seed": seed, "commit": gsd_commit(), "wall_seconds": round(time.perf_counter() - t0, 1)}}
+    save_ranking(task, seed, doc, "probe")
+    return doc
+
+
 def tune_candidate(task: str, seed: int) -> str:
     """The public set GEP and the second phase are tuned with on a selection task: the ranking's winner at that seed."""
     return rank_one(task, seed)["results"][0]["public"]
@@ -199,21 +221,41 @@ def cell_jobs(task: str, seeds, hps: dict) -> list[tuple]:
     return out
 
 
-def stage_jobs(stage: str) -> list[tuple]:
-    sp = split()
+def stage_tasks(stage: str) -> tuple[list[str], tuple[int, ...]]:
+    """The tasks and seeds of a stage: selection, held-out (round 1) or held-out-2 (round 2, split2.json)."""
+    if stage == "selection":
+        return split()["selection"], SELECTION_SEEDS
+    if stage == "held-out":
+        return split()["held_out"], HELD_OUT_SEEDS
+    if stage == "held-out-2":
+        return split2()["held_out"], HELD_OUT_SEEDS
+    raise SystemExit(f"unknown stage {stage}")
+
+
+def stage_jobs(stage: str, methods=None) -> list[tuple]:
     if stage == "tune":
-        return tune_jobs()
-    hps = chosen()
-    tasks, seeds = (sp["selection"], SELECTION_SEEDS) if stage == "selection" else (sp["held_out"], HELD_OUT_SEEDS)
-    return [j for seed in seeds for task in tasks for j in cell_jobs(task, (seed,), hps)]  # seed-major: a partial stage has whole cells
+        jobs = tune_jobs()
+    else:
+        hps = chosen()
+        tasks, seeds = stage_tasks(stage)
+        jobs = [j for seed in seeds for task in tasks for j in cell_jobs(task, (seed,), hps)]  # seed-major: a partial stage has whole cells
+    return [j for j in jobs if methods is None or j[1] in methods]
 
 
-def rank_stage(stage: str, advised: bool = False) -> None:
-    sp = split()
-    tasks, seeds = (sp["selection"], SELECTION_SEEDS) if stage == "selection" else (sp["held_out"], HELD_OUT_SEEDS)
+def rank_stage(stage: str, advised: bool = False, probe: bool = False) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    tasks, seeds = stage_tasks(stage)
     for seed in seeds:
         for task in tasks:
             t0 = time.time()
+            if probe:
+                d = probe_one(task, seed)
+                top = sorted(d["gains"], key=lambda n: -sum(d["gains"][n]))
+                print(f"probe {task} seed {seed}: " + ", ".join(f"{n} {100 * sum(d['gains'][n]) / len(d['gains'][n]):+.1f}" for n in top)
+                      + f" ({time.time() - t0:.0f} s)", flush=True)
+                continue
             if advised:
                 a = rank_advised(task, seed)
                 if a is None:
@@ -226,11 +268,11 @@ def rank_stage(stage: str, advised: bool = False) -> None:
             print(f"rank {task} seed {seed}: {order} ({time.time() - t0:.0f} s)", flush=True)
 
 
-def run_stage(stage: str) -> None:
+def run_stage(stage: str, methods=None) -> None:
     import torch
 
     torch.set_num_threads(1)
-    jobs = stage_jobs(stage)
+    jobs = stage_jobs(stage, methods)
     runs = load_runs()
     t0 = time.time()
     for i, (task, method, cand, hp, seed) in enumerate(jobs, 1):

@@ -35,8 +35,14 @@ def gsd_commit() -> str:
     return head + ("+dirty" if dirty else "")
 
 
+#: what changed a method's runs since round 1 (part of their key: earlier runs are not reused)
+METHOD_VERSION = {"second-phase": "head shared only with private classes by name (round 2)"}
+
+
 def run_key(task: str, method: str, candidate: str | None, settings: dict, seed: int) -> str:
     doc = {"task": task, "method": method, "public": candidate, "settings": settings, "seed": int(seed)}
+    if method in METHOD_VERSION:
+        doc["version"] = METHOD_VERSION[method]
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -1,0 +1,201 @@
+"""What the second phase would give the private model, measured before training: the feature probe.
+
+The second phase (paper 004, Section 5.1, equation 13) pretrains the model on the public set's own
+labels; stage 2 then fine-tunes it with DP-SGD on the private set. What stage 2 receives from stage 1
+is a feature map. GSD compares gradient subspaces at the untrained model, which says nothing about
+the public *labels* or the public set's size; on gsd's held-out benchmark (issue 42) GSD's order did
+not predict the second phase's accuracy on realistic tasks. The probe scores exactly what the method
+uses:
+
+1. For each of ``repeats`` draws r: build the model that ``gsd train`` would start from (seed ``seed + r``)
+   and draw ``examples`` private training examples (seed ``seed + r``; the private test part is never
+   looked at).
+2. The *reference*: a linear probe's accuracy on the untrained model's features (the input of its
+   classification head), i.e. the starting point of DP-SGD without public data.
+3. Each candidate: stage 1 exactly as ``gsd train --method second-phase`` runs it
+   (:func:`gsd_cli.train.second_phase.run_second_phase`, the same settings), then the same probe on
+   the pretrained model's features. The candidate's gain in that draw is the difference (paired: the
+   same initial model and the same private examples).
+4. The linear probe: ridge regression on one-hot labels over standardised features, fitted on one half
+   of the draw and scored on the other, both ways (2-fold cross-fitting), with the penalty
+   :data:`RIDGE` times the number of fitted examples, fixed before any benchmark run.
+
+A candidate *helps the second phase* when its gain is above 0 with confidence: a one-sided paired
+t-test over the repeats at the advice's ``ALPHA`` (:mod:`gsd_cli.train.advice`). No threshold is
+calibrated: the bar is the untrained model, measured in the same run.
+
+The probe reads private data without noise: it is part of the non-private advice, like the non-private
+ranking (``gsd train --auto-select`` without ``--select-epsilon``). A private selection
+(``--select-epsilon``) does not run it (:func:`gsd_cli.train.select.advised_selection`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import data as gdata
+
+#: repeats of the probe (draws of the initial model, the private examples and stage 1's shuffles)
+REPEATS = 3
+#: the ridge penalty per fitted example (features standardised); set before any benchmark run
+RIDGE = 0.1
+
+
+@dataclass
+class ProbeResult:
+    """Per repeat: the untrained model's probe accuracy (``baseline``) and each candidate's gain over it."""
+
+    baseline: list[float]
+    gains: dict[str, list[float]]
+    examples: int
+    model: str
+    stage1: dict = field(default_factory=dict)
+
+    @property
+    def repeats(self) -> int:
+        return len(self.baseline)
+
+    def mean_gain(self, name: str) -> float:
+        return float(np.mean(self.gains[name]))
+
+    def test(self, name: str, alpha: float) -> tuple[bool, float]:
+        """(helps, p): the one-sided paired t-test of "mean gain > 0" over the repeats."""
+        from ..ranking.reference import _one_sided_p
+
+        g = np.asarray(self.gains[name], dtype=np.float64)
+        if len(g) < 2:
+            return False, 1.0
+        p = _one_sided_p(g)
+        return p < alpha, p
+
+    def phrase(self, name: str, alpha: float) -> str:
+        helps, p = self.test(name, alpha)
+        return (f"its pretrained features separate the private classes {100 * self.mean_gain(name):+.1f} points better than the "
+                f"untrained model's ({100 * float(np.mean(self.baseline)):.1f}%; linear probe, {self.repeats} repeats, one-sided "
+                f"paired t-test p = {p:.3g}{' <' if helps else ' >='} {alpha:g})")
+
+    def to_dict(self) -> dict:
+        return {"what": "linear-probe accuracy of the untrained model's features (baseline) and each candidate's gain after "
+                        "the second phase's stage 1 (gsd_cli.train.probe)",
+                "model": self.model, "examples": self.examples, "repeats": self.repeats, "ridge": RIDGE,
+                "baseline": self.baseline, "gains": self.gains, "stage1": self.stage1}
+
+
+def linear_probe_accuracy(feats: torch.Tensor, labels: torch.Tensor, num_classes: int, seed: int) -> float:
+    """2-fold cross-fitted accuracy of a ridge classifier (one-hot targets, standardised features,
+    penalty :data:`RIDGE` per fitted example) on ``feats`` (n, d) with ``labels`` (n,)."""
+    f = feats.detach().to(torch.float64).cpu()
+    y = labels.detach().to(torch.int64).cpu()
+    n = len(y)
+    if n < 4:
+        raise ValueError("the probe needs at least 4 examples")
+    perm = torch.from_numpy(np.random.default_rng([seed, 0x9E0B]).permutation(n))
+    folds = (perm[: n // 2], perm[n // 2:])
+    correct = 0
+    for fit, score in ((folds[0], folds[1]), (folds[1], folds[0])):
+        mu, sd = f[fit].mean(0), f[fit].std(0) + 1e-6
+        x = torch.cat([(f[fit] - mu) / sd, torch.ones(len(fit), 1, dtype=f.dtype)], 1)
+        xs = torch.cat([(f[score] - mu) / sd, torch.ones(len(score), 1, dtype=f.dtype)], 1)
+        target = torch.nn.functional.one_hot(y[fit], num_classes).to(f.dtype)
+        a = x.T @ x + RIDGE * len(fit) * torch.eye(x.shape[1], dtype=f.dtype)
+        w = torch.linalg.solve(a, x.T @ target)
+        correct += int((torch.argmax(xs @ w, 1) == y[score]).sum())
+    return correct / n
+
+
+@torch.no_grad()
+def head_features(model: torch.nn.Module, x: torch.Tensor, chunk: int = 512) -> torch.Tensor:
+    """The input of the model's classification head (:func:`gsd_cli.models.weights.head_prefix`) for
+    the images ``x``, in eval mode."""
+    from ..models.weights import head_prefix
+
+    head = model.get_submodule(head_prefix(model))
+    seen: list[torch.Tensor] = []
+    hook = head.register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach().flatten(1)))
+    was = model.training
+    model.eval()
+    try:
+        for i in range(0, len(x), chunk):
+            model(x[i: i + chunk])
+    finally:
+        hook.remove()
+        model.train(was)
+    return torch.cat(seen)
+
+
+class _Settings:
+    """The settings :func:`run_second_phase` reads (a :class:`TrainConfig`'s stage-1 fields)."""
+
+    def __init__(self, base, public: str, seed: int):
+        from .second_phase import STAGE1_KEYS
+
+        self._d = {k: getattr(base, k, None) for k in STAGE1_KEYS}
+        self._d.update(public=public, seed=seed, private=str(getattr(base, "private", "private")))
+        for k, v in self._d.items():
+            setattr(self, k, v)
+
+    def to_dict(self) -> dict:
+        return dict(self._d)
+
+
+class _Named:
+    def __init__(self, sources: dict):
+        self.sources = sources
+
+    def resolve(self, name: str):
+        return self.sources[name]
+
+
+def probe_second_phase(private, candidates: list, settings, *, examples: int = 2000, repeats: int = REPEATS, seed: int = 0,
+                       device: str | torch.device | None = "auto", progress=None) -> ProbeResult:
+    """The feature probe (module docstring) of each of ``candidates`` (sources) for the second phase on
+    ``private`` (the private *training* source), with the stage-1 and model settings of ``settings``
+    (a :class:`gsd_cli.train.TrainConfig` or anything with its fields: ``model``, ``weights``, ``peft``,
+    ``params``, ``batchnorm``, ``public_examples``, ``public_epochs``, ``public_lr``, ``public_batch_size``)."""
+    from ..models.peft import build_model
+    from .second_phase import run_second_phase
+
+    from ..gradients import resolve_device
+
+    dev = resolve_device(device)
+    named = {getattr(c, "name", str(c)): c for c in candidates}
+    num_classes = int(private.num_classes)
+    baseline: list[float] = []
+    gains: dict[str, list[float]] = {n: [] for n in named}
+    stage1: dict = {}
+    total, done = repeats * (1 + len(named)), 0
+    for r in range(repeats):
+        s = int(seed) + r
+        spec, model0, names, _ = build_model(settings.model, num_classes, s, weights=getattr(settings, "weights", None),
+                                             peft=getattr(settings, "peft", None), params=getattr(settings, "params", None),
+                                             batchnorm=getattr(settings, "batchnorm", "freeze") or "freeze")
+        model0 = model0.to(dev)
+        sample = gdata.draw(private, examples, s)
+        x = gdata.to_model_input(gdata.read_images(private, sample.indices, spec.input_size), spec.input_size, spec.channels, dev)
+        y = torch.from_numpy(np.asarray(sample.labels(), dtype=np.int64))
+        base = linear_probe_accuracy(head_features(model0, x), y, num_classes, s)
+        baseline.append(base)
+        done += 1
+        if progress:
+            progress("probe", done, total)
+        for name, src in named.items():
+            model = copy.deepcopy(model0)
+            with tempfile.TemporaryDirectory() as tmp:
+                rec = run_second_phase(model, names, _Settings(settings, name, s), spec, Path(tmp), dev, num_classes=num_classes,
+                                       multilabel=bool(private.multilabel), catalog=_Named(named),
+                                       private_classes=getattr(private, "classes", None))
+            stage1.setdefault(name, {"head": rec["head"], "public_examples": rec["public_examples"], "lr": rec["lr"]})
+            gains[name].append(linear_probe_accuracy(head_features(model, x), y, num_classes, s) - base)
+            done += 1
+            if progress:
+                progress("probe", done, total)
+    if any(math.isnan(v) for g in gains.values() for v in g):
+        raise ValueError("internal: a probe accuracy is NaN")
+    return ProbeResult(baseline, gains, examples=min(int(examples), len(private)), model=str(settings.model), stage1=stage1)

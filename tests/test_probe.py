@@ -1,0 +1,101 @@
+"""The feature probe (gsd_cli.train.probe, issue 42): --method auto and --method second-phase take the
+candidate whose stage-1 features beat the untrained model's with confidence, or none."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gsd_cli.train.advice import ALPHA, Candidate, advise
+from gsd_cli.train.probe import RIDGE, ProbeResult, linear_probe_accuracy
+
+from test_advice import REFS, FakeRanking
+
+
+def _ridge_predictions_by_lstsq(f, y, fit, score, k):
+    """An independent computation: ridge as least squares on the augmented system [X; sqrt(lam) I]."""
+    mu, sd = f[fit].mean(0), f[fit].std(0, ddof=1) + 1e-6
+    x = np.c_[(f[fit] - mu) / sd, np.ones(len(fit))]
+    xs = np.c_[(f[score] - mu) / sd, np.ones(len(score))]
+    lam = RIDGE * len(fit)
+    a = np.r_[x, np.sqrt(lam) * np.eye(x.shape[1])]
+    b = np.r_[np.eye(k)[y[fit]], np.zeros((x.shape[1], k))]
+    w = np.linalg.lstsq(a, b, rcond=None)[0]
+    return (xs @ w).argmax(1)
+
+
+def test_the_linear_probe_equals_a_ridge_solved_independently():
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 4, 301)
+    f = rng.normal(size=(301, 6)) + 0.8 * np.eye(4, 6)[y]
+    acc = linear_probe_accuracy(torch.from_numpy(f), torch.from_numpy(y), 4, seed=5)
+    perm = np.random.default_rng([5, 0x9E0B]).permutation(301)
+    folds = (perm[:150], perm[150:])
+    right = sum(int((_ridge_predictions_by_lstsq(f, y, a, b, 4) == y[b]).sum()) for a, b in (folds, folds[::-1]))
+    assert acc == pytest.approx(right / 301)
+
+
+def test_the_probe_is_near_chance_on_noise_and_near_perfect_on_separable_features():
+    rng = np.random.default_rng(1)
+    y = torch.from_numpy(rng.integers(0, 5, 2000))
+    noise = torch.from_numpy(rng.normal(size=(2000, 16)))
+    assert abs(linear_probe_accuracy(noise, y, 5, 0) - 0.2) < 0.05
+    sep = noise.clone()
+    sep[torch.arange(2000), y] += 6.0
+    assert linear_probe_accuracy(sep, y, 5, 0) > 0.97
+
+
+FACTS = {"mnist-b": Candidate("mnist-b", 5000, 10), "digits": Candidate("digits", 1797, 10),
+         "faces": Candidate("faces", 200, 2), "noise": Candidate("noise", 2500, 10)}
+
+
+def _probe(**gains):
+    return ProbeResult([0.6, 0.62, 0.61], {n: list(g) for n, g in gains.items()}, examples=2000, model="fmnist-cnn")
+
+
+def test_the_probe_picks_the_largest_confident_gain_not_the_closest():
+    r = FakeRanking({"mnist-b": [0.50, 0.51, 0.49], "digits": [0.40, 0.41, 0.39], **REFS})  # digits is the closer
+    p = _probe(**{"mnist-b": [0.20, 0.22, 0.21], "digits": [0.05, 0.06, 0.04]})
+    d = advise(r, "auto", candidates=FACTS, private_classes=10, probe=p)
+    assert (d.method, d.public, d.fell_back) == ("second-phase", "mnist-b", False)
+    assert "+21.0 points" in d.message and d.evidence["digits"]["probe_helps"]
+
+
+def test_no_confident_gain_trains_dpsgd_and_an_explicit_second_phase_is_refused():
+    r = FakeRanking({"mnist-b": [0.50, 0.51, 0.49], "digits": [0.40, 0.41, 0.39], **REFS})
+    p = _probe(**{"mnist-b": [0.03, -0.02, 0.01], "digits": [-0.05, -0.06, -0.04]})  # mnist-b: p > 0.05
+    d = advise(r, "auto", candidates=FACTS, private_classes=10, probe=p)
+    assert (d.method, d.public, d.fell_back) == ("dpsgd", None, True)
+    assert "features beat the untrained model's" in d.message and "does not try GEP" in d.message
+    assert not p.test("mnist-b", ALPHA)[0]
+    d = advise(r, "second-phase", candidates=FACTS, private_classes=10, probe=p)
+    assert d.refused and "--no-fallback" in d.message
+    # --method gep is the GSD advice's, whatever the probe says
+    d = advise(r, "gep", candidates=FACTS, private_classes=10, probe=p)
+    assert (d.method, d.public, d.refused) == ("gep", "digits", False)
+
+
+def test_the_probe_never_overrides_the_noise_reference_or_the_label_rule():
+    # a strong probe gain cannot make a candidate that is no closer than noise, or a 2-class one, the pick
+    r = FakeRanking({"noise": [0.735, 0.74, 0.745], "faces": [0.45, 0.46, 0.44], **REFS})
+    p = _probe(noise=[0.3, 0.31, 0.32], faces=[0.3, 0.31, 0.32])
+    d = advise(r, "auto", candidates=FACTS, private_classes=10, probe=p)
+    assert (d.method, d.public) == ("dpsgd", None) and "2 classes" in d.message
+
+
+def test_the_probe_end_to_end_prefers_real_digits_over_noise():
+    """Stage 1 exactly as gsd train runs it, on real digits: pretraining on the other half of MNIST-5k helps
+    the features; Gaussian noise with random labels does not."""
+    from gsd_cli import data as gdata
+    from gsd_cli.train import TrainConfig
+    from gsd_cli.train.probe import probe_second_phase
+
+    cfg = TrainConfig(private="mnist-a", public="mnist-b", method="second-phase", model="fmnist-cnn", public_examples=500,
+                      public_epochs=2, public_batch_size=64, public_lr=3e-3)
+    res = probe_second_phase(gdata.resolve("mnist-a"), [gdata.resolve("mnist-b"), gdata.resolve("noise")], cfg, examples=400,
+                             repeats=2, seed=0, device="cpu")
+    assert res.repeats == 2 and len(res.gains["noise"]) == 2
+    assert res.mean_gain("mnist-b") > 0.05 and res.mean_gain("noise") < res.mean_gain("mnist-b") - 0.05
+    assert res.stage1["mnist-b"]["head"].startswith("shared") and res.stage1["noise"]["head"].startswith("a separate")
+    assert 0.1 < res.baseline[0] < 0.95
