@@ -136,7 +136,12 @@ def advice_sentence(private: bool = False) -> str:
             f"them, beyond the gap between two draws of noise, is above 0 with confidence (alpha {ALPHA:g})" if private else
             f"it is closer than the in-run noise references with confidence (one-sided paired t-test over "
             f"{REPEATS} draws, alpha {ALPHA:g})")
-    return (f"Advice (gsd train --auto-select{' --select-epsilon' if private else ''}, --method auto): a candidate is used "
-            f"only when {test}; the second phase only with one that has the private task's classes and "
-            f"{PER_CLASS} examples per class, else GEP; otherwise DP-SGD without public data. Set before any held-out "
-            "run; measured on held-out tasks on the validity page.")
+    if private:
+        return (f"Advice (gsd train --auto-select --select-epsilon, --method auto): a candidate is used only when {test}; "
+                f"the second phase only with one that has the private task's classes and {PER_CLASS} examples per class, "
+                "else GEP; otherwise DP-SGD without public data. Measured on held-out tasks on the validity page.")
+    return (f"Advice (gsd train --auto-select, --method auto): a candidate is used only when {test}, has the private "
+            f"task's classes and {PER_CLASS} examples per class, and the second phase's stage 1 on it gives the model "
+            "better features than it starts with (a linear probe of the private examples against the untrained model's, "
+            "paired t-test over 3 draws); the second phase with the largest such gain, otherwise DP-SGD without public "
+            "data. Measured on held-out tasks on the validity page.")

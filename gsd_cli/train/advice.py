@@ -20,8 +20,18 @@ Two questions decide it, neither calibrated on any benchmark:
    (sizes and label spaces are public), set before any benchmark run (docs/validity.md, held-out
    benchmark).
 
-``--method auto``: the second phase with the closest eligible candidate that beats the reference; else
-GEP with the closest candidate that beats it; else DP-SGD without public data, saying why. An explicit
+3. **Does the method gain from it?** (non-private selections, with the run's settings) The feature
+   probe (:mod:`gsd_cli.train.probe`): stage 1 of the second phase as ``gsd train`` runs it, then a
+   linear probe of the private examples on the pretrained features against the untrained model's,
+   paired over 3 draws. GSD compares gradient subspaces at the untrained model and did not predict the
+   second phase's accuracy on the held-out benchmark's realistic tasks; the probe scores what the
+   second phase uses, its labels and size included (:func:`_advise_by_probe`).
+
+``--method auto`` with the probe: the second phase with the eligible candidate that beats the reference
+and whose probe gain is above 0 with confidence, the largest such gain; else DP-SGD without public data,
+saying why (GEP is not tried: :data:`NO_GEP`). Without the probe (under DP): the second phase with the
+closest eligible candidate that beats the reference; else GEP with the closest candidate that beats it;
+else DP-SGD without public data, saying why. An explicit
 public method keeps its method and takes its closest usable candidate that beats the reference; with
 none, :class:`Decision` ``refused`` (the CLI exits 2 unless ``--no-fallback``).
 

@@ -30,7 +30,7 @@ from .arms import (
     settings,
 )
 from .cache import RANKINGS, RESULTS, gsd_commit, load_ranking, load_runs, run_key
-from .tasks import SPLIT, TASKS, null, sizes, split
+from .tasks import SPLIT, SPLIT2, TASKS, null, sizes, split, split2
 
 OUT_JSON = RESULTS.parent / "heldout_scores.json"
 OUT_MD = RESULTS.parent / "heldout_scores.md"
@@ -95,6 +95,44 @@ def decision_advise(task: str, advised: dict | None) -> tuple[str, str | None] |
         return d["method"], d["public"]
 
 
+def probe_result(doc: dict | None):
+    """A cached feature probe (``<task>-s<seed>-probe.json``) as :class:`gsd_cli.train.probe.ProbeResult`."""
+    if doc is None:
+        return None
+    from gsd_cli.train.probe import ProbeResult
+
+    return ProbeResult(list(doc["baseline"]), {k: list(v) for k, v in doc["gains"].items()}, examples=doc["examples"],
+                       model=doc["model"], stage1=doc.get("stage1", {}))
+
+
+def decision_probe(task: str, advised: dict | None, probe: dict | None) -> tuple[str, str | None] | None:
+    """This round's advice: ``advise(ranking, "auto", ..., probe=...)`` on the cached advised ranking and the
+    cached feature probe of the same task and seed (None where either is missing)."""
+    if advised is None or probe is None:
+        return None
+    from gsd_cli.data import resolve
+    from gsd_cli.train.advice import advise, describe
+
+    from .tasks import register
+
+    register()
+    t = TASKS[task]
+    facts = {c: describe(resolve(c)) for c in t.candidates}
+    a = advise(_Ranking(advised["ranking"], advised.get("references")), method="auto", candidates=facts,
+               private_classes=int(resolve(t.train).num_classes), probe=probe_result(probe))
+    return a.method, a.public
+
+
+def gsd_results(task: str, seed: int) -> list | None:
+    """The GSD rows of a task and seed, best first: auto-select's plain ranking, else the advised ranking's
+    candidate rows (mean over its repeats; round 2 has advised rankings only)."""
+    doc = load_ranking(task, seed)
+    if doc is not None:
+        return doc["results"]
+    adv = load_ranking(task, seed, "advised")
+    return None if adv is None else sorted(adv["ranking"]["results"], key=lambda r: r["distance"])
+
+
 def boot_mean(values, rng, b: int = B) -> dict:
     v = np.asarray(values, float)
     if len(v) == 0:
@@ -129,7 +167,7 @@ class Cells:
     def complete(self, seed: int) -> bool:
         t = TASKS[self.task]
         need = [(BASELINE, None), ("gep", null(self.task))] + [(m, c) for c in t.candidates for m in METHODS]
-        return load_ranking(self.task, seed) is not None and all(self.acc(m, c, seed) is not None for m, c in need)
+        return gsd_results(self.task, seed) is not None and all(self.acc(m, c, seed) is not None for m, c in need)
 
 
 def task_scores(task: str, seeds, runs: dict, hps: dict, rng) -> dict | None:
@@ -142,9 +180,12 @@ def task_scores(task: str, seeds, runs: dict, hps: dict, rng) -> dict | None:
     per_seed: dict[str, list[float]] = {}
     decisions = []
     advised = {s: load_ranking(task, s, "advised") for s in c.seeds}
+    probes = {s: load_ranking(task, s, "probe") for s in c.seeds}
     first = next((advised[s] for s in sorted(advised) if advised[s] is not None), None)  # the first seed's advised ranking
-    deciders = {"auto:rule": lambda s: decision_rule(load_ranking(task, s)), "auto:advise": lambda s: decision_advise(task, advised[s]),
-                "auto:advise-once": lambda s: decision_advise(task, first)}  # ranked once, its decision trained with every seed
+    deciders = {"auto:rule": lambda s: decision_rule(load_ranking(task, s)) if load_ranking(task, s) is not None else None,
+                "auto:advise": lambda s: decision_advise(task, advised[s]),
+                "auto:advise-once": lambda s: decision_advise(task, first),  # ranked once, its decision trained with every seed
+                "auto:probe": lambda s: decision_probe(task, advised[s], probes[s])}
     # each auto arm on the seeds where its decision exists (the advised rankings may cover fewer seeds)
     auto_seeds = {a: [s for s in c.seeds if fn(s) is not None] for a, fn in deciders.items()}
     autos = [a for a in deciders if auto_seeds[a]]
@@ -153,9 +194,13 @@ def task_scores(task: str, seeds, runs: dict, hps: dict, rng) -> dict | None:
         per_seed.setdefault(arm, []).append(v)
 
     for s in c.seeds:
-        doc = load_ranking(task, s)
-        winner = doc["results"][0]["public"]
-        dec = {"seed": s, "winner": winner, "distance": doc["results"][0]["distance"], "uniform_baseline": doc.get("uniform_baseline")}
+        rows = gsd_results(task, s)
+        winner = rows[0]["public"]
+        dec = {"seed": s, "winner": winner, "distance": rows[0]["distance"]}
+        if probes[s] is not None:  # the probe's own pick: the largest mean gain, whatever its test
+            pp = max(t.candidates, key=lambda x: float(np.mean(probes[s]["gains"][x])))
+            dec["probe_pick"] = pp
+            put("second-phase:probe-pick", c.acc("second-phase", pp, s))
         put("dpsgd", c.acc(BASELINE, None, s))
         for arm in autos:
             if s not in auto_seeds[arm]:
@@ -182,30 +227,41 @@ def task_scores(task: str, seeds, runs: dict, hps: dict, rng) -> dict | None:
              for a, v in per_seed.items() if a != "dpsgd" and not a.startswith("dpsgd@")}
     # Spearman: the candidates' mean distance over this task's rankings against their mean accuracy
     # under the validated method; interval resampling candidates and seeds
-    dist = {x: np.mean([next(r["distance"] for r in load_ranking(task, s)["results"] if r["public"] == x) for s in c.seeds])
+    dist = {x: np.mean([next(r["distance"] for r in gsd_results(task, s) if r["public"] == x) for s in c.seeds])
             for x in t.candidates}
     acc_cs = np.array([[c.acc(VALIDATED, x, s) for s in c.seeds] for x in t.candidates])  # candidates x seeds
-    dvec = np.array([dist[x] for x in t.candidates])
-    rho = spearman(list(dvec), list(acc_cs.mean(1)))
-    boots = []
-    for _ in range(B):
-        ci = rng.integers(0, len(dvec), len(dvec))
-        si = rng.integers(0, acc_cs.shape[1], acc_cs.shape[1])
-        r = spearman(list(dvec[ci]), list(acc_cs[ci][:, si].mean(1)))
-        if not math.isnan(r):
-            boots.append(r)
+
+    def rank_corr(dvec):
+        rho = spearman(list(dvec), list(acc_cs.mean(1)))
+        boots = []
+        for _ in range(B):
+            ci = rng.integers(0, len(dvec), len(dvec))
+            si = rng.integers(0, acc_cs.shape[1], acc_cs.shape[1])
+            r = spearman(list(dvec[ci]), list(acc_cs[ci][:, si].mean(1)))
+            if not math.isnan(r):
+                boots.append(r)
+        return {"method": VALIDATED, "rho": rho,
+                "ci": [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))] if boots else None}
+
+    spear = rank_corr(np.array([dist[x] for x in t.candidates]))
+    probe_seeds = [s for s in c.seeds if probes[s] is not None]
+    probe_dist = ({x: -100.0 * float(np.mean([np.mean(probes[s]["gains"][x]) for s in probe_seeds])) for x in t.candidates}
+                  if probe_seeds else None)  # minus the mean probe gain (points): a "distance", lower is better
+    spear_probe = rank_corr(np.array([probe_dist[x] for x in t.candidates])) if probe_dist else None
     return {"task": task, "kind": t.kind, "realistic": t.realistic, "seeds": c.seeds, "auto_seeds": auto_seeds, "largest": largest,
             "oracle_choice": {"method": best[0], "public": best[1]}, "decisions": decisions, "auto_arms": autos,
             "arms": arms, "gains_vs_dpsgd": gains, "per_seed": per_seed,
-            "distance": {x: float(dist[x]) for x in t.candidates},
-            "spearman": {"method": VALIDATED, "rho": rho,
-                         "ci": [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))] if boots else None}}
+            "distance": {x: float(dist[x]) for x in t.candidates}, "probe_distance": probe_dist, "probe_seeds": probe_seeds,
+            "spearman": spear, "spearman_probe": spear_probe}
 
 
-AUTO_ARMS = ("auto:rule", "auto:advise", "auto:advise-once")
+AUTO_ARMS = ("auto:rule", "auto:advise", "auto:advise-once", "auto:probe")
 DECIDERS = {"auto:rule": "gsd_cli.train.fallback.decide (the previous rule, before the advice, on auto-select's plain ranking)",
-            "auto:advise": "gsd_cli.train.advice.advise (on advised_selection's ranking: noise reference and repeats)",
-            "auto:advise-once": "gsd_cli.train.advice.advise on the first seed's advised ranking, its decision trained with every seed (rank once, train many)"}
+            "auto:advise": "gsd_cli.train.advice.advise without the probe (round 1's advice: GSD, noise reference and repeats)",
+            "auto:advise-once": "round 1's advice on the first seed's advised ranking, its decision trained with every seed (rank once, train many)",
+            "auto:probe": "gsd_cli.train.advice.advise with the feature probe (this round's gsd train --auto-select: advised ranking + gsd_cli.train.probe)"}
+#: the pick arms compared with a random candidate of their method
+PICKS = {"gep:pick": "gep", "second-phase:pick": "second-phase", "second-phase:probe-pick": "second-phase"}
 
 
 def figures(scores: dict, rng) -> dict:
@@ -218,6 +274,10 @@ def figures(scores: dict, rng) -> dict:
     out = {"tasks": [s["task"] for s in tasks], "oracle_gain_by_task": oracle_gain,
            "spearman": {"method": VALIDATED, "by_task": {s["task"]: s["spearman"] for s in tasks},
                         "mean": float(np.nanmean([s["spearman"]["rho"] for s in tasks]))}}
+    if all(s.get("spearman_probe") for s in tasks):
+        out["spearman_probe"] = {"method": VALIDATED, "by_task": {s["task"]: s["spearman_probe"] for s in tasks},
+                                 "mean": float(np.nanmean([s["spearman_probe"]["rho"] for s in tasks])),
+                                 "what": "minus the mean probe gain against the second phase's accuracy"}
     for arm in AUTO_ARMS:
         if not all(arm in s["per_seed"] for s in tasks):
             continue
@@ -233,25 +293,32 @@ def figures(scores: dict, rng) -> dict:
             "gain_where_oracle_gains_3": {"tasks": big, "mean": float(np.mean([task_means[t] for t in big])) if big else None},
         }
     # gsd's pick minus a random candidate, per method: mean over tasks, interval resampling candidates and seeds
-    for meth in METHODS:
-        point = float(np.mean([np.mean(np.array(s["per_seed"][f"{meth}:pick"]) - np.array(s["per_seed"][f"{meth}:random"])) for s in tasks]))
+    for arm, meth in PICKS.items():
+        if not all(len(s["per_seed"].get(arm, [])) == len(s["per_seed"][f"{meth}:random"]) for s in tasks):
+            continue  # the probe's pick needs a probe for every seed
+        point = float(np.mean([np.mean(np.array(s["per_seed"][arm]) - np.array(s["per_seed"][f"{meth}:random"])) for s in tasks]))
         boots = []
         for _ in range(B):
             vals = []
             for s in tasks:
                 cands = TASKS[s["task"]].candidates
                 A = np.array([s["per_seed"][f"{meth}:{x}"] for x in cands])  # candidates x seeds
-                pick = np.array(s["per_seed"][f"{meth}:pick"])
+                pick = np.array(s["per_seed"][arm])
                 si = rng.integers(0, A.shape[1], A.shape[1])
                 ci = rng.integers(0, A.shape[0], A.shape[0])
                 vals.append(pick[si].mean() - A[ci][:, si].mean())
             boots.append(np.mean(vals))
-        out[f"pick_minus_random_{meth}"] = {"mean": point, "ci": [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))]}
+        out[f"pick_minus_random_{arm}"] = {"mean": point, "ci": [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))]}
     return out
 
 
-ARM_ORDER = ["dpsgd", "auto:rule", "auto:advise", "auto:advise-once", "null", "gep:pick", "gep:random", "gep:largest", "second-phase:pick", "second-phase:random",
-             "second-phase:largest", "oracle"]
+ARM_ORDER = ["dpsgd", "auto:rule", "auto:advise", "auto:advise-once", "auto:probe", "null", "gep:pick", "gep:random", "gep:largest",
+             "second-phase:pick", "second-phase:probe-pick", "second-phase:random", "second-phase:largest", "oracle"]
+STAGES = {"held_out_2": "Held-out tasks, round 2 (defined after round 1 was seen, split2.json frozen before any run on them; "
+                        "the probe and the head rule were frozen before any probe or second-phase run on them)",
+          "held_out": "Round 1's held-out tasks (seen: this round's probe and head rule were designed after their results, "
+                      "so for those changes they are in-sample)",
+          "selection": "Selection tasks (in-sample: tuned here)"}
 
 
 def _f(d: dict | None) -> str:
@@ -272,14 +339,15 @@ def markdown(doc: dict) -> str:
     L = ["# Held-out benchmark (issue 42)", "",
          f"Split (`benchmarks/validity/heldout/split.json`, frozen in commit {doc['split_commit']}): selection "
          f"{', '.join(doc['split']['selection'])}; held out {', '.join(doc['split']['held_out'])}. "
+         f"Round 2 (`split2.json`, frozen in commit {doc.get('split2_commit', '-')}): held out {', '.join(doc.get('split2', {}).get('held_out', []))}. "
          f"Tuned learning rates (selection tasks only): {', '.join(f'{m} {h}' for m, h in doc['tuned'].items())}. "
          "Auto arms: " + "; ".join(f"`{a}` = {d}" for a, d in DECIDERS.items()) + " (a column of dashes: not available for every cell). "
          "Accuracy % over seeds [95% bootstrap over seeds]; gains paired over seeds.", ""]
-    for stage in ("held_out", "selection"):
-        sc = doc["scores"][stage]
+    for stage in STAGES:
+        sc = doc["scores"].get(stage, {})
         if not any(sc.values()):
             continue
-        L += [f"## {'Held-out tasks' if stage == 'held_out' else 'Selection tasks (in-sample: tuned here)'}", "",
+        L += [f"## {STAGES[stage]}", "",
               "| task | seeds | " + " | ".join(ARM_ORDER) + " |", "|---|---|" + "---|" * len(ARM_ORDER)]
         for t, s in sc.items():
             if s is None:
@@ -295,15 +363,17 @@ def markdown(doc: dict) -> str:
                             for d in s["decisions"])
             L.append(f"| {t} | " + " | ".join(_g(s["gains_vs_dpsgd"].get(a)) for a in ARM_ORDER[1:])
                      + f" | {s['oracle_choice']['method']} {s['oracle_choice']['public'] or '-'} | {dec} |")
-        L += ["", "Each candidate (mean accuracy; distance = mean GSD over the task's rankings):", "",
-              "| task | candidate | GSD | GEP | second phase |", "|---|---|---|---|---|"]
+        L += ["", "Each candidate (mean accuracy; GSD = mean over the task's rankings; probe = mean gain of the feature probe, points):", "",
+              "| task | candidate | GSD | probe | GEP | second phase |", "|---|---|---|---|---|---|"]
         for t, s in sc.items():
             if s is None:
                 continue
             for x in TASKS[t].candidates:
-                L.append(f"| {t} | {x} | {s['distance'][x]:.3f} | {_f(s['arms'][f'gep:{x}'])} | {_f(s['arms'][f'second-phase:{x}'])} |")
-        for f, what in ((doc["figures"][stage], "held out" if stage == "held_out" else "selection, in-sample"),
-                        (doc["figures"].get("held_out_realistic") if stage == "held_out" else None, "held out, realistic tasks only")):
+                pr = f"{-s['probe_distance'][x]:+.1f}" if s.get("probe_distance") else "-"
+                L.append(f"| {t} | {x} | {s['distance'][x]:.3f} | {pr} | {_f(s['arms'][f'gep:{x}'])} | {_f(s['arms'][f'second-phase:{x}'])} |")
+        what = {"held_out_2": "round 2, held out", "held_out": "round 1's held-out tasks, seen", "selection": "selection, in-sample"}[stage]
+        for f, what in ((doc["figures"][stage], what),
+                        (doc["figures"].get("held_out_realistic") if stage == "held_out" else None, "round 1's held-out tasks, seen, realistic only")):
             if not f:
                 continue
             L += ["", f"**Figures ({what})**", ""]
@@ -316,10 +386,13 @@ def markdown(doc: dict) -> str:
                 L += [f"- `{arm}` (seeds per task: {'/'.join(map(str, nseeds))}) >= tuned DP-SGD - 0.5 points: {a['tasks_ok']} of {a['tasks']} tasks (mean over seeds), "
                       f"{a['seed_cells_ok']} of {a['seed_cells']} (task, seed) cells; tasks where the oracle gains >= 3 points: "
                       f"{', '.join(g3['tasks']) or 'none'}, `{arm}`'s mean gain there: {'-' if g3['mean'] is None else format(g3['mean'], '+.1f')}"]
-            L += [*(f"- gsd's pick minus a random candidate, {m}: {_g(f[f'pick_minus_random_{m}'])} (interval resampling candidates and seeds)" for m in METHODS),
-                  f"- Spearman(GSD, {f['spearman']['method']} accuracy) per task: "
-                  + "; ".join(f"{t} {v['rho']:+.2f}" + (f" [{v['ci'][0]:+.2f}, {v['ci'][1]:+.2f}]" if v["ci"] else "") for t, v in f["spearman"]["by_task"].items())
-                  + f"; mean {f['spearman']['mean']:+.2f}"]
+            L += [*(f"- `{arm}` minus a random candidate of {m}: {_g(f[f'pick_minus_random_{arm}'])} (interval resampling candidates and seeds)"
+                    for arm, m in PICKS.items() if f"pick_minus_random_{arm}" in f)]
+            for key, name in (("spearman", "GSD"), ("spearman_probe", "minus the probe gain")):
+                if key in f:
+                    L.append(f"- Spearman({name}, {f[key]['method']} accuracy) per task: "
+                             + "; ".join(f"{t} {v['rho']:+.2f}" + (f" [{v['ci'][0]:+.2f}, {v['ci'][1]:+.2f}]" if v["ci"] else "")
+                                         for t, v in f[key]["by_task"].items()) + f"; mean {f[key]['mean']:+.2f}")
         L.append("")
     L += [f"Commits of the runs: {', '.join(doc['run_commits'])}.", ""]
     return "\n".join(L)
@@ -334,13 +407,18 @@ def build(partial: bool = False) -> dict:
     sp = split()
     frozen = subprocess.run(["git", "-C", str(SPLIT.parent), "log", "--format=%H", "--diff-filter=A", "--", SPLIT.name],
                             capture_output=True, text=True, check=False).stdout.split()
-    scores = {"held_out": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, rng) for t in sp["held_out"]},
+    sp2 = split2() if SPLIT2.is_file() else {"held_out": []}
+    frozen2 = subprocess.run(["git", "-C", str(SPLIT2.parent), "log", "--format=%H", "--diff-filter=A", "--", SPLIT2.name],
+                             capture_output=True, text=True, check=False).stdout.split()
+    scores = {"held_out_2": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, rng) for t in sp2["held_out"]},
+              "held_out": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, rng) for t in sp["held_out"]},
               "selection": {t: task_scores(t, SELECTION_SEEDS, runs, hps, rng) for t in sp["selection"]}}
     if not partial:
         missing = [t for st in scores.values() for t, s in st.items() if s is None]
         if missing:
             raise SystemExit(f"no complete cell for {missing}: run the stages (or score --partial)")
-    return {"split": sp, "split_commit": frozen[-1] if frozen else "uncommitted", "tuned": hps, "deciders": DECIDERS,
+    return {"split": sp, "split_commit": frozen[-1] if frozen else "uncommitted", "split2": sp2,
+            "split2_commit": frozen2[-1] if frozen2 else "uncommitted", "tuned": hps, "deciders": DECIDERS,
             "scored_with": gsd_commit(), "run_commits": sorted({r["commit"] for r in runs.values()}),
             "rankings": str(RANKINGS.relative_to(RESULTS.parents[1])),
             "scores": scores, "figures": {**{k: figures(v, rng) for k, v in scores.items()},
