@@ -99,3 +99,17 @@ def test_the_probe_end_to_end_prefers_real_digits_over_noise():
     assert res.mean_gain("mnist-b") > 0.05 and res.mean_gain("noise") < res.mean_gain("mnist-b") - 0.05
     assert res.stage1["mnist-b"]["head"].startswith("shared") and res.stage1["noise"]["head"].startswith("a separate")
     assert 0.1 < res.baseline[0] < 0.95
+
+
+def test_probe_repeats_zero_leaves_the_gsd_advice_and_one_is_refused(capsys, tmp_path):
+    import json
+
+    from gsd_cli.cli import main
+
+    base = ["train", "--auto-select", "--public", "mnist-b", "--rank-examples", "64", "--rank-k", "4", "--epochs", "1",
+            "--batch-size", "100", "--expected-size", "400", "--delta", "1e-3", "-q"]
+    assert main([*base, "--probe-repeats", "1", "--out", str(tmp_path / "one")]) == 2
+    assert "--probe-repeats 1" in capsys.readouterr().err and not (tmp_path / "one").exists()
+    assert main([*base, "--probe-repeats", "0", "--public-examples", "200", "--public-epochs", "1", "--out", str(tmp_path / "zero")]) == 0
+    s = json.loads((tmp_path / "zero" / "summary.json").read_text())
+    assert "probe" not in s["selection"]["advice"]["evidence"] and s["method"] in ("second-phase", "gep", "dpsgd")

@@ -77,7 +77,7 @@ def train(
     public: Optional[List[str]] = _panel(public_list_option("Public dataset for GEP; with --auto-select, the candidates (list names after it)."), "Data"),
     auto_select: bool = typer.Option(False, "--auto-select", help="Rank the --public candidates (or the --catalog job's) with gsd rank first (probe network, random labels) and train with the closest.", rich_help_panel="Data"),
     catalog_path: Optional[Path] = typer.Option(None, "--catalog", help="TOML catalogue: its datasets resolve by name; with --auto-select the candidates are those of the job whose private set is --private.", rich_help_panel="Data"),
-    method: Optional[Method] = typer.Option(None, "--method", show_default=False, help="Default: auto with --auto-select, else gep. auto (--auto-select only): the method gsd's downstream benchmark favours for the winner's distance (validity.json: the public method with the largest measured gain whose threshold the winner passes, else DP-SGD without public data; today the second phase for close winners), printed with its evidence. gep: Gradient Embedding Perturbation (paper 000) on the public anchor subspace; dpsgd: DP-SGD without public data; rgp: low-rank reparametrized gradient perturbation (paper 001), no public data; topagg: DP-SGD with NormTopK compression (paper 002); second-phase: train the --peft parameters on the public set first (no privacy cost), then DP-SGD on the private set (paper 004 Sec. 5; the paper uses --lr 0.8 --clip 0.1).", rich_help_panel="Privacy"),
+    method: Optional[Method] = typer.Option(None, "--method", show_default=False, help="Default: auto with --auto-select, else gep. auto (--auto-select only): the advice (docs/train.md): the second phase with the candidate that is closer than the in-run noise references and whose stage 1 the feature probe finds helps the model with confidence (under --select-epsilon: the closest usable candidate, else GEP), else DP-SGD without public data; printed with its evidence. gep: Gradient Embedding Perturbation (paper 000) on the public anchor subspace; dpsgd: DP-SGD without public data; rgp: low-rank reparametrized gradient perturbation (paper 001), no public data; topagg: DP-SGD with NormTopK compression (paper 002); second-phase: train the --peft parameters on the public set first (no privacy cost), then DP-SGD on the private set (paper 004 Sec. 5; the paper uses --lr 0.8 --clip 0.1).", rich_help_panel="Privacy"),
     epsilon: float = typer.Option(2.0, "--epsilon", help="Target epsilon of the training; sigma is calibrated so the final epsilon is never above it.", rich_help_panel="Privacy"),
     delta: float = typer.Option(1e-5, "--delta", help="Target delta, in (0, 1); use less than 1/N.", rich_help_panel="Privacy"),
     private_test: Optional[str] = typer.Option(None, "--private-test", help="Test set for evaluation (default: the private dataset's test part).", rich_help_panel="Data"),
@@ -128,6 +128,7 @@ def train(
     rank_k: int = typer.Option(16, "--rank-k", help="--auto-select: subspace dimension of the ranking.", rich_help_panel="Auto-select ranking (--auto-select)"),
     rank_examples: int = typer.Option(2000, "--rank-examples", help="--auto-select: examples per dataset in the ranking.", rich_help_panel="Auto-select ranking (--auto-select)"),
     select_epsilon: Optional[float] = typer.Option(None, "--select-epsilon", help="--auto-select with a private selection at this epsilon (gsd rank --dp: the winner by permute-and-flip, whose cost does not grow with the number of candidates, and its DP energy distance; added to the budget); without it the selection is not private.", rich_help_panel="Auto-select ranking (--auto-select)"),
+    probe_repeats: int = typer.Option(3, "--probe-repeats", min=0, max=100, help="--auto-select without --select-epsilon: draws of the feature probe (stage 1 of the second phase on each candidate, then a linear probe of the private examples against the untrained model's; gsd_cli.train.probe). 0: no probe, the GSD advice decides (the second phase with the closest usable candidate, else GEP).", rich_help_panel="Auto-select ranking (--auto-select)"),
     rank_repeats: Optional[int] = typer.Option(None, "--rank-repeats", help="--auto-select: draws of the ranking (default 3; 1 with --select-epsilon): the advice uses a candidate only when it is closer than the in-run noise reference by a one-sided paired t-test over the draws.", rich_help_panel="Auto-select ranking (--auto-select)"),
     fallback: bool = typer.Option(True, "--fallback/--no-fallback", help="--auto-select: follow the advice (gsd_cli.train.advice): public data only when a candidate is closer than the in-run noise reference with confidence, the second phase only with a candidate that has the private task's classes and 100 examples per class; otherwise DP-SGD without public data (--method auto) or exit 2 (an explicit --method gep or second-phase). --no-fallback trains with the closest candidate anyway, with a warning.", rich_help_panel="Auto-select ranking (--auto-select)"),
     device: Device = _panel(device_option(), "Run folder and output"),
@@ -177,6 +178,8 @@ def train(
         _use_data_root(ctx, data_root)
     if method is None:
         method = Method.auto if auto_select else Method.gep
+    if probe_repeats == 1:
+        raise GSDError("--probe-repeats 1 gives the probe no confidence (its test pairs 2 or more draws): give 0 (no probe) or at least 2")
     if method is Method.auto and not auto_select:
         raise GSDError("--method auto picks the method from the ranking: add --auto-select (or name a method: gep, dpsgd, rgp, topagg, second-phase)")
     fields = dict(
@@ -258,7 +261,8 @@ def train(
             ranking, decision = with_progress(
                 quiet, lambda pr: advised_fn(private, publics, cfg.method, private_test=private_test, catalog=cat, progress=pr,
                                              repeats=rank_repeats, references=fallback or select_epsilon is None,
-                                             train_settings=cfg, **rank_opts),
+                                             train_settings=cfg if probe_repeats else None, probe_repeats=probe_repeats or None,
+                                             **rank_opts),
                 private=True)  # the ranking's time grows with the private set: labelled private
             print_ranking(ranking, out)
             if ranking.references:
