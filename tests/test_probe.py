@@ -113,3 +113,17 @@ def test_probe_repeats_zero_leaves_the_gsd_advice_and_one_is_refused(capsys, tmp
     assert main([*base, "--probe-repeats", "0", "--public-examples", "200", "--public-epochs", "1", "--out", str(tmp_path / "zero")]) == 0
     s = json.loads((tmp_path / "zero" / "summary.json").read_text())
     assert "probe" not in s["selection"]["advice"]["evidence"] and s["method"] in ("second-phase", "gep", "dpsgd")
+
+
+def test_head_features_are_the_head_input_in_any_float_dtype():
+    from probes import get_model_spec
+
+    from gsd_cli.train.probe import head_features
+
+    net = get_model_spec("fmnist-cnn").build(num_classes=10, seed=0)
+    x = torch.rand(300, 1, 28, 28)
+    f = head_features(net, x, chunk=128)
+    with torch.no_grad():
+        direct = net[:-1](x)  # everything before fc2, the head: an independent computation
+    assert f.dtype == torch.float32 and torch.allclose(f, direct, atol=1e-6)
+    assert torch.allclose(head_features(net, x.half()), direct, atol=2e-2) and net.training

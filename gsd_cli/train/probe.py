@@ -110,10 +110,16 @@ def linear_probe_accuracy(feats: torch.Tensor, labels: torch.Tensor, num_classes
     return correct / n
 
 
+#: above this many bytes as float32, the probe keeps the private examples in float16 (2,000 RGB images at 224
+#: are 1.2 GB as float32); each chunk goes to the model's device as float32
+HOLD_FLOAT32 = 256 * 2**20
+
+
 @torch.no_grad()
-def head_features(model: torch.nn.Module, x: torch.Tensor, chunk: int = 512) -> torch.Tensor:
+def head_features(model: torch.nn.Module, x: torch.Tensor, chunk: int = 256) -> torch.Tensor:
     """The input of the model's classification head (:func:`gsd_cli.models.weights.head_prefix`) for
-    the images ``x``, in eval mode."""
+    the images ``x`` (any float dtype, any device: each chunk is moved to the model's device as
+    float32), in eval mode."""
     from ..models.weights import head_prefix
 
     head = model.get_submodule(head_prefix(model))
@@ -122,12 +128,13 @@ def head_features(model: torch.nn.Module, x: torch.Tensor, chunk: int = 512) -> 
     was = model.training
     model.eval()
     try:
+        dev = next(model.parameters()).device
         for i in range(0, len(x), chunk):
-            model(x[i: i + chunk])
+            model(x[i: i + chunk].to(dev, torch.float32))
     finally:
         hook.remove()
         model.train(was)
-    return torch.cat(seen)
+    return torch.cat(seen).cpu()
 
 
 class _Settings:
@@ -178,7 +185,12 @@ def probe_second_phase(private, candidates: list, settings, *, examples: int = 2
                                              batchnorm=getattr(settings, "batchnorm", "freeze") or "freeze")
         model0 = model0.to(dev)
         sample = gdata.draw(private, examples, s)
-        x = gdata.to_model_input(gdata.read_images(private, sample.indices, spec.input_size), spec.input_size, spec.channels, dev)
+        parts = []
+        for i in range(0, len(sample.indices), 256):  # decoded chunk by chunk, held on the CPU
+            part = gdata.to_model_input(gdata.read_images(private, sample.indices[i: i + 256], spec.input_size), spec.input_size,
+                                        spec.channels, "cpu")
+            parts.append(part if len(sample) * part[0].numel() * 4 <= HOLD_FLOAT32 else part.half())
+        x = torch.cat(parts)
         y = torch.from_numpy(np.asarray(sample.labels(), dtype=np.int64))
         base = linear_probe_accuracy(head_features(model0, x), y, num_classes, s)
         baseline.append(base)
