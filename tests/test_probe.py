@@ -81,7 +81,7 @@ def test_the_probe_never_overrides_the_noise_reference_or_the_label_rule():
     r = FakeRanking({"noise": [0.735, 0.74, 0.745], "faces": [0.45, 0.46, 0.44], **REFS})
     p = _probe(noise=[0.3, 0.31, 0.32], faces=[0.3, 0.31, 0.32])
     d = advise(r, "auto", candidates=FACTS, private_classes=10, probe=p)
-    assert (d.method, d.public) == ("dpsgd", None) and "2 classes" in d.message
+    assert (d.method, d.public) == ("dpsgd", None) and "2 classes" in d.message and "not closer than noise: noise" in d.message
 
 
 def test_the_probe_end_to_end_prefers_real_digits_over_noise():

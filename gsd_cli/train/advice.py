@@ -195,7 +195,9 @@ def _advise_by_probe(method: str, order: list[str], tested: dict, rows: dict, re
     if not close:
         why = f"no candidate is closer than noise ({tested[order[0]][1]})"
     elif not usable:
-        why = "; ".join(second_phase_usable(candidates[n], private_classes) or f"{n}: not probed" for n in close)
+        far = [n for n in order if n not in close]
+        why = "; ".join(second_phase_usable(candidates[n], private_classes) or f"{n}: not probed" for n in close) + (
+            f"; not closer than noise: {', '.join(far)}" if far else "")
     else:
         top = max(usable, key=probe.mean_gain)
         why = f"no candidate's pretrained features beat the untrained model's with confidence (the best, {top}: {probe.phrase(top, ALPHA)})"
