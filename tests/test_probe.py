@@ -127,3 +127,21 @@ def test_head_features_are_the_head_input_in_any_float_dtype():
         direct = net[:-1](x)  # everything before fc2, the head: an independent computation
     assert f.dtype == torch.float32 and torch.allclose(f, direct, atol=1e-6)
     assert torch.allclose(head_features(net, x.half()), direct, atol=2e-2) and net.training
+
+
+def test_the_probe_runs_stage_one_on_pretrained_weights_with_peft(tmp_path):
+    """--weights and --peft reach the probe's model and stage 1 as they reach gsd train's."""
+    from safetensors.torch import save_file
+
+    from gsd_cli import data as gdata
+    from gsd_cli.train import TrainConfig
+    from gsd_cli.train.probe import probe_second_phase
+    from probes import get_model_spec
+
+    pre = get_model_spec("fmnist-cnn").build(num_classes=3, seed=123)
+    path = tmp_path / "pre.safetensors"
+    save_file({k: v.contiguous() for k, v in pre.state_dict().items()}, str(path))
+    cfg = TrainConfig(private="mnist-a", public="mnist-b", method="second-phase", model="fmnist-cnn", weights=str(path),
+                      peft="conv2.weight,fc2", public_examples=120, public_epochs=1, public_batch_size=32)
+    res = probe_second_phase(gdata.resolve("mnist-a"), [gdata.resolve("mnist-b")], cfg, examples=120, repeats=2, seed=0, device="cpu")
+    assert len(res.gains["mnist-b"]) == 2 and res.stage1["mnist-b"]["lr"] == 5e-5  # paper 004's CNN rate with --weights
