@@ -11,10 +11,12 @@ Tolerance: the two runs see the same subsamples, clips and noise; the sums are a
 in both, but over other chunks (a per-sample gradient of a one-example chunk can differ in its last
 bit from the same row in a larger chunk) and added in another order, so the float32 weights agree
 to float rounding, not bit for bit: |a - b| <= 1e-6 + 1e-6 |b| after 6 steps for DP-SGD (the
-differences seen are ~1e-7). GEP gets 1e-5: its anchor gradients are computed in shards and
+differences seen are ~1e-7). GEP gets 1e-4: its anchor gradients are computed in shards and
 all-gathered, and the warm-started power iteration and QR amplify their last-bit differences by the
-inverse eigengap; repeated runs of the same launch differed by up to 2.3e-6 (a wrong sample, clip or
-noise moves the weights by 1e-3 and more, which the test checks is far above the tolerance).
+inverse eigengap; repeated runs of the same launch differed by up to 2.3e-6 on a quiet machine and by
+1.8e-5 and 2.3e-5 (in the momentum and weights of conv1) in two clean-clone CI runs, with every layer on
+the same clipping path (a wrong sample, clip or noise moves the weights by 1e-3 and more; the test checks
+that two trained models differ by more than 100 times the tolerance).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from gsd_cli.train import TrainConfig, train
 from gsd_cli.train.distributed import World
 
 RTOL = ATOL = 1e-6
-TOL = {"dpsgd": 1e-6, "gep": 1e-5}  # per method, see the module docstring
+TOL = {"dpsgd": 1e-6, "gep": 1e-4}  # per method, see the module docstring
 
 
 class Interrupted(Exception):
