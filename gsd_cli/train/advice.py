@@ -179,13 +179,12 @@ def _advise_by_probe(method: str, order: list[str], tested: dict, rows: dict, re
     that are closer than noise (:func:`closer_than_reference`) and that the second phase can use
     (:func:`second_phase_usable`), those whose pretrained features beat the untrained model's with
     confidence; the one with the largest gain. None: ``auto`` trains DP-SGD alone, ``second-phase`` is refused."""
-    for n in order:
-        if n in probe.gains:
-            helps, p = probe.test(n, ALPHA)
-            evidence[n].update(probe_gain=probe.mean_gain(n), probe_p=p, probe_helps=helps)
+    verdict = {n: probe.test(n, ALPHA) for n in order if n in probe.gains}  # (helps, p)
+    for n, (helps, p) in verdict.items():
+        evidence[n].update(probe_gain=probe.mean_gain(n), probe_p=p, probe_helps=helps)
     close = [n for n in order if tested[n][0]]
-    usable = [n for n in close if n in probe.gains and second_phase_usable(candidates[n], private_classes) is None]
-    helps = [n for n in usable if probe.test(n, ALPHA)[0]]
+    usable = [n for n in close if n in verdict and second_phase_usable(candidates[n], private_classes) is None]
+    helps = [n for n in usable if verdict[n][0]]
     if helps:
         best = max(helps, key=probe.mean_gain)
         return Decision("second-phase", best, False,

@@ -71,11 +71,12 @@ def decision_rule(doc: dict) -> tuple[str, str | None] | None:
     return d.method, d.public
 
 
-def decision_advise(task: str, advised: dict | None) -> tuple[str, str | None] | None:
-    """The lead's advice, ``gsd_cli.train.advice.advise(ranking, method="auto", ...)``, re-applied to the
-    cached advised ranking (the candidates and the in-run noise references, over repeats) with the
-    candidates' public facts; where this gsd's advise cannot read the cached ranking, the decision
-    ``advised_selection`` made when it ranked (cached beside it). None where no advised ranking is cached."""
+def decision_advise(task: str, advised: dict | None, probe: dict | None = None) -> tuple[str, str | None] | None:
+    """The advice, ``gsd_cli.train.advice.advise(ranking, method="auto", ...)``, re-applied to the cached
+    advised ranking (the candidates and the in-run noise references, over repeats) with the candidates'
+    public facts and, given ``probe`` (a cached feature probe, :func:`probe_result`), the probe: this round's
+    ``gsd train --auto-select``. Without a probe, where this gsd's advise cannot read the cached ranking, the
+    decision ``advised_selection`` made when it ranked (cached beside it). None where no advised ranking is cached."""
     if advised is None:
         return None
     try:
@@ -88,9 +89,11 @@ def decision_advise(task: str, advised: dict | None) -> tuple[str, str | None] |
         t = TASKS[task]
         facts = {c: describe(resolve(c)) for c in t.candidates}
         a = advise(_Ranking(advised["ranking"], advised.get("references")), method="auto", candidates=facts,
-                   private_classes=int(resolve(t.train).num_classes))
+                   private_classes=int(resolve(t.train).num_classes), probe=probe_result(probe))
         return a.method, a.public
     except (TypeError, KeyError, AttributeError, ValueError):  # an advice module whose interface moved on: the decision made at ranking time
+        if probe is not None:
+            raise
         d = advised["decision"]
         return d["method"], d["public"]
 
@@ -103,24 +106,6 @@ def probe_result(doc: dict | None):
 
     return ProbeResult(list(doc["baseline"]), {k: list(v) for k, v in doc["gains"].items()}, examples=doc["examples"],
                        model=doc["model"], stage1=doc.get("stage1", {}))
-
-
-def decision_probe(task: str, advised: dict | None, probe: dict | None) -> tuple[str, str | None] | None:
-    """This round's advice: ``advise(ranking, "auto", ..., probe=...)`` on the cached advised ranking and the
-    cached feature probe of the same task and seed (None where either is missing)."""
-    if advised is None or probe is None:
-        return None
-    from gsd_cli.data import resolve
-    from gsd_cli.train.advice import advise, describe
-
-    from .tasks import register
-
-    register()
-    t = TASKS[task]
-    facts = {c: describe(resolve(c)) for c in t.candidates}
-    a = advise(_Ranking(advised["ranking"], advised.get("references")), method="auto", candidates=facts,
-               private_classes=int(resolve(t.train).num_classes), probe=probe_result(probe))
-    return a.method, a.public
 
 
 def gsd_results(task: str, seed: int) -> list | None:
@@ -185,7 +170,7 @@ def task_scores(task: str, seeds, runs: dict, hps: dict, rng) -> dict | None:
     deciders = {"auto:rule": lambda s: decision_rule(load_ranking(task, s)) if load_ranking(task, s) is not None else None,
                 "auto:advise": lambda s: decision_advise(task, advised[s]),
                 "auto:advise-once": lambda s: decision_advise(task, first),  # ranked once, its decision trained with every seed
-                "auto:probe": lambda s: decision_probe(task, advised[s], probes[s])}
+                "auto:probe": lambda s: decision_advise(task, advised[s], probes[s]) if probes[s] is not None else None}
     # each auto arm on the seeds where its decision exists (the advised rankings may cover fewer seeds)
     auto_seeds = {a: [s for s in c.seeds if fn(s) is not None] for a, fn in deciders.items()}
     autos = [a for a in deciders if auto_seeds[a]]
