@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from validity.heldout import score as S
 from validity.heldout.cache import run_key
-from validity.heldout.tasks import ROUND1, ROUND2, SPLIT, SPLIT2, TASKS, Task, assign
+from validity.heldout.tasks import ROUND1, ROUND2, ROUND3, SPLIT, SPLIT2, SPLIT3, TASKS, Task, assign
 
 
 def test_the_committed_split_is_the_rule_s_and_meets_its_constraints():
@@ -31,9 +31,37 @@ def test_the_committed_split_is_the_rule_s_and_meets_its_constraints():
 
 def test_round_two_is_new_held_out_and_realistic():
     doc = json.loads(SPLIT2.read_text())
-    assert doc["held_out"] == list(ROUND2) and not set(ROUND2) & set(ROUND1) and set(TASKS) == set(ROUND1) | set(ROUND2)
+    assert doc["held_out"] == list(ROUND2) and not set(ROUND2) & set(ROUND1) and set(TASKS) == set(ROUND1) | set(ROUND2) | set(ROUND3)
     assert len({TASKS[t].kind for t in ROUND2}) == 4 and all(TASKS[t].realistic for t in ROUND2)
     assert all(len(TASKS[t].candidates) >= 6 for t in ROUND2)
+
+
+def test_round_three_is_new_held_out_realistic_and_names_the_commit_under_test():
+    doc = json.loads(SPLIT3.read_text())
+    assert doc["held_out"] == list(ROUND3) and not set(ROUND3) & (set(ROUND1) | set(ROUND2))
+    assert len({TASKS[t].kind for t in ROUND3}) == 4 and all(TASKS[t].realistic for t in ROUND3)
+    assert all(len(TASKS[t].candidates) >= 6 for t in ROUND3)
+    assert len(doc["gsd_cli_commit"]) == 40 and "auto:probe-same" in doc["exploratory_arm"]
+
+
+def _fake_advise(task, advised, probe):
+    """The advice's shape: the second phase with the largest positive mean gain among the probed candidates."""
+    gains = {c: float(np.mean(g)) for c, g in probe["gains"].items()}
+    best = max(gains, key=gains.get, default=None)
+    return ("second-phase", best) if best is not None and gains[best] > 0 else ("dpsgd", None)
+
+
+def test_the_same_classes_arm_prefers_a_set_that_trains_the_private_head_unless_clearly_worse(monkeypatch):
+    monkeypatch.setattr(S, "decision_advise", _fake_advise)
+    shared, separate = {"head": "shared with the private task"}, {"head": "a separate 10-way head"}
+    probe = {"gains": {"other": [0.10, 0.12, 0.11], "same": [0.09, 0.13, 0.08]}, "stage1": {"other": separate, "same": shared}}
+    assert S.decision_same("t", {}, probe) == ("second-phase", "same")  # not confidently worse: taken
+    probe["gains"]["same"] = [0.02, 0.03, 0.025]  # worse on every repeat by about 0.085: kept out
+    assert S.decision_same("t", {}, probe) == ("second-phase", "other")
+    probe["gains"]["same"] = [-0.01, -0.02, -0.01]  # the restricted advice trains DP-SGD: the full decision stands
+    assert S.decision_same("t", {}, probe) == ("second-phase", "other")
+    probe["gains"] = {"other": [-0.1, -0.1, -0.1], "same": [-0.2, -0.1, -0.1]}
+    assert S.decision_same("t", {}, probe) == ("dpsgd", None)
 
 
 def test_the_split_rule_moves_on_to_the_next_salt_when_the_constraints_fail():

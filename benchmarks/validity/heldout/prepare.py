@@ -35,6 +35,13 @@ cut to fit the CPU budget of one core):
   10k-13k in photo crops, 32x32 RGB), ``animal-rot`` (animal rows 3k-6k rotated 90 degrees), ``scenes``
   (28x28 grey patches of six other scikit-image photos: camera, coins, horse, page, text, clock). Every
   round-2 task is realistic: no candidate is a split of its distribution.
+* Round 3 (held out, ``split3.json``; defined after round 2's results were seen, before any run on them):
+  ``glyphs`` (capitals A-J rendered in matplotlib's bundled DejaVu, STIX and Computer Modern fonts, white on
+  black, rotated and shifted at random: 10,000 from 14 fonts; the test set from the other 7), ``scans``
+  (28x28 patches of scikit-image's microaneurysms retina photograph and Shepp-Logan phantom and matplotlib's
+  s1045 MRI slice, empty background left out), ``mnist-clutter`` (MNIST train rows 45k-55k, each digit
+  shrunk to 16x16 at a random place over fragments of other digits), ``fashion-flip`` (Fashion-MNIST train
+  rows 13k-23k upside down and inverted). All realistic.
 * The null public sets of GEP: ``noise-28`` (2,000 uniform 28x28 grey images) and ``noise-32rgb``
   (2,000 uniform 32x32 RGB), the private data's shapes, random labels.
 * Embedded in gsd: ``digits`` (scikit-learn's 1,797 8x8 digits: another resolution) and ``faces``
@@ -204,6 +211,7 @@ def build(force: bool = False) -> dict[str, int]:
     sets["noise-28"] = (rng.integers(0, 256, (2000, 28, 28)).astype(np.uint8), rng.integers(0, 10, 2000), DIGITS)
     sets["noise-32rgb"] = (rng.integers(0, 256, (2000, 32, 32, 3)).astype(np.uint8), rng.integers(0, 10, 2000), DIGITS)
     sets.update(round2(xtr, ytr, xte, yte, ftr, fytr, fte, fyte, xa, ya))
+    sets.update(round3(xtr, ytr, xte, yte, ftr, fytr, fte, fyte))
     assert set(sets) == set(NAMES), set(sets) ^ set(NAMES)
     for name, (x, y, classes) in sets.items():
         if not force and (out / f"{name}.npz").is_file():
@@ -255,9 +263,130 @@ def round2(xtr, ytr, xte, yte, ftr, fytr, fte, fyte, xa, ya) -> dict:
     }
 
 
+#: round 3 (held out, ``split3.json``; defined after round 2's results were seen, before any run on them)
+LETTERS = [chr(ord("A") + i) for i in range(10)]
+#: matplotlib's bundled fonts that draw Latin capitals (symbol, display and fallback fonts left out); every
+#: third font (sorted by name, from the third) renders the test set, the others the training set
+GLYPH_FONTS = ("DejaVuSans-Bold", "DejaVuSans-BoldOblique", "DejaVuSans-Oblique", "DejaVuSans", "DejaVuSansMono-Bold",
+               "DejaVuSansMono-BoldOblique", "DejaVuSansMono-Oblique", "DejaVuSansMono", "DejaVuSerif-Bold",
+               "DejaVuSerif-BoldItalic", "DejaVuSerif-Italic", "DejaVuSerif", "STIXGeneral", "STIXGeneralBol",
+               "STIXGeneralBolIta", "STIXGeneralItalic", "cmb10", "cmr10", "cmss10", "cmti10", "cmtt10")
+#: round 3's medical-like patches: a retina photograph (microaneurysms), an MRI slice of a head
+#: (matplotlib's s1045.ima, 256x256, 16 bit) and a CT phantom (Shepp-Logan); bands [0, 60%) train, [60%, 100%) test
+SCANS = ("retina", "mri", "ct-phantom")
+SCAN_PER_CLASS = {"train": 1000, "test": 300}
+
+
+def glyph_fonts() -> tuple[list[str], list[str]]:
+    """(training fonts, test fonts): every third of :data:`GLYPH_FONTS` (sorted) is a test font."""
+    fonts = sorted(GLYPH_FONTS)
+    return [f for i, f in enumerate(fonts) if i % 3 != 2], [f for i, f in enumerate(fonts) if i % 3 == 2]
+
+
+def glyphs(n: int, fonts: list[str], seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` 28x28 grey capitals A-J, white on black like MNIST: a random font of ``fonts``, size 15-22
+    points, rotation within 15 degrees, a shift within 3 pixels, blurred slightly."""
+    import matplotlib
+    from PIL import Image, ImageDraw, ImageFilter, ImageFont
+
+    ttf = Path(matplotlib.get_data_path()) / "fonts" / "ttf"
+    rng = np.random.default_rng(seed)
+    cache: dict = {}
+    x = np.zeros((n, 28, 28), np.uint8)
+    y = rng.integers(0, len(LETTERS), n).astype(np.int64)
+    for i in range(n):
+        f, size = fonts[rng.integers(len(fonts))], int(rng.integers(15, 23))
+        font = cache.setdefault((f, size), ImageFont.truetype(str(ttf / f"{f}.ttf"), size))
+        img = Image.new("L", (56, 56), 0)
+        ImageDraw.Draw(img).text((28, 28), LETTERS[y[i]], fill=255, font=font, anchor="mm")
+        img = img.rotate(float(rng.uniform(-15, 15)), resample=Image.BILINEAR)
+        dx, dy = rng.integers(-3, 4, 2)
+        img = img.crop((14 - dx, 14 - dy, 42 - dx, 42 - dy)).filter(ImageFilter.GaussianBlur(0.5))
+        x[i] = np.asarray(img)
+    return x, y
+
+
+def _scan(name: str) -> np.ndarray:
+    import gzip as gz
+
+    import matplotlib
+
+    if name == "retina":
+        return _skimage("microaneurysms.png", False)
+    if name == "ct-phantom":
+        return _skimage("phantom.png", False)
+    raw = gz.open(Path(matplotlib.get_data_path()) / "sample_data" / "s1045.ima.gz").read()
+    img = np.frombuffer(raw, "<u2").reshape(256, 256).astype(np.float64)
+    return np.round(255 * img / img.max()).astype(np.uint8)
+
+
+def scans(seed: int = 13) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The ``scans`` task: 28x28 grey patches of :data:`SCANS`, one class each (no public split: realistic);
+    patches of empty background (pixel standard deviation below 4) are left out."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for part, (a, b) in SCENE_BANDS.items():
+        xs, ys = [], []
+        for label, name in enumerate(SCANS):
+            img = _scan(name)
+            h = img.shape[0]
+            band, n = img[int(round(a * h)): int(round(b * h))], SCAN_PER_CLASS[part]
+            cand = band_patches(band, 28, min(4 * n, (band.shape[0] - 27) * (band.shape[1] - 27)), rng)
+            cand = cand[cand.reshape(len(cand), -1).std(1) >= 4]  # patches of the object, not of the empty background
+            if len(cand) < n:
+                raise SystemExit(f"{name}: {len(cand)} patches with content in the {part} band, asked for {n}")
+            xs.append(cand[:n])
+            ys += [label] * n
+        out[part] = (np.concatenate(xs), np.array(ys, np.int64))
+    return out
+
+
+def clutter(x: np.ndarray, seed: int) -> np.ndarray:
+    """Cluttered digits: each digit shrunk to 16x16 at a random place in 28x28, over three 8x8 fragments
+    of other digits of the same rows (the cluttered-MNIST recipe)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    small = np.stack([np.asarray(Image.fromarray(d).resize((16, 16), Image.BILINEAR)) for d in x])
+    out = np.zeros_like(x)
+    for i in range(len(x)):
+        for _ in range(3):
+            src = x[rng.integers(len(x))]
+            a, b = rng.integers(4, 16, 2)
+            c, d = rng.integers(0, 21, 2)
+            out[i, c: c + 8, d: d + 8] = np.maximum(out[i, c: c + 8, d: d + 8], src[a: a + 8, b: b + 8])
+        r, c = rng.integers(0, 13, 2)
+        out[i, r: r + 16, c: c + 16] = np.maximum(out[i, r: r + 16, c: c + 16], small[i])
+    return out
+
+
+def round3(xtr, ytr, xte, yte, ftr, fytr, fte, fyte) -> dict:
+    """Round 3's private sets (held out; rows and images no earlier set uses):
+
+    * ``glyphs``: 10,000 capitals A-J rendered in 14 of matplotlib's fonts (test: 2,000 in the other 7 fonts);
+    * ``scans``: :func:`scans` (3,000 patches of a retina photograph, an MRI slice and a CT phantom);
+    * ``mnist-clutter``: MNIST train rows 45k-55k and test rows 8k-10k, cluttered (:func:`clutter`);
+    * ``fashion-flip``: Fashion-MNIST train rows 13k-23k and test rows 4k-6k, upside down and inverted.
+    """
+    tr_fonts, te_fonts = glyph_fonts()
+    sc = scans()
+    return {
+        "glyphs-train": (*glyphs(10000, tr_fonts, 21), LETTERS),
+        "glyphs-test": (*glyphs(2000, te_fonts, 22), LETTERS),
+        "scans-train": (*sc["train"], list(SCANS)),
+        "scans-test": (*sc["test"], list(SCANS)),
+        "mnist-clutter-train": (clutter(xtr[45000:55000], 31), ytr[45000:55000], DIGITS),
+        "mnist-clutter-test": (clutter(xte[8000:10000], 32), yte[8000:10000], DIGITS),
+        "fashion-flip-train": (255 - ftr[13000:23000, ::-1].copy(), fytr[13000:23000], FASHION),
+        "fashion-flip-test": (255 - fte[4000:6000, ::-1].copy(), fyte[4000:6000], FASHION),
+    }
+
+
+ROUND3_NAMES = ("glyphs-train", "glyphs-test", "scans-train", "scans-test", "mnist-clutter-train", "mnist-clutter-test",
+                "fashion-flip-train", "fashion-flip-test")
 ROUND2_NAMES = ("mnist-rot-train", "mnist-rot-test", "fashion-m-train", "fashion-m-test", "animal-rot-train",
                 "animal-rot-test", "scenes-train", "scenes-test")
-NAMES = ROUND2_NAMES + ("mnist-train", "mnist-test", "mnist-m-train", "mnist-m-test", "mnist-neg-train", "mnist-neg-test", "pub-mnist",
+NAMES = ROUND3_NAMES + ROUND2_NAMES + ("mnist-train", "mnist-test", "mnist-m-train", "mnist-m-test", "mnist-neg-train", "mnist-neg-test", "pub-mnist",
          "fashion-train", "fashion-test", "pub-fashion", "pub-shoes", "animal-train", "animal-test", "pub-animal",
          "textures-train", "textures-test", "pub-textures", "medical-train", "medical-test",
          "photos-train", "photos-test", "pub-photos", "noise-28", "noise-32rgb")

@@ -30,7 +30,7 @@ from .arms import (
     settings,
 )
 from .cache import RANKINGS, RESULTS, gsd_commit, load_ranking, load_runs, run_key
-from .tasks import SPLIT, SPLIT2, TASKS, null, sizes, split, split2
+from .tasks import SAME_CLASSES_RULE, SPLIT, SPLIT2, SPLIT3, TASKS, null, sizes, split, split2, split3
 
 OUT_JSON = RESULTS.parent / "heldout_scores.json"
 OUT_MD = RESULTS.parent / "heldout_scores.md"
@@ -96,6 +96,26 @@ def decision_advise(task: str, advised: dict | None, probe: dict | None = None) 
             raise
         d = advised["decision"]
         return d["method"], d["public"]
+
+
+def decision_same(task: str, advised: dict | None, probe: dict | None) -> tuple[str, str | None] | None:
+    """Round 3's pre-registered exploratory arm (:data:`.tasks.SAME_CLASSES_RULE`): ``auto:probe``'s decision,
+    but a candidate whose stage 1 trains the private head (every class a private class by name) is taken
+    over the advice's choice T unless T's probe gain is larger with confidence."""
+    full = decision_advise(task, advised, probe)
+    if full is None or probe is None or full[0] != "second-phase":
+        return full
+    shared = [c for c, st in probe.get("stage1", {}).items() if str(st.get("head", "")).startswith("shared")]
+    if not shared or full[1] in shared:
+        return full
+    restricted = {**probe, "gains": {c: g for c, g in probe["gains"].items() if c in shared}}
+    same = decision_advise(task, advised, restricted)
+    if same is None or same[0] != "second-phase":
+        return full
+    from gsd_cli.ranking.reference import _one_sided_p
+
+    diff = np.asarray(probe["gains"][full[1]], dtype=np.float64) - np.asarray(probe["gains"][same[1]], dtype=np.float64)
+    return full if _one_sided_p(diff) < 0.05 else same
 
 
 def probe_result(doc: dict | None):
@@ -170,7 +190,8 @@ def task_scores(task: str, seeds, runs: dict, hps: dict, rng) -> dict | None:
     deciders = {"auto:rule": lambda s: decision_rule(load_ranking(task, s)) if load_ranking(task, s) is not None else None,
                 "auto:advise": lambda s: decision_advise(task, advised[s]),
                 "auto:advise-once": lambda s: decision_advise(task, first),  # ranked once, its decision trained with every seed
-                "auto:probe": lambda s: decision_advise(task, advised[s], probes[s]) if probes[s] is not None else None}
+                "auto:probe": lambda s: decision_advise(task, advised[s], probes[s]) if probes[s] is not None else None,
+                "auto:probe-same": lambda s: decision_same(task, advised[s], probes[s]) if probes[s] is not None else None}
     # each auto arm on the seeds where its decision exists (the advised rankings may cover fewer seeds)
     auto_seeds = {a: [s for s in c.seeds if fn(s) is not None] for a, fn in deciders.items()}
     autos = [a for a in deciders if auto_seeds[a]]
@@ -240,11 +261,12 @@ def task_scores(task: str, seeds, runs: dict, hps: dict, rng) -> dict | None:
             "spearman": spear, "spearman_probe": spear_probe}
 
 
-AUTO_ARMS = ("auto:rule", "auto:advise", "auto:advise-once", "auto:probe")
+AUTO_ARMS = ("auto:rule", "auto:advise", "auto:advise-once", "auto:probe", "auto:probe-same")
 DECIDERS = {"auto:rule": "gsd_cli.train.fallback.decide (the previous rule, before the advice, on auto-select's plain ranking)",
             "auto:advise": "gsd_cli.train.advice.advise without the probe (round 1's advice: GSD, noise reference and repeats)",
             "auto:advise-once": "round 1's advice on the first seed's advised ranking, its decision trained with every seed (rank once, train many)",
-            "auto:probe": "gsd_cli.train.advice.advise with the feature probe (this round's gsd train --auto-select: advised ranking + gsd_cli.train.probe)"}
+            "auto:probe": "gsd_cli.train.advice.advise with the feature probe (this round's gsd train --auto-select: advised ranking + gsd_cli.train.probe)",
+            "auto:probe-same": "round 3's pre-registered exploratory arm, not gsd's default (" + SAME_CLASSES_RULE.split(": ", 1)[1] + ")"}
 #: the pick arms compared with a random candidate of their method
 PICKS = {"gep:pick": "gep", "second-phase:pick": "second-phase", "second-phase:probe-pick": "second-phase"}
 
@@ -297,9 +319,11 @@ def figures(scores: dict, rng) -> dict:
     return out
 
 
-ARM_ORDER = ["dpsgd", "auto:rule", "auto:advise", "auto:advise-once", "auto:probe", "null", "gep:pick", "gep:random", "gep:largest",
+ARM_ORDER = ["dpsgd", "auto:rule", "auto:advise", "auto:advise-once", "auto:probe", "auto:probe-same", "null", "gep:pick", "gep:random", "gep:largest",
              "second-phase:pick", "second-phase:probe-pick", "second-phase:random", "second-phase:largest", "oracle"]
-STAGES = {"held_out_2": "Held-out tasks, round 2 (defined after round 1 was seen, split2.json frozen before any run on them; "
+STAGES = {"held_out_3": "Held-out tasks, round 3 (defined after round 2 was seen, split3.json frozen before any run on them; "
+                        "gsd's advice and probe decide as in round 2)",
+          "held_out_2": "Held-out tasks, round 2 (defined after round 1 was seen, split2.json frozen before any run on them; "
                         "the probe and the head rule were frozen before any probe or second-phase run on them)",
           "held_out": "Round 1's held-out tasks (seen: this round's probe and head rule were designed after their results, "
                       "so for those changes they are in-sample)",
@@ -325,6 +349,7 @@ def markdown(doc: dict) -> str:
          f"Split (`benchmarks/validity/heldout/split.json`, frozen in commit {doc['split_commit']}): selection "
          f"{', '.join(doc['split']['selection'])}; held out {', '.join(doc['split']['held_out'])}. "
          f"Round 2 (`split2.json`, frozen in commit {doc.get('split2_commit', '-')}): held out {', '.join(doc.get('split2', {}).get('held_out', []))}. "
+         f"Round 3 (`split3.json`, frozen in commit {doc.get('split3_commit', '-')}): held out {', '.join(doc.get('split3', {}).get('held_out', []))}. "
          f"Tuned learning rates (selection tasks only): {', '.join(f'{m} {h}' for m, h in doc['tuned'].items())}. "
          "Auto arms: " + "; ".join(f"`{a}` = {d}" for a, d in DECIDERS.items()) + " (a column of dashes: not available for every cell). "
          "Accuracy % over seeds [95% bootstrap over seeds]; gains paired over seeds.", ""]
@@ -356,8 +381,10 @@ def markdown(doc: dict) -> str:
             for x in TASKS[t].candidates:
                 pr = f"{-s['probe_distance'][x]:+.1f}" if s.get("probe_distance") else "-"
                 L.append(f"| {t} | {x} | {s['distance'][x]:.3f} | {pr} | {_f(s['arms'][f'gep:{x}'])} | {_f(s['arms'][f'second-phase:{x}'])} |")
-        what = {"held_out_2": "round 2, held out", "held_out": "round 1's held-out tasks, seen", "selection": "selection, in-sample"}[stage]
+        what = {"held_out_3": "round 3, held out", "held_out_2": "round 2, held out", "held_out": "round 1's held-out tasks, seen", "selection": "selection, in-sample"}[stage]
         for f, what in ((doc["figures"][stage], what),
+                        (doc["figures"].get("held_out_23") if stage == "held_out_3" else None,
+                         "rounds 2 and 3 together: eight held-out tasks for the advice under test"),
                         (doc["figures"].get("held_out_realistic") if stage == "held_out" else None, "round 1's held-out tasks, seen, realistic only")):
             if not f:
                 continue
@@ -395,7 +422,11 @@ def build(partial: bool = False) -> dict:
     sp2 = split2() if SPLIT2.is_file() else {"held_out": []}
     frozen2 = subprocess.run(["git", "-C", str(SPLIT2.parent), "log", "--format=%H", "--diff-filter=A", "--", SPLIT2.name],
                              capture_output=True, text=True, check=False).stdout.split()
-    scores = {"held_out_2": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, rng) for t in sp2["held_out"]},
+    sp3 = split3() if SPLIT3.is_file() else {"held_out": []}
+    frozen3 = subprocess.run(["git", "-C", str(SPLIT3.parent), "log", "--format=%H", "--diff-filter=A", "--", SPLIT3.name],
+                             capture_output=True, text=True, check=False).stdout.split()
+    scores = {"held_out_3": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, rng) for t in sp3["held_out"]},
+              "held_out_2": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, rng) for t in sp2["held_out"]},
               "held_out": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, rng) for t in sp["held_out"]},
               "selection": {t: task_scores(t, SELECTION_SEEDS, runs, hps, rng) for t in sp["selection"]}}
     if not partial:
@@ -403,10 +434,12 @@ def build(partial: bool = False) -> dict:
         if missing:
             raise SystemExit(f"no complete cell for {missing}: run the stages (or score --partial)")
     return {"split": sp, "split_commit": frozen[-1] if frozen else "uncommitted", "split2": sp2,
-            "split2_commit": frozen2[-1] if frozen2 else "uncommitted", "tuned": hps, "deciders": DECIDERS,
+            "split2_commit": frozen2[-1] if frozen2 else "uncommitted", "split3": sp3,
+            "split3_commit": frozen3[-1] if frozen3 else "uncommitted", "tuned": hps, "deciders": DECIDERS,
             "scored_with": gsd_commit(), "run_commits": sorted({r["commit"] for r in runs.values()}),
             "rankings": str(RANKINGS.relative_to(RESULTS.parents[1])),
             "scores": scores, "figures": {**{k: figures(v, rng) for k, v in scores.items()},
+                                          "held_out_23": figures({**scores["held_out_2"], **scores["held_out_3"]}, rng),
                                           "held_out_realistic": figures({t: v for t, v in scores["held_out"].items() if TASKS[t].realistic}, rng)}}
 
 

@@ -1,6 +1,7 @@
 """The held-out benchmark's private tasks and their public candidates (data: :mod:`.prepare`).
 
-Eight tasks from five kinds of image. ``realistic``: no candidate is a split of the private set's own
+Round 1: eight tasks from five kinds of image; round 2 (``split2.json``) and round 3 (``split3.json``):
+four new held-out tasks each, all realistic. ``realistic``: no candidate is a split of the private set's own
 distribution (the case of a real user, whose public data comes from elsewhere). Every pool has at
 least six candidates, among them a small few-class set (``faces``: 200 images, 2 classes, or
 ``pub-shoes``: 3 classes), a set of another resolution (``digits``: 8x8) and one of another colour
@@ -58,10 +59,29 @@ TASKS: dict[str, Task] = {t.name: t for t in (
          ("pub-animal", "pub-mnist", "pub-fashion", "pub-shoes", "faces", "pub-textures"), "fmnist-cnn", True),
     Task("scenes", "natural-patches", "scenes-train", "scenes-test",
          ("pub-textures", "pub-photos", "pub-mnist", "pub-fashion", "faces", "digits"), "fmnist-cnn", True),
+    # round 3: all held out (split3.json), defined after round 2's results were seen, before any run on them
+    Task("glyphs", "glyphs", "glyphs-train", "glyphs-test",
+         ("pub-mnist", "digits", "pub-fashion", "pub-animal", "faces", "pub-textures"), "fmnist-cnn", True),
+    Task("scans", "medical", "scans-train", "scans-test",
+         ("pub-textures", "pub-photos", "pub-mnist", "pub-fashion", "faces", "digits"), "fmnist-cnn", True),
+    Task("mnist-clutter", "digits", "mnist-clutter-train", "mnist-clutter-test",
+         ("pub-mnist", "digits", "pub-fashion", "pub-animal", "faces", "pub-textures"), "fmnist-cnn", True),
+    Task("fashion-flip", "clothing", "fashion-flip-train", "fashion-flip-test",
+         ("pub-fashion", "pub-shoes", "pub-mnist", "pub-animal", "faces", "digits"), "fmnist-cnn", True),
 )}
 ROUND1 = ("mnist", "mnist-neg", "mnist-m", "fashion", "animal", "textures", "medical", "photos")
 ROUND2 = ("mnist-rot", "fashion-m", "animal-rot", "scenes")
 SPLIT2 = Path(__file__).with_name("split2.json")
+ROUND3 = ("glyphs", "scans", "mnist-clutter", "fashion-flip")
+SPLIT3 = Path(__file__).with_name("split3.json")
+#: round 3's pre-registered exploratory arm (scored beside auto:probe; not gsd's default)
+SAME_CLASSES_RULE = (
+    "auto:probe-same: auto:probe's decision (gsd_cli.train.advice.advise with the probe), except that where it trains the "
+    "second phase with a candidate T and the advice restricted to the candidates whose every class is a private class by "
+    "name (their stage 1 trains the private head) would train the second phase with another candidate S, S is taken "
+    "unless T's probe gain is larger than S's with confidence (one-sided paired t-test over the probe's repeats, alpha "
+    "0.05). Motivated by round 2 (the probe refits a head and cannot see the trained head that such a set hands over); "
+    "written down before any run on round 3, and not gsd's default: a later round would have to confirm it")
 
 
 
@@ -141,6 +161,34 @@ def write_split2() -> dict:
            "note": "the commit that froze it: git log -1 --format=%H -- split2.json"}
     SPLIT2.write_text(json.dumps(doc, indent=1) + "\n")
     return doc
+
+
+def write_split3() -> dict:
+    """Write split3.json: round 3's tasks, every one held out, and the gsd commit under test (refuses to overwrite)."""
+    import subprocess
+
+    if SPLIT3.is_file():
+        raise SystemExit(f"{SPLIT3} exists: round 3's split is frozen")
+    head = subprocess.run(["git", "-C", str(SPLIT3.parent), "log", "-1", "--format=%H", "--", "../../../gsd_cli"],
+                          capture_output=True, text=True, check=False).stdout.strip()
+    doc = {"held_out": list(ROUND3),
+           "rule": "round 3: every task is held out. Defined after round 2's held-out results had been seen, and written "
+                   "before any training or ranking run on them; nothing is chosen on them. gsd's advice and probe decide as in round 2's runs "
+                   "(later commits refactored them; round 2's scores re-run with them gave the same figures), so round 2 "
+                   "and round 3 are both held out for the advice under test and are also scored together",
+           "gsd_cli_commit": head,
+           "exploratory_arm": SAME_CLASSES_RULE,
+           "tasks": {n: {"kind": TASKS[n].kind, "realistic": TASKS[n].realistic, "private_train": TASKS[n].train,
+                         "candidates": list(TASKS[n].candidates)} for n in ROUND3},
+           "note": "the commit that froze it: git log -1 --format=%H -- split3.json"}
+    SPLIT3.write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
+
+
+def split3() -> dict:
+    if not SPLIT3.is_file():
+        raise SystemExit(f"{SPLIT3} is missing: python -m validity.heldout split3 (before any run)")
+    return json.loads(SPLIT3.read_text())
 
 
 def split2() -> dict:
