@@ -145,3 +145,13 @@ def test_the_probe_runs_stage_one_on_pretrained_weights_with_peft(tmp_path):
                       peft="conv2.weight,fc2", public_examples=120, public_epochs=1, public_batch_size=32)
     res = probe_second_phase(gdata.resolve("mnist-a"), [gdata.resolve("mnist-b")], cfg, examples=120, repeats=2, seed=0, device="cpu")
     assert len(res.gains["mnist-b"]) == 2 and res.stage1["mnist-b"]["lr"] == 5e-5  # paper 004's CNN rate with --weights
+
+
+def test_auto_select_options_without_auto_select_are_named_as_ignored(capsys, tmp_path):
+    from gsd_cli.cli import main
+
+    base = ["train", "--method", "dpsgd", "--epochs", "1", "--batch-size", "100", "--expected-size", "400", "--delta", "1e-3", "-q"]
+    assert main([*base, "--probe-repeats", "2", "--rank-k", "4", "--out", str(tmp_path / "run")]) == 0
+    assert "--rank-k, --probe-repeats are only read with --auto-select: ignored" in " ".join(capsys.readouterr().err.split())
+    assert main([*base, "--out", str(tmp_path / "run2")]) == 0  # none given: no warning
+    assert "only read with --auto-select" not in capsys.readouterr().err

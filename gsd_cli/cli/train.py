@@ -70,6 +70,20 @@ def warn_unused(ctx, method: str) -> None:
         warn(note)
 
 
+#: the options that only --auto-select reads (its ranking, advice and feature probe)
+AUTO_SELECT_OPTIONS = {"rank_model": "--rank-model", "rank_k": "--rank-k", "rank_examples": "--rank-examples",
+                       "select_epsilon": "--select-epsilon", "probe_repeats": "--probe-repeats",
+                       "rank_repeats": "--rank-repeats", "fallback": "--fallback/--no-fallback"}
+
+
+def warn_unused_rank(ctx) -> None:
+    """One warning line naming the --auto-select options given on the command line of a run without it."""
+    given = [flag for name, flag in AUTO_SELECT_OPTIONS.items() if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"]
+    if given:
+        warn(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} only read with --auto-select: ignored (add --auto-select "
+             "to rank the --public candidates first)")
+
+
 @app.command()
 def train(
     ctx: typer.Context,
@@ -223,6 +237,8 @@ def train(
             cat = load_catalog(catalog_path)
             if auto_select and not publics:
                 publics = list(select_jobs(cat, private)[0].candidates)
+        if not auto_select:
+            warn_unused_rank(ctx)
         if auto_select:
             if len(publics) < 1:
                 raise GSDError("--auto-select needs candidates: --public A B C (or --catalog FILE with a job for --private)")
