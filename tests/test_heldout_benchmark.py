@@ -120,6 +120,9 @@ def test_figures_count_cells_within_half_a_point_and_the_gain_where_the_oracle_g
     r = f["auto:rule"]
     assert (r["seed_cells_ok"], r["seed_cells"]) == (3, 4)  # -0.4 passes, -1.0 does not
     assert (r["tasks_ok"], r["tasks"]) == (1, 2)  # medical's mean -0.7 < -0.5
+    assert (f["oracle_cells"]["seed_cells_ok"], f["oracle_cells"]["seed_cells"]) == (4, 4)
+    b["per_seed"]["oracle"] = [69.4, 70.0]  # one oracle cell 0.6 below DP-SGD
+    assert S.figures({"animal": a, "medical": b}, rng)["oracle_cells"]["seed_cells_ok"] == 3
     assert r["gain_where_oracle_gains_3"] == {"tasks": ["animal"], "mean": pytest.approx(11.0)}
     # pick minus random on animal: pick 61 against the candidates' mean (61 + 5 * 40) / 6; on medical 0
     expected = ((61.0 - (61.0 + 200.0) / 6) + 0.0) / 2
