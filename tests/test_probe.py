@@ -59,7 +59,7 @@ def test_the_probe_picks_the_largest_confident_gain_not_the_closest():
     p = _probe(**{"mnist-b": [0.20, 0.22, 0.21], "digits": [0.05, 0.06, 0.04]})
     d = advise(r, "auto", candidates=FACTS, private_classes=10, probe=p)
     assert (d.method, d.public, d.fell_back) == ("second-phase", "mnist-b", False)
-    assert "+21.0 points" in d.message and d.evidence["digits"]["probe_helps"]
+    assert "21.0 points better" in d.message and d.evidence["digits"]["probe_helps"]
 
 
 def test_no_confident_gain_trains_dpsgd_and_an_explicit_second_phase_is_refused():
@@ -155,3 +155,11 @@ def test_auto_select_options_without_auto_select_are_named_as_ignored(capsys, tm
     assert "--rank-k, --probe-repeats are only read with --auto-select: ignored" in " ".join(capsys.readouterr().err.split())
     assert main([*base, "--out", str(tmp_path / "run2")]) == 0  # none given: no warning
     assert "only read with --auto-select" not in capsys.readouterr().err
+
+
+def test_the_probe_phrase_says_worse_for_a_loss_and_better_for_a_gain():
+    from gsd_cli.train.probe import ProbeResult
+
+    r = ProbeResult([0.6, 0.6, 0.6], {"loss": [-0.09, -0.1, -0.08], "gain": [0.05, 0.06, 0.04]}, examples=100, model="probe")
+    assert "9.0 points worse than" in r.phrase("loss", 0.05) and "-9.0" not in r.phrase("loss", 0.05)
+    assert "5.0 points better than" in r.phrase("gain", 0.05) and "p = " in r.phrase("gain", 0.05)

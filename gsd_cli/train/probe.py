@@ -76,8 +76,9 @@ class ProbeResult:
 
     def phrase(self, name: str, alpha: float) -> str:
         helps, p = self.test(name, alpha)
-        return (f"its pretrained features separate the private classes {100 * self.mean_gain(name):+.1f} points better than the "
-                f"untrained model's ({100 * float(np.mean(self.baseline)):.1f}%; linear probe, {self.repeats} repeats, one-sided "
+        gain = 100 * self.mean_gain(name)
+        return (f"its pretrained features separate the private classes {abs(gain):.1f} points {'better' if gain >= 0 else 'worse'} "
+                f"than the untrained model's ({100 * float(np.mean(self.baseline)):.1f}%; linear probe, {self.repeats} repeats, one-sided "
                 f"paired t-test p = {p:.3g}{' <' if helps else ' >='} {alpha:g})")
 
     def to_dict(self) -> dict:
