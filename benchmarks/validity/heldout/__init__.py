@@ -24,5 +24,8 @@ bound) and writes the issue's figures, held-out apart from selection, to
     python -m validity.heldout run --stage selection     # every run of the selection cells, seeds 0-2
     python -m validity.heldout score [--partial]         # tables and figures
 
+Rounds 2 and 3 (``split2.json``, ``split3.json``): four new held-out tasks each, frozen before any run on
+them; ``rank --stage held-out-2|held-out-3 --advised`` and ``--probe``, ``run --stage held-out-2|held-out-3``.
+
 Import order (no circles): prepare <- tasks <- cache <- arms <- score <- __main__.
 """
