@@ -32,7 +32,7 @@ from .cache import (
     run_key,
     save_ranking,
 )
-from .tasks import TASKS, null, register, sizes, split, split2, split3
+from .tasks import TASKS, null, register, sizes, split, split2, split3, split4
 
 METHODS = ("gep", "second-phase")
 BASELINE = "dpsgd"
@@ -222,8 +222,8 @@ def cell_jobs(task: str, seeds, hps: dict) -> list[tuple]:
 
 
 def stage_tasks(stage: str) -> tuple[list[str], tuple[int, ...]]:
-    """The tasks and seeds of a stage: selection, held-out (round 1), held-out-2 (round 2, split2.json) or
-    held-out-3 (round 3, split3.json)."""
+    """The tasks and seeds of a stage: selection, held-out (round 1), held-out-2 (round 2, split2.json),
+    held-out-3 (round 3, split3.json) or held-out-4 (round 4, split4.json)."""
     if stage == "selection":
         return split()["selection"], SELECTION_SEEDS
     if stage == "held-out":
@@ -232,6 +232,8 @@ def stage_tasks(stage: str) -> tuple[list[str], tuple[int, ...]]:
         return split2()["held_out"], HELD_OUT_SEEDS
     if stage == "held-out-3":
         return split3()["held_out"], HELD_OUT_SEEDS
+    if stage == "held-out-4":
+        return split4()["held_out"], HELD_OUT_SEEDS
     raise SystemExit(f"unknown stage {stage}")
 
 

@@ -42,6 +42,12 @@ cut to fit the CPU budget of one core):
   s1045 MRI slice, empty background left out), ``mnist-clutter`` (MNIST train rows 45k-55k, each digit
   shrunk to 16x16 at a random place over fragments of other digits), ``fashion-flip`` (Fashion-MNIST train
   rows 13k-23k upside down and inverted). All realistic.
+* Round 4 (held out, ``split4.json``; defined after round 3's results were seen, before any run on them):
+  ``letters`` (capitals K-T in the glyph fonts, dark on light: 10,000 / 2,000 in the test fonts),
+  ``fashion-lowres`` (Fashion-MNIST train rows 23k-33k and test rows 6k-8k at 14x14, enlarged back),
+  ``mnist-noisy`` (MNIST train rows 55k-58k, test from rows 58k-60k, over intensity ramps with pixel
+  noise), ``photos2`` (32x32 RGB patches of scikit-learn's china and flower photos, matplotlib's Grace
+  Hopper photo and its rendered gift box, Minduka). All realistic.
 * The null public sets of GEP: ``noise-28`` (2,000 uniform 28x28 grey images) and ``noise-32rgb``
   (2,000 uniform 32x32 RGB), the private data's shapes, random labels.
 * Embedded in gsd: ``digits`` (scikit-learn's 1,797 8x8 digits: another resolution) and ``faces``
@@ -212,6 +218,7 @@ def build(force: bool = False) -> dict[str, int]:
     sets["noise-32rgb"] = (rng.integers(0, 256, (2000, 32, 32, 3)).astype(np.uint8), rng.integers(0, 10, 2000), DIGITS)
     sets.update(round2(xtr, ytr, xte, yte, ftr, fytr, fte, fyte, xa, ya))
     sets.update(round3(xtr, ytr, xte, yte, ftr, fytr, fte, fyte))
+    sets.update(round4(xtr, ytr, ftr, fytr, fte, fyte))
     assert set(sets) == set(NAMES), set(sets) ^ set(NAMES)
     for name, (x, y, classes) in sets.items():
         if not force and (out / f"{name}.npz").is_file():
@@ -283,8 +290,8 @@ def glyph_fonts() -> tuple[list[str], list[str]]:
     return [f for i, f in enumerate(fonts) if i % 3 != 2], [f for i, f in enumerate(fonts) if i % 3 == 2]
 
 
-def glyphs(n: int, fonts: list[str], seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """``n`` 28x28 grey capitals A-J, white on black like MNIST: a random font of ``fonts``, size 15-22
+def glyphs(n: int, fonts: list[str], seed: int, letters: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` 28x28 grey capitals (``letters``, default A-J), white on black like MNIST: a random font of ``fonts``, size 15-22
     points, rotation within 15 degrees, a shift within 3 pixels, blurred slightly."""
     import matplotlib
     from PIL import Image, ImageDraw, ImageFilter, ImageFont
@@ -293,12 +300,13 @@ def glyphs(n: int, fonts: list[str], seed: int) -> tuple[np.ndarray, np.ndarray]
     rng = np.random.default_rng(seed)
     cache: dict = {}
     x = np.zeros((n, 28, 28), np.uint8)
-    y = rng.integers(0, len(LETTERS), n).astype(np.int64)
+    letters = LETTERS if letters is None else letters
+    y = rng.integers(0, len(letters), n).astype(np.int64)
     for i in range(n):
         f, size = fonts[rng.integers(len(fonts))], int(rng.integers(15, 23))
         font = cache.setdefault((f, size), ImageFont.truetype(str(ttf / f"{f}.ttf"), size))
         img = Image.new("L", (56, 56), 0)
-        ImageDraw.Draw(img).text((28, 28), LETTERS[y[i]], fill=255, font=font, anchor="mm")
+        ImageDraw.Draw(img).text((28, 28), letters[y[i]], fill=255, font=font, anchor="mm")
         img = img.rotate(float(rng.uniform(-15, 15)), resample=Image.BILINEAR)
         dx, dy = rng.integers(-3, 4, 2)
         img = img.crop((14 - dx, 14 - dy, 42 - dx, 42 - dy)).filter(ImageFilter.GaussianBlur(0.5))
@@ -382,11 +390,89 @@ def round3(xtr, ytr, xte, yte, ftr, fytr, fte, fyte) -> dict:
     }
 
 
+#: round 4 (held out, ``split4.json``; defined after round 3's results were seen, before any run on them)
+LETTERS_KT = [chr(ord("K") + i) for i in range(10)]
+#: photos no earlier class uses (scikit-learn's two sample photos, matplotlib's two), 32x32 RGB patches;
+#: bands [0, 60%) train, [60%, 100%) test
+PHOTOS2 = ("china", "flower", "grace-hopper", "minduka")
+PHOTOS2_PER_CLASS = {"train": 750, "test": 250}
+
+
+def _photo2(name: str) -> np.ndarray:
+    import matplotlib
+    import sklearn.datasets as skd
+
+    sample = Path(matplotlib.get_data_path()) / "sample_data"
+    path = {"china": Path(skd.__file__).parent / "images" / "china.jpg",
+            "flower": Path(skd.__file__).parent / "images" / "flower.jpg",
+            "grace-hopper": sample / "grace_hopper.jpg", "minduka": sample / "Minduka_Present_Blue_Pack.png"}[name]
+    return _photo(path, True)
+
+
+def photos2(seed: int = 41) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The ``photos2`` task: 32x32 RGB patches of :data:`PHOTOS2`, one class each (realistic)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for part, (a, b) in SCENE_BANDS.items():
+        xs, ys = [], []
+        for label, name in enumerate(PHOTOS2):
+            img = _photo2(name)
+            h = img.shape[0]
+            xs.append(band_patches(img[int(round(a * h)): int(round(b * h))], 32, PHOTOS2_PER_CLASS[part], rng))
+            ys += [label] * PHOTOS2_PER_CLASS[part]
+        out[part] = (np.concatenate(xs), np.array(ys, np.int64))
+    return out
+
+
+def low_res(x: np.ndarray) -> np.ndarray:
+    """Each image shrunk to 14x14 and enlarged back to 28x28 (bilinear): a low-resolution scan."""
+    from PIL import Image
+
+    return np.stack([np.asarray(Image.fromarray(d).resize((14, 14), Image.BILINEAR).resize((28, 28), Image.BILINEAR)) for d in x])
+
+
+def noisy(x: np.ndarray, seed: int) -> np.ndarray:
+    """Each digit over a random linear intensity ramp (0-120) with Gaussian pixel noise (sd 40), clipped."""
+    rng = np.random.default_rng(seed)
+    n = len(x)
+    yy, xx = np.mgrid[0:28, 0:28] / 27.0
+    a, b, c = (rng.uniform(0, 1, (n, 1, 1)) for _ in range(3))
+    ramp = 120 * (a * yy + b * xx + c) / 3
+    out = np.maximum(x.astype(np.float64), ramp) + rng.normal(0, 40, x.shape)
+    return np.clip(np.round(out), 0, 255).astype(np.uint8)
+
+
+def round4(xtr, ytr, ftr, fytr, fte, fyte) -> dict:
+    """Round 4's private sets (held out; rows and images no earlier set uses):
+
+    * ``letters``: 10,000 capitals K-T, dark on light, in :func:`glyph_fonts`'s training fonts (test: 2,000 in its test fonts);
+    * ``fashion-lowres``: Fashion-MNIST train rows 23k-33k and test rows 6k-8k at 14x14, enlarged back (:func:`low_res`);
+    * ``mnist-noisy``: MNIST train rows 55k-58k, test rows 58k-60k, over ramps with pixel noise (:func:`noisy`);
+    * ``photos2``: :func:`photos2` (3,000 RGB patches of four photos).
+    """
+    tr_fonts, te_fonts = glyph_fonts()
+    lx, ly = glyphs(10000, tr_fonts, 51, LETTERS_KT)
+    tx, ty = glyphs(2000, te_fonts, 52, LETTERS_KT)
+    ph = photos2()
+    return {
+        "letters-train": (255 - lx, ly, LETTERS_KT),
+        "letters-test": (255 - tx, ty, LETTERS_KT),
+        "fashion-lowres-train": (low_res(ftr[23000:33000]), fytr[23000:33000], FASHION),
+        "fashion-lowres-test": (low_res(fte[6000:8000]), fyte[6000:8000], FASHION),
+        "mnist-noisy-train": (noisy(xtr[55000:58000], 53), ytr[55000:58000], DIGITS),
+        "mnist-noisy-test": (noisy(xtr[58000:60000], 54), ytr[58000:60000], DIGITS),
+        "photos2-train": (*ph["train"], list(PHOTOS2)),
+        "photos2-test": (*ph["test"], list(PHOTOS2)),
+    }
+
+
+ROUND4_NAMES = ("letters-train", "letters-test", "fashion-lowres-train", "fashion-lowres-test", "mnist-noisy-train",
+                "mnist-noisy-test", "photos2-train", "photos2-test")
 ROUND3_NAMES = ("glyphs-train", "glyphs-test", "scans-train", "scans-test", "mnist-clutter-train", "mnist-clutter-test",
                 "fashion-flip-train", "fashion-flip-test")
 ROUND2_NAMES = ("mnist-rot-train", "mnist-rot-test", "fashion-m-train", "fashion-m-test", "animal-rot-train",
                 "animal-rot-test", "scenes-train", "scenes-test")
-NAMES = ROUND3_NAMES + ROUND2_NAMES + ("mnist-train", "mnist-test", "mnist-m-train", "mnist-m-test", "mnist-neg-train", "mnist-neg-test", "pub-mnist",
+NAMES = ROUND4_NAMES + ROUND3_NAMES + ROUND2_NAMES + ("mnist-train", "mnist-test", "mnist-m-train", "mnist-m-test", "mnist-neg-train", "mnist-neg-test", "pub-mnist",
          "fashion-train", "fashion-test", "pub-fashion", "pub-shoes", "animal-train", "animal-test", "pub-animal",
          "textures-train", "textures-test", "pub-textures", "medical-train", "medical-test",
          "photos-train", "photos-test", "pub-photos", "noise-28", "noise-32rgb")

@@ -30,7 +30,7 @@ from .arms import (
     settings,
 )
 from .cache import RANKINGS, RESULTS, gsd_commit, load_ranking, load_runs, run_key
-from .tasks import SAME_CLASSES_RULE, SPLIT, SPLIT2, SPLIT3, TASKS, null, sizes, split, split2, split3
+from .tasks import SAME_CLASSES_RULE, SPLIT, SPLIT2, SPLIT3, SPLIT4, TASKS, null, sizes, split, split2, split3, split4
 
 OUT_JSON = RESULTS.parent / "heldout_scores.json"
 OUT_MD = RESULTS.parent / "heldout_scores.md"
@@ -326,7 +326,9 @@ def figures(scores: dict, rng) -> dict:
 
 ARM_ORDER = ["dpsgd", "auto:rule", "auto:advise", "auto:advise-once", "auto:probe", "auto:probe-same", "null", "gep:pick", "gep:random", "gep:largest",
              "second-phase:pick", "second-phase:probe-pick", "second-phase:random", "second-phase:largest", "oracle"]
-STAGES = {"held_out_3": "Held-out tasks, round 3 (defined after round 2 was seen, split3.json frozen before any run on them; "
+STAGES = {"held_out_4": "Held-out tasks, round 4 (defined after round 3 was seen, split4.json frozen before any run on them; "
+                        "gsd's advice and probe decide as in rounds 2 and 3)",
+          "held_out_3": "Held-out tasks, round 3 (defined after round 2 was seen, split3.json frozen before any run on them; "
                         "gsd's advice and probe decide as in round 2)",
           "held_out_2": "Held-out tasks, round 2 (defined after round 1 was seen, split2.json frozen before any run on them; "
                         "the probe and the head rule were frozen before any probe or second-phase run on them)",
@@ -355,6 +357,7 @@ def markdown(doc: dict) -> str:
          f"{', '.join(doc['split']['selection'])}; held out {', '.join(doc['split']['held_out'])}. "
          f"Round 2 (`split2.json`, frozen in commit {doc.get('split2_commit', '-')}): held out {', '.join(doc.get('split2', {}).get('held_out', []))}. "
          f"Round 3 (`split3.json`, frozen in commit {doc.get('split3_commit', '-')}): held out {', '.join(doc.get('split3', {}).get('held_out', []))}. "
+         f"Round 4 (`split4.json`, frozen in commit {doc.get('split4_commit', '-')}): held out {', '.join(doc.get('split4', {}).get('held_out', []))}. "
          f"Tuned learning rates (selection tasks only): {', '.join(f'{m} {h}' for m, h in doc['tuned'].items())}. "
          "Auto arms: " + "; ".join(f"`{a}` = {d}" for a, d in DECIDERS.items()) + " (a column of dashes: not available for every cell). "
          "Accuracy % over seeds [95% bootstrap over seeds]; gains paired over seeds.", ""]
@@ -386,8 +389,10 @@ def markdown(doc: dict) -> str:
             for x in TASKS[t].candidates:
                 pr = f"{-s['probe_distance'][x]:+.1f}" if s.get("probe_distance") else "-"
                 L.append(f"| {t} | {x} | {s['distance'][x]:.3f} | {pr} | {_f(s['arms'][f'gep:{x}'])} | {_f(s['arms'][f'second-phase:{x}'])} |")
-        what = {"held_out_3": "round 3, held out", "held_out_2": "round 2, held out", "held_out": "round 1's held-out tasks, seen", "selection": "selection, in-sample"}[stage]
+        what = {"held_out_4": "round 4, held out", "held_out_3": "round 3, held out", "held_out_2": "round 2, held out", "held_out": "round 1's held-out tasks, seen", "selection": "selection, in-sample"}[stage]
         for f, what in ((doc["figures"][stage], what),
+                        (doc["figures"].get("held_out_234") if stage == "held_out_4" else None,
+                         "rounds 2, 3 and 4 together: twelve held-out tasks for the advice under test"),
                         (doc["figures"].get("held_out_23") if stage == "held_out_3" else None,
                          "rounds 2 and 3 together: eight held-out tasks for the advice under test"),
                         (doc["figures"].get("held_out_realistic") if stage == "held_out" else None, "round 1's held-out tasks, seen, realistic only")):
@@ -435,7 +440,11 @@ def build(partial: bool = False) -> dict:
     sp3 = split3() if SPLIT3.is_file() else {"held_out": []}
     frozen3 = subprocess.run(["git", "-C", str(SPLIT3.parent), "log", "--format=%H", "--diff-filter=A", "--", SPLIT3.name],
                              capture_output=True, text=True, check=False).stdout.split()
-    scores = {"held_out_3": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, rng) for t in sp3["held_out"]},
+    sp4 = split4() if SPLIT4.is_file() else {"held_out": []}
+    frozen4 = subprocess.run(["git", "-C", str(SPLIT4.parent), "log", "--format=%H", "--diff-filter=A", "--", SPLIT4.name],
+                             capture_output=True, text=True, check=False).stdout.split()
+    scores = {"held_out_4": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, rng) for t in sp4["held_out"]},
+              "held_out_3": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, rng) for t in sp3["held_out"]},
               "held_out_2": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, rng) for t in sp2["held_out"]},
               "held_out": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, rng) for t in sp["held_out"]},
               "selection": {t: task_scores(t, SELECTION_SEEDS, runs, hps, rng) for t in sp["selection"]}}
@@ -445,11 +454,13 @@ def build(partial: bool = False) -> dict:
             raise SystemExit(f"no complete cell for {missing}: run the stages (or score --partial)")
     return {"split": sp, "split_commit": frozen[-1] if frozen else "uncommitted", "split2": sp2,
             "split2_commit": frozen2[-1] if frozen2 else "uncommitted", "split3": sp3,
-            "split3_commit": frozen3[-1] if frozen3 else "uncommitted", "tuned": hps, "deciders": DECIDERS,
+            "split3_commit": frozen3[-1] if frozen3 else "uncommitted", "split4": sp4,
+            "split4_commit": frozen4[-1] if frozen4 else "uncommitted", "tuned": hps, "deciders": DECIDERS,
             "scored_with": gsd_commit(), "run_commits": sorted({r["commit"] for r in runs.values()}),
             "rankings": str(RANKINGS.relative_to(RESULTS.parents[1])),
             "scores": scores, "figures": {**{k: figures(v, rng) for k, v in scores.items()},
                                           "held_out_23": figures({**scores["held_out_2"], **scores["held_out_3"]}, rng),
+                                          "held_out_234": figures({**scores["held_out_2"], **scores["held_out_3"], **scores["held_out_4"]}, rng),
                                           "held_out_realistic": figures({t: v for t, v in scores["held_out"].items() if TASKS[t].realistic}, rng)}}
 
 

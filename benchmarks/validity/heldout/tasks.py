@@ -1,7 +1,7 @@
 """The held-out benchmark's private tasks and their public candidates (data: :mod:`.prepare`).
 
-Round 1: eight tasks from five kinds of image; round 2 (``split2.json``) and round 3 (``split3.json``):
-four new held-out tasks each, all realistic. ``realistic``: no candidate is a split of the private set's own
+Round 1: eight tasks from five kinds of image; rounds 2, 3 and 4 (``split2.json``, ``split3.json``,
+``split4.json``): four new held-out tasks each, all realistic. ``realistic``: no candidate is a split of the private set's own
 distribution (the case of a real user, whose public data comes from elsewhere). Every pool has at
 least six candidates, among them a small few-class set (``faces``: 200 images, 2 classes, or
 ``pub-shoes``: 3 classes), a set of another resolution (``digits``: 8x8) and one of another colour
@@ -68,12 +68,23 @@ TASKS: dict[str, Task] = {t.name: t for t in (
          ("pub-mnist", "digits", "pub-fashion", "pub-animal", "faces", "pub-textures"), "fmnist-cnn", True),
     Task("fashion-flip", "clothing", "fashion-flip-train", "fashion-flip-test",
          ("pub-fashion", "pub-shoes", "pub-mnist", "pub-animal", "faces", "digits"), "fmnist-cnn", True),
+    # round 4: all held out (split4.json), defined after round 3's results were seen, before any run on them
+    Task("letters", "glyphs", "letters-train", "letters-test",
+         ("pub-mnist", "digits", "pub-fashion", "pub-animal", "faces", "pub-textures"), "fmnist-cnn", True),
+    Task("fashion-lowres", "clothing", "fashion-lowres-train", "fashion-lowres-test",
+         ("pub-fashion", "pub-shoes", "pub-mnist", "pub-animal", "faces", "digits"), "fmnist-cnn", True),
+    Task("mnist-noisy", "digits", "mnist-noisy-train", "mnist-noisy-test",
+         ("pub-mnist", "digits", "pub-fashion", "pub-animal", "faces", "pub-textures"), "fmnist-cnn", True),
+    Task("photos2", "rgb-photos", "photos2-train", "photos2-test",
+         ("pub-photos", "pub-textures", "pub-fashion", "pub-mnist", "faces", "digits"), "fmnist-cnn@32x3", True),
 )}
 ROUND1 = ("mnist", "mnist-neg", "mnist-m", "fashion", "animal", "textures", "medical", "photos")
 ROUND2 = ("mnist-rot", "fashion-m", "animal-rot", "scenes")
 SPLIT2 = Path(__file__).with_name("split2.json")
 ROUND3 = ("glyphs", "scans", "mnist-clutter", "fashion-flip")
 SPLIT3 = Path(__file__).with_name("split3.json")
+ROUND4 = ("letters", "fashion-lowres", "mnist-noisy", "photos2")
+SPLIT4 = Path(__file__).with_name("split4.json")
 #: round 3's pre-registered exploratory arm (scored beside auto:probe; not gsd's default)
 SAME_CLASSES_RULE = (
     "auto:probe-same: auto:probe's decision (gsd_cli.train.advice.advise with the probe), except that where it trains the "
@@ -183,6 +194,37 @@ def write_split3() -> dict:
            "note": "the commit that froze it: git log -1 --format=%H -- split3.json"}
     SPLIT3.write_text(json.dumps(doc, indent=1) + "\n")
     return doc
+
+
+def write_split4() -> dict:
+    """Write split4.json: round 4's tasks, every one held out, and the gsd commit under test (refuses to overwrite)."""
+    import subprocess
+
+    if SPLIT4.is_file():
+        raise SystemExit(f"{SPLIT4} exists: round 4's split is frozen")
+    head = subprocess.run(["git", "-C", str(SPLIT4.parent), "log", "-1", "--format=%H", "--", "../../../gsd_cli/train/advice.py",
+                           "../../../gsd_cli/train/probe.py", "../../../gsd_cli/train/select.py", "../../../gsd_cli/train/second_phase.py"],
+                          capture_output=True, text=True, check=False).stdout.strip()
+    doc = {"held_out": list(ROUND4),
+           "rule": "round 4: every task is held out. Defined after round 3's held-out results had been seen, and written "
+                   "before any training or ranking run on them; nothing is chosen on them. gsd's advice and probe decide as "
+                   "in rounds 2 and 3 (since then only the wording of the probe's line changed), so rounds 2, 3 and 4 are all "
+                   "held out for the advice under test and are also scored together. The exploratory arm auto:probe-same "
+                   "(split3.json) is scored again; two of the four tasks (fashion-lowres, mnist-noisy) offer candidates whose "
+                   "classes are the private task's",
+           "gsd_cli_commit": head,
+           "exploratory_arm": SAME_CLASSES_RULE,
+           "tasks": {n: {"kind": TASKS[n].kind, "realistic": TASKS[n].realistic, "private_train": TASKS[n].train,
+                         "candidates": list(TASKS[n].candidates)} for n in ROUND4},
+           "note": "the commit that froze it: git log -1 --format=%H -- split4.json"}
+    SPLIT4.write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
+
+
+def split4() -> dict:
+    if not SPLIT4.is_file():
+        raise SystemExit(f"{SPLIT4} is missing: python -m validity.heldout split4 (before any run)")
+    return json.loads(SPLIT4.read_text())
 
 
 def split3() -> dict:
