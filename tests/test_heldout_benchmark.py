@@ -143,3 +143,8 @@ def test_figures_count_cells_within_half_a_point_and_the_gain_where_the_oracle_g
 def test_spearman_of_a_reversed_order_is_minus_one_and_undefined_for_ties():
     assert S.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert np.isnan(S.spearman([1, 1, 1], [1, 2, 3]))
+
+
+def test_bootstrap_generators_are_keyed_by_name_so_intervals_do_not_move_when_tasks_are_added():
+    a, b = S.named_rng("glyphs").integers(0, 1 << 30, 4), S.named_rng("glyphs").integers(0, 1 << 30, 4)
+    assert (a == b).all() and not (a == S.named_rng("scans").integers(0, 1 << 30, 4)).all()

@@ -30,7 +30,7 @@ from .arms import (
     settings,
 )
 from .cache import RANKINGS, RESULTS, gsd_commit, load_ranking, load_runs, run_key
-from .tasks import SAME_CLASSES_RULE, SPLIT, SPLIT2, SPLIT3, SPLIT4, TASKS, null, sizes, split, split2, split3, split4
+from .tasks import ROUNDS, SAME_CLASSES_RULE, SPLIT, TASKS, null, read_round, sizes, split
 
 OUT_JSON = RESULTS.parent / "heldout_scores.json"
 OUT_MD = RESULTS.parent / "heldout_scores.md"
@@ -355,9 +355,8 @@ def markdown(doc: dict) -> str:
     L = ["# Held-out benchmark (issue 42)", "",
          f"Split (`benchmarks/validity/heldout/split.json`, frozen in commit {doc['split_commit']}): selection "
          f"{', '.join(doc['split']['selection'])}; held out {', '.join(doc['split']['held_out'])}. "
-         f"Round 2 (`split2.json`, frozen in commit {doc.get('split2_commit', '-')}): held out {', '.join(doc.get('split2', {}).get('held_out', []))}. "
-         f"Round 3 (`split3.json`, frozen in commit {doc.get('split3_commit', '-')}): held out {', '.join(doc.get('split3', {}).get('held_out', []))}. "
-         f"Round 4 (`split4.json`, frozen in commit {doc.get('split4_commit', '-')}): held out {', '.join(doc.get('split4', {}).get('held_out', []))}. "
+         + "".join(f"Round {n} (`split{n}.json`, frozen in commit {doc.get(f'split{n}_commit', '-')}): held out "
+                   f"{', '.join(doc.get(f'split{n}', {}).get('held_out', []))}. " for n in ROUNDS) +
          f"Tuned learning rates (selection tasks only): {', '.join(f'{m} {h}' for m, h in doc['tuned'].items())}. "
          "Auto arms: " + "; ".join(f"`{a}` = {d}" for a, d in DECIDERS.items()) + " (a column of dashes: not available for every cell). "
          "Accuracy % over seeds [95% bootstrap over seeds]; gains paired over seeds.", ""]
@@ -425,43 +424,49 @@ def markdown(doc: dict) -> str:
     return "\n".join(L)
 
 
-def build(partial: bool = False) -> dict:
+def named_rng(name: str) -> np.random.Generator:
+    """A bootstrap generator keyed by ``name`` (a task or a set of tasks)."""
+    import hashlib
+
+    return np.random.default_rng(int(hashlib.sha256(f"gsd-heldout:{name}".encode()).hexdigest()[:16], 16))
+
+
+def _frozen(path) -> str:
+    """The commit that added ``path`` (a split file), or "uncommitted"."""
     import subprocess
 
-    rng = np.random.default_rng(0)
+    added = subprocess.run(["git", "-C", str(path.parent), "log", "--format=%H", "--diff-filter=A", "--", path.name],
+                           capture_output=True, text=True, check=False).stdout.split()
+    return added[-1] if added else "uncommitted"
+
+
+def build(partial: bool = False) -> dict:
     runs = load_runs()
     hps = chosen()
     sp = split()
-    frozen = subprocess.run(["git", "-C", str(SPLIT.parent), "log", "--format=%H", "--diff-filter=A", "--", SPLIT.name],
-                            capture_output=True, text=True, check=False).stdout.split()
-    sp2 = split2() if SPLIT2.is_file() else {"held_out": []}
-    frozen2 = subprocess.run(["git", "-C", str(SPLIT2.parent), "log", "--format=%H", "--diff-filter=A", "--", SPLIT2.name],
-                             capture_output=True, text=True, check=False).stdout.split()
-    sp3 = split3() if SPLIT3.is_file() else {"held_out": []}
-    frozen3 = subprocess.run(["git", "-C", str(SPLIT3.parent), "log", "--format=%H", "--diff-filter=A", "--", SPLIT3.name],
-                             capture_output=True, text=True, check=False).stdout.split()
-    sp4 = split4() if SPLIT4.is_file() else {"held_out": []}
-    frozen4 = subprocess.run(["git", "-C", str(SPLIT4.parent), "log", "--format=%H", "--diff-filter=A", "--", SPLIT4.name],
-                             capture_output=True, text=True, check=False).stdout.split()
-    scores = {"held_out_4": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, rng) for t in sp4["held_out"]},
-              "held_out_3": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, rng) for t in sp3["held_out"]},
-              "held_out_2": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, rng) for t in sp2["held_out"]},
-              "held_out": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, rng) for t in sp["held_out"]},
-              "selection": {t: task_scores(t, SELECTION_SEEDS, runs, hps, rng) for t in sp["selection"]}}
+    rounds = {n: (read_round(n) if path.is_file() else {"held_out": []}, _frozen(path)) for n, (_, path) in ROUNDS.items()}
+    sp2, sp3, sp4 = (rounds[n][0] for n in (2, 3, 4))
+    # each task's and each figure set's bootstrap draws from its own generator, keyed by its name: an
+    # interval does not move when another task or round is added
+    scores = {"held_out_4": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, named_rng(t)) for t in sp4["held_out"]},
+              "held_out_3": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, named_rng(t)) for t in sp3["held_out"]},
+              "held_out_2": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, named_rng(t)) for t in sp2["held_out"]},
+              "held_out": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, named_rng(t)) for t in sp["held_out"]},
+              "selection": {t: task_scores(t, SELECTION_SEEDS, runs, hps, named_rng(t)) for t in sp["selection"]}}
     if not partial:
         missing = [t for st in scores.values() for t, s in st.items() if s is None]
         if missing:
             raise SystemExit(f"no complete cell for {missing}: run the stages (or score --partial)")
-    return {"split": sp, "split_commit": frozen[-1] if frozen else "uncommitted", "split2": sp2,
-            "split2_commit": frozen2[-1] if frozen2 else "uncommitted", "split3": sp3,
-            "split3_commit": frozen3[-1] if frozen3 else "uncommitted", "split4": sp4,
-            "split4_commit": frozen4[-1] if frozen4 else "uncommitted", "tuned": hps, "deciders": DECIDERS,
+    return {"split": sp, "split_commit": _frozen(SPLIT),
+            **{k: v for n, (doc, commit) in rounds.items() for k, v in ((f"split{n}", doc), (f"split{n}_commit", commit))}, "tuned": hps, "deciders": DECIDERS,
             "scored_with": gsd_commit(), "run_commits": sorted({r["commit"] for r in runs.values()}),
             "rankings": str(RANKINGS.relative_to(RESULTS.parents[1])),
-            "scores": scores, "figures": {**{k: figures(v, rng) for k, v in scores.items()},
-                                          "held_out_23": figures({**scores["held_out_2"], **scores["held_out_3"]}, rng),
-                                          "held_out_234": figures({**scores["held_out_2"], **scores["held_out_3"], **scores["held_out_4"]}, rng),
-                                          "held_out_realistic": figures({t: v for t, v in scores["held_out"].items() if TASKS[t].realistic}, rng)}}
+            "scores": scores, "figures": {**{k: figures(v, named_rng(k)) for k, v in scores.items()},
+                                          "held_out_23": figures({**scores["held_out_2"], **scores["held_out_3"]}, named_rng("held_out_23")),
+                                          "held_out_234": figures({**scores["held_out_2"], **scores["held_out_3"], **scores["held_out_4"]},
+                                                                  named_rng("held_out_234")),
+                                          "held_out_realistic": figures({t: v for t, v in scores["held_out"].items() if TASKS[t].realistic},
+                                                                        named_rng("held_out_realistic"))}}
 
 
 def main(partial: bool = False) -> dict:

@@ -159,84 +159,78 @@ def sizes() -> dict[str, int]:
     return {n: len(resolve(n)) for n in {c for t in TASKS.values() for c in (t.train, *t.candidates)}}
 
 
-def write_split2() -> dict:
-    """Write split2.json: round 2's tasks, every one held out (refuses to overwrite)."""
-    if SPLIT2.is_file():
-        raise SystemExit(f"{SPLIT2} exists: round 2's split is frozen")
-    doc = {"held_out": list(ROUND2),
-           "rule": "round 2: every task is held out. Defined after round 1's held-out results had been seen (which "
+#: the rule written into each later round's split file
+ROUND_RULES = {
+    2: ("round 2: every task is held out. Defined after round 1's held-out results had been seen (which "
                    "makes round 1's held-out tasks in-sample for any change made since), and written before any "
-                   "training or ranking run on them; nothing is chosen on them",
-           "tasks": {n: {"kind": TASKS[n].kind, "realistic": TASKS[n].realistic, "private_train": TASKS[n].train,
-                         "candidates": list(TASKS[n].candidates)} for n in ROUND2},
-           "note": "the commit that froze it: git log -1 --format=%H -- split2.json"}
-    SPLIT2.write_text(json.dumps(doc, indent=1) + "\n")
-    return doc
-
-
-def write_split3() -> dict:
-    """Write split3.json: round 3's tasks, every one held out, and the gsd commit under test (refuses to overwrite)."""
-    import subprocess
-
-    if SPLIT3.is_file():
-        raise SystemExit(f"{SPLIT3} exists: round 3's split is frozen")
-    head = subprocess.run(["git", "-C", str(SPLIT3.parent), "log", "-1", "--format=%H", "--", "../../../gsd_cli"],
-                          capture_output=True, text=True, check=False).stdout.strip()
-    doc = {"held_out": list(ROUND3),
-           "rule": "round 3: every task is held out. Defined after round 2's held-out results had been seen, and written "
+                   "training or ranking run on them; nothing is chosen on them"),
+    3: ("round 3: every task is held out. Defined after round 2's held-out results had been seen, and written "
                    "before any training or ranking run on them; nothing is chosen on them. gsd's advice and probe decide as in round 2's runs "
                    "(later commits refactored them; round 2's scores re-run with them gave the same figures), so round 2 "
-                   "and round 3 are both held out for the advice under test and are also scored together",
-           "gsd_cli_commit": head,
-           "exploratory_arm": SAME_CLASSES_RULE,
-           "tasks": {n: {"kind": TASKS[n].kind, "realistic": TASKS[n].realistic, "private_train": TASKS[n].train,
-                         "candidates": list(TASKS[n].candidates)} for n in ROUND3},
-           "note": "the commit that froze it: git log -1 --format=%H -- split3.json"}
-    SPLIT3.write_text(json.dumps(doc, indent=1) + "\n")
-    return doc
-
-
-def write_split4() -> dict:
-    """Write split4.json: round 4's tasks, every one held out, and the gsd commit under test (refuses to overwrite)."""
-    import subprocess
-
-    if SPLIT4.is_file():
-        raise SystemExit(f"{SPLIT4} exists: round 4's split is frozen")
-    head = subprocess.run(["git", "-C", str(SPLIT4.parent), "log", "-1", "--format=%H", "--", "../../../gsd_cli/train/advice.py",
-                           "../../../gsd_cli/train/probe.py", "../../../gsd_cli/train/select.py", "../../../gsd_cli/train/second_phase.py"],
-                          capture_output=True, text=True, check=False).stdout.strip()
-    doc = {"held_out": list(ROUND4),
-           "rule": "round 4: every task is held out. Defined after round 3's held-out results had been seen, and written "
+                   "and round 3 are both held out for the advice under test and are also scored together"),
+    4: ("round 4: every task is held out. Defined after round 3's held-out results had been seen, and written "
                    "before any training or ranking run on them; nothing is chosen on them. gsd's advice and probe decide as "
                    "in rounds 2 and 3 (since then only the wording of the probe's line changed), so rounds 2, 3 and 4 are all "
                    "held out for the advice under test and are also scored together. The exploratory arm auto:probe-same "
                    "(split3.json) is scored again; two of the four tasks (fashion-lowres, mnist-noisy) offer candidates whose "
-                   "classes are the private task's",
-           "gsd_cli_commit": head,
-           "exploratory_arm": SAME_CLASSES_RULE,
-           "tasks": {n: {"kind": TASKS[n].kind, "realistic": TASKS[n].realistic, "private_train": TASKS[n].train,
-                         "candidates": list(TASKS[n].candidates)} for n in ROUND4},
-           "note": "the commit that froze it: git log -1 --format=%H -- split4.json"}
-    SPLIT4.write_text(json.dumps(doc, indent=1) + "\n")
+                   "classes are the private task's"),
+}
+ROUNDS = {2: (ROUND2, SPLIT2), 3: (ROUND3, SPLIT3), 4: (ROUND4, SPLIT4)}
+#: the files whose last commit round 3 and round 4 name as the gsd under test
+UNDER_TEST = {3: ("../../../gsd_cli",), 4: ("../../../gsd_cli/train/advice.py", "../../../gsd_cli/train/probe.py",
+                                            "../../../gsd_cli/train/select.py", "../../../gsd_cli/train/second_phase.py")}
+
+
+def write_round(n: int) -> dict:
+    """Write round ``n``'s split file (2, 3 or 4): its tasks, all held out, the rule, and from round 3 the
+    gsd commit under test and the exploratory arm. Refuses to overwrite: a round is frozen before any run."""
+    import subprocess
+
+    tasks, path = ROUNDS[n]
+    if path.is_file():
+        raise SystemExit(f"{path} exists: round {n}'s split is frozen")
+    doc = {"held_out": list(tasks), "rule": ROUND_RULES[n]}
+    if n in UNDER_TEST:
+        doc["gsd_cli_commit"] = subprocess.run(["git", "-C", str(path.parent), "log", "-1", "--format=%H", "--", *UNDER_TEST[n]],
+                                               capture_output=True, text=True, check=False).stdout.strip()
+        doc["exploratory_arm"] = SAME_CLASSES_RULE
+    doc["tasks"] = {t: {"kind": TASKS[t].kind, "realistic": TASKS[t].realistic, "private_train": TASKS[t].train,
+                        "candidates": list(TASKS[t].candidates)} for t in tasks}
+    doc["note"] = f"the commit that froze it: git log -1 --format=%H -- {path.name}"
+    path.write_text(json.dumps(doc, indent=1) + "\n")
     return doc
 
 
-def split4() -> dict:
-    if not SPLIT4.is_file():
-        raise SystemExit(f"{SPLIT4} is missing: python -m validity.heldout split4 (before any run)")
-    return json.loads(SPLIT4.read_text())
+def read_round(n: int) -> dict:
+    """Round ``n``'s split file (2, 3 or 4)."""
+    path = ROUNDS[n][1]
+    if not path.is_file():
+        raise SystemExit(f"{path} is missing: python -m validity.heldout split{n} (before any run)")
+    return json.loads(path.read_text())
 
 
-def split3() -> dict:
-    if not SPLIT3.is_file():
-        raise SystemExit(f"{SPLIT3} is missing: python -m validity.heldout split3 (before any run)")
-    return json.loads(SPLIT3.read_text())
+def write_split2() -> dict:
+    return write_round(2)
+
+
+def write_split3() -> dict:
+    return write_round(3)
+
+
+def write_split4() -> dict:
+    return write_round(4)
 
 
 def split2() -> dict:
-    if not SPLIT2.is_file():
-        raise SystemExit(f"{SPLIT2} is missing: python -m validity.heldout split2 (before any run)")
-    return json.loads(SPLIT2.read_text())
+    return read_round(2)
+
+
+def split3() -> dict:
+    return read_round(3)
+
+
+def split4() -> dict:
+    return read_round(4)
 
 
 def split() -> dict:
