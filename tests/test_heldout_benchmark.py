@@ -148,3 +148,20 @@ def test_spearman_of_a_reversed_order_is_minus_one_and_undefined_for_ties():
 def test_bootstrap_generators_are_keyed_by_name_so_intervals_do_not_move_when_tasks_are_added():
     a, b = S.named_rng("glyphs").integers(0, 1 << 30, 4), S.named_rng("glyphs").integers(0, 1 << 30, 4)
     assert (a == b).all() and not (a == S.named_rng("scans").integers(0, 1 << 30, 4)).all()
+
+
+def test_the_few_shot_probe_separates_separable_classes_and_is_at_chance_on_noise():
+    import torch
+
+    from validity.heldout.variants import few_shot_accuracy
+
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(300) % 3
+    sep = torch.nn.functional.one_hot(y, 3).double() * 5 + 0.1 * torch.randn(300, 3, generator=g, dtype=torch.float64)
+    assert few_shot_accuracy(sep, y, 3, seed=0, per_class=10) == pytest.approx(1.0)
+    noise = torch.randn(300, 20, generator=g, dtype=torch.float64)
+    assert abs(few_shot_accuracy(noise, y, 3, seed=0, per_class=10) - 1 / 3) < 0.1
+    # fewer fitted examples: a weaker learner on weakly informative features
+    weak = torch.nn.functional.one_hot(y, 3).double() * 0.6 + torch.randn(300, 30, generator=g, dtype=torch.float64)[:, :3]
+    weak = torch.cat([weak, torch.randn(300, 27, generator=g, dtype=torch.float64)], 1)
+    assert few_shot_accuracy(weak, y, 3, seed=0, per_class=5) < few_shot_accuracy(weak, y, 3, seed=0, per_class=60)
