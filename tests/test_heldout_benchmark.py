@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from validity.heldout import score as S
 from validity.heldout.cache import run_key
-from validity.heldout.tasks import ROUND1, ROUND2, ROUND3, ROUND4, SPLIT, SPLIT2, SPLIT3, SPLIT4, TASKS, Task, assign
+from validity.heldout.tasks import ROUND1, ROUND2, ROUND3, ROUND4, ROUND5, SPLIT, SPLIT2, SPLIT3, SPLIT4, SPLIT5, TASKS, Task, assign
 
 
 def test_the_committed_split_is_the_rule_s_and_meets_its_constraints():
@@ -31,7 +31,7 @@ def test_the_committed_split_is_the_rule_s_and_meets_its_constraints():
 
 def test_round_two_is_new_held_out_and_realistic():
     doc = json.loads(SPLIT2.read_text())
-    assert doc["held_out"] == list(ROUND2) and not set(ROUND2) & set(ROUND1) and set(TASKS) == set(ROUND1) | set(ROUND2) | set(ROUND3) | set(ROUND4)
+    assert doc["held_out"] == list(ROUND2) and not set(ROUND2) & set(ROUND1) and set(TASKS) == set(ROUND1) | set(ROUND2) | set(ROUND3) | set(ROUND4) | set(ROUND5)
     assert len({TASKS[t].kind for t in ROUND2}) == 4 and all(TASKS[t].realistic for t in ROUND2)
     assert all(len(TASKS[t].candidates) >= 6 for t in ROUND2)
 
@@ -51,6 +51,13 @@ def test_round_four_is_new_held_out_realistic_and_offers_same_class_candidates()
     assert all(len(TASKS[t].candidates) >= 6 for t in ROUND4)
     assert len(doc["gsd_cli_commit"]) == 40 and "auto:probe-same" in doc["exploratory_arm"]
     assert "pub-fashion" in TASKS["fashion-lowres"].candidates and "pub-mnist" in TASKS["mnist-noisy"].candidates
+
+
+def test_round_five_is_new_held_out_and_pre_registers_the_few_shot_arms():
+    doc = json.loads(SPLIT5.read_text())
+    assert doc["held_out"] == list(ROUND5) and not set(ROUND5) & (set(ROUND1) | set(ROUND2) | set(ROUND3) | set(ROUND4))
+    assert len({TASKS[t].kind for t in ROUND5}) == 4 and all(TASKS[t].realistic for t in ROUND5)
+    assert len(doc["gsd_cli_commit"]) == 40 and "auto:few25" in doc["few_shot_arms"]
 
 
 def _fake_advise(task, advised, probe):

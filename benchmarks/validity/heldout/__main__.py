@@ -13,12 +13,13 @@ def main() -> None:
     sub.add_parser("split2", help="write split2.json: round 2's tasks, all held out (once, before any run on them)")
     sub.add_parser("split3", help="write split3.json: round 3's tasks, all held out (once, before any run on them)")
     sub.add_parser("split4", help="write split4.json: round 4's tasks, all held out (once, before any run on them)")
+    sub.add_parser("split5", help="write split5.json: round 5's tasks, all held out (once, before any run on them)")
     r = sub.add_parser("rank", help="auto-select's ranking of each task's candidates, per seed (cached)")
-    r.add_argument("--stage", choices=("selection", "held-out", "held-out-2", "held-out-3", "held-out-4"), required=True)
+    r.add_argument("--stage", choices=("selection", "held-out", "held-out-2", "held-out-3", "held-out-4", "held-out-5"), required=True)
     r.add_argument("--advised", action="store_true", help="gsd_cli.train.select.advised_selection's ranking and decision (noise reference, repeats)")
     r.add_argument("--probe", action="store_true", help="the feature probe of the second phase (gsd_cli.train.probe)")
     r = sub.add_parser("run", help="the trainings of a stage (cached, resumable)")
-    r.add_argument("--stage", choices=("tune", "selection", "held-out", "held-out-2", "held-out-3", "held-out-4"), required=True)
+    r.add_argument("--stage", choices=("tune", "selection", "held-out", "held-out-2", "held-out-3", "held-out-4", "held-out-5"), required=True)
     r.add_argument("--methods", nargs="+", choices=("dpsgd", "gep", "second-phase"), help="only these methods' runs")
     s = sub.add_parser("score", help="tables and figures: benchmarks/results/heldout_*.{json,md}")
     s.add_argument("--partial", action="store_true", help="score whatever cells are complete")
@@ -46,10 +47,10 @@ def main() -> None:
         from .tasks import write_split3
 
         print(write_split3())
-    elif a.cmd == "split4":
-        from .tasks import write_split4
+    elif a.cmd in ("split4", "split5"):
+        from .tasks import write_round
 
-        print(write_split4())
+        print(write_round(int(a.cmd[-1])))
     elif a.cmd == "rank":
         from .arms import rank_stage
 

@@ -32,7 +32,7 @@ from .cache import (
     run_key,
     save_ranking,
 )
-from .tasks import TASKS, null, register, sizes, split, split2, split3, split4
+from .tasks import TASKS, null, read_round, register, sizes, split
 
 METHODS = ("gep", "second-phase")
 BASELINE = "dpsgd"
@@ -222,18 +222,14 @@ def cell_jobs(task: str, seeds, hps: dict) -> list[tuple]:
 
 
 def stage_tasks(stage: str) -> tuple[list[str], tuple[int, ...]]:
-    """The tasks and seeds of a stage: selection, held-out (round 1), held-out-2 (round 2, split2.json),
-    held-out-3 (round 3, split3.json) or held-out-4 (round 4, split4.json)."""
+    """The tasks and seeds of a stage: selection, held-out (round 1), or held-out-N (round N,
+    2-5: splitN.json)."""
     if stage == "selection":
         return split()["selection"], SELECTION_SEEDS
     if stage == "held-out":
         return split()["held_out"], HELD_OUT_SEEDS
-    if stage == "held-out-2":
-        return split2()["held_out"], HELD_OUT_SEEDS
-    if stage == "held-out-3":
-        return split3()["held_out"], HELD_OUT_SEEDS
-    if stage == "held-out-4":
-        return split4()["held_out"], HELD_OUT_SEEDS
+    if stage in ("held-out-2", "held-out-3", "held-out-4", "held-out-5"):
+        return read_round(int(stage[-1]))["held_out"], HELD_OUT_SEEDS
     raise SystemExit(f"unknown stage {stage}")
 
 

@@ -48,6 +48,11 @@ cut to fit the CPU budget of one core):
   ``mnist-noisy`` (MNIST train rows 55k-58k, test from rows 58k-60k, over intensity ramps with pixel
   noise), ``photos2`` (32x32 RGB patches of scikit-learn's china and flower photos, matplotlib's Grace
   Hopper photo and its rendered gift box, Minduka). All realistic.
+* Round 5 (held out, ``split5.json``; defined after round 4 and the in-sample probe variants were seen,
+  before any run on them): ``mnist-blur`` (MNIST train rows 13k-16k, test from rows 16k-18k, blurred
+  and faint), ``fashion-noisy`` (Fashion-MNIST train rows 33k-43k, test rows 8k-10k, over ramps with
+  pixel noise), ``letters-uz`` (capitals U-Z, 6 classes, 3,000), ``graphics`` (patches of scikit-image's
+  chessboard, colour wheel and logo). All realistic.
 * The null public sets of GEP: ``noise-28`` (2,000 uniform 28x28 grey images) and ``noise-32rgb``
   (2,000 uniform 32x32 RGB), the private data's shapes, random labels.
 * Embedded in gsd: ``digits`` (scikit-learn's 1,797 8x8 digits: another resolution) and ``faces``
@@ -219,6 +224,7 @@ def build(force: bool = False) -> dict[str, int]:
     sets.update(round2(xtr, ytr, xte, yte, ftr, fytr, fte, fyte, xa, ya))
     sets.update(round3(xtr, ytr, xte, yte, ftr, fytr, fte, fyte))
     sets.update(round4(xtr, ytr, ftr, fytr, fte, fyte))
+    sets.update(round5(xtr, ytr, ftr, fytr, fte, fyte))
     assert set(sets) == set(NAMES), set(sets) ^ set(NAMES)
     for name, (x, y, classes) in sets.items():
         if not force and (out / f"{name}.npz").is_file():
@@ -466,13 +472,72 @@ def round4(xtr, ytr, ftr, fytr, fte, fyte) -> dict:
     }
 
 
+#: round 5 (held out, ``split5.json``; defined after round 4's results and the in-sample probe variants were
+#: seen, before any run on them)
+LETTERS_UZ = [chr(ord("U") + i) for i in range(6)]
+#: scikit-image's graphics no earlier set uses: 28x28 grey patches, bands [0, 60%) train, [60%, 100%) test
+GRAPHICS = ("chessboard_GRAY.png", "color.png", "logo.png")
+GRAPHICS_PER_CLASS = {"train": 1000, "test": 300}
+
+
+def blurred(x: np.ndarray) -> np.ndarray:
+    """Each image blurred (Gaussian, radius 1.5) with its contrast halved: a faint, out-of-focus scan."""
+    from PIL import Image, ImageFilter
+
+    return np.stack([(np.asarray(Image.fromarray(d).filter(ImageFilter.GaussianBlur(1.5))) // 2).astype(np.uint8) for d in x])
+
+
+def graphics(seed: int = 61) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The ``graphics`` task: 28x28 grey patches of :data:`GRAPHICS` (flat-colour patches left out, as in :func:`scans`)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for part, (a, b) in SCENE_BANDS.items():
+        xs, ys = [], []
+        for label, f in enumerate(GRAPHICS):
+            img = _photo(Path(__import__("skimage").__file__).parent / "data" / f, False)
+            h = img.shape[0]
+            band, n = img[int(round(a * h)): int(round(b * h))], GRAPHICS_PER_CLASS[part]
+            cand = band_patches(band, 28, min(4 * n, (band.shape[0] - 27) * (band.shape[1] - 27)), rng)
+            cand = cand[cand.reshape(len(cand), -1).std(1) >= 4]
+            if len(cand) < n:
+                raise SystemExit(f"{f}: {len(cand)} patches with content in the {part} band, asked for {n}")
+            xs.append(cand[:n])
+            ys += [label] * n
+        out[part] = (np.concatenate(xs), np.array(ys, np.int64))
+    return out
+
+
+def round5(xtr, ytr, ftr, fytr, fte, fyte) -> dict:
+    """Round 5's private sets (held out; rows and images no earlier set uses):
+
+    * ``mnist-blur``: MNIST train rows 13k-16k, test from rows 16k-18k, blurred and faint (:func:`blurred`);
+    * ``fashion-noisy``: Fashion-MNIST train rows 33k-43k and test rows 8k-10k over ramps with pixel noise (:func:`noisy`);
+    * ``letters-uz``: 3,000 capitals U-Z (6 classes) in the glyph training fonts, white on black (test: 2,000 in the test fonts);
+    * ``graphics``: :func:`graphics` (3,000 patches of a chessboard, a colour wheel and scikit-image's logo).
+    """
+    tr_fonts, te_fonts = glyph_fonts()
+    gr = graphics()
+    return {
+        "mnist-blur-train": (blurred(xtr[13000:16000]), ytr[13000:16000], DIGITS),
+        "mnist-blur-test": (blurred(xtr[16000:18000]), ytr[16000:18000], DIGITS),
+        "fashion-noisy-train": (noisy(ftr[33000:43000], 63), fytr[33000:43000], FASHION),
+        "fashion-noisy-test": (noisy(fte[8000:10000], 64), fyte[8000:10000], FASHION),
+        "letters-uz-train": (*glyphs(3000, tr_fonts, 65, LETTERS_UZ), LETTERS_UZ),
+        "letters-uz-test": (*glyphs(2000, te_fonts, 66, LETTERS_UZ), LETTERS_UZ),
+        "graphics-train": (*gr["train"], [f.split(".")[0].split("_")[0] for f in GRAPHICS]),
+        "graphics-test": (*gr["test"], [f.split(".")[0].split("_")[0] for f in GRAPHICS]),
+    }
+
+
+ROUND5_NAMES = ("mnist-blur-train", "mnist-blur-test", "fashion-noisy-train", "fashion-noisy-test", "letters-uz-train",
+                "letters-uz-test", "graphics-train", "graphics-test")
 ROUND4_NAMES = ("letters-train", "letters-test", "fashion-lowres-train", "fashion-lowres-test", "mnist-noisy-train",
                 "mnist-noisy-test", "photos2-train", "photos2-test")
 ROUND3_NAMES = ("glyphs-train", "glyphs-test", "scans-train", "scans-test", "mnist-clutter-train", "mnist-clutter-test",
                 "fashion-flip-train", "fashion-flip-test")
 ROUND2_NAMES = ("mnist-rot-train", "mnist-rot-test", "fashion-m-train", "fashion-m-test", "animal-rot-train",
                 "animal-rot-test", "scenes-train", "scenes-test")
-NAMES = ROUND4_NAMES + ROUND3_NAMES + ROUND2_NAMES + ("mnist-train", "mnist-test", "mnist-m-train", "mnist-m-test", "mnist-neg-train", "mnist-neg-test", "pub-mnist",
+NAMES = ROUND5_NAMES + ROUND4_NAMES + ROUND3_NAMES + ROUND2_NAMES + ("mnist-train", "mnist-test", "mnist-m-train", "mnist-m-test", "mnist-neg-train", "mnist-neg-test", "pub-mnist",
          "fashion-train", "fashion-test", "pub-fashion", "pub-shoes", "animal-train", "animal-test", "pub-animal",
          "textures-train", "textures-test", "pub-textures", "medical-train", "medical-test",
          "photos-train", "photos-test", "pub-photos", "noise-28", "noise-32rgb")

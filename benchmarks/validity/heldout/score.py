@@ -326,7 +326,9 @@ def figures(scores: dict, rng) -> dict:
 
 ARM_ORDER = ["dpsgd", "auto:rule", "auto:advise", "auto:advise-once", "auto:probe", "auto:probe-same", "null", "gep:pick", "gep:random", "gep:largest",
              "second-phase:pick", "second-phase:probe-pick", "second-phase:random", "second-phase:largest", "oracle"]
-STAGES = {"held_out_4": "Held-out tasks, round 4 (defined after round 3 was seen, split4.json frozen before any run on them; "
+STAGES = {"held_out_5": "Held-out tasks, round 5 (defined after round 4 and the in-sample probe variants were seen, split5.json "
+                        "frozen before any run on them; gsd's advice and probe decide as in rounds 2-4)",
+          "held_out_4": "Held-out tasks, round 4 (defined after round 3 was seen, split4.json frozen before any run on them; "
                         "gsd's advice and probe decide as in rounds 2 and 3)",
           "held_out_3": "Held-out tasks, round 3 (defined after round 2 was seen, split3.json frozen before any run on them; "
                         "gsd's advice and probe decide as in round 2)",
@@ -388,8 +390,10 @@ def markdown(doc: dict) -> str:
             for x in TASKS[t].candidates:
                 pr = f"{-s['probe_distance'][x]:+.1f}" if s.get("probe_distance") else "-"
                 L.append(f"| {t} | {x} | {s['distance'][x]:.3f} | {pr} | {_f(s['arms'][f'gep:{x}'])} | {_f(s['arms'][f'second-phase:{x}'])} |")
-        what = {"held_out_4": "round 4, held out", "held_out_3": "round 3, held out", "held_out_2": "round 2, held out", "held_out": "round 1's held-out tasks, seen", "selection": "selection, in-sample"}[stage]
+        what = {"held_out_5": "round 5, held out", "held_out_4": "round 4, held out", "held_out_3": "round 3, held out", "held_out_2": "round 2, held out", "held_out": "round 1's held-out tasks, seen", "selection": "selection, in-sample"}[stage]
         for f, what in ((doc["figures"][stage], what),
+                        (doc["figures"].get("held_out_2345") if stage == "held_out_5" else None,
+                         "rounds 2-5 together: sixteen held-out tasks for the advice under test"),
                         (doc["figures"].get("held_out_234") if stage == "held_out_4" else None,
                          "rounds 2, 3 and 4 together: twelve held-out tasks for the advice under test"),
                         (doc["figures"].get("held_out_23") if stage == "held_out_3" else None,
@@ -445,10 +449,11 @@ def build(partial: bool = False) -> dict:
     hps = chosen()
     sp = split()
     rounds = {n: (read_round(n) if path.is_file() else {"held_out": []}, _frozen(path)) for n, (_, path) in ROUNDS.items()}
-    sp2, sp3, sp4 = (rounds[n][0] for n in (2, 3, 4))
+    sp2, sp3, sp4, sp5 = (rounds[n][0] for n in (2, 3, 4, 5))
     # each task's and each figure set's bootstrap draws from its own generator, keyed by its name: an
     # interval does not move when another task or round is added
-    scores = {"held_out_4": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, named_rng(t)) for t in sp4["held_out"]},
+    scores = {"held_out_5": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, named_rng(t)) for t in sp5["held_out"]},
+              "held_out_4": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, named_rng(t)) for t in sp4["held_out"]},
               "held_out_3": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, named_rng(t)) for t in sp3["held_out"]},
               "held_out_2": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, named_rng(t)) for t in sp2["held_out"]},
               "held_out": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, named_rng(t)) for t in sp["held_out"]},
@@ -465,6 +470,8 @@ def build(partial: bool = False) -> dict:
                                           "held_out_23": figures({**scores["held_out_2"], **scores["held_out_3"]}, named_rng("held_out_23")),
                                           "held_out_234": figures({**scores["held_out_2"], **scores["held_out_3"], **scores["held_out_4"]},
                                                                   named_rng("held_out_234")),
+                                          "held_out_2345": figures({**scores["held_out_2"], **scores["held_out_3"], **scores["held_out_4"],
+                                                                    **scores["held_out_5"]}, named_rng("held_out_2345")),
                                           "held_out_realistic": figures({t: v for t, v in scores["held_out"].items() if TASKS[t].realistic},
                                                                         named_rng("held_out_realistic"))}}
 

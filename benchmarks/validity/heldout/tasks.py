@@ -77,6 +77,15 @@ TASKS: dict[str, Task] = {t.name: t for t in (
          ("pub-mnist", "digits", "pub-fashion", "pub-animal", "faces", "pub-textures"), "fmnist-cnn", True),
     Task("photos2", "rgb-photos", "photos2-train", "photos2-test",
          ("pub-photos", "pub-textures", "pub-fashion", "pub-mnist", "faces", "digits"), "fmnist-cnn@32x3", True),
+    # round 5: all held out (split5.json), defined after round 4 and the in-sample probe variants were seen
+    Task("mnist-blur", "digits", "mnist-blur-train", "mnist-blur-test",
+         ("pub-mnist", "digits", "pub-fashion", "pub-animal", "faces", "pub-textures"), "fmnist-cnn", True),
+    Task("fashion-noisy", "clothing", "fashion-noisy-train", "fashion-noisy-test",
+         ("pub-fashion", "pub-shoes", "pub-mnist", "pub-animal", "faces", "digits"), "fmnist-cnn", True),
+    Task("letters-uz", "glyphs", "letters-uz-train", "letters-uz-test",
+         ("pub-mnist", "digits", "pub-fashion", "pub-animal", "faces", "pub-textures"), "fmnist-cnn", True),
+    Task("graphics", "graphics", "graphics-train", "graphics-test",
+         ("pub-textures", "pub-photos", "pub-mnist", "pub-fashion", "faces", "digits"), "fmnist-cnn", True),
 )}
 ROUND1 = ("mnist", "mnist-neg", "mnist-m", "fashion", "animal", "textures", "medical", "photos")
 ROUND2 = ("mnist-rot", "fashion-m", "animal-rot", "scenes")
@@ -85,6 +94,17 @@ ROUND3 = ("glyphs", "scans", "mnist-clutter", "fashion-flip")
 SPLIT3 = Path(__file__).with_name("split3.json")
 ROUND4 = ("letters", "fashion-lowres", "mnist-noisy", "photos2")
 SPLIT4 = Path(__file__).with_name("split4.json")
+ROUND5 = ("mnist-blur", "fashion-noisy", "letters-uz", "graphics")
+SPLIT5 = Path(__file__).with_name("split5.json")
+#: round 5's pre-registered comparison arms (benchmarks/validity/heldout/variants.py; not gsd's default)
+FEW_SHOT_RULE = (
+    "auto:few10 and auto:few25: gsd's advice (gsd_cli.train.advice.advise) with the probe's gains replaced by those of a "
+    "few-shot probe, the same ridge fitted on 10 or 25 private examples per class of each draw and scored on the rest, "
+    "averaged over 5 splits (validity.heldout.variants), computed from the same stage-1 features. Proposed after the "
+    "in-sample comparison on rounds 1-4 (heldout_probe_variants.md); written down before any run on round 5. A variant "
+    "would be proposed as gsd's default only if on round 5 it has at least as many (task, seed) cells within 0.5 points of "
+    "tuned DP-SGD as auto:probe and a larger mean gain on the tasks where the oracle gains 3 or more; the change itself "
+    "would then need another new round")
 #: round 3's pre-registered exploratory arm (scored beside auto:probe; not gsd's default)
 SAME_CLASSES_RULE = (
     "auto:probe-same: auto:probe's decision (gsd_cli.train.advice.advise with the probe), except that where it trains the "
@@ -174,11 +194,16 @@ ROUND_RULES = {
                    "held out for the advice under test and are also scored together. The exploratory arm auto:probe-same "
                    "(split3.json) is scored again; two of the four tasks (fashion-lowres, mnist-noisy) offer candidates whose "
                    "classes are the private task's"),
+    5: ("round 5: every task is held out. Defined after round 4's held-out results and the in-sample probe variants had "
+        "been seen, and written before any training or ranking run on them; nothing is chosen on them. gsd's advice and "
+        "probe decide as in rounds 2-4, so rounds 2-5 are all held out for it. The pre-registered comparison arms are "
+        "in few_shot_arms"),
 }
-ROUNDS = {2: (ROUND2, SPLIT2), 3: (ROUND3, SPLIT3), 4: (ROUND4, SPLIT4)}
+ROUNDS = {2: (ROUND2, SPLIT2), 3: (ROUND3, SPLIT3), 4: (ROUND4, SPLIT4), 5: (ROUND5, SPLIT5)}
 #: the files whose last commit round 3 and round 4 name as the gsd under test
-UNDER_TEST = {3: ("../../../gsd_cli",), 4: ("../../../gsd_cli/train/advice.py", "../../../gsd_cli/train/probe.py",
-                                            "../../../gsd_cli/train/select.py", "../../../gsd_cli/train/second_phase.py")}
+_ADVICE_FILES = ("../../../gsd_cli/train/advice.py", "../../../gsd_cli/train/probe.py", "../../../gsd_cli/train/select.py",
+                 "../../../gsd_cli/train/second_phase.py")
+UNDER_TEST = {3: ("../../../gsd_cli",), 4: _ADVICE_FILES, 5: _ADVICE_FILES}
 
 
 def write_round(n: int) -> dict:
@@ -194,6 +219,8 @@ def write_round(n: int) -> dict:
         doc["gsd_cli_commit"] = subprocess.run(["git", "-C", str(path.parent), "log", "-1", "--format=%H", "--", *UNDER_TEST[n]],
                                                capture_output=True, text=True, check=False).stdout.strip()
         doc["exploratory_arm"] = SAME_CLASSES_RULE
+    if n == 5:
+        doc["few_shot_arms"] = FEW_SHOT_RULE
     doc["tasks"] = {t: {"kind": TASKS[t].kind, "realistic": TASKS[t].realistic, "private_train": TASKS[t].train,
                         "candidates": list(TASKS[t].candidates)} for t in tasks}
     doc["note"] = f"the commit that froze it: git log -1 --format=%H -- {path.name}"
@@ -231,6 +258,10 @@ def split3() -> dict:
 
 def split4() -> dict:
     return read_round(4)
+
+
+def split5() -> dict:
+    return read_round(5)
 
 
 def split() -> dict:
