@@ -19,7 +19,8 @@ cached runs::
     cd benchmarks && OMP_NUM_THREADS=1 python -m validity.heldout.variants [--tasks ...] [--seeds 0 1 2 3 4]
 
 writes ``results/heldout/rankings/<task>-s<seed>-probe-variants.json`` and
-``results/heldout_probe_variants.{json,md}``.
+``results/heldout_probe_variants.{json,md}`` (``--out``). Round 5 (held out) pre-registered the few-shot
+arms in ``split5.json``: ``--tasks mnist-blur fashion-noisy letters-uz graphics --out heldout_probe_variants_round5``.
 """
 
 from __future__ import annotations
@@ -37,8 +38,6 @@ from .tasks import ROUND1, ROUND2, ROUND3, ROUND4, TASKS, register
 #: the few-shot probes: examples per class fitted (the rest scored), and the random splits averaged
 PER_CLASS = (10, 25)
 SPLITS = 5
-OUT_JSON = RESULTS.parent / "heldout_probe_variants.json"
-OUT_MD = RESULTS.parent / "heldout_probe_variants.md"
 
 
 def few_shot_accuracy(feats: torch.Tensor, labels: torch.Tensor, num_classes: int, seed: int, per_class: int,
@@ -178,7 +177,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m validity.heldout.variants")
     ap.add_argument("--tasks", nargs="+", default=[*ROUND1, *ROUND2, *ROUND3, *ROUND4])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
-    ap.add_argument("--compute-only", action="store_true", help="run the probes, do not score")
+    ap.add_argument("--compute-only", action="store_true", help="run the probes, do not score (a task's probe must be cached first: rank --probe)")
+    ap.add_argument("--out", default="heldout_probe_variants", help="results/<OUT>.{json,md} (round 5, held out: heldout_probe_variants_round5)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     register()
@@ -193,8 +193,8 @@ def main() -> None:
     if a.compute_only:
         return
     doc = score(a.tasks, a.seeds)
-    OUT_JSON.write_text(json.dumps(doc, indent=1) + "\n")
-    OUT_MD.write_text(markdown(doc))
+    (RESULTS.parent / f"{a.out}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (RESULTS.parent / f"{a.out}.md").write_text(markdown(doc))
     print(markdown(doc))
 
 
