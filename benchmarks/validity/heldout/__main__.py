@@ -10,10 +10,8 @@ def main() -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("prepare", help="build the npz files (benchmark-only packages)").add_argument("--force", action="store_true")
     sub.add_parser("split", help="write split.json (once, before any run)")
-    sub.add_parser("split2", help="write split2.json: round 2's tasks, all held out (once, before any run on them)")
-    sub.add_parser("split3", help="write split3.json: round 3's tasks, all held out (once, before any run on them)")
-    sub.add_parser("split4", help="write split4.json: round 4's tasks, all held out (once, before any run on them)")
-    sub.add_parser("split5", help="write split5.json: round 5's tasks, all held out (once, before any run on them)")
+    for n in (2, 3, 4, 5):
+        sub.add_parser(f"split{n}", help=f"write split{n}.json: round {n}'s tasks, all held out (once, before any run on them)")
     r = sub.add_parser("rank", help="auto-select's ranking of each task's candidates, per seed (cached)")
     r.add_argument("--stage", choices=("selection", "held-out", "held-out-2", "held-out-3", "held-out-4", "held-out-5"), required=True)
     r.add_argument("--advised", action="store_true", help="gsd_cli.train.select.advised_selection's ranking and decision (noise reference, repeats)")
@@ -39,15 +37,7 @@ def main() -> None:
         from .tasks import write_split
 
         print(write_split())
-    elif a.cmd == "split2":
-        from .tasks import write_split2
-
-        print(write_split2())
-    elif a.cmd == "split3":
-        from .tasks import write_split3
-
-        print(write_split3())
-    elif a.cmd in ("split4", "split5"):
+    elif a.cmd in ("split2", "split3", "split4", "split5"):
         from .tasks import write_round
 
         print(write_round(int(a.cmd[-1])))

@@ -240,19 +240,34 @@ SCENE_BANDS = {"train": (0.0, 0.6), "test": (0.6, 1.0)}
 SCENE_PER_CLASS = {"train": 500, "test": 150}
 
 
-def scenes(seed: int = 7) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """The ``scenes`` task: 28x28 grey patches of :data:`SCENES` (no public split: a realistic task)."""
-    rng = np.random.default_rng(seed)
+def banded_set(images: list[np.ndarray], size: int, per_class: dict[str, int], rng: np.random.Generator,
+               content_only: bool = False) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """A patch task: ``per_class[part]`` patches of ``size`` from each image's band of :data:`SCENE_BANDS`
+    (train [0, 60%), test [60%, 100%): no two parts share a pixel), labelled by the image. With
+    ``content_only``, patches of flat background (pixel standard deviation below 4) are left out, from up
+    to 4 times as many drawn."""
     out = {}
     for part, (a, b) in SCENE_BANDS.items():
         xs, ys = [], []
-        for label, f in enumerate(SCENES):
-            img = _skimage(f, False)
-            h = img.shape[0]
-            xs.append(band_patches(img[int(round(a * h)): int(round(b * h))], 28, SCENE_PER_CLASS[part], rng))
-            ys += [label] * SCENE_PER_CLASS[part]
+        for label, img in enumerate(images):
+            h, n = img.shape[0], per_class[part]
+            band = img[int(round(a * h)): int(round(b * h))]
+            if content_only:
+                cand = band_patches(band, size, min(4 * n, (band.shape[0] - size + 1) * (band.shape[1] - size + 1)), rng)
+                cand = cand[cand.reshape(len(cand), -1).std(1) >= 4]
+                if len(cand) < n:
+                    raise SystemExit(f"image {label}: {len(cand)} patches with content in the {part} band, asked for {n}")
+                xs.append(cand[:n])
+            else:
+                xs.append(band_patches(band, size, n, rng))
+            ys += [label] * n
         out[part] = (np.concatenate(xs), np.array(ys, np.int64))
     return out
+
+
+def scenes(seed: int = 7) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The ``scenes`` task: 28x28 grey patches of :data:`SCENES` (no public split: a realistic task)."""
+    return banded_set([_skimage(f, False) for f in SCENES], 28, SCENE_PER_CLASS, np.random.default_rng(seed))
 
 
 def round2(xtr, ytr, xte, yte, ftr, fytr, fte, fyte, xa, ya) -> dict:
@@ -336,23 +351,8 @@ def _scan(name: str) -> np.ndarray:
 
 def scans(seed: int = 13) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """The ``scans`` task: 28x28 grey patches of :data:`SCANS`, one class each (no public split: realistic);
-    patches of empty background (pixel standard deviation below 4) are left out."""
-    rng = np.random.default_rng(seed)
-    out = {}
-    for part, (a, b) in SCENE_BANDS.items():
-        xs, ys = [], []
-        for label, name in enumerate(SCANS):
-            img = _scan(name)
-            h = img.shape[0]
-            band, n = img[int(round(a * h)): int(round(b * h))], SCAN_PER_CLASS[part]
-            cand = band_patches(band, 28, min(4 * n, (band.shape[0] - 27) * (band.shape[1] - 27)), rng)
-            cand = cand[cand.reshape(len(cand), -1).std(1) >= 4]  # patches of the object, not of the empty background
-            if len(cand) < n:
-                raise SystemExit(f"{name}: {len(cand)} patches with content in the {part} band, asked for {n}")
-            xs.append(cand[:n])
-            ys += [label] * n
-        out[part] = (np.concatenate(xs), np.array(ys, np.int64))
-    return out
+    patches of empty background are left out."""
+    return banded_set([_scan(n) for n in SCANS], 28, SCAN_PER_CLASS, np.random.default_rng(seed), content_only=True)
 
 
 def clutter(x: np.ndarray, seed: int) -> np.ndarray:
@@ -417,17 +417,7 @@ def _photo2(name: str) -> np.ndarray:
 
 def photos2(seed: int = 41) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """The ``photos2`` task: 32x32 RGB patches of :data:`PHOTOS2`, one class each (realistic)."""
-    rng = np.random.default_rng(seed)
-    out = {}
-    for part, (a, b) in SCENE_BANDS.items():
-        xs, ys = [], []
-        for label, name in enumerate(PHOTOS2):
-            img = _photo2(name)
-            h = img.shape[0]
-            xs.append(band_patches(img[int(round(a * h)): int(round(b * h))], 32, PHOTOS2_PER_CLASS[part], rng))
-            ys += [label] * PHOTOS2_PER_CLASS[part]
-        out[part] = (np.concatenate(xs), np.array(ys, np.int64))
-    return out
+    return banded_set([_photo2(n) for n in PHOTOS2], 32, PHOTOS2_PER_CLASS, np.random.default_rng(seed))
 
 
 def low_res(x: np.ndarray) -> np.ndarray:
@@ -489,22 +479,7 @@ def blurred(x: np.ndarray) -> np.ndarray:
 
 def graphics(seed: int = 61) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """The ``graphics`` task: 28x28 grey patches of :data:`GRAPHICS` (flat-colour patches left out, as in :func:`scans`)."""
-    rng = np.random.default_rng(seed)
-    out = {}
-    for part, (a, b) in SCENE_BANDS.items():
-        xs, ys = [], []
-        for label, f in enumerate(GRAPHICS):
-            img = _photo(Path(__import__("skimage").__file__).parent / "data" / f, False)
-            h = img.shape[0]
-            band, n = img[int(round(a * h)): int(round(b * h))], GRAPHICS_PER_CLASS[part]
-            cand = band_patches(band, 28, min(4 * n, (band.shape[0] - 27) * (band.shape[1] - 27)), rng)
-            cand = cand[cand.reshape(len(cand), -1).std(1) >= 4]
-            if len(cand) < n:
-                raise SystemExit(f"{f}: {len(cand)} patches with content in the {part} band, asked for {n}")
-            xs.append(cand[:n])
-            ys += [label] * n
-        out[part] = (np.concatenate(xs), np.array(ys, np.int64))
-    return out
+    return banded_set([_skimage(f, False) for f in GRAPHICS], 28, GRAPHICS_PER_CLASS, np.random.default_rng(seed), content_only=True)
 
 
 def round5(xtr, ytr, ftr, fytr, fte, fyte) -> dict:

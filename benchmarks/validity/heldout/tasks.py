@@ -236,34 +236,6 @@ def read_round(n: int) -> dict:
     return json.loads(path.read_text())
 
 
-def write_split2() -> dict:
-    return write_round(2)
-
-
-def write_split3() -> dict:
-    return write_round(3)
-
-
-def write_split4() -> dict:
-    return write_round(4)
-
-
-def split2() -> dict:
-    return read_round(2)
-
-
-def split3() -> dict:
-    return read_round(3)
-
-
-def split4() -> dict:
-    return read_round(4)
-
-
-def split5() -> dict:
-    return read_round(5)
-
-
 def split() -> dict:
     """``split.json``: which tasks are selection and which held out, the rule, and the commit that froze it."""
     if not SPLIT.is_file():
