@@ -6,18 +6,20 @@ import argparse
 
 
 def main() -> None:
+    from .tasks import ROUND_STAGES, ROUNDS
+
     ap = argparse.ArgumentParser(prog="python -m validity.heldout", description="the held-out benchmark of issue 42")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("prepare", help="build the npz files (benchmark-only packages)").add_argument("--force", action="store_true")
     sub.add_parser("split", help="write split.json (once, before any run)")
-    for n in (2, 3, 4, 5):
+    for n in ROUNDS:
         sub.add_parser(f"split{n}", help=f"write split{n}.json: round {n}'s tasks, all held out (once, before any run on them)")
     r = sub.add_parser("rank", help="auto-select's ranking of each task's candidates, per seed (cached)")
-    r.add_argument("--stage", choices=("selection", "held-out", "held-out-2", "held-out-3", "held-out-4", "held-out-5"), required=True)
+    r.add_argument("--stage", choices=("selection", "held-out", *ROUND_STAGES), required=True)
     r.add_argument("--advised", action="store_true", help="gsd_cli.train.select.advised_selection's ranking and decision (noise reference, repeats)")
     r.add_argument("--probe", action="store_true", help="the feature probe of the second phase (gsd_cli.train.probe)")
     r = sub.add_parser("run", help="the trainings of a stage (cached, resumable)")
-    r.add_argument("--stage", choices=("tune", "selection", "held-out", "held-out-2", "held-out-3", "held-out-4", "held-out-5"), required=True)
+    r.add_argument("--stage", choices=("tune", "selection", "held-out", *ROUND_STAGES), required=True)
     r.add_argument("--methods", nargs="+", choices=("dpsgd", "gep", "second-phase"), help="only these methods' runs")
     s = sub.add_parser("score", help="tables and figures: benchmarks/results/heldout_*.{json,md}")
     s.add_argument("--partial", action="store_true", help="score whatever cells are complete")
@@ -37,7 +39,7 @@ def main() -> None:
         from .tasks import write_split
 
         print(write_split())
-    elif a.cmd in ("split2", "split3", "split4", "split5"):
+    elif a.cmd in {f"split{n}" for n in ROUNDS}:
         from .tasks import write_round
 
         print(write_round(int(a.cmd[-1])))

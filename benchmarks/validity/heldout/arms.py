@@ -32,7 +32,7 @@ from .cache import (
     run_key,
     save_ranking,
 )
-from .tasks import TASKS, null, read_round, register, sizes, split
+from .tasks import ROUND_STAGES, TASKS, null, read_round, register, sizes, split
 
 METHODS = ("gep", "second-phase")
 BASELINE = "dpsgd"
@@ -228,7 +228,7 @@ def stage_tasks(stage: str) -> tuple[list[str], tuple[int, ...]]:
         return split()["selection"], SELECTION_SEEDS
     if stage == "held-out":
         return split()["held_out"], HELD_OUT_SEEDS
-    if stage in ("held-out-2", "held-out-3", "held-out-4", "held-out-5"):
+    if stage in ROUND_STAGES:
         return read_round(int(stage[-1]))["held_out"], HELD_OUT_SEEDS
     raise SystemExit(f"unknown stage {stage}")
 

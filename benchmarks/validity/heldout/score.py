@@ -113,9 +113,10 @@ def decision_same(task: str, advised: dict | None, probe: dict | None) -> tuple[
     if same is None or same[0] != "second-phase":
         return full
     from gsd_cli.ranking.reference import _one_sided_p
+    from gsd_cli.train.advice import ALPHA
 
     diff = np.asarray(probe["gains"][full[1]], dtype=np.float64) - np.asarray(probe["gains"][same[1]], dtype=np.float64)
-    return full if _one_sided_p(diff) < 0.05 else same
+    return full if _one_sided_p(diff) < ALPHA else same
 
 
 def probe_result(doc: dict | None):
@@ -390,14 +391,12 @@ def markdown(doc: dict) -> str:
             for x in TASKS[t].candidates:
                 pr = f"{-s['probe_distance'][x]:+.1f}" if s.get("probe_distance") else "-"
                 L.append(f"| {t} | {x} | {s['distance'][x]:.3f} | {pr} | {_f(s['arms'][f'gep:{x}'])} | {_f(s['arms'][f'second-phase:{x}'])} |")
-        what = {"held_out_5": "round 5, held out", "held_out_4": "round 4, held out", "held_out_3": "round 3, held out", "held_out_2": "round 2, held out", "held_out": "round 1's held-out tasks, seen", "selection": "selection, in-sample"}[stage]
+        what = {**{f"held_out_{n}": f"round {n}, held out" for n in ROUNDS}, "held_out": "round 1's held-out tasks, seen",
+                "selection": "selection, in-sample"}[stage]
+        n = int(stage[-1]) if stage[-1].isdigit() else 0
         for f, what in ((doc["figures"][stage], what),
-                        (doc["figures"].get("held_out_2345") if stage == "held_out_5" else None,
-                         "rounds 2-5 together: sixteen held-out tasks for the advice under test"),
-                        (doc["figures"].get("held_out_234") if stage == "held_out_4" else None,
-                         "rounds 2, 3 and 4 together: twelve held-out tasks for the advice under test"),
-                        (doc["figures"].get("held_out_23") if stage == "held_out_3" else None,
-                         "rounds 2 and 3 together: eight held-out tasks for the advice under test"),
+                        (doc["figures"].get(pooled_key(n)) if n > 2 else None,
+                         f"{ROUND_SPAN[n]} together: {NUMBERS[4 * (n - 1)]} held-out tasks for the advice under test" if n > 2 else ""),
                         (doc["figures"].get("held_out_realistic") if stage == "held_out" else None, "round 1's held-out tasks, seen, realistic only")):
             if not f:
                 continue
@@ -428,11 +427,21 @@ def markdown(doc: dict) -> str:
     return "\n".join(L)
 
 
+#: how the pooled figures' headings name rounds 2 to n, and the task counts they hold
+ROUND_SPAN = {3: "rounds 2 and 3", 4: "rounds 2, 3 and 4", 5: "rounds 2-5"}
+NUMBERS = {8: "eight", 12: "twelve", 16: "sixteen"}
+
+
 def named_rng(name: str) -> np.random.Generator:
     """A bootstrap generator keyed by ``name`` (a task or a set of tasks)."""
     import hashlib
 
     return np.random.default_rng(int(hashlib.sha256(f"gsd-heldout:{name}".encode()).hexdigest()[:16], 16))
+
+
+def pooled_key(n: int) -> str:
+    """The figures of rounds 2 to ``n`` together (the held-out rounds of the advice under test)."""
+    return "held_out_" + "".join(str(k) for k in range(2, n + 1))
 
 
 def _frozen(path) -> str:
@@ -449,13 +458,10 @@ def build(partial: bool = False) -> dict:
     hps = chosen()
     sp = split()
     rounds = {n: (read_round(n) if path.is_file() else {"held_out": []}, _frozen(path)) for n, (_, path) in ROUNDS.items()}
-    sp2, sp3, sp4, sp5 = (rounds[n][0] for n in (2, 3, 4, 5))
     # each task's and each figure set's bootstrap draws from its own generator, keyed by its name: an
     # interval does not move when another task or round is added
-    scores = {"held_out_5": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, named_rng(t)) for t in sp5["held_out"]},
-              "held_out_4": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, named_rng(t)) for t in sp4["held_out"]},
-              "held_out_3": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, named_rng(t)) for t in sp3["held_out"]},
-              "held_out_2": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, named_rng(t)) for t in sp2["held_out"]},
+    scores = {**{f"held_out_{n}": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, named_rng(t)) for t in rounds[n][0]["held_out"]}
+                 for n in sorted(ROUNDS, reverse=True)},
               "held_out": {t: task_scores(t, HELD_OUT_SEEDS, runs, hps, named_rng(t)) for t in sp["held_out"]},
               "selection": {t: task_scores(t, SELECTION_SEEDS, runs, hps, named_rng(t)) for t in sp["selection"]}}
     if not partial:
@@ -467,11 +473,8 @@ def build(partial: bool = False) -> dict:
             "scored_with": gsd_commit(), "run_commits": sorted({r["commit"] for r in runs.values()}),
             "rankings": str(RANKINGS.relative_to(RESULTS.parents[1])),
             "scores": scores, "figures": {**{k: figures(v, named_rng(k)) for k, v in scores.items()},
-                                          "held_out_23": figures({**scores["held_out_2"], **scores["held_out_3"]}, named_rng("held_out_23")),
-                                          "held_out_234": figures({**scores["held_out_2"], **scores["held_out_3"], **scores["held_out_4"]},
-                                                                  named_rng("held_out_234")),
-                                          "held_out_2345": figures({**scores["held_out_2"], **scores["held_out_3"], **scores["held_out_4"],
-                                                                    **scores["held_out_5"]}, named_rng("held_out_2345")),
+                                          **{pooled_key(n): figures({t: v for k in range(2, n + 1) for t, v in scores[f"held_out_{k}"].items()},
+                                                                    named_rng(pooled_key(n))) for n in ROUNDS if n > 2},
                                           "held_out_realistic": figures({t: v for t, v in scores["held_out"].items() if TASKS[t].realistic},
                                                                         named_rng("held_out_realistic"))}}
 

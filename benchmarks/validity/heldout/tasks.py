@@ -1,7 +1,7 @@
 """The held-out benchmark's private tasks and their public candidates (data: :mod:`.prepare`).
 
-Round 1: eight tasks from five kinds of image; rounds 2, 3 and 4 (``split2.json``, ``split3.json``,
-``split4.json``): four new held-out tasks each, all realistic. ``realistic``: no candidate is a split of the private set's own
+Round 1: eight tasks from five kinds of image; rounds 2-5 (``split2.json`` ... ``split5.json``): four
+new held-out tasks each, all realistic. ``realistic``: no candidate is a split of the private set's own
 distribution (the case of a real user, whose public data comes from elsewhere). Every pool has at
 least six candidates, among them a small few-class set (``faces``: 200 images, 2 classes, or
 ``pub-shoes``: 3 classes), a set of another resolution (``digits``: 8x8) and one of another colour
@@ -182,33 +182,35 @@ def sizes() -> dict[str, int]:
 #: the rule written into each later round's split file
 ROUND_RULES = {
     2: ("round 2: every task is held out. Defined after round 1's held-out results had been seen (which "
-                   "makes round 1's held-out tasks in-sample for any change made since), and written before any "
-                   "training or ranking run on them; nothing is chosen on them"),
+        "makes round 1's held-out tasks in-sample for any change made since), and written before any "
+        "training or ranking run on them; nothing is chosen on them"),
     3: ("round 3: every task is held out. Defined after round 2's held-out results had been seen, and written "
-                   "before any training or ranking run on them; nothing is chosen on them. gsd's advice and probe decide as in round 2's runs "
-                   "(later commits refactored them; round 2's scores re-run with them gave the same figures), so round 2 "
-                   "and round 3 are both held out for the advice under test and are also scored together"),
+        "before any training or ranking run on them; nothing is chosen on them. gsd's advice and probe decide as in round 2's runs "
+        "(later commits refactored them; round 2's scores re-run with them gave the same figures), so round 2 "
+        "and round 3 are both held out for the advice under test and are also scored together"),
     4: ("round 4: every task is held out. Defined after round 3's held-out results had been seen, and written "
-                   "before any training or ranking run on them; nothing is chosen on them. gsd's advice and probe decide as "
-                   "in rounds 2 and 3 (since then only the wording of the probe's line changed), so rounds 2, 3 and 4 are all "
-                   "held out for the advice under test and are also scored together. The exploratory arm auto:probe-same "
-                   "(split3.json) is scored again; two of the four tasks (fashion-lowres, mnist-noisy) offer candidates whose "
-                   "classes are the private task's"),
+        "before any training or ranking run on them; nothing is chosen on them. gsd's advice and probe decide as "
+        "in rounds 2 and 3 (since then only the wording of the probe's line changed), so rounds 2, 3 and 4 are all "
+        "held out for the advice under test and are also scored together. The exploratory arm auto:probe-same "
+        "(split3.json) is scored again; two of the four tasks (fashion-lowres, mnist-noisy) offer candidates whose "
+        "classes are the private task's"),
     5: ("round 5: every task is held out. Defined after round 4's held-out results and the in-sample probe variants had "
         "been seen, and written before any training or ranking run on them; nothing is chosen on them. gsd's advice and "
         "probe decide as in rounds 2-4, so rounds 2-5 are all held out for it. The pre-registered comparison arms are "
         "in few_shot_arms"),
 }
 ROUNDS = {2: (ROUND2, SPLIT2), 3: (ROUND3, SPLIT3), 4: (ROUND4, SPLIT4), 5: (ROUND5, SPLIT5)}
-#: the files whose last commit round 3 and round 4 name as the gsd under test
+#: the stages of the later rounds (``run``/``rank --stage held-out-N``)
+ROUND_STAGES = tuple(f"held-out-{n}" for n in ROUNDS)
+#: the files whose last commit rounds 3-5 name as the gsd under test
 _ADVICE_FILES = ("../../../gsd_cli/train/advice.py", "../../../gsd_cli/train/probe.py", "../../../gsd_cli/train/select.py",
                  "../../../gsd_cli/train/second_phase.py")
 UNDER_TEST = {3: ("../../../gsd_cli",), 4: _ADVICE_FILES, 5: _ADVICE_FILES}
 
 
 def write_round(n: int) -> dict:
-    """Write round ``n``'s split file (2, 3 or 4): its tasks, all held out, the rule, and from round 3 the
-    gsd commit under test and the exploratory arm. Refuses to overwrite: a round is frozen before any run."""
+    """Write round ``n``'s split file (2-5): its tasks, all held out, the rule, from round 3 the gsd
+    commit under test and the exploratory arm, and in round 5 the few-shot arms. Refuses to overwrite: a round is frozen before any run."""
     import subprocess
 
     tasks, path = ROUNDS[n]
@@ -229,7 +231,7 @@ def write_round(n: int) -> dict:
 
 
 def read_round(n: int) -> dict:
-    """Round ``n``'s split file (2, 3 or 4)."""
+    """Round ``n``'s split file (2-5)."""
     path = ROUNDS[n][1]
     if not path.is_file():
         raise SystemExit(f"{path} is missing: python -m validity.heldout split{n} (before any run)")

@@ -184,8 +184,9 @@ def main() -> None:
     register()
     for task in a.tasks:
         for s in a.seeds:
-            if not (RANKINGS / f"{task}-s{s}-probe.json").is_file():
-                continue  # the seeds the benchmark probed (selection tasks: 0-2)
+            if not (RANKINGS / f"{task}-s{s}-probe.json").is_file():  # the seeds the benchmark probed (selection tasks: 0-2)
+                print(f"{task} seed {s}: no cached probe (python -m validity.heldout rank --stage ... --probe first): skipped", flush=True)
+                continue
             t0 = time.time()
             d = probe_variants(task, s)
             print(f"{task} seed {s}: " + "; ".join(
