@@ -18,3 +18,10 @@ class DatasetError(GSDError):
 
 class ModelError(GSDError):
     """A model name, parameter selection or input shape is wrong."""
+
+
+class PrivateError(GSDError):
+    """A refusal whose occurrence depends on the private data (a privacy budget that the data shares
+    examples with, a private training set left empty): the CLI prints it on a line labelled
+    ``private:`` and exits 2, and that exit status is itself a private output (docs/budget.md). Use it
+    for any refusal that turns on private examples rather than on public inputs."""

@@ -34,8 +34,10 @@ def _private_cache_dir(tmp_path_factory, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _private_ledger(tmp_path_factory, monkeypatch):
-    """DP runs book into the privacy ledger (`gsd budget`); tests never touch the user's."""
+    """DP runs book into the privacy ledger (`gsd budget`); tests never touch the user's, nor its keys."""
     monkeypatch.setenv("GSD_LEDGER", str(tmp_path_factory.mktemp("gsd-ledger") / "ledger.sqlite"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("gsd-config")))
+    monkeypatch.delenv("GSD_LEDGER_KEY", raising=False)
 
 
 # --------------------------------------------------------------------------------------------

@@ -59,7 +59,7 @@ def test_two_paths_book_one_entry_and_a_run_past_the_budget_is_refused(two_paths
     capsys.readouterr()
     code = _train(first, tmp_path / "r3")
     err = capsys.readouterr().err
-    errors = [line for line in err.strip().splitlines() if line.startswith("error")]
+    errors = [line for line in err.strip().splitlines() if line.startswith("private: error")]  # a refusal by a budget is private
     assert code == 2 and len(errors) == 1 and "budget" in errors[0] and "left" in errors[0] and "Traceback" not in err
     assert "size" in errors[0] and "stays booked" in errors[0]  # the size estimate was booked before it was drawn
     assert not (tmp_path / "r3").exists(), "nothing trained, no run folder"
@@ -130,7 +130,7 @@ def test_filter_admits_by_either_composition_and_refuses_past_both(tmp_path):
     # the same booking id is booked once (a resumed run)
     a = led.book(other, what="t", mechanism="m", epsilon=1.0, delta=0.0, rdp=B.pure_dp_curve(1.0), booking_id="run-1")
     b = led.book(other, what="t", mechanism="m", epsilon=1.0, delta=0.0, rdp=B.pure_dp_curve(1.0), booking_id="run-1")
-    assert a["id"] == b["id"] and len(led.status(other.digest)[0]["runs"]) == 1
+    assert a["id"] == b["id"] and len(led.status_of(other)[0]["runs"]) == 1
     # an id is one run's: the same id on another data set is a clean refusal, never another set's booking
     with pytest.raises(GSDError, match="another data set"):
         led.book(data, what="t", mechanism="m", epsilon=1.0, delta=0.0, rdp=B.pure_dp_curve(1.0), booking_id="run-1")
@@ -176,7 +176,7 @@ def _race(location, folder):
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
     landed = [int(o[0].strip()) for o in outs]
-    runs = led.status("c" * 64)[0]["runs"]
+    runs = led.status_of(B.DataIdentity("c" * 64, "x", "arrays"))[0]["runs"]
     led.close()
     assert sum(landed) == len(runs) == 15, (landed, len(runs))  # none lost, none past the budget
     assert min(landed) > 0, "both processes booked"
@@ -224,7 +224,7 @@ def test_a_shared_postgresql_ledger(pg_server, tmp_path):
     led.book(data, what="DP-GSD", mechanism="m", epsilon=0.6, delta=0.0, rdp=B.pure_dp_curve(0.6))
     with pytest.raises(B.BudgetExceeded):
         other.book(data, what="DP-GSD", mechanism="m", epsilon=0.6, delta=0.0, rdp=B.pure_dp_curve(0.6))
-    s = other.status(data.digest)
+    s = other.status_of(data)
     assert len(s) == 1 and len(s[0]["runs"]) == 1 and s[0]["spent"]["basic_epsilon"] == pytest.approx(0.6)
     assert s[0]["runs"][0]["rdp"] == pytest.approx(B.pure_dp_curve(0.6))
     led.close()

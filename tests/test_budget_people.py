@@ -109,8 +109,8 @@ def test_one_pixel_copy_and_a_grown_set_share_the_others_and_are_refused(tmp_pat
     b = _book(led, pixel, eps=0.25)
     assert b["charged"] == [{"name": npz, "self": False, "remaining": pytest.approx(b["charged"][0]["remaining"])}]
     assert b["charged"][0]["remaining"]["epsilon"] == pytest.approx(0.25)
-    line = B.booked_line(b, "npz:pixel.npz", led)
-    assert line == f"booked epsilon 0.25 on npz:pixel.npz in {led.location}; 0.25 left (of the budget of {npz}, which shares examples with it)"
+    assert B.booked_line(b, "npz:pixel.npz", led) == f"booked epsilon 0.25 on npz:pixel.npz in {led.location}"  # public
+    assert B.left_line(b) == f"0.25 epsilon left of the budget of {npz}, which shares examples with it"  # a private line
     original = next(s for s in led.status() if s["name"] == npz)
     assert [r["shared"] for r in original["runs"]] == [False, True] and original["remaining"]["epsilon"] == pytest.approx(0.25)
     assert set(original["shares_examples_with"]) == {pixel, grown}  # registered when first seen, refused or not
@@ -133,12 +133,12 @@ def test_only_the_sets_sharing_people_are_charged(tmp_path):
     led = B.BudgetLedger(tmp_path / "l.sqlite")
     led.set_budget(B.data_identity(a), 1.0, 1e-5)
     _book(led, c, eps=5.0)
-    assert led.status(B.data_identity(a).digest)[0]["spent"]["runs"] == 0
+    assert led.status_of(B.data_identity(a))[0]["spent"]["runs"] == 0
     _book(led, b, eps=0.75)
     with pytest.raises(B.BudgetExceeded):
         _book(led, b, eps=0.5)
     _book(led, c, eps=5.0)  # C has no budget and shares no one with A
-    assert led.status(B.data_identity(a).digest)[0]["spent"]["basic_epsilon"] == pytest.approx(0.75)
+    assert led.status_of(B.data_identity(a))[0]["spent"]["basic_epsilon"] == pytest.approx(0.75)
 
 
 def test_storage_scales_and_looks_examples_up_by_their_index(tmp_path):

@@ -199,14 +199,14 @@ def test_show_never_creates_and_a_dp_run_says_what_it_created_and_booked(tmp_pat
     assert main(rank) == 0
     err = " ".join(capsys.readouterr().err.split())
     assert f"created the privacy ledger {new}" in err
-    assert err.count("booked epsilon") == 1 and f"booked epsilon 0.5 on npz:{private} in {new}; no budget set" in err
+    assert err.count("booked epsilon") == 1 and f"booked epsilon 0.5 on npz:{private} in {new} private: no privacy budget applies" in err
     # with a budget: what is left, and no private figure (no example count, no size)
     assert main(["--ledger", str(new), "budget", "set", "--private", f"npz:{private}", "--epsilon", "2", "--delta", "1e-5"]) == 0
     capsys.readouterr()
     assert main(rank) == 0
     err = " ".join(capsys.readouterr().err.split())
-    assert "created the privacy ledger" not in err and f"booked epsilon 0.5 on npz:{private} in {new}; 1 left" in err
-    booking = err.split("booked epsilon", 1)[1].split(";")[0]
+    assert "created the privacy ledger" not in err and f"booked epsilon 0.5 on npz:{private} in {new} private: 1 epsilon left" in err
+    booking = err.split("booked epsilon", 1)[1].split("private:")[0]
     booking = booking.replace(f"npz:{private}", "DATASET").replace(str(new), "LEDGER")  # the paths may hold any digits
     assert booking.strip() == "0.5 on DATASET in LEDGER", booking  # no example count (40), no size
 

@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 
 from .app import app
-from .common import err, out
+from .common import err, out, print_private
 
 budget_app = typer.Typer(
     help="The privacy budget of each private data set, across every DP run (a privacy filter). The ledger is private.",
@@ -22,14 +22,16 @@ app.add_typer(budget_app, name="budget")
 LEDGER_HELP = ("The ledger: a SQLite file or a SQLAlchemy URL (postgresql://...) (default $GSD_LEDGER, else "
                "$XDG_DATA_HOME/gsd/privacy-ledger.sqlite). gsd rank/train/compare book into $GSD_LEDGER or "
                "`gsd --ledger PATH COMMAND`.")
+KEY_HELP = ("The ledger's secret key file, which its stored identities need (default $GSD_LEDGER_KEY, else "
+            "~/.config/gsd/ledger-keys/<ledger id>.key, made with the ledger).")
 TIMEOUT_HELP = ("Seconds to wait for a ledger that another process holds, then stop with one line "
                 "(default $GSD_LEDGER_TIMEOUT, else 30).")
 
 
-def _ledger(location: Optional[str], timeout: Optional[float], create: bool = True):
+def _ledger(location: Optional[str], timeout: Optional[float], create: bool = True, key: Optional[str] = None):
     from ..privacy.budget import BudgetLedger
 
-    return BudgetLedger(location, create=create, timeout=timeout)
+    return BudgetLedger(location, create=create, timeout=timeout, key=key)
 
 
 @budget_app.command("set")
@@ -40,6 +42,7 @@ def set_budget(
     raise_: bool = typer.Option(False, "--raise", help="Raise a budget that runs were booked under (recorded: the filter's guarantee is for a budget fixed in advance)."),
     force: bool = typer.Option(False, "--force", help="Set a budget below what the booked runs already spent (every run on the data is then refused)."),
     ledger: Optional[str] = typer.Option(None, "--ledger", help=LEDGER_HELP),
+    ledger_key: Optional[str] = typer.Option(None, "--ledger-key", help=KEY_HELP),
     ledger_timeout: Optional[float] = typer.Option(None, "--ledger-timeout", help=TIMEOUT_HELP),
 ) -> None:
     """Give a private data set a privacy budget: from now on a DP run that would take it past
@@ -51,11 +54,12 @@ def set_budget(
     from ..privacy.budget.store import check_budget
 
     check_budget(epsilon, delta)  # before a new ledger is made
-    led = _ledger(ledger, ledger_timeout)  # checked (and made, if new) before the data is read
+    led = _ledger(ledger, ledger_timeout, key=ledger_key)  # checked (and made, if new) before the data is read
+    led.check_key()
     s = led.set_budget(data_identity(private), epsilon, delta, allow_raise=raise_, force=force)
     left = s["remaining"]
-    out.print(f"{escape(s['name'])}: budget epsilon {epsilon:g}, delta {delta:g}; {s['spent']['runs']} run(s) booked, "
-              f"about {left['epsilon']:.4g} epsilon left")
+    out.print(f"{escape(s['name'])}: budget epsilon {epsilon:g}, delta {delta:g}")
+    print_private(out, f"{s['spent']['runs']} run(s) booked on it or on data sharing its examples, about {left['epsilon']:.4g} epsilon left")
     if s.get("overspent"):
         err.print("[yellow]warning:[/] the runs booked already spent more than this budget: every DP run on this data is refused from now on")
     err.print(f"ledger {escape(led.shown)} (private: it names runs on the private data)")
@@ -67,16 +71,18 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     publishable: bool = typer.Option(False, "--publishable", help="Totals only: no runs, commands or times."),
     ledger: Optional[str] = typer.Option(None, "--ledger", help=LEDGER_HELP),
+    ledger_key: Optional[str] = typer.Option(None, "--ledger-key", help=KEY_HELP),
     ledger_timeout: Optional[float] = typer.Option(None, "--ledger-timeout", help=TIMEOUT_HELP),
 ) -> None:
     """What each private data set has spent and has left, with every run booked on it or on data
     that shares examples with it (command, time, mechanism, epsilon). Spent is shown two ways: basic
     composition (epsilons and deltas add) and the Rényi filter (RDP curves add; converted at the
     filter's delta, and at the budget's delta as if the runs were fixed in advance). The ledger is
-    private; --publishable prints the totals only. Never creates a ledger."""
+    private; --publishable prints the totals only. --private needs the ledger's secret key (the ledger
+    stores keyed identities only). Never creates a ledger."""
     from ..privacy.budget import data_identity, status_json
 
-    led = _ledger(ledger, ledger_timeout, create=False)
+    led = _ledger(ledger, ledger_timeout, create=False, key=ledger_key)
     if not led.exists:
         if as_json:
             typer.echo(json.dumps({"publishable": publishable, "ledger": led.shown, "exists": False, "datasets": []}, indent=2))
@@ -138,8 +144,7 @@ def _tables(doc: dict, publishable: bool) -> None:
         out.print(t)
         if publishable:
             continue
-        ident = f"{s['examples']} distinct examples" if s.get("examples") is not None else f"identified by {s['identified_by']}"
-        table = Table(title=f"runs on {escape(s['name'])} (data {s['digest'][:12]}, {ident})", title_justify="left")
+        table = Table(title=f"runs on {escape(s['name'])} (data {s['digest'][:12]})", title_justify="left")
         for c in ("time (UTC)", "what", "epsilon", "delta", "DP", "data", "command"):
             table.add_column(c, overflow="fold")
         for r in s["runs"]:
@@ -147,6 +152,8 @@ def _tables(doc: dict, publishable: bool) -> None:
             when = r["time"].replace("T", " ").split("+")[0].split(".")[0]
             table.add_row(when, escape(r["what"]), _f(r["epsilon"]), _f(r["delta"], ".3g"), dp,
                           escape(r["name"]) + (" (shares examples)" if r.get("shared") else ""), escape(r["command"]))
-        table.caption = "mechanisms: gsd budget show --json" + (
-            f"; shares examples with {escape(', '.join(s['shares_examples_with']))}" if s.get("shares_examples_with") else "")
+        table.caption = "mechanisms: gsd budget show --json"
         out.print(table)
+        count = f"{s['examples']} distinct examples" if s.get("examples") is not None else f"identified by {s['identified_by']}"
+        shares = f"; shares examples with {escape(', '.join(s['shares_examples_with']))}" if s.get("shares_examples_with") else ""
+        print_private(out, f"{escape(s['name'])}: {count}{shares}")

@@ -6,8 +6,10 @@ a set of hundreds of thousands opens only those m files. Sources return images a
 
 Every example has an *identity* of its own (:meth:`ImageSource.example_keys`): its file's path
 relative to the dataset's folder for file-backed sources, else a hash of its content
-(:func:`content_key`). Splits are decided from it alone (:mod:`.splits`), and
-:mod:`.identity` compares content hashes to tell whether two sets share examples.
+(:func:`content_key`). Splits are decided from it alone (:mod:`.splits`). Whether two examples are
+*the same example* is another question, answered in one place for the overlap checks
+(:mod:`.identity`) and the privacy ledger alike: :func:`example_identity`, a digest of the decoded
+image in one canonical form.
 """
 
 from __future__ import annotations
@@ -54,6 +56,63 @@ def content_keys(source: "ImageSource", indices: Sequence[int] | None = None, ch
         else:
             keys += [content_key(img) for img in imgs]
     return keys
+
+
+#: The version tag hashed into every example identity (a change of canonical form must change it).
+EXAMPLE_TAG = b"gsd-example-1\n"
+#: Hex digits kept of an example identity's SHA-256 (128 bits: no two different images collide in practice).
+EXAMPLE_HEX = 32
+
+
+def canonical_images(q: np.ndarray):
+    """A stack ``n x H x W [x C]`` of uint8 images (:func:`quantised`) in the canonical layout of an
+    example identity: grey as ``H x W`` (a trailing channel of 1 dropped; an image whose three channels
+    are equal *is* its grey image). Returns an array, or a list where grey and colour images mix."""
+    if q.ndim == 4 and q.shape[-1] == 1:
+        return q[..., 0]
+    if q.ndim == 4 and q.shape[-1] == 3:
+        grey = (q[..., 0] == q[..., 1]).all(axis=(1, 2)) & (q[..., 1] == q[..., 2]).all(axis=(1, 2))
+        if grey.all():
+            return q[..., 0]
+        return [q[i, ..., 0] if g else q[i] for i, g in enumerate(grey)]
+    return q
+
+
+def canonical(img: np.ndarray) -> np.ndarray:
+    """One image (``H x W`` or ``H x W x C``, floats in [0, 1]) in canonical form: uint8 ``round(255 x)``
+    (non-finite values as 0, :func:`quantised`), grey as ``H x W`` (:func:`canonical_images`)."""
+    return canonical_images(quantised(img)[None])[0]
+
+
+def _identity_of(q: np.ndarray) -> str:
+    h = hashlib.sha256(EXAMPLE_TAG)
+    h.update(repr(tuple(q.shape)).encode())
+    h.update(np.ascontiguousarray(q).tobytes())
+    return h.hexdigest()[:EXAMPLE_HEX]
+
+
+def example_identity(img: np.ndarray) -> str:
+    """What "the same example" means everywhere in gsd: the SHA-256 (first :data:`EXAMPLE_HEX` hex
+    digits) of the image in :func:`canonical` form and of that form's shape. The same picture has the
+    same identity however it is stored (a uint8 or float npz, an 8- or 16-bit PNG, a palette PNG, a grey
+    picture saved as RGB, a re-encoded lossless file); its label, file, path and position do not enter.
+    The overlap checks (:mod:`.identity`) compare these; the privacy ledger stores them keyed
+    (:mod:`gsd_cli.privacy.budget.key`), so that they are no membership oracle."""
+    return _identity_of(canonical(img))
+
+
+def example_identities(source: "ImageSource", indices: Sequence[int] | None = None, chunk: int = HASH_CHUNK) -> list[str]:
+    """:func:`example_identity` of the examples ``indices`` of ``source`` (None: all), decoded ``chunk``
+    at a time (one quantisation per chunk of same-shaped images)."""
+    idx = np.arange(len(source)) if indices is None else np.asarray(indices, dtype=np.int64)
+    out: list[str] = []
+    for start in range(0, len(idx), chunk):
+        imgs = source.images(idx[start : start + chunk])
+        if len(imgs) > 1 and all(np.shape(im) == np.shape(imgs[0]) for im in imgs):
+            out += [_identity_of(q) for q in canonical_images(quantised(np.stack(imgs)))]
+        else:
+            out += [example_identity(im) for im in imgs]
+    return out
 
 
 def non_finite_message(name: str, index: int, file: str | None = None) -> str:

@@ -8,10 +8,11 @@ private examples releases them (a candidate that *is* the private set even score
   absolute) unless the two are different parts of it (``mnist-a:train`` and ``mnist-a:test``);
 * by path: the same files (``os.path.realpath``, so links and relative paths count), or the same
   official split of a torchvision set in the same folder;
-* by content: a hash of each example's image quantised to uint8 (:func:`gsd_cli.data.base.content_key`),
-  or of its file's bytes when both sets are file-backed (no image is decoded), public examples
-  against private ones: all of an in-memory set, else up to :data:`CONTENT_SAMPLE` drawn with a
-  fixed seed (so a large file-backed set is checked on a sample, not exhaustively).
+* by content: each example's identity (:func:`gsd_cli.data.base.example_identity`: a digest of the
+  decoded image in canonical form, the same notion of "the same example" as the privacy ledger's, so a
+  re-encoded file, a 16-bit or palette PNG and a grey picture saved as RGB are the example they show),
+  public examples against private ones: all of an in-memory set, else up to :data:`CONTENT_SAMPLE`
+  drawn with a fixed seed (so a large file-backed set is checked on a sample, not exhaustively).
 
 It answers "disjoint as far as can be told" (None) or a one-line reason. That is the check of a
 non-private command (``gsd rank`` without ``--dp``). A DP release looks at public inputs only: the
@@ -26,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .base import ArraySource, ImageSource, content_keys
+from .base import ArraySource, ImageSource, example_identities
 from .registry import _split_suffix, canonical, source_kinds
 
 #: Examples of a file-backed set whose content is hashed when no indices are given.
@@ -155,15 +156,18 @@ def _file_hash(path: str) -> str:
 
 
 def _hashes(source: ImageSource, idx: np.ndarray, files: bool = False) -> list[str]:
-    """Content hashes; in-memory sets reuse the hashes their split computed (:meth:`ArraySource.example_keys`).
-    ``files``: hashes of the files' bytes (both sides file-backed: a copied folder is found without
-    decoding a single image)."""
+    """The examples' identities (:func:`gsd_cli.data.base.example_identity`); an in-memory set computes
+    its identities once and keeps them. ``files``: hashes of the files' bytes instead (a cheap first
+    test: the same bytes decode to the same example)."""
     if files:
         return [_file_hash(source.example_file(int(i))) for i in idx]
     leaf, sub = _leaf(source)
     if isinstance(leaf, ArraySource):
-        return leaf.example_keys(idx if sub is None else sub[idx])
-    return content_keys(source, idx)
+        ids = leaf.__dict__.get("_gsd_identities")
+        if ids is None:
+            ids = leaf.__dict__["_gsd_identities"] = example_identities(leaf, None, chunk=4096)
+        return [ids[int(i)] for i in (idx if sub is None else sub[idx])]
+    return example_identities(source, idx)
 
 
 def _content_overlap(private: ImageSource, public: ImageSource, private_indices, public_indices) -> str | None:
@@ -171,9 +175,8 @@ def _content_overlap(private: ImageSource, public: ImageSource, private_indices,
     priv_idx = _checked(private, private_indices)
     if not len(pub_idx) or not len(priv_idx):
         return None
-    files = private.example_file(0) is not None and public.example_file(0) is not None
-    priv = set(_hashes(private, priv_idx, files))
-    shared = sum(h in priv for h in _hashes(public, pub_idx, files))
+    priv = set(_hashes(private, priv_idx))  # decoded: a re-encoded file is the example it shows
+    shared = sum(h in priv for h in _hashes(public, pub_idx))
     if not shared:
         return None
     return (f"{public.name} shares {shared} of {len(pub_idx)} examples with the private set {private.name} "
@@ -283,8 +286,10 @@ def set_digest(source: ImageSource) -> str:
 
 class PublicRows:
     """The per-example rule of a DP release: ``mask(indices)`` is True for each private example whose
-    real file path, file bytes or image content is among the public examples used (``publics``: the
-    :class:`~gsd_cli.data.Sample` drawn of each public source, with public randomness)."""
+    real file path, file bytes or identity (:func:`gsd_cli.data.base.example_identity`, the ledger's
+    notion of the same example) is among the public examples used (``publics``: the
+    :class:`~gsd_cli.data.Sample` drawn of each public source, with public randomness). Paths and
+    bytes are cheap first tests; the examples they leave undecided are decoded and compared."""
 
     def __init__(self, private: ImageSource, publics) -> None:
         self.private = private
@@ -301,7 +306,6 @@ class PublicRows:
                     self.paths.add(os.path.realpath(os.path.expanduser(src.example_file(int(i)))))
                 if self.file_backed:
                     self.file_hashes.update(_hashes(src, idx, files=True))
-                    continue
             self.contents.update(_hashes(src, idx))
         self.empty = not (self.paths or self.file_hashes or self.contents)
 

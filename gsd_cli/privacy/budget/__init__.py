@@ -65,19 +65,29 @@ both land and neither slips past the budget. It is committed before the run rele
 run that dies after booking stays booked (the safe side).
 
 The ledger is itself **private**: it names runs on the private set and their times. Its totals
-(``gsd budget show --publishable``) say no more than the runs' own published epsilons.
+(``gsd budget show --publishable``) say no more than the runs' own published epsilons. It is no
+membership oracle: every example identity and data set digest it stores is keyed (HMAC-SHA256 under a
+per-ledger secret key kept in a file apart from it, :mod:`.key`), so a reader without the key cannot
+tell whether an image is in a private set; the SQLite file is created 0600.
+
+What a run prints about its booking is split the same way as every other output: ``booked epsilon E
+on NAME in LEDGER`` is public (E and NAME are public inputs), while what is left, which budget that
+is, and a refusal (:class:`BudgetExceeded`, a ``private:`` line) depend on which budgeted sets the
+data shares examples with, so they are private, and so is the exit status of a refused run.
 """
 
 from .compose import ORDERS, SHOWN_DELTA, admits, composed, event_curve, pure_dp_curve, remaining
 from .hooks import (audit_booking, book_dpgsd, book_opacus, book_ranking, book_size_estimate, book_training, book_training_run,
-                    booked_line, booking_id_of_secret, ledger, publishable, ready_ledger, status_json, unbooked)
+                    booked_line, booking_id_of_secret, ledger, left_line, publishable, ready_ledger, status_json, unbooked)
+from .key import KEY_ENV, LedgerKey, LedgerKeyError, key_path
 from .identity import DataIdentity, data_identity, example_digest, example_digests, legacy_digest
 from .store import (BUSY_TIMEOUT, ENV, FILE_NAME, MAX_BUDGET_EPSILON, PRIVATE_NOTE, TIMEOUT_ENV, BudgetExceeded, BudgetLedger, LedgerError,
                     default_location, ledger_timeout)
 
 __all__ = [
     "ORDERS", "SHOWN_DELTA", "admits", "composed", "event_curve", "pure_dp_curve", "remaining", "audit_booking", "book_dpgsd", "book_opacus",
-    "book_ranking", "book_size_estimate", "book_training", "book_training_run", "booked_line", "booking_id_of_secret", "ledger",
+    "book_ranking", "book_size_estimate", "book_training", "book_training_run", "booked_line", "booking_id_of_secret", "ledger", "left_line",
+    "KEY_ENV", "LedgerKey", "LedgerKeyError", "key_path",
     "publishable", "ready_ledger", "status_json", "unbooked", "DataIdentity", "data_identity", "example_digest", "example_digests",
     "legacy_digest", "BUSY_TIMEOUT", "ENV", "FILE_NAME", "MAX_BUDGET_EPSILON", "PRIVATE_NOTE", "TIMEOUT_ENV", "BudgetExceeded",
     "BudgetLedger", "LedgerError", "default_location", "ledger_timeout",

@@ -48,22 +48,32 @@ def ready_ledger(location: str | os.PathLike | None = None) -> BudgetLedger | No
     if _booking_off():
         return None
     led = BudgetLedger(location, create="check")
-    led.close()  # a server's connections: a booking opens its own
+    try:
+        led.check_key()  # an existing ledger's key is at hand (a new ledger makes its own)
+    finally:
+        led.close()  # a server's connections: a booking opens its own
     return led
 
 
 def booked_line(booking: dict, name: str, led: BudgetLedger, epsilon: float | None = None) -> str:
-    """``booked epsilon E on DATASET in LEDGER; L left``: what a DP run says once it is booked. E is
-    the booked epsilon (public: a function of the settings and of DP releases), L the least epsilon
-    left of the budgets it counts against (the bookings' epsilons and the budgets only)."""
+    """``booked epsilon E on DATASET in LEDGER``: the public line a DP run prints once it is booked. E
+    is the booked epsilon (public: a function of the settings and of DP releases); DATASET the name
+    it was given; neither depends on the data's examples."""
     eps = booking["epsilon"] if epsilon is None else epsilon
+    return f"booked epsilon {eps:.4g} on {name} in {led.shown}"
+
+
+def left_line(booking: dict) -> str:
+    """What is left of the budgets the booking counts against (``no budget set``, or ``L left``, and
+    which data set's budget that is when it is another's): a **private** line, since which budgeted
+    sets a run counts against is a function of which examples its data holds (neighbouring sets D and
+    D + {x} differ here when a set holding x has a budget)."""
     charged = booking.get("charged") or []
     if not charged:
-        left = "no budget set (gsd budget set)"
-    else:
-        tight = min(charged, key=lambda c: c["remaining"]["epsilon"])
-        left = f"{tight['remaining']['epsilon']:.4g} left" + ("" if tight["self"] else f" (of the budget of {tight['name']}, which shares examples with it)")
-    return f"booked epsilon {eps:.4g} on {name} in {led.shown}; {left}"
+        return "no privacy budget applies to this data (gsd budget set)"
+    tight = min(charged, key=lambda c: c["remaining"]["epsilon"])
+    return f"{tight['remaining']['epsilon']:.4g} epsilon left" + (
+        " of its budget" if tight["self"] else f" of the budget of {tight['name']}, which shares examples with it")
 
 
 def _book(private, announce: bool = True, announce_epsilon: float | None = None, ledger_location=None, **kw) -> dict:
@@ -75,6 +85,7 @@ def _book(private, announce: bool = True, announce_epsilon: float | None = None,
         led.close()
     if announce and not b.get("again"):
         say(booked_line(b, data.name, led, announce_epsilon))
+        say(left_line(b), private=True)
     return b
 
 

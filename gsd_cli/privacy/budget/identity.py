@@ -15,6 +15,11 @@ image in one canonical form, so the same picture has the same identity however i
   copy of a person's image is still that person's record. Two people with the very same image (a
   blank frame) are taken for one: the ledger then charges both sets, the safe side.
 
+The canonical form and the digest are gsd's one notion of "the same example"
+(:func:`gsd_cli.data.base.example_identity`), shared with the overlap checks. The ledger never stores
+these digests as they are (anyone could recompute them from an image): it stores them keyed
+(:mod:`.key`).
+
 A data set's own identity (:attr:`DataIdentity.digest`) is the digest of the sorted multiset of its
 example identities: the same examples in any order, format or folder are one set. What this cannot
 see: a copy in which *every* image was changed (re-encoded as JPEG, resized, brightened by one grey
@@ -30,10 +35,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-#: The version tag hashed into every example identity (a change of canonical form must change it).
-EXAMPLE_TAG = b"gsd-example-1\n"
-#: Hex digits kept of each example's SHA-256 (128 bits: no two different images collide in practice).
-EXAMPLE_HEX = 32
+from ...data.base import EXAMPLE_HEX, EXAMPLE_TAG, canonical, example_identities, example_identity  # noqa: F401  (one identity)
+
 #: Examples decoded at once.
 CHUNK = 256
 
@@ -43,7 +46,10 @@ class DataIdentity:
     """A private data set as the ledger knows it: ``digest`` (what it is: the digest of its examples),
     ``name`` (as first given), ``how`` it was identified, ``examples`` (the distinct identities of its
     examples, sorted; empty for an identity known by its digest alone) and ``size`` (examples counted
-    with repeats). ``legacy``: computes the digest an older gsd gave this set (to upgrade its ledger)."""
+    with repeats). ``legacy``: computes the digest an older gsd gave this set (to upgrade its ledger).
+    ``keyed``: the digests are the ledger's stored form (:meth:`BudgetLedger.stored`, HMAC under the
+    ledger's key); an identity computed from the data (:func:`data_identity`) is not, and never leaves
+    the process."""
 
     digest: str
     name: str
@@ -51,56 +57,16 @@ class DataIdentity:
     examples: tuple[str, ...] = field(default=(), repr=False)
     size: int | None = None
     legacy: Callable[[], str] | None = field(default=None, repr=False, compare=False)
+    keyed: bool = False
 
 
-def canonical(img: np.ndarray) -> np.ndarray:
-    """An image (``H x W`` or ``H x W x C``, floats in [0, 1]) in the canonical form of the ledger:
-    uint8 ``round(255 x)`` (non-finite values as 0, :func:`gsd_cli.data.base.quantised`), grey as
-    ``H x W`` (a trailing channel of 1 dropped; three equal channels are one grey channel)."""
-    from ...data.base import quantised
-
-    q = quantised(img)
-    return _grey_if_equal(q[None])[0]
-
-
-def _grey_if_equal(q: np.ndarray):
-    """A stack ``n x H x W [x C]`` of uint8 images in canonical layout: a list (or array) of them."""
-    if q.ndim == 4 and q.shape[-1] == 1:
-        return q[..., 0]
-    if q.ndim == 4 and q.shape[-1] == 3:
-        grey = (q[..., 0] == q[..., 1]).all(axis=(1, 2)) & (q[..., 1] == q[..., 2]).all(axis=(1, 2))
-        if grey.all():
-            return q[..., 0]
-        return [q[i, ..., 0] if g else q[i] for i, g in enumerate(grey)]
-    return q
-
-
-def _digest(q: np.ndarray) -> str:
-    h = hashlib.sha256(EXAMPLE_TAG)
-    h.update(repr(tuple(q.shape)).encode())
-    h.update(np.ascontiguousarray(q).tobytes())
-    return h.hexdigest()[:EXAMPLE_HEX]
-
-
-def example_digest(img: np.ndarray) -> str:
-    """The identity of one example: SHA-256 (first :data:`EXAMPLE_HEX` hex digits) of its image in
-    :func:`canonical` form and of that form's shape."""
-    return _digest(canonical(img))
+#: The ledger's name for the one example identity of gsd (:func:`gsd_cli.data.base.example_identity`).
+example_digest = example_identity
 
 
 def example_digests(source, indices: Sequence[int] | None = None, chunk: int = CHUNK) -> list[str]:
     """:func:`example_digest` of the examples ``indices`` of ``source`` (None: all), decoded ``chunk`` at a time."""
-    from ...data.base import quantised
-
-    idx = np.arange(len(source)) if indices is None else np.asarray(indices, dtype=np.int64)
-    out: list[str] = []
-    for start in range(0, len(idx), chunk):
-        imgs = source.images(idx[start : start + chunk])
-        if len(imgs) > 1 and all(np.shape(im) == np.shape(imgs[0]) for im in imgs):
-            out += [_digest(q) for q in _grey_if_equal(quantised(np.stack(imgs)))]  # one quantisation per chunk
-        else:
-            out += [example_digest(im) for im in imgs]
-    return out
+    return example_identities(source, indices, chunk)
 
 
 def data_identity(source) -> DataIdentity:

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from typing import Callable
 
 from .location import LedgerError, locked, shown, unusable
-from .schema import meta_rows, tables
+from .schema import new_key_rows, tables
 from .sqlite_ledger import Cursor
 
 
@@ -18,9 +18,10 @@ class ServerLedger:
 
     sqlite = False
 
-    def __init__(self, url: str, timeout: float, notice: Callable[[str], None]):
+    def __init__(self, url: str, timeout: float, notice: Callable[[str], None], key_given=None):
         from urllib.parse import urlsplit
 
+        self.key_given = key_given
         self.location = url
         self.timeout = timeout
         self.notice = notice
@@ -72,14 +73,25 @@ class ServerLedger:
             return True
         if not create or create == "check":
             return False
-        with self.transaction(write=True, setup=True) as cur:
-            existed = self._has_meta(cur)
-            for sql in tables(False):
-                cur.run(sql)
-            if not existed:
-                for row in meta_rows():
-                    cur.run("INSERT INTO gsd_meta (key, value) VALUES (:k, :v) ON CONFLICT (key) DO NOTHING", row)
-        self.created = not existed
+        key = None
+        try:
+            with self.transaction(write=True, setup=True) as cur:
+                existed = self._has_meta(cur)
+                for sql in tables(False):
+                    cur.run(sql)
+                if not existed:
+                    rows, key = new_key_rows(self.key_given)  # the key's file first, on this machine (apart from the server)
+                    for row in rows:
+                        cur.run("INSERT INTO gsd_meta (key, value) VALUES (:k, :v) ON CONFLICT (key) DO NOTHING", row)
+            self.created = not existed
+        finally:
+            if key is not None and not self.created:
+                import os
+
+                try:
+                    os.unlink(key.path)
+                except OSError:
+                    pass
         return True
 
     def _has_meta(self, cur) -> bool:

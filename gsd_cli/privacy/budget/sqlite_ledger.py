@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from .location import FILE_NAME, LedgerError, locked, shown, unusable, writable
-from .schema import meta_rows, tables
+from .schema import new_key_rows, tables
 
 _SQLITE_HEADER = b"SQLite format 3\x00"
 
@@ -33,7 +33,8 @@ class SQLiteLedger:
 
     sqlite = True
 
-    def __init__(self, path: str, timeout: float, notice: Callable[[str], None]):
+    def __init__(self, path: str, timeout: float, notice: Callable[[str], None], key_given=None):
+        self.key_given = key_given
         self.location = path
         self.path = str(Path(path).expanduser())
         self.timeout = timeout
@@ -139,13 +140,16 @@ class SQLiteLedger:
         if not writable(folder):
             raise self._fail(f"its folder {folder} is read-only", "give a path in a writable folder")
         tmp = os.path.join(folder, f".{os.path.basename(self.path)}.{uuid.uuid4().hex[:12]}.tmp")
+        key = None
         try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))  # private from its first byte (SQLite's journals follow)
+            rows, key = new_key_rows(self.key_given)  # the key's file first: a ledger never exists without its key
             con = sqlite3.connect(tmp, isolation_level=None)
             try:
                 con.execute("BEGIN")
                 for sql in tables(True):
                     con.execute(sql)
-                con.executemany("INSERT INTO gsd_meta (key, value) VALUES (:k, :v)", meta_rows())
+                con.executemany("INSERT INTO gsd_meta (key, value) VALUES (:k, :v)", rows)
                 con.execute("COMMIT")
             finally:
                 con.close()
@@ -167,6 +171,11 @@ class SQLiteLedger:
                 os.unlink(tmp)
             except OSError:
                 pass
+            if key is not None and not self.created:  # not this ledger's key after all
+                try:
+                    os.unlink(key.path)
+                except OSError:
+                    pass
 
     # -- transactions --------------------------------------------------------------------------------
 
@@ -227,6 +236,19 @@ class SQLiteLedger:
 
     def columns(self, cur, table: str) -> set[str]:
         return {r[1] for r in cur.run(f"PRAGMA table_info({table})")}
+
+    def vacuum(self) -> None:
+        """Rewrite the file (``VACUUM``): no deleted value stays in its free pages."""
+        import sqlite3
+
+        con = self._connect(True)
+        try:
+            con.execute(f"PRAGMA busy_timeout = {int(max(1.0, self.timeout) * 1000)}")
+            con.execute("VACUUM")
+        except sqlite3.Error as e:
+            raise self._damaged(e) from None
+        finally:
+            con.close()
 
     def close(self) -> None:
         pass

@@ -15,12 +15,12 @@ import sys
 import uuid
 from typing import Callable, Sequence
 
-from ...errors import GSDError
+from ...errors import GSDError, PrivateError
 from .compose import admits, composed, remaining
 from .datasets import around, booking, bookings, decoded, legacy_for, now, registered, sets
 from .identity import DataIdentity
 from .location import (BUSY_TIMEOUT, ENV, FILE_NAME, TIMEOUT_ENV, LedgerError, default_location, is_url, ledger_timeout,  # noqa: F401
-                       shown)
+                       shown, unusable)
 from .schema import PRIVATE_NOTE, SCHEMA, check_schema  # noqa: F401
 from .server_ledger import ServerLedger
 from .sqlite_ledger import SQLiteLedger
@@ -29,8 +29,10 @@ from .sqlite_ledger import SQLiteLedger
 MAX_BUDGET_EPSILON = 100.0
 
 
-class BudgetExceeded(GSDError):
-    """A run would take a data set past its privacy budget; nothing was released."""
+class BudgetExceeded(PrivateError):
+    """A run would take a data set past its privacy budget; nothing was released. Which budgets a run
+    counts against, and so whether it is refused, depends on the private data (the sets it shares
+    examples with): the message is a ``private:`` line and the exit status a private output."""
 
 
 def _command() -> str:
@@ -42,16 +44,20 @@ def _command() -> str:
     return shlex.join(argv)[:1000].encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def say(line: str) -> None:
-    """One line for the person running gsd (stderr; the CLI's console while a ``gsd`` command runs)."""
+def say(line: str, private: bool = False) -> None:
+    """One line for the person running gsd (stderr; the CLI's console while a ``gsd`` command runs);
+    ``private``: labelled ``private:`` (its content depends on the private data)."""
     cli = sys.modules.get("gsd_cli.cli.app")
     common = sys.modules.get("gsd_cli.cli.common")
     if cli is not None and common is not None and getattr(cli, "invoked", {}).get("argv") is not None:
         from rich.markup import escape
 
-        common.err.print(escape(line), highlight=False, soft_wrap=True)
+        if private:
+            common.print_private(common.err, escape(line))
+        else:
+            common.err.print(escape(line), highlight=False, soft_wrap=True)
     else:
-        print(line, file=sys.stderr, flush=True)
+        print(("private: " if private else "") + line, file=sys.stderr, flush=True)
 
 
 class BudgetLedger:
@@ -64,25 +70,33 @@ class BudgetLedger:
     transaction."""
 
     def __init__(self, location: str | os.PathLike | None = None, *, create: bool | str = True, timeout: float | None = None,
-                 notice: Callable[[str], None] | None = None):
+                 notice: Callable[[str], None] | None = None, key: str | os.PathLike | None = None):
         self.location = str(location) if location is not None else default_location()
         if not self.location.strip():
             raise GSDError("--ledger is empty; give a file path or a URL (postgresql://user@host/db)")
         self.timeout = ledger_timeout(timeout)
         self.notice = notice or say
         loc = self.location
+        self.key_given = key
+        self._key = None
         if loc.startswith("sqlite:///"):  # SQLAlchemy's spelling of a file: the file checks apply
-            self._db = SQLiteLedger(loc[len("sqlite:///"):], self.timeout, self.notice)
+            self._db = SQLiteLedger(loc[len("sqlite:///"):], self.timeout, self.notice, key)
         elif is_url(loc):
-            self._db = ServerLedger(loc, self.timeout, self.notice)
+            self._db = ServerLedger(loc, self.timeout, self.notice, key)
         else:
-            self._db = SQLiteLedger(loc, self.timeout, self.notice)
+            self._db = SQLiteLedger(loc, self.timeout, self.notice, key)
         self.exists = self._db.open(create)
         self.created = self._db.created
-        if self.created:
-            self.notice(f"created the privacy ledger {self.shown} (private: it will name the runs on private data)")
         if self.exists:
-            check_schema(self._db, self.location, self.notice)
+            check_schema(self._db, self.location, self.notice, key)
+            with self._db.transaction(write=False) as cur:
+                meta = dict(cur.run("SELECT key, value FROM gsd_meta WHERE key IN ('ledger_id', 'key_check')"))
+            self.ledger_id, self._check = meta.get("ledger_id"), meta.get("key_check")
+            if not (self.ledger_id and self._check):
+                raise unusable(self.location, "its gsd_meta table has no key check", "restore it from a backup, or give another --ledger")
+        if self.created:
+            self.notice(f"created the privacy ledger {self.shown} (private: it will name the runs on private data) and its secret key "
+                        f"{self.key.path} (keep it apart from the ledger and as private as the data)")
 
     @property
     def shown(self) -> str:
@@ -95,6 +109,35 @@ class BudgetLedger:
     def close(self) -> None:
         """Close the server connections this ledger holds (a SQLite ledger holds none between calls)."""
         self._db.close()
+
+    # -- the key -----------------------------------------------------------------------------------
+
+    @property
+    def key(self):
+        """The ledger's secret key (:mod:`.key`), read when first needed:
+        :class:`~.key.LedgerKeyError` (one line, exit 2) when it is missing or another ledger's."""
+        self._require()
+        if self._key is None:
+            from .key import load_key
+
+            self._key = load_key(self.ledger_id, self._check, self.shown, self.key_given)
+        return self._key
+
+    def check_key(self) -> None:
+        """Stop with one line (exit 2) unless the key of this existing ledger is at hand."""
+        if self.exists:
+            self.key  # noqa: B018 - loads and checks it
+
+    def stored(self, data: DataIdentity) -> DataIdentity:
+        """``data`` as this ledger stores it: its digest, its examples' identities and its old digest
+        keyed (HMAC under the ledger's key, :mod:`.key`); the unkeyed ones never reach the ledger."""
+        if data.keyed:
+            return data
+        k = self.key
+        legacy = data.legacy
+        return DataIdentity(digest=k.keyed(data.digest), name=data.name, how=data.how,
+                            examples=tuple(sorted(k.keyed(e) for e in data.examples)), size=data.size,
+                            legacy=(lambda: k.keyed(legacy())) if legacy is not None else None, keyed=True)
 
     def _require(self) -> None:
         if not self.exists:
@@ -115,6 +158,7 @@ class BudgetLedger:
         Returns :meth:`status` of the data set."""
         check_budget(epsilon, delta)
         self._require()
+        data = self.stored(data)
         sid = registered(self._db, data)
         stamp = now()
         with self._db.transaction(write=True) as cur:
@@ -152,6 +196,7 @@ class BudgetLedger:
         refused, that one stays. Returns the booking, with ``charged``: each budgeted data set it
         counts against, and what that one has left after it."""
         self._require()
+        data = self.stored(data)
         bid = booking_id or uuid.uuid4().hex
         row = {"id": bid, "digest": data.digest, "name": data.name, "time": now(), "what": what,
                "command": command if command is not None else _command(), "mechanism": mechanism,
@@ -208,7 +253,8 @@ class BudgetLedger:
         return entry
 
     def status(self, digest: str | None = None) -> list[dict]:
-        """Per data set (one, or all): its budget, every booking that counts against it (on it, or on a
+        """Per data set (all, or the one whose stored digest is ``digest``; for a data set itself,
+        :meth:`status_of`): its budget, every booking that counts against it (on it, or on a
         set that shares an example with it: ``shared``) and the spent figures of :func:`composed`, with
         ``remaining`` (epsilon_B minus the smaller spent figure that the filter may use) where a budget is set."""
         if not self.exists:
@@ -224,6 +270,7 @@ class BudgetLedger:
         (unless other runs book in between)."""
         if not self.exists:
             return True
+        data = self.stored(data)
         legacy = legacy_for(self._db, data)
         probe = {"epsilon": float(epsilon), "delta": float(delta), "rdp": None, "guarantee": True}
         with self._db.transaction(write=False) as cur:
@@ -238,6 +285,7 @@ class BudgetLedger:
         every data set that shares an example with it (``shares_with_asked``: True), else []."""
         if not self.exists:
             return []
+        data = self.stored(data)
         legacy = legacy_for(self._db, data)
         with self._db.transaction(write=False) as cur:
             found = around(cur, data, legacy)
