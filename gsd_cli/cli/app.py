@@ -11,7 +11,7 @@ import typer
 
 from .. import __version__
 from ..allocator import keep_freed_memory
-from ..errors import GSDError
+from ..errors import GSDError, PrivateError
 from .common import err, out, print_error
 from .pipes import closed_pipe, is_devnull, stdout_unflushable
 
@@ -46,12 +46,15 @@ def main_callback(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
     debug: bool = typer.Option(False, "--debug", help="Print the traceback of an unexpected error (also GSD_DEBUG=1)."),
     ledger: str = typer.Option(None, "--ledger", help="Privacy ledger every DP run books into (SQLite file or SQLAlchemy URL; default $GSD_LEDGER, else the user's data folder): see gsd budget."),
+    ledger_key: str = typer.Option(None, "--ledger-key", help="The ledger's secret key file (default $GSD_LEDGER_KEY, else ~/.config/gsd/ledger-keys/<ledger id>.key): see gsd budget."),
     ledger_timeout: float = typer.Option(None, "--ledger-timeout", help="Seconds a DP run waits for a ledger that another process holds, then stops with one line (default $GSD_LEDGER_TIMEOUT, else 30)."),
 ) -> None:
     """Choose public data for differentially private training by Gradient Subspace Distance."""
     _debug["on"] = debug
     if ledger is not None:  # gsd_cli.privacy.budget reads it: every booking of this command goes there
         os.environ["GSD_LEDGER"] = ledger
+    if ledger_key is not None:  # gsd_cli.privacy.budget.key reads it
+        os.environ["GSD_LEDGER_KEY"] = ledger_key
     if ledger_timeout is not None:  # checked where the ledger is opened (gsd_cli.privacy.budget.ledger_timeout)
         os.environ["GSD_LEDGER_TIMEOUT"] = repr(float(ledger_timeout))
 
@@ -124,6 +127,9 @@ def _main(argv: list[str] | None) -> int:
             err.print("interrupted")
         if isinstance(rc, int) and rc:
             return rc
+    except PrivateError as e:  # its occurrence depends on the private data: a private line (and a private exit status)
+        print_error(str(e), private=True)
+        return 2
     except GSDError as e:
         print_error(str(e))
         return 2
