@@ -96,7 +96,7 @@ class BudgetLedger:
                 raise unusable(self.location, "its gsd_meta table has no key check", "restore it from a backup, or give another --ledger")
         if self.created:
             self.notice(f"created the privacy ledger {self.shown} (private: it will name the runs on private data) and its secret key "
-                        f"{self.key.path} (keep it apart from the ledger and as private as the data)")
+                        f"in {self.key.path.parent} (keep it apart from the ledger and as private as the data)")
 
     @property
     def shown(self) -> str:
