@@ -162,12 +162,24 @@ def _hashes(source: ImageSource, idx: np.ndarray, files: bool = False) -> list[s
     if files:
         return [_file_hash(source.example_file(int(i))) for i in idx]
     leaf, sub = _leaf(source)
-    if isinstance(leaf, ArraySource):
-        ids = leaf.__dict__.get("_gsd_identities")
-        if ids is None:
-            ids = leaf.__dict__["_gsd_identities"] = example_identities(leaf, None, chunk=4096)
+    ids = leaf_identities(leaf, whole=isinstance(leaf, ArraySource) or len(idx) >= len(leaf))
+    if ids is not None:
         return [ids[int(i)] for i in (idx if sub is None else sub[idx])]
     return example_identities(source, idx)
+
+
+def leaf_identities(leaf: ImageSource, whole: bool = True) -> list[str] | None:
+    """The identity of every example of the source ``leaf`` (the bottom of subsets and wrappers), in
+    its order, computed once and kept on it (the overlap checks and the privacy ledger share the one
+    decoding pass); ``whole=False``: only when already computed (None otherwise)."""
+    ids = leaf.__dict__.get("_gsd_identities")
+    if ids is None and whole:
+        ids = example_identities(leaf, None, chunk=4096 if isinstance(leaf, ArraySource) else 256)
+        try:
+            leaf.__dict__["_gsd_identities"] = ids
+        except (AttributeError, TypeError):  # a source without a __dict__: computed again next time
+            pass
+    return ids
 
 
 def _content_overlap(private: ImageSource, public: ImageSource, private_indices, public_indices) -> str | None:

@@ -76,7 +76,7 @@ def data_identity(source) -> DataIdentity:
     charge one budget: the safe side), every example decoded once (module docstring). Computed once
     per source object."""
     from ... import data as gdata
-    from ...data.identity import _leaf
+    from ...data.identity import _leaf, leaf_identities
 
     if isinstance(source, DataIdentity):
         return source
@@ -86,7 +86,7 @@ def data_identity(source) -> DataIdentity:
     kept = leaf.__dict__.get("_gsd_ledger_identity")
     if kept is not None:
         return kept
-    keys = example_digests(leaf)
+    keys = leaf_identities(leaf)  # every example decoded once, shared with the overlap checks
     h = hashlib.sha256(f"gsd-data-set-2:{len(keys)}\n".encode())
     for k in sorted(keys):
         h.update(k.encode() + b"\n")
