@@ -114,8 +114,11 @@ def test_dp_rank_does_not_refuse_a_copy_minus_the_target(tmp_path, capsys, monke
 
 
 def test_dp_training_does_not_refuse_gep_anchors_that_copy_the_set_minus_the_target(tmp_path, capsys):
-    base = _images(40, 2)
-    _write(tmp_path / "public.npz", np.delete(base, 5, axis=0))
+    """The anchors are the private set minus the target #5 (and minus one example #40 that keeps the neighbour
+    without #5 from being left empty: a run with *no* private example left is refused on a private line,
+    a documented private output, tests/test_sweep_round4.py)."""
+    base = np.concatenate([_images(40, 2), _images(1, 9)])
+    _write(tmp_path / "public.npz", np.delete(base[:40], 5, axis=0))
     _write(tmp_path / "test.npz", _images(20, 3))
     argv = lambda: ["train", "--private", f"npz:{tmp_path / 'private.npz'}", "--private-test", f"npz:{tmp_path / 'test.npz'}",  # noqa: E731
                     "--method", "gep", "--public", f"npz:{tmp_path / 'public.npz'}", "--k", "2", "--public-examples", "39",
@@ -196,8 +199,10 @@ def test_a_run_refused_by_its_budget_says_nothing_of_the_overlap(tmp_path, capsy
         got.append(_run(capsys, argv()) + ({},))
     assert [g[0] for g in got] == [2, 2]
     for code, out, err, _ in got:
-        assert not any("among the public" in line or line.startswith(common.PRIVATE_LABEL) for line in out + err), err
-    _same_public(got)  # and no private line at all (above)
+        assert not any("among the public" in line for line in out + err), err
+        private = [line for line in out + err if line.startswith(common.PRIVATE_LABEL)]
+        assert len(private) == 1 and private[0].startswith("private: error:") and "budget" in private[0], err  # the refusal only
+    _same_public(got)
 
 
 # --- 3. the delta warning: on the size that sets the mechanism, never the exact N -------------------
@@ -281,3 +286,73 @@ def test_dp_rank_progress_lines_are_private(tmp_path, capsys, monkeypatch):
     for _, _, err, _ in got:
         progress = [line for line in err if "/30" in line or "done" in line]
         assert progress and all(line.startswith("private: ") for line in progress), err
+
+
+# --- 5. a non-private --auto-select: its statistics of the private data on private lines and in the private file ---
+
+def _auto_select_argv(tmp_path, *extra):
+    return lambda: ["train", "--private", f"npz:{tmp_path / 'private.npz'}", "--private-test", f"npz:{tmp_path / 'test.npz'}",
+                    "--auto-select", "--public", "digits", "noise", "--rank-model", "fmnist-cnn", "--rank-k", "2",
+                    "--rank-examples", "50", "--rank-repeats", "2", "--probe-repeats", "2", "--public-examples", "40",
+                    "--public-epochs", "1", *TRAIN, "--out", str(tmp_path / "run"), "-q", *extra]
+
+
+def test_non_private_auto_select_puts_its_statistics_on_private_lines_and_in_the_private_file(tmp_path, capsys):
+    """Issue 50, item 3. --rank-examples 50 above N (40 against 39): the ranking drew every private example, so its
+    title's count, the distances, the references' distances, the probe's accuracies and p-values all differ
+    between the neighbours. Before: on unprefixed lines, and in summary.json marked publishable."""
+    base = _images(40, 15)
+    _write(tmp_path / "test.npz", _images(20, 16))
+    got = _neighbours(tmp_path, base, 3, _auto_select_argv(tmp_path), capsys, files=("run/summary.json", "run/private-summary.json"))
+    assert [g[0] for g in got] == [0, 0], got[1][2]
+    _same_public([(c, o, e, {"s": d["run/summary.json"]}) for c, o, e, d in got])
+    for (_, out, err, docs), n in zip(got, (40, 39)):
+        lines = out + err
+        assert any(f"({n} examples)" in line for line in lines)  # the ranking's title, on private lines only
+        assert not any(f"({n} examples)" in line for line in _public(lines))
+        assert any("in-run noise references" in line for line in lines if line.startswith("private:"))
+        assert any(line.startswith("private: --method auto:") for line in lines), lines  # the decision, with its figures
+        pub, priv = docs["run/summary.json"], docs["run/private-summary.json"]
+        assert pub["dp"] is False and "NOT differentially private" in pub["publishable"] and "private-summary.json" in pub["publishable"]
+        assert pub["public_distance"] is None and pub["settings"]["public_distance"] is None
+        assert "non-private selection" in pub["privacy"]["composition"]  # not "one mechanism" alone
+        sel = pub["selection"]
+        assert sel["candidates"] == ["digits", "noise"] and sel["examples"] == 50 and "private-summary.json" in sel["statistics"]
+        assert not {"results", "references", "runs", "private_examples", "seconds", "engine", "warnings"} & set(sel)
+        assert set(sel["advice"]) == {"method", "public", "fell_back", "refused"}
+        assert priv["publishable"] is False and priv["selection"]["private_examples"] == n
+        probe = priv["selection"]["advice"]["evidence"]["probe"]
+        assert len(probe["baseline"]) == 2 and set(probe["gains"]) == {"digits", "noise"}
+        assert {r["public"] for r in priv["selection"]["results"]} == {"digits", "noise"}
+        keys, numbers = _walk(pub)
+        assert not {"evidence", "probe", "baseline", "gains", "results", "references", "runs", "private_examples", "p_value",
+                    "distance", "distances", "message"} & keys
+        assert not {r["distance"] for r in priv["selection"]["results"]} & numbers
+
+
+def _walk(doc, keys=None, numbers=None):
+    """Every key and every number in a JSON document."""
+    keys, numbers = (set() if keys is None else keys), (set() if numbers is None else numbers)
+    if isinstance(doc, dict):
+        keys.update(doc)
+        for v in doc.values():
+            _walk(v, keys, numbers)
+    elif isinstance(doc, list):
+        for v in doc:
+            _walk(v, keys, numbers)
+    elif isinstance(doc, (int, float)) and not isinstance(doc, bool):
+        numbers.add(doc)
+    return keys, numbers
+
+
+def test_a_refusal_after_a_non_private_selection_gives_its_figures_on_a_private_line(tmp_path, capsys):
+    """--method second-phase with no candidate that passes the advice: exit 2 for both neighbours, the error line
+    public (the same), the reasons with their distances and p-values on the private: line before it."""
+    base = _images(40, 17)
+    _write(tmp_path / "test.npz", _images(20, 18))
+    got = _neighbours(tmp_path, base, 5, _auto_select_argv(tmp_path, "--method", "second-phase"), capsys)
+    assert [g[0] for g in got] == [2, 2], got[1][2]
+    _same_public(got)
+    for _, out, err, _ in got:
+        assert any(line.startswith("private: --method second-phase: no candidate") and "p = " in line for line in out), out
+        assert "the figures are on the private: line above" in " ".join(" ".join(err).split())

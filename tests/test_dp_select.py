@@ -312,3 +312,67 @@ def test_the_selection_is_booked_under_its_own_mechanism(npz_pair):
         with pytest.raises(GSDError, match="drop --mechanism"):
             rank(priv, pubs, distance=distance, mechanism="matrix", **kw)
     assert len(BudgetLedger().status()[0]["runs"]) == 3  # refused before any booking
+
+
+# ------------------------------------------- issue 50, item 4: statements from the mechanism's own figures
+
+_AT = r"at epsilon[= ]([0-9.e+-]+)"
+
+
+def test_the_guarantee_states_the_epsilons_the_mechanism_used():
+    """With auto-select's references the margin takes 3/4 of the scores' share: at epsilon 1 the parts are
+    0.5 (choice) + 0.125 (scores) + 0.375 (margin). Before: 'scores at epsilon 0.5', parts adding to 1.375."""
+    import re
+
+    from gsd_cli.distance.dpselect import MARGIN_SHARE, release, selection_guarantee
+
+    W = [torch.eye(4)[:, :1] for _ in range(3)]
+    sel = release(np.array([0.0, -50.0, -60.0]), np.array([100.0, 40.0, 30.0]), W, 1.0, 1.0, rng=np.random.default_rng(1),
+                  references=[1, 2], reference_kinds=[[1, 2]])
+    parts = [sel.epsilon_select, sel.epsilon_score, sel.extra["epsilon_margin"]]
+    assert parts == pytest.approx([0.5, 0.5 * (1 - MARGIN_SHARE), 0.5 * MARGIN_SHARE]) and sum(parts) == pytest.approx(1.0)
+    text = selection_guarantee(1, 0.02, *parts)
+    stated = [float(x) for x in re.findall(_AT, text)]
+    assert stated == pytest.approx(parts) and text.endswith("= epsilon 1")
+    plain = selection_guarantee(1, 0.02, 0.5, 0.5)  # gsd rank --dp: no references, no margin
+    assert [float(x) for x in re.findall(_AT, plain)] == [0.5, 0.5] and "margin" not in plain
+
+
+def test_auto_select_under_dp_states_its_epsilon_parts_booking_metric_and_composition(capsys, tmp_path):
+    """gsd train --auto-select --select-epsilon 1: the privacy block's guarantee, the console's DP-selection line,
+    the ledger's entry and the training's composition each state the mechanism's own figures, which add to the
+    totals; the training table names the released DP energy distance, not GSD."""
+    import re
+
+    from rich.console import Console
+
+    from gsd_cli.cli import main
+    from gsd_cli.train.report import print_summary
+
+    code = main(["train", "--auto-select", "--public", "noise", "--rank-examples", "64", "--rank-k", "4", "--select-epsilon", "1",
+                 "--insecure-seed", "1", "--epochs", "1", "--batch-size", "100", "--expected-size", "400", "--delta", "1e-3", "-q",
+                 "--out", str(tmp_path / "run")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    pv = s["selection"]["privacy"]
+    parts = [pv["epsilon_select"], pv["epsilon_score"], pv["epsilon_margin"]]
+    assert parts == pytest.approx([0.5, 0.125, 0.375]) and sum(parts) == pytest.approx(pv["epsilon"]) == 1.0
+    assert [float(x) for x in re.findall(_AT, pv["guarantee"])] == pytest.approx(parts)
+    flat = " ".join(out.split())
+    line = flat[flat.index("DP selection: the winner"):flat.index("What is DP")]  # the console's line
+    assert [float(x) for x in re.findall(_AT, line)] == pytest.approx(parts) and f"epsilon={pv['epsilon']:g} in all" in line
+    # the ledger: named by its mechanism, its parts adding to what it books
+    entry = next(e for e in s["budget"]["entries"] if e["name"].startswith("public-data selection"))
+    assert entry["name"] == "public-data selection (DP selection)" and entry["epsilon"] == 1.0
+    assert "choice 0.5 + scores 0.125 + margin over noise 0.375 = epsilon 1" in entry["detail"]
+    # the composition: the selection's epsilon named, the parts adding to the budget's total
+    comp = s["privacy"]["composition"]
+    assert s["privacy"]["epsilon_selection"] == 1.0 and "the public-data selection's epsilon 1 " in comp
+    assert s["privacy"]["epsilon_selection"] + s["privacy"]["epsilon"] == pytest.approx(s["budget"]["total_epsilon"])
+    assert f"= {s['budget']['total_epsilon']:.6g}" in comp and "one mechanism" not in comp
+    # the training table: the metric's own name
+    con = Console(record=True, width=200)
+    print_summary({**s, "test": {"accuracy": 0.5}, "private_test_examples": 1, "public": "noise", "public_distance": 0.5}, con)
+    table = con.export_text()
+    assert "noise (DP energy distance, released 0.5000)" in table and "GSD" not in table

@@ -340,7 +340,8 @@ def test_auto_select_for_second_phase_ranks_on_the_trained_parameters(capsys, ti
     assert code == 0, err
     s = json.loads((run / "summary.json").read_text())
     assert s["selection"]["model"] == "fmnist-cnn" and s["selection"]["num_params"] == 32 * 4 + 4
-    assert s["public"] == s["selection"]["results"][0]["public"]
+    p = json.loads((run / "private-summary.json").read_text())  # a non-private selection's figures
+    assert s["public"] == p["selection"]["results"][0]["public"] and "results" not in s["selection"]
     assert any("NOT differentially private" in n for n in s["notes"])
 
 

@@ -351,5 +351,7 @@ candidates = ["web", "digits"]
     assert code == 0, err
     s = json.loads((run / "summary.json").read_text())
     assert s["private"] == "xray:train" and s["public"] in ("web", "digits")
-    assert {r["public"] for r in s["selection"]["results"]} == {"web", "digits"}
+    assert s["selection"]["candidates"] == ["digits", "web"]  # the figures: in private-summary.json (a non-private selection)
+    p = json.loads((run / "private-summary.json").read_text())
+    assert {r["public"] for r in p["selection"]["results"]} == {"web", "digits"}
     assert any("NOT differentially private" in n for n in s["notes"])

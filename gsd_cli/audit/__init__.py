@@ -84,8 +84,9 @@ def audit_dpgsd_both(epsilon: float, *, draws: int = 2000, trials: int | None = 
     best = max((a, b), key=lambda r: r.epsilon_lower_bound)
     details = {**(a.details or {}), "sampler": a.to_dict(), "pipeline": b.to_dict(), "best_audit": best.method,
                "confidence_split": "Bonferroni: each audit at half the error probability", **auto}
-    return AuditResult("dpgsd", float(epsilon), 0.0, max(a.epsilon_lower_bound, b.epsilon_lower_bound),
-                       a.canaries + b.canaries, a.guesses + b.guesses, best.correct, confidence, details)
+    # the counts of the audit whose bound is reported (correct guesses and guesses of one test, never mixed)
+    return AuditResult("dpgsd", float(epsilon), 0.0, best.epsilon_lower_bound, best.canaries, best.guesses, best.correct,
+                       confidence, details)
 
 
 def audit_dp_energy_both(epsilon: float, *, draws: int = 2000, trials: int | None = None, examples: int = 200,
@@ -117,8 +118,9 @@ def audit_dp_energy_both(epsilon: float, *, draws: int = 2000, trials: int | Non
     best = max((a, b), key=lambda r: r.epsilon_lower_bound)
     details = {**(a.details or {}), "sampler": a.to_dict(), "pipeline": b.to_dict(), "best_audit": best.method,
                "confidence_split": "Bonferroni: each audit at half the error probability", **auto}
-    return AuditResult(distance, float(epsilon), 0.0, max(a.epsilon_lower_bound, b.epsilon_lower_bound),
-                       a.canaries + b.canaries, a.guesses + b.guesses, best.correct, confidence, details)
+    # the counts of the audit whose bound is reported (correct guesses and guesses of one test, never mixed)
+    return AuditResult(distance, float(epsilon), 0.0, best.epsilon_lower_bound, best.canaries, best.guesses, best.correct,
+                       confidence, details)
 
 
 __all__ = [

@@ -53,6 +53,12 @@ def _warn_unused(ctx, method: str) -> None:
         err.print("[yellow]warning:[/] " + escape(note), highlight=False, soft_wrap=True)
 
 
+def epsilon_text(epsilon: float, digits: int = 3) -> str:
+    """An epsilon of the audit's output: ``digits`` decimals, or as many significant digits below 0.01 (a
+    claim of 1e-9 is not 0.000)."""
+    return f"{epsilon:.{digits}f}" if epsilon == 0 or abs(epsilon) >= 0.01 else f"{epsilon:.{digits}g}"
+
+
 @app.command()
 def audit(
     ctx: typer.Context,
@@ -137,19 +143,25 @@ def audit(
     else:
         result = audit_fn(method, epsilon, delta, canaries=canaries, insecure_seed=insecure_seed, **kw)
     table = Table(title="privacy audit (95% confidence)")
-    for col in ("method", "claimed epsilon", "empirical lower bound", "canaries", "correct guesses"):
+    # a distinguishing test (DP-GSD, the DP energy distance, the DP selection, --step-trials) draws releases under
+    # each of two neighbours and classifies each draw: its counts are draws, not canaries
+    distinguishing = step_trials is not None or method in ("dpgsd", "dp-energy", "dp-select")
+    for col in ("method", "claimed epsilon", "empirical lower bound", "draws per neighbour" if distinguishing else "canaries",
+                "correct guesses"):
         table.add_column(col)
-    table.add_row(result.method, f"{result.claimed_epsilon:.3f}", f"{result.epsilon_lower_bound:.3f}", str(result.canaries),
-                  f"{result.correct}/{result.guesses}")
+    table.add_row(result.method, epsilon_text(result.claimed_epsilon), epsilon_text(result.epsilon_lower_bound),
+                  str(result.guesses // 2 if distinguishing else result.canaries), f"{result.correct}/{result.guesses}")
     out.print(table)
     d = result.details or {}
     if "exact_loss" in d:
-        out.print(f"exact privacy loss of the audited pair (numerical integration): {d['exact_loss']:.4f}")
+        out.print(f"exact privacy loss of the audited pair (numerical integration): {epsilon_text(d['exact_loss'], 4)}")
     if "pipeline" in d:
         sam, pipe = d["sampler"], d["pipeline"]
         mech = {"dpgsd": "sampler", "dp-select": "selection mechanism"}.get(method, "Laplace mechanism")
-        out.print(f"{mech} audit: {sam['epsilon_lower_bound']:.3f}; gsd rank --dp end to end ({pipe['details']['trials']} trials, "
-                  f"replay test): {pipe['epsilon_lower_bound']:.3f} (each at half the error probability)")
+        counted = mech if d.get("best_audit") == sam["method"] else "end-to-end"
+        out.print(f"{mech} audit: {epsilon_text(sam['epsilon_lower_bound'])}; gsd rank --dp end to end ({pipe['details']['trials']} "
+                  f"trials, replay test): {epsilon_text(pipe['epsilon_lower_bound'])} (each at half the error probability; "
+                  f"the table's counts are the {counted} audit's)")
         if not d.get("pipeline_can_flag_replay", True):
             err.print(f"note: {pipe['details']['trials']} trials cannot flag even a fully replayed pipeline at epsilon {epsilon:g}; "
                       "a replay bug does not depend on epsilon: audit the pipeline at --epsilon 1 (or give more --trials)")

@@ -122,6 +122,37 @@ def print_private(console: Console, text: str) -> None:
     console.print(f"[yellow]{PRIVATE_LABEL}[/] " + text, highlight=False, soft_wrap=True)
 
 
+def print_private_lines(console: Console, render: Callable[[Console], None]) -> None:
+    """Everything ``render(c)`` prints on a console ``c`` (a table), each line labelled
+    :data:`PRIVATE_LABEL`: ``render`` draws on a console of ``console``'s kind, narrower by the label,
+    whose lines are then printed after the label (colours kept on a terminal)."""
+    from io import StringIO
+
+    from rich.text import Text
+
+    buf = StringIO()
+    inner = Console(file=buf, width=max(40, console.width - len(PRIVATE_LABEL) - 1), force_terminal=console.is_terminal,
+                    color_system=console.color_system, no_color=console.no_color, highlight=False)
+    render(inner)
+    for line in buf.getvalue().splitlines():
+        console.print(Text.assemble((PRIVATE_LABEL, "yellow"), " ", Text.from_ansi(line)), highlight=False, soft_wrap=True)
+
+
+class PrivateConsole:
+    """A console whose every line is labelled :data:`PRIVATE_LABEL` (``print`` only, as a report writer
+    uses it): a string (rich markup) is one private line (:func:`print_private`), anything else (a table)
+    is drawn and each of its lines labelled (:func:`print_private_lines`)."""
+
+    def __init__(self, console: Console):
+        self.console = console
+
+    def print(self, obj="", *_, **__) -> None:
+        if isinstance(obj, str):
+            print_private(self.console, obj)
+        else:
+            print_private_lines(self.console, lambda c: c.print(obj))
+
+
 def progress_bar(quiet: bool, width: int = 24, eta: bool = False, private: bool = False):
     """A rich progress bar on stderr and its callback ``progress(name, done, total)``: one task per
     name, started on the first call (so input errors print no empty progress line); the total may grow
@@ -167,11 +198,13 @@ def with_progress(quiet: bool, fn: Callable[[Callable], T], width: int = 24, eta
         bar.stop()
 
 
-def print_error(message: str) -> None:
-    """One line on stderr: ``error: <message>`` (undecodable bytes of a file name shown as ``\\xff``)."""
+def print_error(message: str, private: bool = False) -> None:
+    """One line on stderr: ``error: <message>`` (undecodable bytes of a file name shown as ``\\xff``);
+    ``private``: ``private: error: <message>``, a refusal whose occurrence depends on the private data."""
     message = str(message).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    label = f"[yellow]{PRIVATE_LABEL}[/] " if private else ""
     try:
-        err.print("[bold red]error:[/] " + escape(" ".join(message.split())), highlight=False, soft_wrap=True, emoji=False)
+        err.print(label + "[bold red]error:[/] " + escape(" ".join(message.split())), highlight=False, soft_wrap=True, emoji=False)
     except BrokenPipeError:  # nobody reads stderr any more (gsd ... 2>&1 | head): the exit status still says it
         closed_pipe()
 

@@ -13,7 +13,7 @@ from rich.markup import escape
 from ..defaults import DEFAULT_PRIVATE
 from ..errors import GSDError
 from .app import app
-from .common import err, new_run_dir, out, print_private, public_names, with_progress
+from .common import PrivateConsole, err, new_run_dir, out, print_private, public_names, with_progress
 from .options import (
     MODEL_FORMS, Accountant, BatchNorm, Device, Method, Schedule, batchnorm_option, classes_option, deterministic_noise_option, device_option, extra_argument,
     data_root_option, insecure_seed_option, peft_option, public_list_option, quiet_option, weights_option,
@@ -70,6 +70,13 @@ def warn_unused(ctx, method: str) -> None:
         warn(note)
 
 
+def private_refusal(decision) -> str:
+    """The public error of a refused explicit method after a non-private selection: its reasons (distances,
+    p-values, the probe's figures) were told on the ``private:`` line of the advice."""
+    return (f"--method {decision.method}: no candidate it can use passed the advice (the figures are on the private: line "
+            "above); train with --method dpsgd, or add --no-fallback to train with the closest anyway")
+
+
 #: the options that only --auto-select reads (its ranking, advice and feature probe)
 AUTO_SELECT_OPTIONS = {"rank_model": "--rank-model", "rank_k": "--rank-k", "rank_examples": "--rank-examples",
                        "select_epsilon": "--select-epsilon", "probe_repeats": "--probe-repeats",
@@ -82,6 +89,28 @@ def warn_unused_rank(ctx) -> None:
     if given:
         warn(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} only read with --auto-select: ignored (add --auto-select "
              "to rank the --public candidates first)")
+
+
+#: the ranking's settings as --auto-select names them (the library's messages name gsd rank's options otherwise)
+RANK_OPTION_NAMES = {"k": "--rank-k", "examples": "--rank-examples", "repeats": "--rank-repeats", "epsilon": "--select-epsilon"}
+
+
+def check_auto_select(ctx, method: str, rank_k: int, rank_examples: int, rank_repeats: Optional[int],
+                      select_epsilon: Optional[float]) -> None:
+    """--auto-select's ranking settings, checked before any work (the ledger included) by the ranking's own
+    checks, each error naming the option typed (:data:`RANK_OPTION_NAMES`); and one warning line when
+    --probe-repeats is given to a run that does not run the feature probe."""
+    from ..ranking.config import RankConfig, check_settings
+
+    check_settings(RankConfig.from_options(k=rank_k, examples=rank_examples, repeats=1 if rank_repeats is None else rank_repeats,
+                                           dp=select_epsilon is not None, epsilon=select_epsilon), names=RANK_OPTION_NAMES)
+    if getattr(ctx.get_parameter_source("probe_repeats"), "name", None) == "COMMANDLINE":
+        if select_epsilon is not None:
+            warn("--probe-repeats is not used with --select-epsilon (the feature probe reads the private data without noise, "
+                 "so a private selection does not run it): ignored")
+        elif method not in ("auto", "second-phase"):
+            warn(f"--probe-repeats is not used with --method {method} (the feature probe scores the second phase: --method "
+                 "auto or second-phase): ignored")
 
 
 @app.command()
@@ -169,8 +198,9 @@ def train(
     examples that the public data holds are left out of the private training (a per-example rule).
     Lines that start with 'private:' carry private figures (the test result, the private notes, the
     progress times); every other line is public.
-    summary.json holds only public settings and the privacy statement; the test metrics and the exact
-    size of the private set go to private-summary.json.
+    summary.json holds only public settings and the privacy statement; the test metrics, the exact
+    size of the private set and a non-private --auto-select's figures go to private-summary.json (and
+    those figures to private: lines).
     """
     from ..train import TrainConfig, advised_selection as advised_fn, train as train_fn
     from ..train.checkpoint import load_meta
@@ -242,6 +272,7 @@ def train(
         if auto_select:
             if len(publics) < 1:
                 raise GSDError("--auto-select needs candidates: --public A B C (or --catalog FILE with a job for --private)")
+            check_auto_select(ctx, method.value, rank_k, rank_examples, rank_repeats, select_epsilon)
         elif len(publics) > 1:
             raise GSDError("several --public sets: add --auto-select to rank them and train with the closest")
         cfg = TrainConfig(**fields, public=publics[0] if publics else None)
@@ -278,13 +309,17 @@ def train(
                 quiet, lambda pr: advised_fn(private, publics, cfg.method, private_test=private_test, catalog=cat, progress=pr,
                                              repeats=rank_repeats, references=fallback or select_epsilon is None,
                                              train_settings=cfg if probe_repeats else None, probe_repeats=probe_repeats or None,
-                                             **rank_opts),
+                                             notify=warn, **rank_opts),
                 private=True)  # the ranking's time grows with the private set: labelled private
-            print_ranking(ranking, out)
+            # a non-private selection's figures (distances, references, probe accuracies, p-values, the private
+            # examples drawn) are statistics of the private data: on lines labelled private
+            public_selection = select_epsilon is not None
+            tell = (lambda text: out.print(text, highlight=False, soft_wrap=True)) if public_selection else partial(print_private, out)
+            print_ranking(ranking, out if public_selection else PrivateConsole(out))
             if ranking.references:
                 from ..train.advice import reference_line
 
-                out.print(escape(reference_line(ranking)), highlight=False, soft_wrap=True)
+                tell(escape(reference_line(ranking)))
             selection = ranking.to_dict()
             if select_epsilon is not None:  # the DP winner and its released score: what a decision may read (DP releases only)
                 from ..distance.dpselect import released_winner
@@ -293,24 +328,28 @@ def train(
             from ..train.advice import is_reference
 
             if decision is not None:
-                out.print(escape(decision.message), highlight=False, soft_wrap=True)
+                tell(escape(decision.message))
                 selection["advice"] = decision.to_dict()
             closest = next((r for r in ranking if not is_reference(r.public)), None)
             if fallback:
                 if decision.refused:
-                    raise GSDError(decision.message)
+                    raise GSDError(decision.message if public_selection else private_refusal(decision))
                 cfg.method, cfg.public = decision.method, decision.public
                 cfg.public_distance = decision.distance if decision.public is not None else None
             else:  # --no-fallback: the closest candidate whatever the advice, said in a warning when the advice differs
                 if cfg.method == "auto":
                     cfg.method = decision.method if decision is not None and decision.public is not None else "gep"
                 cfg.public, cfg.public_distance = closest.public, closest.distance
-                if decision is not None and (decision.public != closest.public or decision.method != cfg.method):
-                    warn(f"--no-fallback: training {cfg.method} with {closest.public} against the advice ({decision.message})")
+                from ..train.select import forced_note
+
+                note = forced_note(private, closest.public, cfg.method, decision, private_test=private_test, catalog=cat,
+                                   classes=classes, advice=None if public_selection else "on the private: line above")
+                if note:  # as --help promises: the advice differs, is refused or (under --select-epsilon) absent
+                    warn(note)
             validate(cfg)
             if cfg.public is not None:
-                what = "GSD" if select_epsilon is None else "DP energy distance, released"
-                shown = f"{what} {cfg.public_distance:.4f}, " if cfg.public_distance is not None else ""
+                shown = (f"DP energy distance, released {cfg.public_distance:.4f}, "
+                         if cfg.public_distance is not None and public_selection else "")  # non-private: in the private table
                 out.print(f"training with [bold]{escape(cfg.public)}[/] ({shown}--method {cfg.method})")
             else:
                 out.print(f"training without public data (--method {cfg.method})")
@@ -323,8 +362,10 @@ def train(
     from ..train.report import print_summary
 
     print_summary(summary, out)
-    err.print(f"wrote {run}/summary.json (publishable), private-summary.json, metrics.jsonl, curves.png (not publishable: "
-              "test metrics of private data), checkpoint.safetensors"
+    chosen_privately = summary.get("selection") is not None and not summary["selection"].get("privacy")  # its statistics: private-summary.json
+    err.print(f"wrote {run}/summary.json ({'publishable' if summary.get('dp') else 'public settings; the run is NOT DP'}), "
+              "private-summary.json, metrics.jsonl, curves.png (not publishable: test metrics of private data"
+              + (", the selection's statistics" if chosen_privately else "") + "), checkpoint.safetensors"
               + (", stage1.safetensors" if cfg.method == "second-phase" else ""))
     if log:
         err.print(f"logged to {' and '.join(dict.fromkeys(log))} under {log_dir or run} (mlflow: $MLFLOW_TRACKING_URI when set)")

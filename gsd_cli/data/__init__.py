@@ -36,7 +36,7 @@ from .torch_dataset import from_torch_dataset
 # (``gsd datasets list``) does not load torch.
 
 __all__ = [
-    "ImageSource", "ArraySource", "Sample", "resolve", "draw", "register_dataset", "register_kind",
+    "ImageSource", "ArraySource", "Sample", "resolve", "draw", "check_examples", "register_dataset", "register_kind",
     "dataset_names", "source_kinds", "to_model_input", "DEFAULT_PRIVATE", "DEFAULT_PUBLIC",
     "builtin_names", "list_datasets", "describe_dataset", "data_root", "default_data_root",
     "read_images", "with_classes", "require_declared_classes", "shared_examples", "from_torch_dataset",
@@ -73,6 +73,13 @@ class Sample:
         return parts[0] if parts else _to_model_input()([], size, channels, device)
 
 
+def check_examples(m: int | None, name: str = "--examples") -> None:
+    """A number of examples to draw per dataset: None (all) or at least 2; ``name``: the option the user
+    gave it with (``gsd train --auto-select``: ``--rank-examples``)."""
+    if m is not None and m < 2:
+        raise DatasetError(f"{name} must be at least 2 (got {m})")
+
+
 def draw(source: ImageSource | str, m: int | None, seed: int) -> Sample:
     """Draw ``min(m, len(source))`` distinct examples uniformly at random (``m=None``: all).
 
@@ -81,8 +88,7 @@ def draw(source: ImageSource | str, m: int | None, seed: int) -> Sample:
     """
     source = resolve(source)
     n = len(source)
-    if m is not None and m < 2:
-        raise DatasetError(f"--examples must be at least 2 (got {m})")
+    check_examples(m)
     if n < 2:
         raise DatasetError(f"{source.name}: has {n} example(s); GSD needs at least 2")
     take = n if m is None else min(m, n)

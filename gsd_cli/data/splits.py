@@ -98,6 +98,11 @@ class SubsetSource(ImageSource):
         return d
 
 
+class EmptyPartError(DatasetError):
+    """A part of the per-example split that holds no example: whether it does turns on the examples, so for
+    a private set its refusal is a private output (:func:`gsd_cli.train.splits.private_parts`)."""
+
+
 def fixed_split(source: ImageSource, split: str, name: str | None = None) -> ImageSource:
     """``split`` ('train' or 'test') of ``source`` by the per-example hash rule (module docstring)."""
     if split not in ("train", "test"):
@@ -110,7 +115,7 @@ def fixed_split(source: ImageSource, split: str, name: str | None = None) -> Ima
     test = _test_mask_of(source)
     keep = np.flatnonzero(test if split == "test" else ~test)
     if not len(keep):
-        raise DatasetError(
+        raise EmptyPartError(
             f"{name}: empty (each of {source.name}'s {len(source)} examples falls in the test part with "
             f"probability {TEST_FRACTION}, and here {'none' if split == 'test' else 'all'} did); "
             f"name the train and test sets explicitly"

@@ -289,28 +289,43 @@ class DPSelect(DPEnergy):
             mechanism=mechanism_name(top), release="selection", top=top, exact=True, delta=0.0,
             epsilon_select=eps_sel, epsilon_score=eps_score, score_share=st["score_share"], regret_clip=st["regret_clip"],
             selection_sensitivity=st["regret_clip"] * C * C,
-            guarantee=(f"pure epsilon-DP: {mechanism_name(top)} on the clipped regret (each row's shortfall against its best "
-                       f"candidate, clipped at tau = {st['regret_clip']:g} C^2; sensitivity tau, one row replaced) at epsilon "
-                       f"{eps_sel:g}" + ("" if top == 1 else f" ({top} rounds at {eps_sel / top:g}, basic composition)")
-                       + f", then the chosen candidates' energies by the Laplace mechanism at epsilon {eps_score:g}; "
-                       "basic composition"),
             what_is_dp=("the chosen candidate(s), in the order chosen, and their released DP energy distances; "
                         "nothing is released about the other candidates"),
             not_released="the other candidates' scores and order (use --metric dp-energy for a noisy order of all candidates)",
         )
+        eps_margin = 0.0
         if last is not None and last.extra.get("epsilon_margin"):  # auto-select's references: the margin's release
+            eps_margin = float(last.extra["epsilon_margin"])
             privacy.update({k: last.extra[k] for k in ("epsilon_margin", "margin_sensitivity", "margin_laplace_scale", "reference_margin")},
-                           epsilon_score=last.epsilon_score)
-            privacy["guarantee"] += (f"; then the winner's energy margin over the best noise reference less the largest gap between "
-                                     f"two draws of one kind of noise (sensitivity 4 C^2) by the Laplace mechanism at epsilon "
-                                     f"{last.extra['epsilon_margin']:g} ({MARGIN_SHARE:g} of the scores' share)")
+                           epsilon_select=last.epsilon_select, epsilon_score=last.epsilon_score)
+        # stated from the figures the mechanism used (the margin takes its part out of the scores' share)
+        privacy["guarantee"] = selection_guarantee(top, st["regret_clip"], privacy["epsilon_select"], privacy["epsilon_score"], eps_margin)
         if last is not None:  # this ranking's own release (a side recalled from a memo has its own ranking's figures)
             m = int(g.examples)
             privacy.update(score_l1_sensitivity=last.score_sensitivity, score_laplace_scale=last.score_laplace_scale,
                            released_energy_share={self.names[j]: v / (m * C * C) for j, v in zip(last.chosen, last.scores)},
                            share_noise_scale=last.score_laplace_scale / (m * C * C))
         notes = [INSECURE_NOTE.format(seed=ins)] if ins is not None else []
+        if top < st["top"]:  # clamped to the candidates (a public count): said, not silently
+            notes.append(f"--top {st['top']} is more than the {top} candidates: the DP selection chooses all {top}, in order")
         return privacy, notes, dp
+
+
+def selection_guarantee(top: int, regret_clip: float, eps_select: float, eps_score: float, eps_margin: float = 0.0) -> str:
+    """The DP selection's privacy statement from the epsilons its mechanism used (:func:`release`):
+    ``eps_select`` to choose, ``eps_score`` for the chosen candidates' scores and, with auto-select's
+    noise references, ``eps_margin`` for the winner's margin over them (taken out of the scores' share).
+    The parts it states add to the total it states."""
+    parts = [eps_select, eps_score] + ([eps_margin] if eps_margin else [])
+    text = (f"pure epsilon-DP: {mechanism_name(top)} on the clipped regret (each row's shortfall against its best "
+            f"candidate, clipped at tau = {regret_clip:g} C^2; sensitivity tau, one row replaced) at epsilon {eps_select:g}"
+            + ("" if top == 1 else f" ({top} rounds at {eps_select / top:g}, basic composition)")
+            + f", then the chosen candidates' energies by the Laplace mechanism at epsilon {eps_score:g}")
+    if eps_margin:
+        text += (f", then the winner's energy margin over the best noise reference less the largest gap between two draws "
+                 f"of one kind of noise (sensitivity 4 C^2) by the Laplace mechanism at epsilon {eps_margin:g} "
+                 f"({MARGIN_SHARE:g} of the scores' share, {eps_score + eps_margin:g})")
+    return text + f"; basic composition: {' + '.join(f'{e:g}' for e in parts)} = epsilon {sum(parts):g}"
 
 
 def released_winner(ranking) -> dict | None:
@@ -328,4 +343,4 @@ def released_winner(ranking) -> dict | None:
 
 
 __all__ = ["DPSelect", "Selection", "check_settings", "clipped_regret", "mechanism_name", "private_selection", "reference_margin", "release", "MARGIN_SHARE",
-           "released_winner", "row_energies", "score_sensitivity", "REGRET_CLIP", "SCORE_SHARE", "TOP"]
+           "released_winner", "row_energies", "selection_guarantee", "score_sensitivity", "REGRET_CLIP", "SCORE_SHARE", "TOP"]

@@ -315,6 +315,14 @@ def calibration_key(make_step, target_epsilon, delta, sampling_rate, steps, acco
     }
 
 
+def selection_kind(privacy: dict) -> str:
+    """What a DP ranking's ``privacy`` block released by: the DP selection (``gsd rank --dp``'s default and
+    ``--auto-select --select-epsilon``'s), the DP energy distance (``--metric dp-energy``) or DP-GSD."""
+    if privacy.get("release") == "selection":
+        return "DP selection"
+    return "DP energy distance" if privacy.get("mechanism") == "laplace-energy" else "DP-GSD"
+
+
 @dataclass
 class Ledger:
     """Every private release of a pipeline, and their total by basic composition
@@ -343,7 +351,11 @@ class Ledger:
         releases = privacy.get("releases", 1)
         detail = f"{privacy.get('mechanism', '')}; {releases} release(s)" + (
             f" x epsilon {privacy['epsilon']:g}" if releases != 1 else "")
-        self.add("public-data selection (DP-GSD)", float(eps), 0.0, detail)
+        parts = [(what, privacy.get(key)) for what, key in (("choice", "epsilon_select"), ("scores", "epsilon_score"),
+                                                             ("margin over noise", "epsilon_margin")) if privacy.get(key)]
+        if privacy.get("release") == "selection" and parts:  # the DP selection's parts, as its mechanism spent them
+            detail += ": " + " + ".join(f"{what} {e:g}" for what, e in parts) + f" = epsilon {sum(e for _, e in parts):g}"
+        self.add(f"public-data selection ({selection_kind(privacy)})", float(eps), 0.0, detail)
 
     @property
     def epsilon(self) -> float:

@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 from .. import data as gdata
 from ..distance import gradient_subspace_distance
 from ..subspace.side import Progress, Subspace, sample_labels, sample_subspace
-from .config import GradientSettings, ModelSettings, PrivacySettings, RankConfig, option_names
+from .config import GradientSettings, ModelSettings, PrivacySettings, RankConfig, check_settings, option_names
 from .executors import Executor, LocalExecutor, PublicTask, executor_names, get_executor, register_executor
 from . import ray_executor  # noqa: F401,E402  (registers "ray"; imports Ray only when that executor is built)
 from .pipeline import rank_once, refuse_private_as_public
@@ -101,6 +101,7 @@ def rank(
 
     private, publics = as_sources(private, publics)
     config = RankConfig.from_options(**options) if config is None else config.replace(**options)
+    check_settings(config)  # k, examples, repeats, epsilon: before the ledger and any data
     if config.privacy.dp:  # before any work: the privacy ledger it books into is usable (exit 2 otherwise)
         from ..privacy.budget import ready_ledger
 

@@ -18,6 +18,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import numpy as np
+
 from ..errors import GSDError
 from ..gradients import LossFn
 from ..privacy.randomness import check_seed
@@ -129,6 +131,54 @@ class RankConfig:
             out.update({f.name: getattr(getattr(self, g), f.name) for f in dataclasses.fields(getattr(self, g))})
         out.update(seed=self.seed, repeats=self.repeats, distance=self.distance)
         return out
+
+
+#: the most repeats a ranking runs (each is a full ranking; the interval's width falls as 1/sqrt(R))
+MAX_REPEATS = 1000
+
+#: the option that sets each checked setting on gsd rank's command line: what the checks' messages name
+#: unless a caller names its own (gsd train --auto-select: --rank-k, --rank-examples, --rank-repeats, --select-epsilon)
+CHECKED_OPTIONS = {"k": "--k", "examples": "--examples", "repeats": "--repeats", "epsilon": "--epsilon"}
+
+
+def check_k(k: int, name: str = "--k") -> None:
+    """The subspace dimension: a whole number >= 1."""
+    if k < 1:
+        raise GSDError(f"{name} must be at least 1 (got {k})")
+
+
+def check_repeats(repeats: int, name: str = "--repeats") -> None:
+    """The draws of a ranking: a whole number in 1..:data:`MAX_REPEATS`."""
+    if isinstance(repeats, bool) or not isinstance(repeats, (int, np.integer)) or repeats < 1:
+        raise GSDError(f"{name} must be a whole number >= 1 (got {repeats!r})")
+    if repeats > MAX_REPEATS:  # each repeat is a full ranking of every candidate
+        raise GSDError(f"{name} {repeats}: at most {MAX_REPEATS:,} (each repeat ranks every candidate again; 5 to 30 "
+                       "give a tight interval)")
+
+
+def check_settings(config: "RankConfig", names: dict[str, str] | None = None) -> None:
+    """One-line errors for a ranking's k, examples, repeats and (under DP) epsilon, before any work (the
+    privacy ledger included). Each names the option the user typed: ``names`` maps a setting to it where
+    a command calls it otherwise than gsd rank (:data:`CHECKED_OPTIONS`)."""
+    from .. import data as gdata
+    from ..distance import distance_flag
+
+    n = {**CHECKED_OPTIONS, **(names or {})}
+    check_k(config.gradients.k, n["k"])
+    gdata.check_examples(config.gradients.examples, n["examples"])
+    check_repeats(config.repeats, n["repeats"])
+    if config.privacy.dp:
+        if config.privacy.epsilon is None:
+            raise GSDError(f"--dp needs {n['epsilon']} (the privacy budget of the ranking, > 0)")
+        from ..subspace.dppca import check_dp_epsilon
+
+        check_dp_epsilon(config.privacy.epsilon, n["epsilon"])
+    if int(config.repeats) > 1 and distance_flag(config.distance_name, "selection"):
+        rank_cli = n["repeats"] == "--repeats"  # gsd rank's options, which another command may not have
+        hint = ("drop --repeats (--top 3 for a short list), or use --metric dp-energy for a noisy order of all candidates"
+                if rank_cli else f"drop {n['repeats']}")
+        raise GSDError(f"{n['repeats']} with the DP selection: it releases the winner{' (--top k: a short list)' if rank_cli else ''}, "
+                       f"not a distance per candidate to average; {hint}")
 
 
 def option_names() -> list[str]:

@@ -24,7 +24,7 @@ from ..gradients import resolve_device
 from ..subspace.public_basis import resolve_dp_sketch
 from ..subspace.side import LABELS, ROW_NORMS, Progress
 from ..subspace import check_method, uniform_baseline
-from .config import RankConfig
+from .config import RankConfig, check_k
 from .executors import PublicSide, PublicTask, public_subspaces, recall, remember
 from .results import RankResult, Ranking
 
@@ -61,8 +61,7 @@ def refuse_same_dataset(private: gdata.ImageSource, publics: Sequence[gdata.Samp
 
 def _check(config: RankConfig, publics) -> None:
     g = config.gradients
-    if g.k < 1:
-        raise GSDError(f"--k must be at least 1 (got {g.k})")
+    check_k(g.k)
     if g.row_norm not in ROW_NORMS:
         raise GSDError(f"--row-norm must be one of {', '.join(ROW_NORMS)} (got {g.row_norm!r})")
     if g.labels not in LABELS:

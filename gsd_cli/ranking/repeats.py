@@ -54,13 +54,10 @@ import numpy as np
 from .. import data as gdata
 from ..distance import distance_flag, is_private
 from ..errors import GSDError
-from .config import RankConfig
+from .config import MAX_REPEATS, RankConfig, check_settings  # noqa: F401 (MAX_REPEATS re-exported)
 from .pipeline import rank_once
 from .results import DP_REPEATS, LEVEL, TIE_ALPHA, TIE_TEST, Ranking, RepeatRanking, RepeatResult
 
-
-#: the most repeats a ranking runs (each is a full ranking; the interval's width falls as 1/sqrt(R))
-MAX_REPEATS = 1000
 
 def repeat_seed(seed: int, r: int) -> int:
     """The seed of repeat ``r``: ``seed`` itself for r = 0 (so one repeat is the plain ranking),
@@ -173,11 +170,7 @@ def rank_repeats(
     elif options:
         config = config.replace(**options)
     repeats, seed, pv = config.repeats, config.seed, config.privacy
-    if isinstance(repeats, bool) or not isinstance(repeats, (int, np.integer)) or repeats < 1:
-        raise GSDError(f"--repeats must be a whole number >= 1 (got {repeats!r})")
-    if repeats > MAX_REPEATS:  # each repeat is a full ranking of every candidate
-        raise GSDError(f"--repeats {repeats}: at most {MAX_REPEATS:,} (each repeat ranks every candidate again; 5 to 30 "
-                       "give a tight interval)")
+    check_settings(config)  # k, examples, repeats (not with the DP selection), epsilon
     if pv.dp_repeats not in DP_REPEATS:
         raise GSDError(f"--dp-repeats must be one of {', '.join(DP_REPEATS)} (got {pv.dp_repeats!r})")
     if not publics:
@@ -189,10 +182,6 @@ def rank_repeats(
     memo = {} if own else memo
     dp = is_private(config.distance_name)
     shared = dp and pv.dp_repeats == "shared"
-    if int(repeats) > 1 and distance_flag(config.distance_name, "selection"):
-        raise GSDError("--repeats with the DP selection: it releases the winner (--top k: a short list), not a distance per "
-                       "candidate to average; drop --repeats (--top 3 for a short list), or use --metric dp-energy for a noisy "
-                       "order of all candidates")
     # the DP energy distance's one release fixes every distance: shared repeats show it R times, and a
     # tie test on R copies of the same numbers would mean nothing, so it is not run (and the output says so)
     fixed = shared and distance_flag(config.distance_name, "fixed_release")

@@ -120,9 +120,12 @@ def selection_line(ranking: Ranking) -> str | None:
     top = pv["top"]
     chose = "the winner" if top == 1 else f"the top {top}, in the order chosen"
     noise = f" (each share +- Laplace of scale {pv['share_noise_scale']:.2g})" if pv.get("share_noise_scale") is not None else ""
+    margin = (f", then the winner's energy margin over the in-run noise references by the Laplace mechanism at "
+              f"epsilon={pv['epsilon_margin']:g} (sensitivity 4 C^2)"
+              if pv.get("epsilon_margin") else "")  # gsd train --auto-select --select-epsilon: part of the scores' share
     return (f"DP selection: {chose} by {pv['mechanism']} at epsilon={pv['epsilon_select']:g} on the clipped regret "
             f"(sensitivity {pv['regret_clip']:g} C^2, whatever the number of candidates), then the chosen candidates' DP energy "
-            f"distances by the Laplace mechanism at epsilon={pv['epsilon_score']:g}{noise}; epsilon={pv['epsilon']:g} in all, "
+            f"distances by the Laplace mechanism at epsilon={pv['epsilon_score']:g}{noise}{margin}; epsilon={pv['epsilon']:g} in all, "
             f"delta=0, clip={pv['clip']:g}, k={pv['k']}, at most {pv['examples']} private examples ({pv['neighbouring']}). "
             "What is DP: " + pv["what_is_dp"] + ".")
 

@@ -96,11 +96,8 @@ def clip_rows(G: torch.Tensor, clip: float) -> torch.Tensor:
 def bingham_scale(epsilon: float, clip: float) -> float:
     """The exponent's scale: B = scale * G^T G with scale = epsilon / (2 C^2) (exponential mechanism,
     score v^T G^T G v with sensitivity C^2 under replace-one)."""
-    _check_positive(epsilon, "--epsilon")
+    check_dp_epsilon(epsilon)
     _check_positive(clip, "--clip")
-    if epsilon > MAX_EPSILON:  # B's top eigenvalue is up to epsilon m / 2: beyond, exp() of the density overflows
-        raise GSDError(f"--epsilon {epsilon:g}: at most {MAX_EPSILON:g} (a pure-DP epsilon that large protects nothing; "
-                       "for the non-private ranking drop --dp)")
     if not 1e-150 <= clip <= 1e150:  # C^2 must be a normal float64 number
         raise GSDError(f"--clip {clip:g}: give a clip norm between 1e-150 and 1e150 (C^2 underflows or overflows float64)")
     return epsilon / (2.0 * clip * clip)
@@ -108,6 +105,15 @@ def bingham_scale(epsilon: float, clip: float) -> float:
 
 #: the largest --epsilon DP-GSD samples with (float64 keeps exp(tr(V^T B V)) meaningful below it)
 MAX_EPSILON = 1e12
+
+
+def check_dp_epsilon(epsilon: float, name: str = "--epsilon") -> None:
+    """A DP ranking's epsilon: positive, finite and at most :data:`MAX_EPSILON`; ``name``: the option the
+    user gave it with (``gsd train --auto-select``: ``--select-epsilon``)."""
+    _check_positive(epsilon, name)
+    if epsilon > MAX_EPSILON:  # B's top eigenvalue is up to epsilon m / 2: beyond, exp() of the density overflows
+        raise GSDError(f"{name} {epsilon:g}: at most {MAX_EPSILON:g} (a pure-DP epsilon that large protects nothing; "
+                       f"for the non-private ranking drop {'--dp' if name == '--epsilon' else name})")
 
 
 def _check_positive(x: float, name: str) -> None:

@@ -41,7 +41,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..errors import GSDError
+from ..errors import GSDError, PrivateError
 from .gep import GEPProject
 from .transforms import StepContext, Transform
 
@@ -159,12 +159,12 @@ class World:
         if self.is_main:
             try:
                 box[0] = ("ok", fn())
-            except GSDError as e:
-                box[0] = ("error", str(e))
+            except GSDError as e:  # a PrivateError stays one (its line is labelled private)
+                box[0] = ("private-error" if isinstance(e, PrivateError) else "error", str(e))
         self._dist().broadcast_object_list(box, 0)
         kind, value = box[0]
-        if kind == "error":
-            raise GSDError(value)
+        if kind in ("error", "private-error"):
+            raise (PrivateError if kind == "private-error" else GSDError)(value)
         return value
 
     def load_state(self, path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:

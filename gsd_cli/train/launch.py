@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from ..errors import GSDError
+from ..errors import GSDError, PrivateError
 
 
 def check_nproc(nproc, device: torch.device) -> None:
@@ -68,8 +68,8 @@ def _worker(rank, nproc, init_file, backend, threads, fn, args, kwargs, forward,
             kwargs["notify"] = lambda message: messages.put(("notify", message))
     try:
         result = fn(*args, **kwargs)
-    except GSDError as e:
-        messages.put(("error", str(e)))
+    except GSDError as e:  # a PrivateError stays one (its line is labelled private)
+        messages.put(("private-error" if isinstance(e, PrivateError) else "error", str(e)))
         raise SystemExit(2) from None
     if rank == 0:
         messages.put(("result", result))
@@ -109,8 +109,8 @@ def spawn(fn: Callable, nproc: int, args: tuple = (), kwargs: dict | None = None
                 progress(*value)
             elif kind == "notify":
                 notify(value)
-            elif kind == "error":
-                state["errors"].append(value)
+            elif kind in ("error", "private-error"):
+                state["errors"].append((kind, value))
             else:
                 state["result"], state["got"] = value, True
 
@@ -123,7 +123,8 @@ def spawn(fn: Callable, nproc: int, args: tuple = (), kwargs: dict | None = None
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
         drain(wait=0.5)
         if state["errors"]:
-            raise GSDError(state["errors"][0]) from None
+            kind, message = state["errors"][0]
+            raise (PrivateError if kind == "private-error" else GSDError)(message) from None
         raise RuntimeError(f"a training process failed ({nproc} processes):\n{e}") from None
     finally:
         for p in procs.processes:

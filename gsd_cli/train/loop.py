@@ -28,7 +28,7 @@ set's class list comes from its declared metadata (``classes`` where the source 
 train/test split is decided per example (:mod:`gsd_cli.data.splits`), public data that is the private
 set by name or path is refused, and private examples the public data holds are left out of the private
 training set (:mod:`gsd_cli.train.overlap`): each would otherwise make the released model depend on the
-private data outside the mechanism.
+private data outside the mechanism; a run left with no private training example is refused first (a private output).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import torch
 
 from .. import data as gdata
 from ..data.published import notes_of
-from ..errors import GSDError
+from ..errors import GSDError, PrivateError
 from ..privacy.randomness import INSECURE_NOTE, randomness_statement
 from ..gradients import default_chunk_size, resolve_device
 from ..privacy import Ledger, calibrate_noise, confirmed_epsilon, effective_noise_multiplier, epsilon_of, training_event
@@ -53,9 +53,9 @@ from .config import TrainConfig, changed_settings, check_resume_settings, lr_at,
 from .evaluate import evaluate, metric_row, summary_block
 from .gep import anchor_for
 from .methods import build_method
-from .overlap import left_out as _left_out, refuse_shared_public  # noqa: F401 (refuse_shared_public re-exported)
+from .overlap import public_rows, refuse_shared_public  # noqa: F401 (refuse_shared_public re-exported)
 from .size import Info, check_plan, run_size as _mechanism_size
-from .release import PRIVATE_SUMMARY, PrivateNote, delta_notes, not_dp_fields, split_summary
+from .release import PRIVATE_SUMMARY, PrivateNote, composition, delta_notes, not_dp_fields, split_summary
 from .splits import private_parts
 from .distributed import current_world
 from .step import flat_to_grads as _flat_to_grads, private_randomness, private_step  # noqa: F401 (re-exported)
@@ -87,7 +87,7 @@ def train(
     """Train ``config.model`` on ``config.private`` with ``config.method`` under (epsilon, delta)-DP.
 
     Writes checkpoints, ``metrics.jsonl``, ``summary.json`` (publishable), ``private-summary.json``
-    (not: test metrics, exact sizes) and ``curves.png`` into ``out`` and returns the full summary
+    (not: test metrics, exact sizes, a non-private selection's figures) and ``curves.png`` into ``out`` and returns the full summary
     (both halves, and ``"dp"``: whether the run as a whole is differentially private).
     ``resume=True`` continues the run in ``out`` (the settings must be the checkpoint's).
     ``selection``: the ranking that chose the public set (``Ranking.to_dict()``): a DP-GSD ranking is
@@ -148,8 +148,8 @@ def train(
         train_src, test_src = gdata.with_classes(train_src, cfg.classes), gdata.with_classes(test_src, cfg.classes)
     gdata.require_declared_classes(train_src)  # the model's output size must not be read off the private labels
     n_train = len(train_src)
-    if n_train < 1:  # an empty set: a documented private output (DESIGN.md), as an unreadable one
-        raise GSDError(f"{train_src.name} has no examples; private training needs data")
+    if n_train < 1:  # an empty set: a documented private output (DESIGN.md, docs/train.md), on a private: line
+        raise PrivateError(f"{train_src.name} has no examples; private training needs data")
     # Declared classes only: a refusal that read the private labels (every example in one class) would
     # make the run's happening at all depend on the private data outside the mechanism.
     if not train_src.multilabel and train_src.num_classes < 2:
@@ -158,6 +158,9 @@ def train(
     # private facts (the exact N, the private set's missing files): told after the booking, as PrivateNote
     private_notes = notes_of(train_src) + ([f"--delta {cfg.delta:g} is at or above 1/N = {1 / n_train:.3g} for the N = {n_train} private "
                                             "training examples: delta should be well below 1/N"] if cfg.delta >= 1 / n_train else [])
+    # the public examples the method uses and the private examples they hold, left out (overlap.py), before any booking
+    pub_sample, left_out, overlap_notes = public_rows(cfg, train_src, test_src, cat, world)
+    private_notes += overlap_notes  # how many private examples the public set holds: private, told after the booking
     # q and T from public inputs or a DP estimate of N, never from N itself (gsd_cli.train.size)
     size_booking = world.from_main(lambda: book_size_estimate(cfg, train_src, meta))  # the DP size estimate is booked before it is drawn
     size = world.from_main(lambda: _mechanism_size(cfg, n_train, meta))
@@ -171,10 +174,6 @@ def train(
     spec, model, names, model_info = build_model(cfg.model, train_src.num_classes, cfg.seed, weights=cfg.weights, peft=cfg.peft, params=cfg.params,
                                                 batchnorm=cfg.batchnorm)
     model = model.to(dev)
-    pub_sample = refuse_shared_public(cfg, (train_src, test_src), cat)
-    overlap_notes: list[str] = []
-    left_out = world.from_main(lambda: _left_out(train_src, test_src, pub_sample, overlap_notes))
-    private_notes += overlap_notes  # how many private examples the public set holds: private, told after the booking
     if world.is_main:  # the only process that writes
         out.mkdir(exist_ok=True)
     stage1 = None
@@ -245,6 +244,7 @@ def train(
     for note in public_notes + [PrivateNote(n) for n in private_notes] if notify and world.is_main else ():
         notify(note)  # once the run is booked (N~ is released with it); private facts as PrivateNote
 
+    selection_epsilon = sum(e["epsilon"] for e in ledger.entries)  # the DP selection's, booked above (else 0)
     privacy_static = {
         "accountant": cfg.accountant, "neighbouring": "add or remove one example",
         "private_randomness": randomness_statement(cfg.private_seed), "sampling": "Poisson", "sampling_rate": q,
@@ -254,7 +254,7 @@ def train(
         "delta": cfg.delta,
         "epsilon": final_eps,
         "epsilon_training": final_eps - size.epsilon,
-        "composition": ("basic: the size estimate's epsilon plus the training's" if size.epsilon else "one mechanism (the training)"),
+        **composition(selection_epsilon, size.epsilon, final_eps - size.epsilon, selection is not None),
         "mechanism": method.description,
     }
     settings = cfg.to_dict()

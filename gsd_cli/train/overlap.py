@@ -7,6 +7,13 @@ oracle (the run stops if and only if a given image is, or is not, in the private
 public examples the run uses, and the loop leaves them out of every Poisson subsample: Poisson sampling
 of the set followed by a rule that looks at each example alone is Poisson sampling of the filtered set,
 so the add/remove guarantee holds (:class:`gsd_cli.data.identity.PublicRows`).
+
+A run whose *every* private training example is among the public examples (a byte copy of the private
+set under another name, as GEP anchors or the second phase's public set) would run the mechanism on an
+empty set and call a model trained on public data alone differentially private. It is refused
+(:func:`refuse_nothing_left`), before any booking and any step; that refusal turns on the private
+examples, so it is a private output (:class:`~gsd_cli.errors.PrivateError`: a ``private:`` line, and
+its exit status).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from .. import data as gdata
+from ..errors import PrivateError
 from .config import TrainConfig
 
 
@@ -59,3 +67,29 @@ def left_out(train_src, test_src, pub_sample, notes: list) -> np.ndarray | None:
         notes.append(f"{n_test} private test example(s) are among the public examples of {pub_sample.source.name}: "
                      "the test metrics count them")
     return out if out.any() else None
+
+
+def refuse_nothing_left(train_src, pub_sample, out: np.ndarray | None) -> None:
+    """Refuse (:class:`~gsd_cli.errors.PrivateError`) a run whose private training examples are all among
+    the public examples it uses (``out``, :func:`left_out`'s mask): nothing would be left to train on
+    privately. Whether that happens depends on the private examples, so the CLI prints it on a
+    ``private:`` line and its exit status is a private output too (docs/train.md)."""
+    if out is None or len(out) == 0 or not bool(np.all(out)):
+        return
+    raise PrivateError(f"every private training example of {train_src.name} is among the public examples of "
+                       f"{pub_sample.source.name}, so none is left to train on privately (the public set holds a copy of "
+                       "the private data); use a public set that is not a copy of the private data. This refusal and its "
+                       "exit status depend on the private data: keep them private")
+
+
+def public_rows(cfg: TrainConfig, train_src, test_src, catalog, world) -> tuple:
+    """``(public sample, left-out mask, private notes)`` of a training run: the public examples its method
+    uses (:func:`refuse_shared_public`: refused when they are a private part by name or path), the private
+    training examples they hold (:func:`left_out`, computed by process 0), and the notes saying how many
+    (private: told after the booking). A run left with no private training example is refused here
+    (:func:`refuse_nothing_left`), a private output, before any booking, stage 1 or step."""
+    pub_sample = refuse_shared_public(cfg, (train_src, test_src), catalog)
+    notes: list[str] = []
+    out = world.from_main(lambda: left_out(train_src, test_src, pub_sample, notes))
+    refuse_nothing_left(train_src, pub_sample, out)
+    return pub_sample, out, notes

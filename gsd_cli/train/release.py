@@ -11,7 +11,11 @@ else computed from the private data is *not* covered by that guarantee:
   public data holds them);
 * per-step statistics of the private gradients: the fraction clipped, GEP's residual energy,
   TopAgg's kept fraction, the realised (Poisson) batch sizes;
-* the wall-clock time (it grows with N).
+* the wall-clock time (it grows with N);
+* a non-private selection's figures (``gsd train --auto-select`` without ``--select-epsilon``): its
+  distances and their order, the noise references' rows, the feature probe's accuracies and gains,
+  the p-values, the number of private examples the ranking drew (:func:`public_selection`). Which
+  public set and method it chose stay in ``summary.json``, which then says that the run is not DP.
 
 On the console the same split holds (``gsd train``): a line that carries any of these starts with
 ``private:`` (the test result, the private notes, the progress lines with their times); every other
@@ -58,6 +62,22 @@ PRIVATE_NOTE = (
 )
 
 
+#: What ``summary.json`` keeps of a non-private selection (:func:`public_selection`): settings, all public
+SELECTION_PUBLIC_FIELDS = ("metric", "model", "k", "examples", "seed", "labels", "row_norm", "params", "num_params", "sketch",
+                           "weights", "peft", "dp", "privacy", "subspace_method", "repeats", "repeat_seeds", "level", "tie_test",
+                           "dp_repeats")
+#: ... and of its advice: the decision (what it trains with), not the figures that led to it
+ADVICE_PUBLIC_FIELDS = ("method", "public", "fell_back", "refused")
+SELECTION_NOTE = (
+    f"a non-private selection: its distances and their order, the noise references' rows, the feature probe's accuracies "
+    f"and gains, the p-values and the number of private examples it drew are statistics of the private data, in {PRIVATE_SUMMARY}"
+)
+NON_PRIVATE_SELECTION_NOTE = (
+    "public settings only: the public set and the method were chosen by a non-private selection of the private data, so the "
+    f"run as a whole is NOT differentially private (see notes); the selection's statistics of the private data are in {PRIVATE_SUMMARY}"
+)
+
+
 class PrivateNote(str):
     """A note of a training run that names a private fact (the exact size N, how many private examples
     the public data holds, files of the private set that are missing): it goes to
@@ -86,9 +106,52 @@ def delta_notes(delta: float, size, batch_size: int) -> list[str]:
     return [f"--delta {delta:g} is at or above 1/N = {1 / n:.3g} for N = {shown}, {what}: delta should be well below 1/N"]
 
 
+def composition(selection_epsilon: float, size_epsilon: float, training_epsilon: float, selected: bool = False) -> dict:
+    """The ``privacy`` block's ``composition`` (and ``epsilon_selection``, with a DP selection): every
+    mechanism of the run on the private set with the epsilon it was accounted at, as the ledger holds
+    them: the DP selection of the public data (``gsd train --auto-select --select-epsilon``), the DP
+    estimate of N, the training. The parts it names add to the total it states (the ``budget``'s
+    ``total_epsilon``). ``selected``: the public data was chosen by a selection at all (with
+    ``selection_epsilon`` 0: a non-private one, outside any guarantee)."""
+    parts = [(what, float(e)) for what, e in (("the public-data selection", selection_epsilon), ("the size estimate", size_epsilon))
+             if e] + [("the training", float(training_epsilon))]
+    if len(parts) == 1:
+        text = "one mechanism (the training)"
+    else:
+        text = "basic: " + " + ".join(f"{what}'s epsilon {e:.6g}" for what, e in parts) + f" = {sum(e for _, e in parts):.6g}"
+    if selection_epsilon:  # the block's own 'epsilon' leaves the selection out (it is booked on its own line)
+        own = "the size estimate's and the training's" if size_epsilon else "the training's"
+        text += f"; 'epsilon' is {own}, the selection's is booked beside it in 'budget'"
+    if selected and not selection_epsilon:
+        text += "; the public data was chosen by a non-private selection, outside any guarantee (NOT DP end to end)"
+    return {"composition": text, **({"epsilon_selection": float(selection_epsilon)} if selection_epsilon else {})}
+
+
 def not_dp_fields(row: dict) -> list[str]:
     """The fields of one ``metrics.jsonl`` row that are not differentially private."""
     return [k for k in row if k in NON_DP_METRICS or k.startswith(NON_DP_METRIC_PREFIXES)]
+
+
+def non_private_selection(summary: dict) -> bool:
+    """Whether the run's public data was chosen by a selection that is no DP release (``gsd train
+    --auto-select`` without ``--select-epsilon``): its figures are statistics of the private data."""
+    sel = summary.get("selection")
+    return isinstance(sel, dict) and not sel.get("privacy")
+
+
+def public_selection(selection: dict) -> dict:
+    """What ``summary.json`` keeps of a non-private selection: its public settings (model, k, m requested,
+    seed, labels, repeats...), the candidates (names, sorted: not the order found), and the decision it
+    led to (method, public set); the rest (distances, their order, the references' rows, the probe's
+    accuracies and gains, p-values, the private examples drawn, the time) goes to ``private-summary.json``."""
+    public = {k: selection[k] for k in SELECTION_PUBLIC_FIELDS if k in selection}
+    names = [r.get("public") for r in selection.get("results") or () if isinstance(r, dict)] + list(selection.get("not_selected") or ())
+    public["candidates"] = sorted(n for n in names if n is not None)
+    advice = selection.get("advice")
+    if isinstance(advice, dict):
+        public["advice"] = {k: advice[k] for k in ADVICE_PUBLIC_FIELDS if k in advice}
+    public["statistics"] = SELECTION_NOTE
+    return public
 
 
 def split_summary(summary: dict) -> tuple[dict, dict]:
@@ -100,10 +163,24 @@ def split_summary(summary: dict) -> tuple[dict, dict]:
         public["privacy"] = {k: v for k, v in public["privacy"].items() if k not in NON_DP_PRIVACY_FIELDS + ("size",)}
     if isinstance(public.get("selection"), dict) and "seconds" in public["selection"]:  # a non-DP ranking's time grows with N
         public["selection"] = {**public["selection"], "seconds": None}
-    public["publishable"] = PUBLISHABLE_NOTE if summary.get("dp") else (
-        "public settings only, but the run as a whole is NOT differentially private (see notes)")
-    private = {"publishable": False, "note": PRIVATE_NOTE}
+    chosen_privately = non_private_selection(summary)
+    if chosen_privately:  # its statistics of the private data: to the private file, the settings and the choice stay
+        public["selection"] = public_selection(summary["selection"])
+        public["public_distance"] = None
+        if isinstance(public.get("settings"), dict):
+            public["settings"] = {**public["settings"], "public_distance": None}
+    if summary.get("dp"):
+        public["publishable"] = PUBLISHABLE_NOTE
+    elif chosen_privately:
+        public["publishable"] = NON_PRIVATE_SELECTION_NOTE
+    else:
+        public["publishable"] = "public settings only, but the run as a whole is NOT differentially private (see notes)"
+    private = {"publishable": False, "note": PRIVATE_NOTE + (
+        "; and the non-private selection's statistics of the private data ('selection', 'public_distance')" if chosen_privately else "")}
     private.update({k: summary[k] for k in NON_DP_SUMMARY_FIELDS if k in summary})
+    if chosen_privately:
+        private["selection"] = summary["selection"]
+        private["public_distance"] = summary.get("public_distance")
     if legacy:
         private["sampling_rate"] = summary.get("sampling_rate")
         private.update({k: summary["privacy"][k] for k in NON_DP_PRIVACY_FIELDS if k in summary.get("privacy", {})})

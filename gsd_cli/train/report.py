@@ -34,6 +34,26 @@ def result_line(test: dict) -> str:
     return head + (f"; {', '.join(rest)}" if rest else "")
 
 
+def _metric(selection: dict) -> str:
+    m = str(selection.get("metric") or "gsd")
+    return "GSD" if m == "gsd" else m
+
+
+def distance_label(selection: dict | None) -> str | None:
+    """What the public set's distance in a run's summary is, as the training table names it: the DP
+    selection's released DP energy distance, the DP energy distance, DP-GSD; ``"distance"`` without a
+    selection (given with the settings). None for a non-private selection: its distance is a statistic of
+    the private data, shown only on a line labelled private."""
+    if selection is None:
+        return "distance"
+    pv = selection.get("privacy")
+    if not pv:
+        return None
+    from ..privacy.accountant import selection_kind
+
+    return "DP energy distance, released" if pv.get("release") == "selection" else selection_kind(pv)
+
+
 def print_summary(summary: dict, console: Console) -> None:
     """A two-column table of what was trained and what it spent (public: settings, the privacy
     statement, the public notes), then what it reached on lines labelled private
@@ -45,9 +65,11 @@ def print_summary(summary: dict, console: Console) -> None:
     t.add_column("", style="bold")
     t.add_column("")
     pub = summary.get("public")
+    label = distance_label(summary.get("selection"))
+    d = summary.get("public_distance")
     if pub:
-        d = summary.get("public_distance")
-        t.add_row("public data", escape(pub) + (f" (GSD {d:.4f})" if d is not None else ""))
+        shown = label is not None and d is not None  # a non-private selection's distance: on a private line below
+        t.add_row("public data", escape(pub) + (f" ({label} {d:.4f})" if shown else ""))
     else:
         t.add_row("public data", "none")
     stages = summary.get("stages") or []
@@ -89,6 +111,8 @@ def print_summary(summary: dict, console: Console) -> None:
         console.print(f"[yellow]warning:[/] {escape(n)}")
     test = summary["test"]
     lines = [f"test ({summary['private_test_examples']} examples): {result_line(test)}"]
+    if pub and d is not None and label is None and summary.get("selection") is not None:
+        lines.insert(0, f"public data {pub}: {_metric(summary['selection'])} {d:.4f} in the non-private selection")
     if test.get("auc_per_finding"):
         lines.append("AUC per finding: " + ", ".join(f"{k} {_fmt(v)}" for k, v in test["auc_per_finding"].items()))
     for line in lines:

@@ -24,7 +24,7 @@ def auto_select(private: str, candidates: Sequence[str], *, private_test: str | 
 
 def advised_selection(private: str, candidates: Sequence[str], method: str = "auto", *, private_test: str | None = None,
                       catalog=None, repeats: int | None = None, references: bool = True, train_settings=None,
-                      probe_repeats: int | None = None, **rank_options):
+                      probe_repeats: int | None = None, notify=None, **rank_options):
     """``gsd train --auto-select``'s ranking and decision: ``(ranking, decision)``.
 
     The ranking (:func:`auto_select`) carries the in-run noise references
@@ -38,7 +38,8 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
     :data:`gsd_cli.train.probe.REPEATS`), which then decides which candidate the second phase takes, or
     none (the decision's ``evidence["probe"]``). ``references=False``
     (``--no-fallback`` under DP, where the references would compete in the private selection): no
-    references, no decision (``None``)."""
+    references, no decision (``None``). ``notify(line)`` gets the probe's plan (:func:`probe_plan`, public
+    settings only) before it starts: with many repeats it runs for minutes."""
     from ..data import resolve
     from ..models.spec import resolve_model
     from ..ranking.reference import split_references
@@ -68,6 +69,8 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
     if train_settings is not None and not dp and method in ("auto", "second-phase") and not train_part.multilabel:
         from .probe import REPEATS as PROBE_REPEATS, probe_second_phase
 
+        if notify is not None:
+            notify(probe_plan(probe_repeats or PROBE_REPEATS, len(pubs), int(rank_options.get("examples", 2000)), train_settings))
         probe = probe_second_phase(train_part, pubs, train_settings, examples=int(rank_options.get("examples", 2000)),
                                    repeats=probe_repeats or PROBE_REPEATS, seed=int(rank_options.get("seed", 0)),
                                    device=rank_options.get("device"), progress=rank_options.get("progress"))
@@ -75,6 +78,17 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
     if probe is not None:
         decision.evidence["probe"] = probe.to_dict()
     return split_references(ranking), decision  # the table and the winner are the candidates'; the references apart
+
+
+def probe_plan(repeats: int, candidates: int, examples: int, settings):
+    """The feature probe's plan, one line of public settings (a :class:`gsd_cli.train.size.Info`): its
+    draws and the stage-1 trainings they run."""
+    from .size import Info
+
+    runs = repeats * candidates
+    return Info(f"plan: the feature probe: {repeats} draws, each a linear probe of up to {examples} private examples and, for "
+                f"each of the {candidates} candidate(s), stage 1 of the second phase ({settings.public_epochs} epoch(s) on up to "
+                f"{settings.public_examples} public examples): {runs} stage-1 training(s) before the decision (--probe-repeats)")
 
 
 def _shapes(sources) -> list[tuple[int, int, int]]:
@@ -89,3 +103,34 @@ def _shapes(sources) -> list[tuple[int, int, int]]:
         if shape not in out:
             out.append(shape)
     return out
+
+
+def forced_note(private: str, public: str, method: str, decision, *, private_test: str | None = None, catalog=None,
+                classes=None, advice: str | None = None) -> str | None:
+    """The warning of ``gsd train --auto-select --no-fallback``, which trains ``method`` with ``public`` (the
+    closest candidate) whatever the advice (:mod:`gsd_cli.train.advice`); None when the advice made the same
+    choice. ``decision`` None (under ``--select-epsilon`` ``--no-fallback`` ranks without the noise references,
+    so there is no advice): said, and for the second phase whether it can use the candidate at all (its own
+    label count and size against the private task's declared classes: public facts). ``classes``: the
+    run's ``--classes``; ``advice``: how the line names the advice (default its message; a non-private
+    selection's advice holds statistics of the private data and is shown on a ``private:`` line instead)."""
+    from .. import data as gdata
+    from .advice import describe, second_phase_usable
+
+    reasons = []
+    if decision is None:
+        reasons.append("without the advice (under --select-epsilon, --no-fallback ranks without the in-run noise "
+                       "references, so nothing shows the candidate is closer than noise)")
+    elif decision.refused or decision.public != public or decision.method != method:
+        reasons.append(f"against the advice ({decision.message if advice is None else advice})")
+    if method == "second-phase":
+        train_part, _ = private_parts(private, private_test, catalog)
+        if classes is not None:
+            train_part = gdata.with_classes(train_part, classes)
+        source = catalog.resolve(public) if catalog is not None else gdata.resolve(public)
+        why = second_phase_usable(describe(source), int(train_part.num_classes))
+        if why and (decision is None or advice is not None or why not in decision.message):
+            reasons.append(f"the second phase pretrains on the public set's own labels, and {why}")
+    if not reasons:
+        return None
+    return f"--no-fallback: training {method} with {public} " + "; ".join(reasons)

@@ -10,8 +10,8 @@ whether ``NAME`` is a dataset name or a catalogue entry (:meth:`gsd_cli.ranking.
 from __future__ import annotations
 
 from ..data import ImageSource, resolve
-from ..data.splits import fixed_split
-from ..errors import DatasetError, GSDError
+from ..data.splits import EmptyPartError, fixed_split
+from ..errors import DatasetError, GSDError, PrivateError
 
 
 def private_parts(name: str | ImageSource, test: str | ImageSource | None = None, catalog=None) -> tuple[ImageSource, ImageSource]:
@@ -30,5 +30,7 @@ def private_parts(name: str | ImageSource, test: str | ImageSource | None = None
     res(name)  # a missing or malformed dataset says so in its own words
     try:
         return res(f"{name}:train"), res(f"{name}:test")
+    except EmptyPartError as e:  # all of the private set's examples fell in one part: a private output (docs/train.md)
+        raise PrivateError(f"{name} has no train/test parts ({e}); name the test set with --private-test") from None
     except DatasetError as e:
         raise GSDError(f"{name} has no train/test parts ({e}); name the test set with --private-test") from None

@@ -94,7 +94,7 @@ _DP_DISTANCES = {
     "dp-gsd": ("DP-GSD ranking", "DP-GSD"),
     "dp-energy": ("DP energy ranking", "DP energy distance (Laplace)"),
     "dp-select": ("DP selection", "DP selection (permute-and-flip winner, or peeling exponential mechanism for --top k; "
-                                  "Laplace scores of the chosen)"),
+                                  "Laplace scores of the chosen; with in-run noise references, the Laplace margin over them)"),
 }
 
 
