@@ -255,12 +255,15 @@ def test_second_phase_changes_only_the_trainable_parameters(tiny, tmp_path, weig
 def test_resume_across_stages_equals_a_straight_run(tiny, tmp_path, interrupt):
     from safetensors.torch import load_file
 
+    from gsd_cli.train import stage1_cache
+
     # one clipping path for every layer: two separate runs that *time* their paths (clip_engine auto) may choose
     # differently on a loaded machine and differ by float rounding; reuse on resume is tested in test_resume_verify
     cfg = _cfg(tiny, clip_engine="materialise")
     train(cfg, tmp_path / "ref")
     for name, where in (("in-stage1", ("public", 1)), ("in-stage2", ("epoch", 1))):
         run = tmp_path / name
+        stage1_cache.clear()  # train stage 1 again (the reference run cached it), to be interrupted in it
         with pytest.raises(interrupt.error):
             train(cfg, run, progress=interrupt(*where))
         assert (run / "stage1.json").is_file()

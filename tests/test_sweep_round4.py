@@ -279,14 +279,16 @@ def test_probe_repeats_that_do_not_apply_are_said(sets, tmp_path, capsys, extra,
 def test_a_long_probe_says_its_plan_under_quiet(sets, tmp_path, capsys, monkeypatch):
     """--probe-repeats 100 ran for minutes with no word under -q: a public plan line comes first."""
     import gsd_cli.train.probe as probe
+    import gsd_cli.train.select as select
 
     def stop(*args, **kwargs):
         raise GSDError("stopped by the test")
 
     monkeypatch.setattr(probe, "probe_second_phase", stop)
+    monkeypatch.setattr(select, "choosable", lambda ranking, sources, *a: list(sources))  # probe every candidate
     code = main(["train", "--private", sets["priv"], "--auto-select", "--public", sets["far"], "--probe-repeats", "100",
                  "--rank-repeats", "2", *RANK_SMALL, *SMALL, "--public-examples", "80", "--out", str(tmp_path / "run")])
     lines = _lines(capsys.readouterr().err)
     assert code == 2 and lines[-1] == "error: stopped by the test", lines
     plan = [line for line in lines if line.startswith("plan: the feature probe")]
-    assert len(plan) == 1 and "100 draws" in plan[0] and "100 stage-1 training(s)" in plan[0], lines
+    assert len(plan) == 1 and "100 draws" in plan[0] and "at most 100 stage-1 training(s)" in plan[0], lines

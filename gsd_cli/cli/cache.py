@@ -48,16 +48,20 @@ def cache_info() -> None:
 
 @cache_app.command("clear")
 def cache_clear() -> None:
-    """Delete gsd's cached public subspaces (and its unfinished temporary files); noise calibrations and other files in the folder are left alone."""
+    """Delete gsd's cached public subspaces and second-phase stage-1 models (and its unfinished temporary files); noise calibrations and other files in the folder are left alone."""
     from ..ranking.cache import SubspaceCache
     from ..errors import GSDError
+    from ..train import stage1_cache
 
     c = SubspaceCache().clear()
+    stage1 = stage1_cache.clear() if not c["problem"] else 0
     if c["problem"]:
         where = "" if c["directory"] == "None" else f"cache {c['directory']}: "
         raise GSDError(f"{where}{c['problem']}; nothing deleted")
     temp = f" and {c['temporary']} temporary file(s)" if c["temporary"] else ""
     text = f"deleted {c['deleted']} entries ({_mib(c['bytes'])}){temp} from {c['directory']}"
+    if stage1:
+        text += f", and {stage1} stage-1 model(s) from {stage1_cache.SUBFOLDER}/"
     if c["calibrations"]:
         text += f"; kept {c['calibrations']} noise calibration(s) in calibration/ (delete that folder to drop them)"
     out.print(escape(text + _left(c["left"], c["left_names"])), highlight=False, soft_wrap=True)

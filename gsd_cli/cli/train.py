@@ -117,7 +117,7 @@ def check_auto_select(ctx, method: str, rank_k: int, rank_examples: int, rank_re
 def train(
     ctx: typer.Context,
     private: str = typer.Option(DEFAULT_PRIVATE, "--private", help="Private dataset: trains on NAME:train, evaluates on NAME:test (the official split; where the set has none, a fixed 80/20 split decided per example by a hash of its path or content).", rich_help_panel="Data"),
-    public: Optional[List[str]] = _panel(public_list_option("Public dataset for GEP; with --auto-select, the candidates (list names after it)."), "Data"),
+    public: Optional[List[str]] = _panel(public_list_option("Public dataset for GEP; with --auto-select, the candidates (list names after it; default, as gsd rank: the built-in candidates)."), "Data"),
     auto_select: bool = typer.Option(False, "--auto-select", help="Rank the --public candidates (or the --catalog job's) with gsd rank first (probe network, random labels) and train with the closest.", rich_help_panel="Data"),
     catalog_path: Optional[Path] = typer.Option(None, "--catalog", help="TOML catalogue: its datasets resolve by name; with --auto-select the candidates are those of the job whose private set is --private.", rich_help_panel="Data"),
     method: Optional[Method] = typer.Option(None, "--method", show_default=False, help="Default: auto with --auto-select, else gep. auto (--auto-select only): the advice (docs/train.md): the second phase with the candidate that is closer than the in-run noise references and whose stage 1 the feature probe finds helps the model with confidence (under --select-epsilon: the closest usable candidate, else GEP), else DP-SGD without public data; printed with its evidence. gep: Gradient Embedding Perturbation (paper 000) on the public anchor subspace; dpsgd: DP-SGD without public data; rgp: low-rank reparametrized gradient perturbation (paper 001), no public data; topagg: DP-SGD with NormTopK compression (paper 002); second-phase: train the --peft parameters on the public set first (no privacy cost), then DP-SGD on the private set (paper 004 Sec. 5; the paper uses --lr 0.8 --clip 0.1).", rich_help_panel="Privacy"),
@@ -271,7 +271,9 @@ def train(
             warn_unused_rank(ctx)
         if auto_select:
             if len(publics) < 1:
-                raise GSDError("--auto-select needs candidates: --public A B C (or --catalog FILE with a job for --private)")
+                from ..defaults import DEFAULT_PUBLIC
+
+                publics = list(DEFAULT_PUBLIC)  # gsd rank's default candidates, the built-in public sets
             check_auto_select(ctx, method.value, rank_k, rank_examples, rank_repeats, select_epsilon)
         elif len(publics) > 1:
             raise GSDError("several --public sets: add --auto-select to rank them and train with the closest")

@@ -144,12 +144,29 @@ def run_second_phase(model: nn.Module, names: list[str], cfg, spec, out: Path, d
         done, losses = int(saved["epochs_done"]), list(saved.get("losses", []))
     n = len(sample)
     bs = max(1, min(cfg.public_batch_size, n))
+    key, cached = None, False
+    if saved is None:  # a fresh stage 1: a function of public inputs, trained once (stage1_cache)
+        from . import stage1_cache
+
+        key = stage1_cache.stage1_key(model, train_names, sample, y_all, settings, lr, num_classes=num_classes, multilabel=multilabel,
+                                      private_classes=private_classes, device=device)
+        hit = stage1_cache.load(key)
+        if hit is not None:
+            _apply(hit[0], model, opt, train_names)
+            done, losses, cached = cfg.public_epochs, list(hit[1]["losses"]), True
     was = model.training
     model.train()
+    rng = torch.random.fork_rng(devices=[device] if torch.device(device).type == "cuda" else [])
+    rng.__enter__()  # stage 1's draws from --seed leave the caller's generator as it was
     try:
         if progress:
             progress("public", done, cfg.public_epochs)
+        if cached:  # the run folder gets the files a trained stage 1 leaves (--resume reads them)
+            state = json.loads(json.dumps({"settings": settings, "run_settings": cfg.to_dict(), "epochs_done": done, "losses": losses, "lr": lr}))
+            state["weights_sha256"] = _save(weights_file, model, opt, train_names, state)
+            ckpt.atomic_write(meta_file, json.dumps(state, indent=2) + "\n")
         for epoch in range(done, cfg.public_epochs):
+            torch.manual_seed(int(np.random.default_rng([cfg.seed, 0x5EED1, epoch]).integers(2**62)))  # dropout, if any: from --seed (forked)
             order = np.random.default_rng([cfg.seed, 0x2F4A5E, epoch]).permutation(n)
             total, count = 0.0, 0
             for start in range(0, n, bs):
@@ -168,7 +185,10 @@ def run_second_phase(model: nn.Module, names: list[str], cfg, spec, out: Path, d
             ckpt.atomic_write(meta_file, json.dumps(state, indent=2) + "\n")
             if progress:
                 progress("public", epoch + 1, cfg.public_epochs)
+        if key is not None and not cached:
+            stage1_cache.store(key, _tensors(model, opt, train_names), losses, lr)
     finally:
+        rng.__exit__(None, None, None)
         model.train(was)
         if private_head is not None:
             _swap(model, head, private_head)
@@ -189,6 +209,7 @@ def run_second_phase(model: nn.Module, names: list[str], cfg, spec, out: Path, d
         "trainable_params": sum(params[n_].numel() for n_ in names),
         "train_loss": losses,
         "seconds": round(time.perf_counter() - t0, 2),
+        "reused": cached,  # read from the stage-1 cache (the feature probe's, or an earlier run's), not trained again
     }
     sha = (json.loads(meta_file.read_text()).get("weights_sha256") if meta_file.is_file() else None)
     ckpt.atomic_write(meta_file, json.dumps({"settings": settings, "run_settings": cfg.to_dict(), "epochs_done": cfg.public_epochs, "losses": losses,
@@ -221,9 +242,8 @@ def _verify(out: Path, saved: dict) -> None:
                        "so it cannot be resumed; start a new run with --out")
 
 
-def _save(path: Path, model: nn.Module, opt: torch.optim.Optimizer, names: list[str], state: dict) -> str:
-    from safetensors.torch import save as st_save
-
+def _tensors(model: nn.Module, opt: torch.optim.Optimizer, names: list[str]) -> dict:
+    """The parameters ``names`` and their Adam state, as ``stage1.safetensors`` holds them."""
     params = dict(model.named_parameters())
     tensors = {f"param.{n}": params[n].detach().cpu().contiguous() for n in names}
     for n in names:
@@ -232,6 +252,13 @@ def _save(path: Path, model: nn.Module, opt: torch.optim.Optimizer, names: list[
             if key in st:
                 v = st[key]
                 tensors[f"adam.{key}.{n}"] = (v if isinstance(v, torch.Tensor) else torch.tensor(float(v))).detach().cpu().contiguous()
+    return tensors
+
+
+def _save(path: Path, model: nn.Module, opt: torch.optim.Optimizer, names: list[str], state: dict) -> str:
+    from safetensors.torch import save as st_save
+
+    tensors = _tensors(model, opt, names)
     blob = st_save(tensors, metadata={"gsd_digest": stage1_digest(state), "gsd_epochs_done": str(state["epochs_done"])})
     ckpt.atomic_write(path, blob)
     return hashlib.sha256(blob).hexdigest()
@@ -244,6 +271,11 @@ def _load(path: Path, model: nn.Module, opt: torch.optim.Optimizer, names: list[
         tensors = load_file(str(path))
     except Exception as e:  # noqa: BLE001
         raise GSDError(f"{path}: unreadable ({e}); start a new run with --out") from None
+    _apply(tensors, model, opt, names)
+
+
+def _apply(tensors: dict, model: nn.Module, opt: torch.optim.Optimizer, names: list[str]) -> None:
+    """Set the parameters ``names`` and their Adam state from ``tensors`` (:func:`_tensors`)."""
     params = dict(model.named_parameters())
     with torch.no_grad():
         for n in names:

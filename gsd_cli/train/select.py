@@ -67,28 +67,54 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
         return ranking, None
     probe = None
     if train_settings is not None and not dp and method in ("auto", "second-phase") and not train_part.multilabel:
-        from .probe import REPEATS as PROBE_REPEATS, probe_second_phase
+        from .probe import REPEATS as PROBE_REPEATS, ProbeResult, probe_second_phase
 
+        # only the candidates the advice could choose: closer than noise and usable by the second phase (the
+        # probe decides among those alone, gsd_cli.train.advice._advise_by_probe, so the decision is the same)
+        chosen = choosable(ranking, pubs, facts, int(train_part.num_classes))
+        examples = int(rank_options.get("examples", 2000))
         if notify is not None:
-            notify(probe_plan(probe_repeats or PROBE_REPEATS, len(pubs), int(rank_options.get("examples", 2000)), train_settings))
-        probe = probe_second_phase(train_part, pubs, train_settings, examples=int(rank_options.get("examples", 2000)),
-                                   repeats=probe_repeats or PROBE_REPEATS, seed=int(rank_options.get("seed", 0)),
-                                   device=rank_options.get("device"), progress=rank_options.get("progress"))
+            notify(probe_plan(probe_repeats or PROBE_REPEATS, len(pubs), examples, train_settings))  # public: not which are probed
+        if not chosen:
+            probe = ProbeResult([], {}, examples=min(examples, len(train_part)), model=str(train_settings.model))
+        else:
+            probe = probe_second_phase(train_part, chosen, train_settings, examples=examples,
+                                       repeats=probe_repeats or PROBE_REPEATS, seed=int(rank_options.get("seed", 0)),
+                                       device=rank_options.get("device"), progress=rank_options.get("progress"))
     decision = advise(ranking, method, candidates=facts, private_classes=int(train_part.num_classes), probe=probe)
     if probe is not None:
         decision.evidence["probe"] = probe.to_dict()
     return split_references(ranking), decision  # the table and the winner are the candidates'; the references apart
 
 
+def choosable(ranking, sources: list, facts: dict, private_classes: int) -> list:
+    """The candidate ``sources`` the probe-based advice could choose: closer than the in-run noise
+    references with confidence (:func:`gsd_cli.ranking.reference.closer_than_reference`) and usable by
+    the second phase (:func:`gsd_cli.train.advice.second_phase_usable`: the private task's classes, 100
+    examples per class). Probing any other candidate cannot change the decision."""
+    from ..ranking.reference import closer_than_reference
+    from .advice import second_phase_usable
+
+    names = {r.public for r in ranking}
+    out = []
+    for src in sources:
+        name = getattr(src, "name", str(src))
+        if name in names and closer_than_reference(ranking, name)[0] and second_phase_usable(facts[name], private_classes) is None:
+            out.append(src)
+    return out
+
+
 def probe_plan(repeats: int, candidates: int, examples: int, settings):
     """The feature probe's plan, one line of public settings (a :class:`gsd_cli.train.size.Info`): its
-    draws and the stage-1 trainings they run."""
+    draws and, at most, the stage-1 trainings they run (only the candidates the advice could choose are
+    probed, :func:`choosable`, a private fact not in the line; a stage 1 trained before with the same
+    settings is read from :mod:`gsd_cli.train.stage1_cache`)."""
     from .size import Info
 
     runs = repeats * candidates
     return Info(f"plan: the feature probe: {repeats} draws, each a linear probe of up to {examples} private examples and, for "
-                f"each of the {candidates} candidate(s), stage 1 of the second phase ({settings.public_epochs} epoch(s) on up to "
-                f"{settings.public_examples} public examples): {runs} stage-1 training(s) before the decision (--probe-repeats)")
+                f"each candidate the advice could choose (of {candidates}), stage 1 of the second phase ({settings.public_epochs} "
+                f"epoch(s) on up to {settings.public_examples} public examples): at most {runs} stage-1 training(s) (--probe-repeats)")
 
 
 def _shapes(sources) -> list[tuple[int, int, int]]:

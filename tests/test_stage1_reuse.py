@@ -1,0 +1,99 @@
+"""Issue 53, "no work done twice": stage 1 of the second phase is a function of public inputs, trained
+once (gsd_cli.train.stage1_cache); the feature probe's stage 1 with the run's own settings and seed is
+the training's starting point; the probe runs only on candidates the advice could choose."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from gsd_cli import data as gdata
+from gsd_cli.cli import main
+from gsd_cli.models.peft import build_model
+from gsd_cli.train import TrainConfig, stage1_cache
+from gsd_cli.train.second_phase import run_second_phase
+
+CLASSES = np.array([str(i) for i in range(10)])
+
+
+def _npz(path, n, seed):
+    rng = np.random.default_rng(seed)
+    np.savez(path, x=rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), y=np.arange(n) % 10, classes=CLASSES)
+    return f"npz:{path}"
+
+
+def _stage1(cfg, out):
+    spec, model, names, _ = build_model(cfg.model, 10, cfg.seed, params=cfg.params)
+    rec = run_second_phase(model, names, cfg, spec, out, torch.device("cpu"), num_classes=10, multilabel=False,
+                           private_classes=list(CLASSES))
+    return rec, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_a_second_stage_1_with_the_same_public_inputs_is_read_not_trained(tmp_path, monkeypatch):
+    pub = _npz(tmp_path / "pub.npz", 60, 1)
+    cfg = TrainConfig(private="mnist-a", public=pub, method="second-phase", model="fmnist-cnn", params=["fc*"], public_epochs=2,
+                      public_examples=60, public_batch_size=20, seed=3)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first, w1 = _stage1(cfg, tmp_path / "a")
+    assert first["reused"] is False and len(list(stage1_cache.cache_dir().glob("*.safetensors"))) == 1
+    stage1_cache._MEMORY.clear()  # read from disk, as a new process would
+    second, w2 = _stage1(cfg, tmp_path / "b")
+    assert second["reused"] is True and second["train_loss"] == first["train_loss"]
+    assert all(torch.equal(w1[n], w2[n]) for n in w1)
+    # the run folder holds what a trained stage 1 leaves: a --resume of it verifies and loads it
+    meta = json.loads((tmp_path / "b" / "stage1.json").read_text())
+    assert meta["epochs_done"] == 2 and (tmp_path / "b" / "stage1.safetensors").is_file()
+    # another seed, another public set or other settings: trained again
+    stage1_cache._MEMORY.clear()
+    cfg.seed = 4
+    (tmp_path / "c").mkdir()
+    assert _stage1(cfg, tmp_path / "c")[0]["reused"] is False
+    # a damaged entry is not trusted
+    for f in stage1_cache.cache_dir().glob("*.safetensors"):
+        f.write_bytes(f.read_bytes()[:-8] + b"\0" * 8)
+    stage1_cache._MEMORY.clear()
+    (tmp_path / "d").mkdir()
+    rec, w4 = _stage1(cfg, tmp_path / "d")
+    assert rec["reused"] is False
+    assert main(["cache", "clear"]) == 0 and not list(stage1_cache.cache_dir().glob("*.safetensors"))
+
+
+def test_the_training_starts_from_the_probes_stage_1(tmp_path, capsys, monkeypatch):
+    """--auto-select with the probe, forced to the second phase on one candidate: the training's stage 1 is
+    the probe's first draw (same settings and seed), read, not trained again."""
+    import gsd_cli.train.select as select
+
+    monkeypatch.setattr(select, "choosable", lambda ranking, sources, *a: list(sources))
+    priv = _npz(tmp_path / "priv.npz", 120, 5)
+    pub = _npz(tmp_path / "pub.npz", 1000, 6)
+    trained = []
+    real = stage1_cache.store
+    monkeypatch.setattr(stage1_cache, "store", lambda key, *a, **k: (trained.append(key), real(key, *a, **k)))
+    code = main(["train", "--private", priv, "--auto-select", "--public", pub, "--no-fallback", "--method", "second-phase",
+                 "--rank-model", "fmnist-cnn", "--rank-k", "2", "--rank-examples", "30", "--probe-repeats", "2",
+                 "--model", "fmnist-cnn", "--params", "fc*", "--epochs", "1", "--batch-size", "30", "--public-examples", "100",
+                 "--public-epochs", "1", "-q", "--out", str(tmp_path / "run")])
+    assert code == 0, capsys.readouterr().err
+    assert len(trained) == 2, "two probe draws trained stage 1; the training read the first"
+    stages = json.loads((tmp_path / "run" / "summary.json").read_text())["stages"]
+    assert stages[1]["reused"] is True
+
+
+def test_the_probe_runs_only_on_candidates_the_advice_could_choose(tmp_path):
+    """A candidate that is not closer than noise is not probed, and the decision is the advice's all the same."""
+    from gsd_cli.train.select import advised_selection
+
+    priv = _npz(tmp_path / "priv.npz", 120, 7)
+    far = _npz(tmp_path / "far.npz", 1000, 8)
+    cfg = TrainConfig(private=priv, public=far, method="auto", model="fmnist-cnn", params=["fc*"], public_examples=100, public_epochs=1)
+    ranking, decision = advised_selection(priv, [far], "auto", train_settings=cfg, probe_repeats=2, model="fmnist-cnn", k=2,
+                                          examples=30, device="cpu")
+    probe = decision.evidence["probe"]
+    if decision.evidence[far]["beats_reference"]:
+        pytest.skip("random data came out closer than noise at this seed")
+    assert probe["gains"] == {} and probe["repeats"] == 0 and decision.method == "dpsgd"
+    assert gdata.resolve(far).name == far
