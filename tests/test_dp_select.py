@@ -350,7 +350,7 @@ def test_auto_select_under_dp_states_its_epsilon_parts_booking_metric_and_compos
     from gsd_cli.train.report import print_summary
 
     code = main(["train", "--auto-select", "--public", "noise", "--rank-examples", "64", "--rank-k", "4", "--select-epsilon", "1",
-                 "--insecure-seed", "1", "--epochs", "1", "--batch-size", "100", "--expected-size", "400", "--delta", "1e-3", "-q",
+                 "--probe-repeats", "0", "--insecure-seed", "1", "--epochs", "1", "--batch-size", "100", "--expected-size", "400", "--delta", "1e-3", "-q",
                  "--out", str(tmp_path / "run")])
     out, err = capsys.readouterr()
     assert code == 0, err

@@ -147,6 +147,71 @@ def test_figures_count_cells_within_half_a_point_and_the_gain_where_the_oracle_g
     assert lo <= expected <= hi
 
 
+def test_task_figures_split_the_no_harm_count_and_resample_tasks():
+    """Issue 52: the no-harm count split into DP-SGD by choice and cells that used public data, beside always
+    choosing DP-SGD; the mean gain over tasks with an interval resampling tasks; the oracle's share; the top two
+    tasks' share; the tasks whose untransformed source is a candidate against the others."""
+    assert TASKS["mnist-rot"].source == "pub-mnist" and TASKS["fashion-m"].source == "pub-fashion" and TASKS["scenes"].source is None
+    assert all(t.source in t.candidates for t in TASKS.values() if t.source)
+
+    def task(name, auto, oracle, methods):
+        cands = {c: [50.0, 50.0] for c in TASKS[name].candidates}
+        s = _synthetic(name, auto=auto, dpsgd=[50.0, 50.0], oracle=oracle, pick=auto, cands=cands)
+        s["decisions"] = [{"seed": i, "auto:rule": {"method": m, "public": None if m == "dpsgd" else "x"}} for i, m in enumerate(methods)]
+        return s
+
+    sc = {"mnist-rot": task("mnist-rot", [70.0, 70.0], [70.0, 70.0], ["second-phase", "second-phase"]),  # +20
+          "fashion-m": task("fashion-m", [50.0, 49.0], [54.0, 54.0], ["dpsgd", "gep"]),  # 0 by choice, -1.0 with public data
+          "scenes": task("scenes", [54.0, 54.0], [56.0, 56.0], ["gep", "gep"])}  # +4
+    f = S.figures(sc, np.random.default_rng(3), "synthetic")
+    r = f["auto:rule"]
+    assert r["no_harm"] | {"what": None} == {"cells_ok": 5, "cells": 6, "dpsgd_by_choice": 1, "used_public": 5, "used_public_ok": 4,
+                                            "always_dpsgd_ok": 6, "always_dpsgd_cells": 6, "what": None}
+    g = r["task_gain"]
+    assert g["mean"] == pytest.approx((20.0 - 0.5 + 4.0) / 3) and g["median"] == pytest.approx(4.0)
+    assert g["ci"][0] <= g["mean"] <= g["ci"][1] and g["ci"][0] >= -0.5 and g["ci"][1] <= 20.0
+    assert [t for t, _ in g["sorted"]] == ["mnist-rot", "scenes", "fashion-m"] and g["top_two"] == ["mnist-rot", "scenes"]
+    assert g["top_two_share"] == pytest.approx(24.0 / 23.5)
+    o = r["oracle_share"]
+    assert o["mean"] == pytest.approx((23.5 / 3) / ((20.0 + 4.0 + 6.0) / 3)) and o["ci"][0] <= o["mean"] <= o["ci"][1]
+    b = r["by_source"]
+    assert b["source_tasks"] == ["mnist-rot", "fashion-m"] and b["other_tasks"] == ["scenes"]
+    assert b["source_mean"] == pytest.approx(19.5 / 2) and b["other_mean"] == pytest.approx(4.0) and b["source_share"] == pytest.approx(19.5 / 23.5)
+    assert f["spearman"]["ci_tasks"] == [-1.0, -1.0]  # every task's rho is -1
+    # keyed by the set's name, not the generator handed in: the same intervals again
+    again = S.figures(sc, np.random.default_rng(4), "synthetic")["auto:rule"]
+    assert again["task_gain"]["ci"] == g["ci"] and again["oracle_share"]["ci"] == o["ci"]
+    lines = "\n".join(S.task_lines(r))
+    assert "5 of 6 cells within 0.5 points of DP-SGD = 1 where the advice chose DP-SGD itself + 4 of 5 cells that used public data" in lines
+    assert "always choosing DP-SGD: 6 of 6" in lines and "(95% bootstrap over tasks)" in lines
+
+
+def test_the_pre_registered_rounds_and_the_later_ones_are_scored_apart():
+    assert S.span_key(*S.PRE_REGISTERED) == S.pooled_key(3) == "held_out_23" and S.span_key(*S.LATER) == "held_out_45"
+    assert list(S.HEADLINE.values()) == ["rounds 2-3 (pre-registered)", "rounds 4-5 (added after a miss)"]
+
+
+def test_the_shipped_validity_note_is_the_committed_scores_and_quotes_only_printed_figures():
+    """gsd_cli/report/heldout.json is package_note() of the committed heldout_scores.json, and every figure that
+    gsd rank's note quotes is in the scorer's markdown (benchmarks/results/heldout_scores.md)."""
+    import json
+    import re
+
+    from gsd_cli.report.validity import heldout, validity_line
+
+    doc = json.loads(S.OUT_JSON.read_text())
+    shipped = heldout()
+    assert {k: v for k, v in shipped.items() if k != "scored_with"} == {
+        k: v for k, v in S.package_note(doc).items() if k != "scored_with"}
+    md = S.OUT_MD.read_text()
+    note = validity_line("gsd")
+    quoted = re.findall(r"[+-]\d+\.\d+ \[[+-]\d+\.\d+, [+-]\d+\.\d+\]|\d+% \[\d+%, \d+%\]|\d+ of \d+ cells", note)
+    assert len(quoted) >= 6
+    for q in quoted:
+        assert q in md, q
+    assert f"carry {100 * shipped['pre_registered']['top_two_share']:.0f}% of the total gain" in md
+
+
 def test_spearman_of_a_reversed_order_is_minus_one_and_undefined_for_ties():
     assert S.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert np.isnan(S.spearman([1, 1, 1], [1, 2, 3]))

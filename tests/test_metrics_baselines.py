@@ -223,19 +223,27 @@ def test_baselines_rank_the_same_distribution_first_and_keep_out_of_the_subspace
 
 
 def test_the_validity_line_is_printed_from_the_shipped_figures():
-    """The note under a GSD table comes from gsd_cli/report/validity.json (written by
-    benchmarks/bench_validity.py score), not from numbers in the printing code."""
+    """The note under a GSD table comes from gsd_cli/report/heldout.json (written by python -m validity.heldout
+    score --update-package), not from numbers in the printing code: the pre-registered rounds first, the rounds
+    designed after their miss apart, the no-harm count beside the cells where the advice chose DP-SGD itself."""
     from rich.console import Console
 
     from gsd_cli.ranking import Ranking, RankResult
     from gsd_cli.report import print_ranking
-    from gsd_cli.report.validity import figures, validity_line
+    from gsd_cli.report.validity import heldout, validity_line
 
-    doc = figures()
-    assert doc is not None and doc["tasks"] >= 3
+    doc = heldout()
+    assert doc is not None and doc["pre_registered"]["rounds"] == [2, 3] and doc["later"]["rounds"] == [4, 5]
     line = validity_line("gsd")
-    gep = list(doc["spearman"]["gep"].values())
-    assert f"{min(gep):+.2f}" in line and f"{doc['winner_best']} of {doc['cases']}" in line and doc["advice"] in line
+    p, q = doc["pre_registered"], doc["later"]
+    lo, hi = p["gain"]["ci"]
+    assert f"pre-registered rounds 2-3: {len(p['tasks'])} tasks" in line and "bootstrap over tasks" in line
+    assert f"in {p['cells_ok']} of {p['cells']} cells, {p['dpsgd_by_choice']} of them by choosing DP-SGD itself" in line
+    assert f"always DP-SGD: {p['cells']} of {p['cells']}" in line and f"{p['gain']['mean']:+.1f} [{lo:+.1f}, {hi:+.1f}]" in line
+    assert f"{p['spearman_gsd']['mean']:+.2f}" in line and f"{100 * p['oracle_share']['mean']:.0f}% [" in line
+    assert line.index("Rounds 4-5, designed after that miss") > line.index(f"{p['cells_ok']} of {p['cells']}")
+    assert f"{q['cells_ok']} of {q['cells']} cells" in line and "3 epochs" in line
+    assert "in-sample" not in line and "6 of 6" not in line  # the in-sample figures of issue 33 are no longer printed
     assert validity_line("frechet") is None and validity_line("dp-gsd") is None
 
     def shown(metric):
@@ -246,10 +254,10 @@ def test_the_validity_line_is_printed_from_the_shipped_figures():
         print_ranking(rk, console)
         return console.export_text()
 
-    assert "validity (in-sample" in shown("gsd") and "validity" not in shown("otdd")
+    assert "validity (held-out benchmark, pre-registered" in shown("gsd") and "validity" not in shown("otdd")
     dp = validity_line("dp-energy")  # gsd rank --dp's default: what auto-select does with a private selection's winner
     assert "--select-epsilon" in dp and "noise references" in dp and "validity: Advice" in shown("dp-energy")
-    assert "in-sample" in line and "noise references" in line
+    assert "noise references" in line
 
 
 def test_logme_of_degenerate_features_is_finite():

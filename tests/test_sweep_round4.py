@@ -62,7 +62,7 @@ def test_the_sweeps_case_auto_select_under_dp_with_no_fallback(sets, tmp_path, c
     """The issue's command: --select-epsilon 0.5 --no-fallback with the copy as the only candidate (so the DP
     selection must pick it): before, GEP trained 6 DP steps on an empty set, "differentially private: yes"."""
     run = tmp_path / "run"
-    code = main(["train", "--private", sets["priv"], "--auto-select", "--select-epsilon", "0.5", "--no-fallback", "--public",
+    code = main(["train", "--private", sets["priv"], "--auto-select", "--select-epsilon", "0.5", "--probe-repeats", "0", "--no-fallback", "--public",
                  sets["privcopy"], *RANK_SMALL, *SMALL, "--k", "4", "--public-examples", "200", "--out", str(run)])
     out, err = capsys.readouterr()
     assert "training with" in out and "privcopy" in out  # the (public) choice, then the private refusal
@@ -168,8 +168,8 @@ def test_no_fallback_under_dp_warns_of_a_one_class_public_set(sets, tmp_path, ca
     err = capsys.readouterr().err
     assert code == 0, err
     warned = [line for line in _lines(err) if line.startswith("warning: --no-fallback")]
-    assert len(warned) == 1, err
-    assert "without the advice" in warned[0] and "has no labels of its own to pretrain on" in warned[0]
+    assert len(warned) == 1, err  # the DP feature probe had no candidate it could use: against its advice, and why
+    assert "against the advice" in warned[0] and "has no labels of its own to pretrain on" in warned[0]
 
 
 def test_no_fallback_warns_when_the_advice_refused_the_same_candidate(sets):

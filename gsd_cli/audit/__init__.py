@@ -8,6 +8,9 @@
 * :func:`audit_dp_energy`, :func:`audit_dp_select`: the DP energy distance's Laplace mechanism and
   the DP selection (permute-and-flip and the chosen score), on a worst-case neighbouring pair with its
   exact privacy loss (:mod:`.dpenergy`, :mod:`.dpselect`).
+* :func:`audit_dp_probe`: the DP feature probe's Gaussian fit releases (``gsd train``'s DP advice), on
+  a worst-case add-one pair with its exact loss in closed form, against the theorem's claim for that
+  part; flags halved noise and noise from a public seed (:mod:`.dpprobe`).
 * :func:`audit_step`: a many-trial distinguishing audit of one full-batch step of dpsgd or
   second-phase stage 2 (:mod:`.step`), tight enough to flag halved noise, which the one-run audit
   cannot.
@@ -22,17 +25,19 @@ from .bound import AuditResult, audit_epsilon, clopper_pearson, distinguishing_e
 from .dpgsd import audit_dpgsd, exact_privacy_loss
 from .dpenergy import audit_dp_energy
 from .dpselect import audit_dp_select
+from .dpprobe import audit_dp_probe
 from .pipeline import audit_dpgsd_pipeline
 from .step import STEP_METHODS, audit_step
 from .trainers import BUGS, audit_config, audit_training, inject_bug
 
-METHODS = ("dpsgd", "gep", "rgp", "topagg", "second-phase", "dpsgd+rs", "gep+rs", "dpgsd", "dp-energy", "dp-select")
+METHODS = ("dpsgd", "gep", "rgp", "topagg", "second-phase", "dpsgd+rs", "gep+rs", "dpgsd", "dp-energy", "dp-select", "dp-probe")
 
 
 def audit(method: str, epsilon: float = 2.0, delta: float = 1e-5, *, canaries: int = 1000, insecure_seed: int | None = None,
           bug: str | None = None, settings: dict | None = None, **kw) -> AuditResult:
     """Audit ``method`` (one of :data:`METHODS`) at (``epsilon``, ``delta``): DP-GSD by
-    :func:`audit_dpgsd` (``canaries`` draws per neighbour; pure DP, delta unused), every trainer by
+    :func:`audit_dpgsd` (``canaries`` draws per neighbour; pure DP, delta unused), the DP probe by
+    :func:`audit_dp_probe` (``canaries`` draws per neighbour, at ``delta``), every trainer by
     :func:`audit_training` with ``settings`` (TrainConfig fields) and ``kw`` (its options)."""
     from ..errors import GSDError
     from ..privacy import check_delta, check_epsilon
@@ -47,6 +52,8 @@ def audit(method: str, epsilon: float = 2.0, delta: float = 1e-5, *, canaries: i
     if method == "dp-select":
         return audit_dp_energy_both(epsilon, draws=canaries, insecure_seed=insecure_seed, bug=bug, distance="dp-select", **kw)
     check_delta(delta)
+    if method == "dp-probe":
+        return audit_dp_probe(epsilon, delta, draws=canaries, insecure_seed=insecure_seed, bug=bug, **kw)
     cfg = audit_config(method, epsilon, delta, **(settings or {}))
     return audit_training(cfg, canaries=canaries, insecure_seed=insecure_seed, bug=bug, **kw)
 
@@ -124,7 +131,7 @@ def audit_dp_energy_both(epsilon: float, *, draws: int = 2000, trials: int | Non
 
 
 __all__ = [
-    "audit_dp_energy", "audit_dp_energy_both", "audit_dp_select",
+    "audit_dp_energy", "audit_dp_energy_both", "audit_dp_probe", "audit_dp_select",
     "AuditResult", "BUGS", "METHODS", "STEP_METHODS", "audit", "audit_config", "audit_dpgsd", "audit_dpgsd_both",
     "audit_dpgsd_pipeline", "audit_step", "audit_epsilon", "audit_training", "clopper_pearson",
     "distinguishing_epsilon", "exact_privacy_loss", "inject_bug", "one_run_epsilon", "one_run_p_value",

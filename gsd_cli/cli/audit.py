@@ -41,8 +41,8 @@ def _warn_unused(ctx, method: str) -> None:
     from ..train.config import METHOD_SETTINGS, unused_note
 
     given = [n for n in (*METHOD_SETTINGS, "sparsify") if getattr(ctx.get_parameter_source(n), "name", None) == "COMMANDLINE"]
-    if method in ("dpgsd", "dp-energy", "dp-select"):  # a ranking's mechanism: only the row clip of the trainers' settings
-        unused = [n for n in given if n != "clip"]
+    if method in ("dpgsd", "dp-energy", "dp-select", "dp-probe"):  # a ranking's mechanism: only the row clip of the trainers' settings
+        unused = [n for n in given if n != "clip" or method == "dp-probe"]  # the DP probe: none of them
         note = (f"{', '.join('--' + n.replace('_', '-') for n in unused)} {'is' if len(unused) == 1 else 'are'} not used by "
                 f"--method {method} (settings of the trainers): ignored") if unused else None
     else:
@@ -62,10 +62,10 @@ def epsilon_text(epsilon: float, digits: int = 3) -> str:
 @app.command()
 def audit(
     ctx: typer.Context,
-    method: str = typer.Option(..., "--method", help="dpsgd, gep, rgp, topagg, second-phase (its DP-SGD stage 2), dpsgd+rs, gep+rs, dpgsd, dp-select (gsd rank --dp's default: the DP selection) or dp-energy (--metric dp-energy's noisy order)."),
-    epsilon: float = typer.Option(2.0, "--epsilon", help="Claimed epsilon: the trainer's sigma is calibrated to it (dpgsd, dp-select, dp-energy: the ranking's epsilon)."),
-    delta: float = typer.Option(1e-5, "--delta", help="Claimed delta (dpgsd, dp-select and dp-energy are pure DP: unused)."),
-    canaries: int = typer.Option(1000, "--canaries", help="Gradient canaries (dpgsd, dp-select, dp-energy: the mechanism audit's draws under each neighbour)."),
+    method: str = typer.Option(..., "--method", help="dpsgd, gep, rgp, topagg, second-phase (its DP-SGD stage 2), dpsgd+rs, gep+rs, dpgsd, dp-select (gsd rank --dp's default: the DP selection), dp-energy (--metric dp-energy's noisy order) or dp-probe (gsd train's DP feature probe: its Gaussian releases)."),
+    epsilon: float = typer.Option(2.0, "--epsilon", help="Claimed epsilon: the trainer's sigma is calibrated to it (dpgsd, dp-select, dp-energy: the ranking's epsilon; dp-probe: the probe's, as --select-epsilon)."),
+    delta: float = typer.Option(1e-5, "--delta", help="Claimed delta (dpgsd, dp-select and dp-energy are pure DP: unused; dp-probe: its delta)."),
+    canaries: int = typer.Option(1000, "--canaries", help="Gradient canaries (dpgsd, dp-select, dp-energy: the mechanism audit's draws under each neighbour; dp-probe: its draws under each neighbour, default 1,000,000)."),
     trials: Optional[int] = typer.Option(None, "--trials", help="dpgsd, dp-select, dp-energy: rankings per neighbour of the end-to-end audit of gsd rank --dp (3 tiny rankings a trial; default: the fewest that would flag a replayed pipeline at --epsilon, at most 100).", min=5, max=10000),
     steps: int = typer.Option(1, "--steps", help="Training steps of the audited run."),
     sampling_rate: float = typer.Option(1.0, "--sampling-rate", help="Poisson sampling rate q of every step."),
@@ -107,11 +107,20 @@ def audit(
     check_not_inputs({"--json": json_file}, run_inputs([d for d in (private, public) if d], None, None, model))
     if private is not None and model is None:
         raise GSDError("--private needs --model (the model trained on it)")
-    _check_bounds(canaries, steps, examples, step_trials, model is None)
+    if method == "dp-probe":
+        from ..audit.dpprobe import DRAWS
+
+        if getattr(ctx.get_parameter_source("canaries"), "name", None) != "COMMANDLINE":
+            canaries = DRAWS  # its releases are cheap: a million draws per neighbour (a few seconds) by default
+        if canaries > MAX_STEP_TRIALS:
+            raise GSDError(f"--canaries {canaries}: the DP probe audit takes at most {MAX_STEP_TRIALS:,} draws per neighbour")
+    _check_bounds(canaries, steps, examples, step_trials, model is None and method != "dp-probe")
     _warn_unused(ctx, method)  # another method's setting, given: said, not silently ignored
     kw: dict = {}
     if method == "dpgsd":
         kw = {"clip": clip, "trials": trials}
+    elif method == "dp-probe":
+        kw = {}
     elif method in ("dp-energy", "dp-select"):
         kw = {"clip": clip, "trials": trials, "examples": max(examples, 200)}  # clamped releases need a few hundred rows
     else:
@@ -145,7 +154,7 @@ def audit(
     table = Table(title="privacy audit (95% confidence)")
     # a distinguishing test (DP-GSD, the DP energy distance, the DP selection, --step-trials) draws releases under
     # each of two neighbours and classifies each draw: its counts are draws, not canaries
-    distinguishing = step_trials is not None or method in ("dpgsd", "dp-energy", "dp-select")
+    distinguishing = step_trials is not None or method in ("dpgsd", "dp-energy", "dp-select", "dp-probe")
     for col in ("method", "claimed epsilon", "empirical lower bound", "draws per neighbour" if distinguishing else "canaries",
                 "correct guesses"):
         table.add_column(col)
@@ -154,7 +163,13 @@ def audit(
     out.print(table)
     d = result.details or {}
     if "exact_loss" in d:
-        out.print(f"exact privacy loss of the audited pair (numerical integration): {epsilon_text(d['exact_loss'], 4)}")
+        how = "closed form, Gaussian trade-off" if method == "dp-probe" else "numerical integration"
+        out.print(f"exact privacy loss of the audited pair ({how}): {epsilon_text(d['exact_loss'], 4)}")
+    if "claim_whole_mechanism" in d:
+        out.print(f"the DP probe at --epsilon {epsilon:g}, --delta {delta:g} ({d['models']} models): noise multiplier "
+                  f"{d['noise_multiplier']:.4g}, permute-and-flip epsilon {epsilon_text(d['epsilon_pf'])}, whole claim "
+                  f"{epsilon_text(d['claim_whole_mechanism'])}; audited: its {d['models']} Gaussian releases, claim "
+                  f"{epsilon_text(d['claim_gaussian_releases'])} (an example is in the fit part or the score part, never both)")
     if "pipeline" in d:
         sam, pipe = d["sampler"], d["pipeline"]
         mech = {"dpgsd": "sampler", "dp-select": "selection mechanism"}.get(method, "Laplace mechanism")

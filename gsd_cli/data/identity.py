@@ -168,6 +168,12 @@ def _hashes(source: ImageSource, idx: np.ndarray, files: bool = False) -> list[s
     return example_identities(source, idx)
 
 
+def cached_identities(source: ImageSource, indices) -> list[str]:
+    """:func:`gsd_cli.data.base.example_identity` of the examples ``indices`` of ``source``, each a function
+    of that example alone, decoded once per source and kept (:func:`leaf_identities`)."""
+    return _hashes(source, np.asarray(indices, dtype=np.int64))
+
+
 def leaf_identities(leaf: ImageSource, whole: bool = True) -> list[str] | None:
     """The identity of every example of the source ``leaf`` (the bottom of subsets and wrappers), in
     its order, computed once and kept on it (the overlap checks and the privacy ledger share the one

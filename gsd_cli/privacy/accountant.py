@@ -24,36 +24,39 @@ DESIGN.md, "GEP"). The residual-free variant (B-GEP) releases the embedding alon
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import dp_accounting as dpa
-from dp_accounting import dp_event as ev
+from typing import TYPE_CHECKING
 
 from ..errors import GSDError
+from . import lazy_dpa
+from .orders import RDP_ORDERS
+from .second_computation import _opacus_rdp, _second_epsilon, second_epsilon  # noqa: F401 (re-exported)
+
+# dp-accounting is imported on first use, and then without its PLD accountant and calibration
+# (lazy_dpa): a run with the RDP accountant and a cached sigma does not pay for them (issue 53)
+if TYPE_CHECKING:
+    from dp_accounting import dp_event as ev
 
 # dp-accounting logs through absl when an RDP order fails to converge and is (correctly) skipped
 logging.getLogger("absl").setLevel(logging.ERROR)
 
 ACCOUNTANTS = ("rdp", "pld")
 
-# RDP orders: Opacus's defaults (1.1 .. 10.9 by 0.1, 12 .. 63) extended to large orders, which small
-# sampling rates with few steps need; a denser grid only lowers (tightens) the epsilon.
-RDP_ORDERS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)) + [80, 96, 128, 192, 256, 512, 1024])
 
 
 def dpsgd_step_event(z: float) -> ev.DpEvent:
     """One DP-SGD release: the clipped sum (sensitivity C) plus N(0, (z C)^2 I)."""
-    return ev.GaussianDpEvent(float(z))
+    return lazy_dpa.events().GaussianDpEvent(float(z))
 
 
 def gep_step_event(z_embedding: float, z_residual: float | None) -> ev.DpEvent:
     """One GEP release (paper 000, Algorithm 1 lines 6-7): embedding with multiplier ``z_embedding``
     and residual with ``z_residual`` on the same subsample; ``None`` = residual not released (B-GEP)."""
+    ev = lazy_dpa.events()
     if z_residual is None:
         return ev.GaussianDpEvent(float(z_embedding))
     return ev.ComposedDpEvent([ev.GaussianDpEvent(float(z_embedding)), ev.GaussianDpEvent(float(z_residual))])
@@ -62,6 +65,7 @@ def gep_step_event(z_embedding: float, z_residual: float | None) -> ev.DpEvent:
 def effective_noise_multiplier(step: ev.DpEvent) -> float:
     """The multiplier of the single Gaussian equivalent to Gaussian releases of the same data:
     (sum_i z_i^-2)^(-1/2) (see the module docstring)."""
+    ev = lazy_dpa.events()
     if isinstance(step, ev.GaussianDpEvent):
         return float(step.noise_multiplier)
     if isinstance(step, ev.ComposedDpEvent):
@@ -82,37 +86,77 @@ def training_event(step: ev.DpEvent, sampling_rate: float, steps: int) -> ev.DpE
     if not 0 < sampling_rate <= 1:
         raise GSDError(f"the sampling rate must be in (0, 1] (got {sampling_rate}); lower --batch-size or use more data")
     z = effective_noise_multiplier(step)
+    ev = lazy_dpa.events()
     return ev.SelfComposedDpEvent(ev.PoissonSampledDpEvent(float(sampling_rate), ev.GaussianDpEvent(z)), int(steps))
 
 
 def _accountant(kind: str):
     if kind == "rdp":
-        return dpa.rdp.RdpAccountant(orders=list(RDP_ORDERS))
-    if kind == "pld":
-        return dpa.pld.PLDAccountant()
+        return lazy_dpa.rdp().RdpAccountant(orders=list(RDP_ORDERS))
+    if kind == "pld":  # imported here, when --accountant pld asks for it (scipy.signal and scipy.stats: 0.3-0.7 s)
+        return lazy_dpa.pld().PLDAccountant()
     raise GSDError(f"unknown --accountant {kind!r}; use one of {', '.join(ACCOUNTANTS)}")
 
 
-#: (repr of the event, delta, accountant) -> epsilon: the accountant is deterministic, and a trainer
-#: asks for the same epsilon up to three times (calibration check, the run's total, the last epoch's)
-_EPSILONS: dict[tuple, float] = {}
+#: the accountant's memo in this process: (repr of the event, delta, accountant) -> epsilon (the accountant
+#: is deterministic, and a trainer asks for the same epsilon up to three times: calibration check, the run's
+#: total, the last epoch's), and ("rdp-step", q, z) -> one step's RDP curve (:func:`rdp_curve`)
+_EPSILONS: dict[tuple, object] = {}
+
+
+def _remember(key: tuple, value):
+    if len(_EPSILONS) >= 1024:
+        _EPSILONS.clear()
+    _EPSILONS[key] = value
+    return value
+
+
+def rdp_curve(event: ev.DpEvent):
+    """dp-accounting's RDP curve of ``event`` at :data:`RDP_ORDERS`: ``RdpAccountant.compose(event).rdp``.
+
+    A run of T steps (:func:`training_event`'s shape) is T times one step's curve, as the accountant composes
+    it (``count * curve``: RDP adds under composition), the same floats; the step's curve is computed once per
+    (q, z) in this process, so each epoch's ``epsilon_spent``, the run's total and the ledger's curve cost a
+    product, not a fresh series at 158 orders (0.04-0.13 s each on the 2-core CPU)."""
+    import numpy as np
+
+    parts = _subsampled_gaussian(event)
+    if parts is None:
+        acc = _accountant("rdp")
+        with np.errstate(over="ignore"):
+            acc.compose(event)
+        return acc.rdp
+    q, z, steps = parts
+    key = ("rdp-step", q, z)
+    step = _EPSILONS.get(key)
+    if step is None:
+        ev = lazy_dpa.events()
+        acc = _accountant("rdp")
+        with np.errstate(over="ignore"):  # an order whose RDP overflows is infinite, and skipped: a bound still
+            acc.compose(ev.PoissonSampledDpEvent(q, ev.GaussianDpEvent(z)))
+        step = _remember(key, acc.rdp)
+        step.flags.writeable = False
+    with np.errstate(over="ignore"):
+        return steps * step
 
 
 def epsilon_of(event: ev.DpEvent, delta: float, accountant: str = "rdp") -> float:
     """Epsilon of ``event`` at ``delta`` by dp-accounting's RDP or PLD accountant (remembered in this
-    process: an event's ``repr`` holds its every field, floats exactly)."""
+    process: an event's ``repr`` holds its every field, floats exactly). RDP: dp-accounting's conversion
+    (``compute_epsilon``, what ``RdpAccountant.get_epsilon`` returns) of :func:`rdp_curve`."""
     check_delta(delta)
     key = (repr(event), float(delta), accountant)
     if key not in _EPSILONS:  # (an unknown accountant is never stored: _accountant refuses it)
         import numpy as np
 
-        acc = _accountant(accountant)
         with np.errstate(over="ignore"):  # an order whose RDP overflows is infinite, and skipped: a bound still
-            acc.compose(event)
-            value = float(acc.get_epsilon(delta))
-        if len(_EPSILONS) >= 1024:
-            _EPSILONS.clear()
-        _EPSILONS[key] = value
+            if accountant == "rdp":
+                value = float(lazy_dpa.rdp().compute_epsilon(np.array(list(RDP_ORDERS)), rdp_curve(event), delta)[0])
+            else:
+                acc = _accountant(accountant)
+                acc.compose(event)
+                value = float(acc.get_epsilon(delta))
+        _remember(key, value)
     return _EPSILONS[key]
 
 
@@ -124,6 +168,7 @@ CONFIRM_RTOL = 1e-2
 
 def _subsampled_gaussian(event: ev.DpEvent) -> tuple[float, float, int] | None:
     """(q, z, T) of ``training_event``'s shape (T self-composed Poisson-subsampled Gaussians), else None."""
+    ev = lazy_dpa.events()
     count = 1
     if isinstance(event, ev.SelfComposedDpEvent):
         event, count = event.event, int(event.count)
@@ -141,47 +186,6 @@ def never_sampled_delta(sampling_rate: float, steps: int) -> float:
     if sampling_rate >= 1:
         return 1.0
     return float(-math.expm1(steps * math.log1p(-sampling_rate)))
-
-
-@functools.cache
-def _opacus_rdp():
-    """Opacus's RDP analysis, ``opacus/accountants/analysis/rdp.py`` (it imports math, warnings, typing,
-    numpy and scipy.special only), run from its file without the ``opacus`` package's ``__init__``, which
-    imports Opacus's privacy engine, optimizers and grad samplers: 1.1-1.4 s of a ``gsd train`` run on the
-    2-core CPU, for two calls that take milliseconds. Where the file is not there (another layout) or does
-    not run alone, the package import. The same code either way: the second computation stays Opacus's."""
-    import importlib.util
-    import os
-
-    spec = importlib.util.find_spec("opacus")
-    for root in (spec.submodule_search_locations or []) if spec is not None else []:
-        path = os.path.join(root, "accountants", "analysis", "rdp.py")
-        if os.path.isfile(path):
-            file_spec = importlib.util.spec_from_file_location("gsd_cli._opacus_rdp", path)
-            module = importlib.util.module_from_spec(file_spec)
-            try:
-                file_spec.loader.exec_module(module)
-                return module
-            except ImportError:  # a later rdp.py that needs its package (a relative import): import that
-                break
-    from opacus.accountants.analysis import rdp
-
-    return rdp
-
-
-def second_epsilon(sampling_rate: float, noise_multiplier: float, steps: int, delta: float) -> float:
-    """The same run's epsilon by a second, independent implementation: Opacus's RDP analysis of the
-    subsampled Gaussian (Mironov, Talwar, Zhang 2019, Sec. 3.3, its integer and fractional orders) and its
-    RDP-to-(epsilon, delta) conversion (Balle et al. 2020, Theorem 21), on the orders used here."""
-    import warnings
-
-    opacus_rdp = _opacus_rdp()
-    with warnings.catch_warnings():  # "optimal order is the smallest alpha": a looser bound, still a bound
-        warnings.simplefilter("ignore")
-        orders = list(RDP_ORDERS)
-        rdp = opacus_rdp.compute_rdp(q=float(sampling_rate), noise_multiplier=float(noise_multiplier), steps=int(steps), orders=orders)
-        eps, _ = opacus_rdp.get_privacy_spent(orders=orders, rdp=rdp, delta=float(delta))
-    return float(eps)
 
 
 def confirm_epsilon(event: ev.DpEvent, delta: float, epsilon: float, accountant: str = "rdp") -> float:
@@ -275,6 +279,7 @@ def calibrate_noise(
         if hit is not None:
             return hit
 
+    dpa = lazy_dpa.full()  # calibrate_dp_mechanism (scipy.optimize): only when no cached sigma is confirmed
     if accountant == "pld":
         # PLD is tighter than RDP (its sigma is smaller) but needs a bracket away from tiny sigmas,
         # whose privacy-loss distributions do not fit in memory: search below the RDP answer.
@@ -340,7 +345,8 @@ class Ledger:
         ``epsilon``; delta 0 (pure DP). A release without a proven guarantee (the matrix mechanism's
         Gibbs sampler) is refused: it cannot be booked, since no epsilon is true of it. (One drawn
         with ``--insecure-seed`` is booked; the run that books it is then marked not DP.)"""
-        if not privacy.get("exact") or privacy.get("delta") not in (0, 0.0):
+        dp_probe = privacy.get("release") == "dp-probe"  # the DP feature probe: (epsilon, delta)-DP, gsd_cli.train.dp_advice
+        if not privacy.get("exact") or (privacy.get("delta") not in (0, 0.0) and not dp_probe):
             raise GSDError(
                 f"the selection's DP-GSD mechanism ({privacy.get('mechanism')}) has no proven guarantee, so its "
                 "budget cannot be booked; select with --mechanism sequential"
@@ -355,6 +361,9 @@ class Ledger:
                                                              ("margin over noise", "epsilon_margin")) if privacy.get(key)]
         if privacy.get("release") == "selection" and parts:  # the DP selection's parts, as its mechanism spent them
             detail += ": " + " + ".join(f"{what} {e:g}" for what, e in parts) + f" = epsilon {sum(e for _, e in parts):g}"
+        if dp_probe:
+            self.add("public-data selection (DP feature probe)", float(eps), float(privacy["delta"]), privacy.get("guarantee", ""))
+            return
         self.add(f"public-data selection ({selection_kind(privacy)})", float(eps), 0.0, detail)
 
     @property

@@ -1,6 +1,8 @@
-"""What the order of a GSD ranking is worth, as measured: one line under the table, from the
-figures of the validity benchmark (``benchmarks/bench_validity.py``, issue 24) shipped in the package
-as ``validity.json`` (written by ``bench_validity.py score``; nothing here is hard-coded)."""
+"""What the order of a GSD ranking is worth, as measured: one note under the table, from the figures of
+the held-out benchmark's pre-registered rounds (``benchmarks/validity/heldout``, issues 42 and 52) shipped in
+the package as ``heldout.json`` (written by ``python -m validity.heldout score --update-package``; nothing here
+is hard-coded). ``validity.json`` (``benchmarks/bench_downstream.py score --update-package``, issue 33) still
+ships the previous rule's thresholds (:mod:`gsd_cli.train.fallback`); its in-sample figures are no longer printed."""
 
 from __future__ import annotations
 
@@ -18,30 +20,57 @@ def figures() -> dict | None:
         return None
 
 
+@lru_cache(maxsize=1)
+def heldout() -> dict | None:
+    """The held-out benchmark's shipped figures, or None when the file is missing or unreadable."""
+    try:
+        return json.loads(resources.files("gsd_cli.report").joinpath("heldout.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _ci(d: dict, fmt: str) -> str:
+    ci = d.get("ci")
+    return f"{d['mean']:{fmt}}" + (f" [{ci[0]:{fmt}}, {ci[1]:{fmt}}]" if ci else "")
+
+
+def _pct(d: dict) -> str:
+    ci = d.get("ci")
+    return f"{100 * d['mean']:.0f}%" + (f" [{100 * ci[0]:.0f}%, {100 * ci[1]:.0f}%]" if ci else "")
+
+
+def heldout_sentence(doc: dict) -> str:
+    """The pre-registered rounds' figures, then the later rounds' apart (the formats of the scorer's markdown)."""
+    p, q = doc["pre_registered"], doc["later"]
+    probe = f" (the feature probe's {_ci(p['spearman_probe'], '+.2f')})" if p.get("spearman_probe") else ""
+    span = "rounds {}-{}".format
+    return (f"validity (held-out benchmark, pre-registered {span(*p['rounds'])}: {len(p['tasks'])} tasks; intervals: "
+            f"{doc['intervals']}): GSD's order against second-phase accuracy, mean Spearman {_ci(p['spearman_gsd'], '+.2f')}{probe}. "
+            f"gsd train --auto-select was within 0.5 points of DP-SGD (tuned over {len(doc['baseline']['lrs'])} learning rates "
+            f"at {doc['baseline']['epochs']} epochs) in {p['cells_ok']} of {p['cells']} cells, {p['dpsgd_by_choice']} of them by "
+            f"choosing DP-SGD itself (always DP-SGD: {p['always_dpsgd_ok']} of {p['cells']}); mean gain over tasks "
+            f"{_ci(p['gain'], '+.1f')} points, {_pct(p['oracle_share'])} of the oracle's, {100 * p['top_two_share']:.0f}% of the gain "
+            f"from {' and '.join(p['top_two'])}. {span(*q['rounds']).capitalize()}, designed after that miss: {q['cells_ok']} of "
+            f"{q['cells']} cells ({q['dpsgd_by_choice']} by choice), mean gain {_ci(q['gain'], '+.1f')} points.")
+
+
 def _span(values: list[float]) -> str:
     lo, hi = min(values), max(values)
     return f"{lo:+.2f}" if abs(hi - lo) < 0.005 else f"{lo:+.2f} to {hi:+.2f}"
 
 
 def validity_line(metric: str = "gsd") -> str | None:
-    """One line: the default's Spearman with downstream accuracy on the benchmark's tasks, how often
-    its winner was the best, and the advice those numbers support. None for other metrics."""
-    doc = figures()
+    """The note under a GSD table: GSD's Spearman with downstream accuracy and what gsd train --auto-select gained
+    on the held-out benchmark's pre-registered rounds (the later rounds apart), then the advice. None for other
+    metrics, or when the figures are not shipped."""
+    doc = heldout()
     from ..ranking.reference import advice_sentence
 
     if metric in ("dp-energy", "dp-select"):  # a private selection: what auto-select does with its winner
         return "validity: " + advice_sentence(private=True)
     if metric != "gsd" or not doc:
         return None
-    rho = doc["spearman"]
-    parts = [f"{_span(list(rho[key].values()))} with {label} accuracy" for key, label in (("gep", "GEP"), ("second_phase", "second-phase"))
-             if rho.get(key)]
-    validated = validated_sentence(doc)
-    return (f"validity (in-sample: every task offered a split of the private set itself as a candidate): on "
-            f"{doc['tasks']} benchmark tasks ({doc['where']}) the default's Spearman was "
-            + " and ".join(parts) + f" (-1: the same order); its winner was the best candidate in "
-            f"{doc['winner_best']} of {doc['cases']} cases and worse than no public data in {doc['winner_below_none']}. "
-            + (validated + " " if validated else "") + doc["advice"] + " " + advice_sentence())
+    return heldout_sentence(doc) + " " + advice_sentence()
 
 
 LABELS = {"gep": "GEP", "second-phase": "the second phase", "second_phase": "the second phase"}

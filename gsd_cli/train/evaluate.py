@@ -43,20 +43,35 @@ def finding_names(source: ImageSource, width: int) -> list[str]:
     return names if len(names) == width and len(set(names)) == width else [str(i) for i in range(width)]
 
 
+def midranks(values: np.ndarray) -> np.ndarray:
+    """``scipy.stats.rankdata(values, method="average")`` of a 1-D array, the same floats (its algorithm:
+    a stable sort, each run of equal values ranked at the mean of its ordinal ranks, k + (c - 1) / 2,
+    exact in float64; a NaN makes every rank NaN, as SciPy's default ``nan_policy``), without importing
+    ``scipy.stats`` (0.2-0.45 s of a short ``gsd train`` on the 2-core CPU, for one call an evaluation)."""
+    s = np.asarray(values)
+    if np.isnan(s).any():
+        return np.full(s.shape, np.nan)
+    order = np.argsort(s, kind="stable")
+    y = s[order]
+    first = np.flatnonzero(np.concatenate(([True], y[:-1] != y[1:])))  # where each run of equal values starts
+    counts = np.diff(first, append=len(y))
+    ranks = np.empty(len(y), dtype=np.float64)
+    ranks[order] = np.repeat((first + 1).astype(np.float64) + (counts.astype(np.float64) - 1) / 2, counts)
+    return ranks
+
+
 def roc_auc(positive: np.ndarray, scores: np.ndarray) -> float:
     """Area under the ROC curve of ``scores`` for the boolean labels ``positive`` (both classes present):
     the probability that a positive example scores above a negative one, a tie counting 1/2 (the
-    Mann-Whitney U over n+ n-, from SciPy's mid-ranks; SciPy is loaded already, by the accountant),
+    Mann-Whitney U over n+ n-, from the mid-ranks SciPy's ``rankdata`` gives, :func:`midranks`),
     which is the trapezoidal area scikit-learn's ``roc_auc_score`` computes."""
-    from scipy.stats import rankdata
-
     positive = np.asarray(positive, dtype=bool)
     s = np.asarray(scores, dtype=np.float64)
     n_pos = int(positive.sum())
     n_neg = len(s) - n_pos
     if n_pos == 0 or n_neg == 0:
         raise ValueError("roc_auc needs positive and negative examples")
-    u = rankdata(s, method="average")[positive].sum() - n_pos * (n_pos + 1) / 2.0
+    u = midranks(s)[positive].sum() - n_pos * (n_pos + 1) / 2.0
     return float(u / (n_pos * n_neg))
 
 

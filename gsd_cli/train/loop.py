@@ -132,7 +132,7 @@ def train(
         check_resume_settings(cfg, saved, out)
         selection = meta.get("selection", selection) if meta is not None else selection
     ledger = Ledger()
-    selection_dp = False
+    selection_dp = selection is not None and selection.get("reads_private") is False  # chosen from public facts alone
     if selection is not None and selection.get("privacy"):
         ledger.add_selection(selection["privacy"])  # refuses a selection with no proven guarantee, before any work
         selection_dp = bool(selection.get("dp", True))  # False: drawn with --insecure-seed

@@ -136,7 +136,7 @@ def non_private_selection(summary: dict) -> bool:
     """Whether the run's public data was chosen by a selection that is no DP release (``gsd train
     --auto-select`` without ``--select-epsilon``): its figures are statistics of the private data."""
     sel = summary.get("selection")
-    return isinstance(sel, dict) and not sel.get("privacy")
+    return isinstance(sel, dict) and not sel.get("privacy") and sel.get("reads_private", True)
 
 
 def public_selection(selection: dict) -> dict:

@@ -87,6 +87,32 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
     return split_references(ranking), decision  # the table and the winner are the candidates'; the references apart
 
 
+def dp_advised_selection(private: str, candidates: Sequence[str], method: str = "auto", *, settings, epsilon: float, delta: float,
+                         private_test: str | None = None, catalog=None, seed: int = 0, device=None, insecure_seed: int | None = None,
+                         progress=None, classes=None):
+    """``gsd train --auto-select --select-epsilon``'s private advice for ``auto`` and ``second-phase``: the DP
+    feature probe (:mod:`gsd_cli.train.dp_advice`) on the private *training* part, booked in the privacy
+    ledger (before it draws) at (``epsilon``, ``delta``), the selection's own share of the run's total
+    (:func:`gsd_cli.train.dp_advice.split_budget`). Returns ``(decision, selection)``: the decision and the
+    selection's public record (for the run's summary). ``classes``: the run's ``--classes``."""
+    from ..data import resolve
+    from ..privacy.budget import book_selection
+    from .dp_advice import dp_probe_advice
+
+    train_part, _ = private_parts(private, private_test, catalog)
+    if classes is not None:  # --classes: the training's label space
+        from ..data import with_classes
+
+        train_part = with_classes(train_part, classes)
+    pubs = [catalog.resolve(c) for c in candidates] if catalog is not None else [resolve(c) if isinstance(c, str) else c for c in candidates]
+
+    def book(eps, dlt, curve, mechanism):
+        book_selection(train_part, eps, dlt, curve, mechanism, dp=insecure_seed is None)
+
+    return dp_probe_advice(train_part, pubs, settings, method, epsilon=epsilon, delta=delta, seed=seed, device=device,
+                           insecure_seed=insecure_seed, book=book, progress=progress)
+
+
 def choosable(ranking, sources: list, facts: dict, private_classes: int) -> list:
     """The candidate ``sources`` the probe-based advice could choose: closer than the in-run noise
     references with confidence (:func:`gsd_cli.ranking.reference.closer_than_reference`) and usable by

@@ -191,8 +191,9 @@ def chain_step_event(ch: Chain):
     Every released part must be clipped before its noise (the sensitivity is its per-example norm
     bound: the clip norm, times sqrt(K) after NormTopK), and every part that reaches the output must
     have been released with noise."""
-    from dp_accounting import dp_event as ev
+    from ..privacy.lazy_dpa import events
 
+    ev = events()  # dp-accounting's events, without its PLD accountant and calibration (lazy_dpa)
     clips = ch.clip_norms()
     rel = ch.releases()
     if not rel:

@@ -23,6 +23,8 @@ def main() -> None:
     r.add_argument("--methods", nargs="+", choices=("dpsgd", "gep", "second-phase"), help="only these methods' runs")
     s = sub.add_parser("score", help="tables and figures: benchmarks/results/heldout_*.{json,md}")
     s.add_argument("--partial", action="store_true", help="score whatever cells are complete")
+    s.add_argument("--update-package", action="store_true",
+                   help="also write gsd_cli/report/heldout.json (the validity note under gsd rank's GSD tables)")
     sub.add_parser("all", help="rank, tune, run and score both stages in order")
     a = ap.parse_args()
     import os
@@ -56,7 +58,7 @@ def main() -> None:
     elif a.cmd == "score":
         from .score import main as score
 
-        score(partial=a.partial)
+        score(partial=a.partial, update_package=a.update_package)
     elif a.cmd == "all":
         from .arms import rank_stage, run_stage, tuned
         from .score import main as score

@@ -11,6 +11,7 @@ held out is in ``split.json`` (:func:`split`), written before any run.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from dataclasses import dataclass
@@ -31,6 +32,11 @@ class Task:
     model: str  # the trained model (28x28 grey or 32x32 RGB)
     realistic: bool  # no candidate from the private set's own distribution
     same: str | None = None  # the same-distribution candidate, where there is one
+    #: the untransformed source offered as a candidate, where the private set is a transform of MNIST, Fashion-MNIST
+    #: or the animal silhouettes (rotated, inverted, blurred, over noise or photo crops...) and the public split of that
+    #: source (``pub-mnist``, ``pub-fashion``, ``pub-animal``) is among its candidates. From the task definitions in
+    #: :mod:`.prepare`'s docstring (read there, not measured); set in :data:`SOURCES` below.
+    source: str | None = None
 
 
 TASKS: dict[str, Task] = {t.name: t for t in (
@@ -87,6 +93,16 @@ TASKS: dict[str, Task] = {t.name: t for t in (
     Task("graphics", "graphics", "graphics-train", "graphics-test",
          ("pub-textures", "pub-photos", "pub-mnist", "pub-fashion", "faces", "digits"), "fmnist-cnn", True),
 )}
+#: each transformed task's untransformed source candidate (:attr:`Task.source`), from prepare.py's docstring: mnist-neg
+#: (MNIST inverted), mnist-m (MNIST blended into photo crops), mnist-rot (rotated), mnist-clutter (shrunk over fragments
+#: of other digits), mnist-noisy (over intensity ramps with pixel noise), mnist-blur (blurred and faint): pub-mnist;
+#: fashion-m (in photo crops), fashion-flip (upside down and inverted), fashion-lowres (14x14, enlarged back),
+#: fashion-noisy (over ramps with pixel noise): pub-fashion; animal-rot (rotated): pub-animal. The other tasks are not
+#: transforms of a candidate's source (glyphs, letters, patches of photos) or are a split of it (``same``).
+SOURCES = {"mnist-neg": "pub-mnist", "mnist-m": "pub-mnist", "mnist-rot": "pub-mnist", "mnist-clutter": "pub-mnist",
+           "mnist-noisy": "pub-mnist", "mnist-blur": "pub-mnist", "fashion-m": "pub-fashion", "fashion-flip": "pub-fashion",
+           "fashion-lowres": "pub-fashion", "fashion-noisy": "pub-fashion", "animal-rot": "pub-animal"}
+TASKS = {n: (dataclasses.replace(t, source=SOURCES[n]) if n in SOURCES else t) for n, t in TASKS.items()}
 ROUND1 = ("mnist", "mnist-neg", "mnist-m", "fashion", "animal", "textures", "medical", "photos")
 ROUND2 = ("mnist-rot", "fashion-m", "animal-rot", "scenes")
 SPLIT2 = Path(__file__).with_name("split2.json")

@@ -77,7 +77,7 @@ data shares examples with, so they are private, and so is the exit status of a r
 """
 
 from .compose import ORDERS, SHOWN_DELTA, admits, composed, event_curve, pure_dp_curve, remaining
-from .hooks import (audit_booking, book_dpgsd, book_opacus, book_ranking, book_size_estimate, book_training, book_training_run,
+from .hooks import (audit_booking, book_dpgsd, book_opacus, book_ranking, book_selection, book_size_estimate, book_training, book_training_run,
                     booked_line, booking_id_of_secret, ledger, left_line, publishable, ready_ledger, status_json, unbooked)
 from .key import KEY_ENV, LedgerKey, LedgerKeyError, key_path
 from .identity import DataIdentity, data_identity, example_digest, example_digests, legacy_digest
@@ -86,7 +86,7 @@ from .store import (BUSY_TIMEOUT, ENV, FILE_NAME, MAX_BUDGET_EPSILON, PRIVATE_NO
 
 __all__ = [
     "ORDERS", "SHOWN_DELTA", "admits", "composed", "event_curve", "pure_dp_curve", "remaining", "audit_booking", "book_dpgsd", "book_opacus",
-    "book_ranking", "book_size_estimate", "book_training", "book_training_run", "booked_line", "booking_id_of_secret", "ledger", "left_line",
+    "book_ranking", "book_selection", "book_size_estimate", "book_training", "book_training_run", "booked_line", "booking_id_of_secret", "ledger", "left_line",
     "KEY_ENV", "LedgerKey", "LedgerKeyError", "key_path",
     "publishable", "ready_ledger", "status_json", "unbooked", "DataIdentity", "data_identity", "example_digest", "example_digests",
     "legacy_digest", "BUSY_TIMEOUT", "ENV", "FILE_NAME", "MAX_BUDGET_EPSILON", "PRIVATE_NOTE", "TIMEOUT_ENV", "BudgetExceeded",

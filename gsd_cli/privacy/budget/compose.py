@@ -21,12 +21,12 @@ ORDERS: tuple[float, ...] = _orders()
 
 
 def event_curve(event) -> list[float]:
-    """The RDP curve of a dp-accounting event at :data:`ORDERS` (dp-accounting's ``RdpAccountant``)."""
-    import dp_accounting as dpa
+    """The RDP curve of a dp-accounting event at :data:`ORDERS` (dp-accounting's ``RdpAccountant``, by
+    :func:`gsd_cli.privacy.accountant.rdp_curve`: a training run's curve is the one its epsilon came from,
+    not computed a second time)."""
+    from ..accountant import rdp_curve  # at RDP_ORDERS, whose floats ORDERS are
 
-    acc = dpa.rdp.RdpAccountant(orders=list(ORDERS))
-    acc.compose(event)
-    return [float(r) for r in acc.rdp]
+    return [float(r) for r in rdp_curve(event)]
 
 
 def pure_dp_curve(epsilon: float, releases: int = 1) -> list[float]:
@@ -38,7 +38,9 @@ def pure_dp_curve(epsilon: float, releases: int = 1) -> list[float]:
 
 
 def _eps(curve: Sequence[float], delta: float) -> float:
-    from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+    from ..lazy_dpa import rdp
+
+    compute_epsilon = rdp().compute_epsilon
 
     if delta <= 0:
         return math.inf

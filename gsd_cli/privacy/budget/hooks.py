@@ -118,6 +118,17 @@ def book_dpgsd(private, epsilon: float, *, releases: int = 1, mechanism: str = "
                  dp=dp, guarantee=exact)
 
 
+def book_selection(private, epsilon: float, delta: float, curve, mechanism: str, *, what: str = "DP feature probe", dp: bool = True,
+                   ledger_location=None) -> dict | None:
+    """Book a DP selection of the public data (``gsd train --auto-select --select-epsilon``'s DP feature
+    probe, :mod:`gsd_cli.train.dp_advice`) on ``private`` before it draws anything: (``epsilon``,
+    ``delta``) and its RDP ``curve`` at :data:`ORDERS`. Drawn with ``--insecure-seed``: booked, marked not DP."""
+    if _booking_off():
+        return None
+    return _book(private, ledger_location=ledger_location, what=what, mechanism=mechanism, epsilon=float(epsilon),
+                 delta=float(delta), rdp=[float(x) for x in curve], dp=dp)
+
+
 def book_training(private, event, *, epsilon: float, delta: float, method: str, mechanism: str, dp: bool = True,
                   booking_id: str | None = None, pure_epsilon: float = 0.0, what: str | None = None, ledger_location=None,
                   announce_epsilon: float | None = None, absorbs: str | None = None) -> dict | None:

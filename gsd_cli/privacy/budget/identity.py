@@ -33,8 +33,6 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-import numpy as np
-
 from ...data.base import EXAMPLE_HEX, EXAMPLE_TAG, canonical, example_identities, example_identity  # noqa: F401  (one identity)
 
 #: Examples decoded at once.
