@@ -6,16 +6,14 @@ task, as whole processes in one sitting, with a per-stage breakdown of the advis
 
 Each round runs the two commands as separate processes (alternating which goes first), and the advised one a
 second time with the first one's cache (public subspaces, stage-1 models: a new private set of the same task), timing each
-whole process (start-up, imports, data, the advice, the training). The breakdown comes from one more
-advised run under cProfile (its wall time is not used for the ratio): the cumulative time inside each
-stage's function, so stages are read as shares of that run:
+whole process (start-up, imports, data, the advice, the training). Every advised run also writes its stages'
+wall times (:mod:`gsd_cli.timing`, ``$GSD_STAGE_TIMES``; summed over threads and calls):
 
-* rankings: :func:`gsd_cli.ranking.rank` (the candidates and the in-run noise references, all repeats);
-* probe stage 1: :func:`gsd_cli.train.second_phase.run_second_phase` called by the feature probe;
-* probe fits: the probe's features and ridge fits (``head_features``, ``linear_probe_accuracy``);
-* training's stage 1: ``run_second_phase`` called by the training itself;
-* training (DP steps): :func:`gsd_cli.train.loop.train` less its stage 1;
-* the rest: start-up, imports, reading the data, writing outputs.
+* rankings: the GSD rankings of the candidates and the in-run noise references, all repeats;
+* probe stage 1: stage 1 of the second phase on each candidate the feature probe (or the DP probe) trains;
+* probe fits: the probe's features and fits (the DP probe: its features, partition and mechanism);
+* training: the whole training, of which "training's stage 1" (0 when it is read from the stage-1 cache);
+* the rest: start-up, imports, reading the data, writing outputs (the process less the stages).
 
 Prints each process's seconds, the mean ratio, the load average before and after, and the stages.
 """
@@ -25,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pstats
 import shutil
 import subprocess
 import sys
@@ -45,29 +42,12 @@ def _run(argv: list[str], env: dict) -> float:
     return wall
 
 
-def _stage(stats: pstats.Stats, module: str, func: str, caller: str | None = None) -> float:
-    """Cumulative seconds in ``module.func`` (only the calls made from ``caller``'s function when given)."""
-    total = 0.0
-    for (file, _, name), (_, _, _, ct, callers) in stats.stats.items():
-        if name != func or not file.replace(os.sep, "/").endswith(module):
-            continue
-        if caller is None:
-            total += ct
-        else:
-            total += sum(v[3] for (cf, _, cn), v in callers.items() if cn == caller)
-    return total
-
-
-def breakdown(prof: str, total: float) -> dict:
-    st = pstats.Stats(prof)
-    rank = _stage(st, "gsd_cli/ranking/__init__.py", "rank")
-    probe_s1 = _stage(st, "gsd_cli/train/second_phase.py", "run_second_phase", caller="probe_second_phase")
-    fits = _stage(st, "gsd_cli/train/probe.py", "head_features") + _stage(st, "gsd_cli/train/probe.py", "linear_probe_accuracy")
-    train = _stage(st, "gsd_cli/train/loop.py", "train")
-    train_s1 = _stage(st, "gsd_cli/train/second_phase.py", "run_second_phase", caller="train")
-    stages = {"rankings": rank, "probe stage 1": probe_s1, "probe fits": fits, "training's stage 1": train_s1,
-              "training (DP steps)": max(0.0, train - train_s1)}
-    stages["the rest (start-up, imports, data, outputs)"] = max(0.0, total - sum(stages.values()))
+def breakdown(path: Path, total: float) -> dict:
+    """The stages' seconds of one advised process (its ``$GSD_STAGE_TIMES`` file) and the rest of its ``total``."""
+    st = json.loads(path.read_text()) if path.is_file() else {}
+    stages = {k: st.get(k, 0.0) for k in ("rankings", "probe stage 1", "probe fits", "training", "training's stage 1")}
+    stages["the rest (start-up, imports, data, outputs)"] = max(0.0, total - stages["rankings"] - stages["probe stage 1"]
+                                                                - stages["probe fits"] - stages["training"])
     return {k: round(v, 2) for k, v in stages.items()}
 
 
@@ -78,7 +58,6 @@ def main() -> None:
     ap.add_argument("--epsilon", default="2")
     ap.add_argument("--rounds", type=int, default=2, help="pairs of whole processes (alternating order)")
     ap.add_argument("--extra", default="", help="more gsd train options for both runs, one string")
-    ap.add_argument("--no-profile", action="store_true", help="skip the profiled run (no breakdown)")
     ap.add_argument("--json")
     a = ap.parse_args()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -99,21 +78,16 @@ def main() -> None:
                 [("auto", auto), ("auto-again", auto), ("dpsgd", dpsgd)]
             cache = work / f"cache-{r}"
             for name, argv in order:
-                out = work / f"{name}-{r}"
-                wall = _run([*argv, "--out", str(out)], {**env, "GSD_CACHE_DIR": str(cache)})
-                rows.append({"run": name, "round": r, "seconds": round(wall, 2), "load1": round(os.getloadavg()[0], 2)})
-                print(f"round {r} {name}: {wall:.1f} s (load {os.getloadavg()[0]:.2f})", flush=True)
+                out, times = work / f"{name}-{r}", work / f"{name}-{r}.stages.json"
+                wall = _run([*argv, "--out", str(out)], {**env, "GSD_CACHE_DIR": str(cache), "GSD_STAGE_TIMES": str(times)})
+                row = {"run": name, "round": r, "seconds": round(wall, 2), "load1": round(os.getloadavg()[0], 2)}
+                if name != "dpsgd":
+                    row["stages"] = breakdown(times, wall)
+                rows.append(row)
+                print(f"round {r} {name}: {wall:.1f} s (load {os.getloadavg()[0]:.2f})" +
+                      (f"; stages {row['stages']}" if "stages" in row else ""), flush=True)
                 shutil.rmtree(out, ignore_errors=True)
         mean = {n: sum(x["seconds"] for x in rows if x["run"] == n) / a.rounds for n in ("dpsgd", "auto", "auto-again")}
-        stages = None
-        if not a.no_profile:
-            prof = str(work / "auto.prof")
-            t0 = time.perf_counter()
-            _run([sys.executable, "-m", "cProfile", "-o", prof, "-m", "gsd_cli.cli", *common, "--auto-select", "--public", *a.public,
-                  "--out", str(work / "profiled")], {**env, "GSD_CACHE_DIR": str(work / "cache-profiled")})  # a first run: empty cache
-            stages = breakdown(prof, time.perf_counter() - t0)
-            for k, v in stages.items():
-                print(f"  {k:<44} {v:8.1f} s")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     ratio = mean["auto"] / mean["dpsgd"]
@@ -123,7 +97,7 @@ def main() -> None:
     doc = {"command": "python benchmarks/bench_auto_select_cost.py " + " ".join(sys.argv[1:]), "private": a.private, "public": a.public,
            "threads": os.environ.get("OMP_NUM_THREADS"), "cpus": os.cpu_count(), "loadavg_before": load0, "loadavg_after": os.getloadavg(),
            "runs": rows, "mean_seconds": {k: round(v, 2) for k, v in mean.items()}, "ratio": round(ratio, 2),
-           "ratio_again": round(again, 2), "stages_profiled": stages}
+           "ratio_again": round(again, 2)}
     if a.json:
         Path(a.json).write_text(json.dumps(doc, indent=1) + "\n")
 

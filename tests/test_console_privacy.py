@@ -322,7 +322,8 @@ def test_non_private_auto_select_puts_its_statistics_on_private_lines_and_in_the
         assert set(sel["advice"]) == {"method", "public", "fell_back", "refused"}
         assert priv["publishable"] is False and priv["selection"]["private_examples"] == n
         probe = priv["selection"]["advice"]["evidence"]["probe"]
-        assert len(probe["baseline"]) == 2 and set(probe["gains"]) == {"digits", "noise"}
+        # probed: only the candidates the advice could choose (issue 53), here none or some
+        assert set(probe["gains"]) <= {"digits", "noise"} and len(probe["baseline"]) == (2 if probe["gains"] else 0)
         assert {r["public"] for r in priv["selection"]["results"]} == {"digits", "noise"}
         keys, numbers = _walk(pub)
         assert not {"evidence", "probe", "baseline", "gains", "results", "references", "runs", "private_examples", "p_value",

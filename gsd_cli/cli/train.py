@@ -356,9 +356,12 @@ def train(
             else:
                 out.print(f"training without public data (--method {cfg.method})")
 
-    summary = with_progress(quiet, lambda pr: train_fn(cfg, run, resume=resume is not None, device=device.value, progress=pr,
-                                                       selection=selection, notify=notify_note, nproc=nproc), width=8, eta=True,
-                            private=True)  # an epoch's time grows with N: the progress lines are labelled private
+    from ..timing import stage
+
+    with stage("training"):  # its stage 1 apart: "training's stage 1"
+        summary = with_progress(quiet, lambda pr: train_fn(cfg, run, resume=resume is not None, device=device.value, progress=pr,
+                                                           selection=selection, notify=notify_note, nproc=nproc), width=8, eta=True,
+                                private=True)  # an epoch's time grows with N: the progress lines are labelled private
     if summary is None:  # a process other than 0 of a distributed run: process 0 writes and reports
         return
     from ..train.report import print_summary

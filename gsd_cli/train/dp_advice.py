@@ -85,6 +85,7 @@ def dp_probe_advice(train_part, candidates: list, settings, method: str, *, epsi
     from ..privacy.randomness import private_rng
     from .advice import FALLBACK, Decision, describe, second_phase_usable
     from .probe import _Named, _Settings, head_features
+    from ..timing import stage
     from .second_phase import run_second_phase
 
     num_classes = int(train_part.num_classes)
@@ -124,12 +125,14 @@ def dp_probe_advice(train_part, candidates: list, settings, method: str, *, epsi
     nets = [model0]
     for i, (name, _) in enumerate(usable.items()):  # public: stage 1 on each usable candidate (cached)
         m = copy.deepcopy(model0)
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp, stage("probe stage 1"):
             run_second_phase(m, names, _Settings(settings, name, int(seed)), spec, Path(tmp), dev, num_classes=num_classes,
-                             multilabel=False, catalog=_Named(named), private_classes=getattr(train_part, "classes", None))
+                             multilabel=False, catalog=_Named(named), private_classes=getattr(train_part, "classes", None), timed=None)
         nets.append(m)
         if progress:
             progress("dp probe", i + 1, len(usable) + 1)
+    fits = stage("probe fits")
+    fits.__enter__()  # the features, the partition and the mechanism
     n = len(train_part)
     idx = np.arange(n)
     feats: list[list[np.ndarray]] = [[] for _ in nets]
@@ -146,6 +149,7 @@ def dp_probe_advice(train_part, candidates: list, settings, method: str, *, epsi
     salt = rng.bytes(32) if insecure_seed is not None else pm.new_salt()
     parts = pm.split_parts(cached_identities(train_part, idx), salt)
     winner = pm.dp_probe_at(features, labels, parts, num_classes, z=z, epsilon_pf=eps_pf, rng=rng)
+    fits.__exit__(None, None, None)
     if progress:
         progress("dp probe", len(usable) + 1, len(usable) + 1)
     chosen = None if winner == 0 else list(usable)[winner - 1]

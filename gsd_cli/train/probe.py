@@ -167,6 +167,7 @@ def probe_second_phase(private, candidates: list, settings, *, examples: int = 2
     (a :class:`gsd_cli.train.TrainConfig` or anything with its fields: ``model``, ``weights``, ``peft``,
     ``params``, ``batchnorm``, ``public_examples``, ``public_epochs``, ``public_lr``, ``public_batch_size``)."""
     from ..models.peft import build_model
+    from ..timing import stage
     from .second_phase import run_second_phase
 
     from ..gradients import resolve_device
@@ -192,19 +193,21 @@ def probe_second_phase(private, candidates: list, settings, *, examples: int = 2
             parts.append(part if len(sample) * part[0].numel() * 4 <= HOLD_FLOAT32 else part.half())
         x = torch.cat(parts)
         y = torch.from_numpy(np.asarray(sample.labels(), dtype=np.int64))
-        base = linear_probe_accuracy(head_features(model0, x), y, num_classes, s)
+        with stage("probe fits"):
+            base = linear_probe_accuracy(head_features(model0, x), y, num_classes, s)
         baseline.append(base)
         done += 1
         if progress:
             progress("probe", done, total)
         for name, src in named.items():
             model = copy.deepcopy(model0)
-            with tempfile.TemporaryDirectory() as tmp:
+            with tempfile.TemporaryDirectory() as tmp, stage("probe stage 1"):
                 rec = run_second_phase(model, names, _Settings(settings, name, s), spec, Path(tmp), dev, num_classes=num_classes,
                                        multilabel=bool(private.multilabel), catalog=_Named(named),
-                                       private_classes=getattr(private, "classes", None))
+                                       private_classes=getattr(private, "classes", None), timed=None)
             stage1.setdefault(name, {"head": rec["head"], "public_examples": rec["public_examples"], "lr": rec["lr"]})
-            gains[name].append(linear_probe_accuracy(head_features(model, x), y, num_classes, s) - base)
+            with stage("probe fits"):
+                gains[name].append(linear_probe_accuracy(head_features(model, x), y, num_classes, s) - base)
             done += 1
             if progress:
                 progress("probe", done, total)

@@ -105,10 +105,18 @@ def _swap(model: nn.Module, name: str, new: nn.Module) -> nn.Module:
 
 
 def run_second_phase(model: nn.Module, names: list[str], cfg, spec, out: Path, device: torch.device, *,
-                     num_classes: int, multilabel: bool, catalog=None, progress=None, private_classes=None) -> dict:
+                     num_classes: int, multilabel: bool, catalog=None, progress=None, private_classes=None,
+                     timed: str | None = "training's stage 1") -> dict:
     """Stage 1 on ``model`` in place (only the parameters ``names`` change). Returns its record.
+    ``timed``: the stage name under which :mod:`gsd_cli.timing` counts it (None: the caller does).
     ``private_classes``: the private task's class names (its declared label space, public); the head is
     shared only where every public class is one of them (:func:`label_map`)."""
+    from ..timing import stage
+
+    if timed is not None:
+        with stage(timed):
+            return run_second_phase(model, names, cfg, spec, out, device, num_classes=num_classes, multilabel=multilabel,
+                                    catalog=catalog, progress=progress, private_classes=private_classes, timed=None)
     settings = {k: getattr(cfg, k) for k in STAGE1_KEYS}
     meta_file, weights_file = out / STAGE1_META, out / STAGE1_WEIGHTS
     saved = json.loads(meta_file.read_text()) if meta_file.is_file() else None

@@ -61,7 +61,10 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
     options = dict(rank_options)
     if repeats != 1:
         options["repeats"] = repeats
-    ranking = rank(train_part, [*pubs, *references], **options)
+    from ..timing import stage
+
+    with stage("rankings"):
+        ranking = rank(train_part, [*pubs, *references], **options)
     facts = {getattr(p, "name", str(p)): describe(p) for p in pubs}
     if not references:  # --no-fallback under DP: the winner among the candidates alone, no advice
         return ranking, None
