@@ -13,7 +13,7 @@ from rich.markup import escape
 from ..defaults import DEFAULT_PRIVATE
 from ..errors import GSDError
 from .app import app
-from .train_select import dp_probe_path, dp_probe_selection, split_budget, warn
+from .train_select import dp_probe_selection, uses_dp_probe, warn
 from .common import PrivateConsole, err, new_run_dir, out, print_private, public_names, with_progress
 from .options import (
     MODEL_FORMS, Accountant, BatchNorm, Device, Method, Schedule, batchnorm_option, classes_option, deterministic_noise_option, device_option, extra_argument,
@@ -113,7 +113,7 @@ def train(
     public: Optional[List[str]] = _panel(public_list_option("Public dataset for GEP; with --auto-select, the candidates (list names after it; default, as gsd rank: the built-in candidates)."), "Data"),
     auto_select: bool = typer.Option(False, "--auto-select", help="Rank the --public candidates (or the --catalog job's) with gsd rank first (probe network, random labels) and train with the closest.", rich_help_panel="Data"),
     catalog_path: Optional[Path] = typer.Option(None, "--catalog", help="TOML catalogue: its datasets resolve by name; with --auto-select the candidates are those of the job whose private set is --private.", rich_help_panel="Data"),
-    method: Optional[Method] = typer.Option(None, "--method", show_default=False, help="Default: auto with --auto-select, else gep. auto (--auto-select only): the advice (docs/train.md): the second phase with the candidate that is closer than the in-run noise references and whose stage 1 the feature probe finds helps the model with confidence (under --select-epsilon: the closest usable candidate, else GEP), else DP-SGD without public data; printed with its evidence. gep: Gradient Embedding Perturbation (paper 000) on the public anchor subspace; dpsgd: DP-SGD without public data; rgp: low-rank reparametrized gradient perturbation (paper 001), no public data; topagg: DP-SGD with NormTopK compression (paper 002); second-phase: train the --peft parameters on the public set first (no privacy cost), then DP-SGD on the private set (paper 004 Sec. 5; the paper uses --lr 0.8 --clip 0.1).", rich_help_panel="Privacy"),
+    method: Optional[Method] = typer.Option(None, "--method", show_default=False, help="Default: auto with --auto-select, else gep. auto (--auto-select only): the advice (docs/train.md): the second phase with the candidate that is closer than the in-run noise references and whose stage 1 the feature probe finds helps the model with confidence (under --select-epsilon: the candidate the DP feature probe chooses over the untrained model), else DP-SGD without public data; printed with its evidence. gep: Gradient Embedding Perturbation (paper 000) on the public anchor subspace; dpsgd: DP-SGD without public data; rgp: low-rank reparametrized gradient perturbation (paper 001), no public data; topagg: DP-SGD with NormTopK compression (paper 002); second-phase: train the --peft parameters on the public set first (no privacy cost), then DP-SGD on the private set (paper 004 Sec. 5; the paper uses --lr 0.8 --clip 0.1).", rich_help_panel="Privacy"),
     epsilon: float = typer.Option(2.0, "--epsilon", help="Target epsilon of the run (the training; with --select-epsilon, the selection's share included); sigma is calibrated so the final epsilon is never above it.", rich_help_panel="Privacy"),
     delta: float = typer.Option(1e-5, "--delta", help="Target delta, in (0, 1); use less than 1/N.", rich_help_panel="Privacy"),
     private_test: Optional[str] = typer.Option(None, "--private-test", help="Test set for evaluation (default: the private dataset's test part).", rich_help_panel="Data"),
@@ -164,9 +164,9 @@ def train(
     rank_k: int = typer.Option(16, "--rank-k", help="--auto-select: subspace dimension of the ranking.", rich_help_panel="Auto-select ranking (--auto-select)"),
     rank_examples: int = typer.Option(2000, "--rank-examples", help="--auto-select: examples per dataset in the ranking.", rich_help_panel="Auto-select ranking (--auto-select)"),
     select_epsilon: Optional[float] = typer.Option(None, "--select-epsilon", help="--auto-select with a private selection at this epsilon, part of --epsilon (the run's total, docs/train.md): the DP feature probe for --method auto or second-phase, the DP selection on GSD for --method gep or --probe-repeats 0; without it the selection is not private.", rich_help_panel="Auto-select ranking (--auto-select)"),
-    probe_repeats: int = typer.Option(3, "--probe-repeats", min=0, max=100, help="--auto-select without --select-epsilon: draws of the feature probe (stage 1 of the second phase on each candidate, then a linear probe of the private examples against the untrained model's). 0: no probe, the GSD advice decides (the second phase with the closest usable candidate, else GEP).", rich_help_panel="Auto-select ranking (--auto-select)"),
+    probe_repeats: int = typer.Option(3, "--probe-repeats", min=0, max=100, help="--auto-select without --select-epsilon: draws of the feature probe (stage 1 of the second phase on each candidate, then a linear probe of the private examples against the untrained model's). 0: no probe, the GSD advice decides (the second phase with the closest usable candidate, else GEP; under --select-epsilon, the DP selection on GSD instead of the DP feature probe).", rich_help_panel="Auto-select ranking (--auto-select)"),
     rank_repeats: Optional[int] = typer.Option(None, "--rank-repeats", help="--auto-select: draws of the ranking (default 3; 1 with --select-epsilon): the advice uses a candidate only when it is closer than the in-run noise reference by a one-sided paired t-test over the draws.", rich_help_panel="Auto-select ranking (--auto-select)"),
-    fallback: bool = typer.Option(True, "--fallback/--no-fallback", help="--auto-select: follow the advice (docs/train.md): public data only when a candidate is closer than the in-run noise reference with confidence, the second phase only with a candidate that has the private task's classes and 100 examples per class and, without --select-epsilon, that the feature probe finds helps the model; otherwise DP-SGD without public data (--method auto) or exit 2 (an explicit --method gep or second-phase). --no-fallback trains with the closest candidate anyway, with a warning.", rich_help_panel="Auto-select ranking (--auto-select)"),
+    fallback: bool = typer.Option(True, "--fallback/--no-fallback", help="--auto-select: follow the advice (docs/train.md): public data only when a candidate is closer than the in-run noise reference with confidence, the second phase only with a candidate that has the private task's classes and 100 examples per class and that the feature probe (under --select-epsilon, the DP feature probe) finds helps the model; otherwise DP-SGD without public data (--method auto) or exit 2 (an explicit --method gep or second-phase). --no-fallback trains with the closest candidate anyway, with a warning.", rich_help_panel="Auto-select ranking (--auto-select)"),
     device: Device = _panel(device_option(), "Run folder and output"),
     nproc: int = typer.Option(1, "--nproc", help="Train with N processes on this machine (torch.distributed: gloo on CPU, NCCL with one GPU each), each on its shard of every Poisson subsample; the same mechanism, epsilon and weights (to float rounding) as one process. Under torchrun leave it out: the processes exist already.", rich_help_panel="Run folder and output"),
     quiet: bool = _panel(quiet_option("No progress bars."), "Run folder and output"),
@@ -291,12 +291,13 @@ def train(
 
         check_not_inputs({"--out": run}, run_inputs([private, *publics], catalog_path, None, None) + catalog_inputs(catalog_path))  # not inside a folder: source
         if auto_select and select_epsilon is not None:  # --epsilon is the run's total: the selection's share comes off it
-            cfg.epsilon, train_delta, selection_delta = split_budget(epsilon, delta, select_epsilon)
-            if dp_probe_path(cfg, probe_repeats, private, private_test, cat, classes):
-                cfg.delta = train_delta
+            from ..train.dp_advice import split_budget
+
+            cfg.epsilon = split_budget(epsilon, delta, select_epsilon)[0]  # the DP selection on GSD: pure, delta 0
+            if uses_dp_probe(cfg.method, probe_repeats):
                 selection = dp_probe_selection(cfg, private, publics, private_test=private_test, catalog=cat, select_epsilon=select_epsilon,
-                                               selection_delta=selection_delta, total=(epsilon, delta), fallback=fallback,
-                                               device=device.value, quiet=quiet, classes=classes)
+                                               total=(epsilon, delta), fallback=fallback, device=device.value, quiet=quiet,
+                                               classes=classes)
         if auto_select and selection is None:
             from ..report import print_ranking
 

@@ -18,38 +18,30 @@ def warn(message: str) -> None:
     err.print(prefix + escape(" ".join(str(message).split())), highlight=False, soft_wrap=True)
 
 
-def split_budget(total_epsilon: float, total_delta: float, select_epsilon: float):
-    """The training's and the selection's shares of ``--epsilon``/``--delta`` (:func:`gsd_cli.train.dp_advice.split_budget`)."""
-    from ..train.dp_advice import split_budget as split
-
-    return split(total_epsilon, total_delta, select_epsilon)
-
-
-def dp_probe_path(cfg, probe_repeats: int, private: str, private_test, catalog, classes) -> bool:
-    """Whether ``--select-epsilon``'s advice is the DP feature probe (``--method auto`` or ``second-phase``, a
-    single-label private task, ``--probe-repeats`` not 0), else the DP selection on GSD (:mod:`gsd_cli.distance.dpselect`)."""
-    if cfg.method not in ("auto", "second-phase") or not probe_repeats:
-        return False
-    from .. import data as gdata
-    from ..train.splits import private_parts
-
-    train_part, _ = private_parts(private, private_test, catalog)
-    if classes is not None:
-        train_part = gdata.with_classes(train_part, classes)
-    return not train_part.multilabel
+def uses_dp_probe(method: str, probe_repeats: int) -> bool:
+    """Whether ``--select-epsilon``'s advice is the DP feature probe (``--method auto`` or ``second-phase``,
+    ``--probe-repeats`` not 0; a multi-label task aside), else the DP selection on GSD (:mod:`gsd_cli.distance.dpselect`)."""
+    return method in ("auto", "second-phase") and bool(probe_repeats)
 
 
-def dp_probe_selection(cfg, private: str, publics: list, *, private_test, catalog, select_epsilon: float, selection_delta: float,
-                       total: tuple, fallback: bool, device: str, quiet: bool, classes=None) -> dict:
+def dp_probe_selection(cfg, private: str, publics: list, *, private_test, catalog, select_epsilon: float, total: tuple,
+                       fallback: bool, device: str, quiet: bool, classes=None) -> dict | None:
     """``--auto-select --select-epsilon`` with the DP feature probe (:func:`gsd_cli.train.select.dp_advised_selection`):
-    books and draws it, prints its (public) decision, sets the run's method and public set; returns the
-    selection's record for the summary."""
+    books and draws it, prints its (public) decision, sets the run's method, public set and the training's
+    share of the total (:func:`gsd_cli.train.dp_advice.split_budget`); returns the selection's record for the
+    summary, or None for a multi-label task (then the DP selection on GSD decides)."""
+    from ..train.dp_advice import split_budget
     from ..train.select import dp_advised_selection
 
-    decision, record = with_progress(
+    train_epsilon, train_delta, selection_delta = split_budget(total[0], total[1], select_epsilon)
+    advised = with_progress(
         quiet, lambda pr: dp_advised_selection(private, publics, cfg.method, settings=cfg, epsilon=select_epsilon, delta=selection_delta,
                                                private_test=private_test, catalog=catalog, seed=cfg.seed, device=device,
                                                insecure_seed=cfg.private_seed, progress=pr, classes=classes), private=True)
+    if advised is None:
+        return None
+    decision, record = advised
+    cfg.epsilon, cfg.delta = train_epsilon, train_delta
     out.print(escape(decision.message), highlight=False, soft_wrap=True)
     record = {**record, "advice": decision.to_dict(), "total": {"epsilon": total[0], "delta": total[1]}}
     if record.get("privacy") is None:  # nothing to choose (public facts): nothing spent, the training gets the whole total

@@ -60,6 +60,24 @@ def project(features: np.ndarray, seed: int, dim: int = PROBE_DIM) -> np.ndarray
     return features @ p
 
 
+def private_features(train_part, nets: list, spec, seed: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    """``(features per model, labels, indices)`` of every private training example: the head's input under each
+    of ``nets`` (:func:`gsd_cli.train.probe.head_features`), projected (:func:`project`); decoded chunk by chunk."""
+    from .probe import head_features
+
+    n = len(train_part)
+    idx = np.arange(n)
+    feats: list[list[np.ndarray]] = [[] for _ in nets]
+    for start in range(0, n, 256):
+        part = idx[start:start + 256]
+        x = gdata.to_model_input(gdata.read_images(train_part, part, spec.input_size), spec.input_size, spec.channels, "cpu")
+        for j, net in enumerate(nets):
+            feats[j].append(head_features(net, x).numpy().astype(np.float64))
+    features = [project(np.concatenate(f), seed) if f else np.zeros((0, 1)) for f in feats]
+    labels = np.asarray(train_part.labels(idx), dtype=np.int64) if n else np.zeros(0, dtype=np.int64)
+    return features, labels, idx
+
+
 def split_budget(total_epsilon: float, total_delta: float, select_epsilon: float) -> tuple[float, float, float]:
     """``(training epsilon, training delta, selection delta)`` of a run whose total is (``total_epsilon``,
     ``total_delta``) and whose DP probe spends ``select_epsilon``: basic composition. Refused in one line
@@ -84,7 +102,7 @@ def dp_probe_advice(train_part, candidates: list, settings, method: str, *, epsi
     from ..privacy import probe_mechanism as pm
     from ..privacy.randomness import private_rng
     from .advice import FALLBACK, Decision, describe, second_phase_usable
-    from .probe import _Named, _Settings, head_features
+    from .probe import _Named, _Settings
     from ..timing import stage
     from .second_phase import run_second_phase
 
@@ -131,25 +149,14 @@ def dp_probe_advice(train_part, candidates: list, settings, method: str, *, epsi
         nets.append(m)
         if progress:
             progress("dp probe", i + 1, len(usable) + 1)
-    fits = stage("probe fits")
-    fits.__enter__()  # the features, the partition and the mechanism
-    n = len(train_part)
-    idx = np.arange(n)
-    feats: list[list[np.ndarray]] = [[] for _ in nets]
-    for start in range(0, n, 256):  # every private training example, decoded chunk by chunk
-        part = idx[start:start + 256]
-        x = gdata.to_model_input(gdata.read_images(train_part, part, spec.input_size), spec.input_size, spec.channels, "cpu")
-        for j, net in enumerate(nets):
-            feats[j].append(head_features(net, x).numpy().astype(np.float64))
-    features = [project(np.concatenate(f), seed) if f else np.zeros((0, 1)) for f in feats]
-    labels = np.asarray(train_part.labels(idx), dtype=np.int64) if n else np.zeros(0, dtype=np.int64)
     from ..data.identity import cached_identities
 
-    rng = private_rng("dp-probe", insecure_seed)
-    salt = rng.bytes(32) if insecure_seed is not None else pm.new_salt()
-    parts = pm.split_parts(cached_identities(train_part, idx), salt)
-    winner = pm.dp_probe_at(features, labels, parts, num_classes, z=z, epsilon_pf=eps_pf, rng=rng)
-    fits.__exit__(None, None, None)
+    with stage("probe fits"):  # the features, the partition and the mechanism
+        features, labels, idx = private_features(train_part, nets, spec, seed)
+        rng = private_rng("dp-probe", insecure_seed)
+        salt = rng.bytes(32) if insecure_seed is not None else pm.new_salt()
+        parts = pm.split_parts(cached_identities(train_part, idx), salt)
+        winner = pm.dp_probe_at(features, labels, parts, num_classes, z=z, epsilon_pf=eps_pf, rng=rng)
     if progress:
         progress("dp probe", len(usable) + 1, len(usable) + 1)
     chosen = None if winner == 0 else list(usable)[winner - 1]

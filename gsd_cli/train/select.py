@@ -97,7 +97,8 @@ def dp_advised_selection(private: str, candidates: Sequence[str], method: str = 
     feature probe (:mod:`gsd_cli.train.dp_advice`) on the private *training* part, booked in the privacy
     ledger (before it draws) at (``epsilon``, ``delta``), the selection's own share of the run's total
     (:func:`gsd_cli.train.dp_advice.split_budget`). Returns ``(decision, selection)``: the decision and the
-    selection's public record (for the run's summary). ``classes``: the run's ``--classes``."""
+    selection's public record (for the run's summary); None for a multi-label task (declared: public), which the
+    DP probe does not score (the DP selection on GSD decides there). ``classes``: the run's ``--classes``."""
     from ..data import resolve
     from ..privacy.budget import book_selection
     from .dp_advice import dp_probe_advice
@@ -107,6 +108,8 @@ def dp_advised_selection(private: str, candidates: Sequence[str], method: str = 
         from ..data import with_classes
 
         train_part = with_classes(train_part, classes)
+    if train_part.multilabel:
+        return None
     pubs = [catalog.resolve(c) for c in candidates] if catalog is not None else [resolve(c) if isinstance(c, str) else c for c in candidates]
 
     def book(eps, dlt, curve, mechanism):

@@ -18,7 +18,7 @@ Every array ``x`` is uint8 (N, H, W) or (N, H, W, 3), ``y`` int64, ``classes`` t
 item (an emoji code with all its vendors and tones, an icon theme, a band of a tile sheet, of a map or of a brain
 volume), so that no two parts share an item or a pixel.
 
-    python -m benchmarks.validity.heldout.round6.prepare6 [TASK ...]   # default: every task; idempotent
+    cd benchmarks && python -m validity.heldout.round6.prepare6 [TASK ...]   # default: every task; idempotent
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+from ..prepare import band_patches  # distinct random patches inside one band
 
 INSTALL = ("npm install --prefix ~/.cache/gsd-bench/npm emoji-datasource-twitter@16.0.0 emoji-datasource-google@16.0.0 "
            "material-design-icons@3.0.1 openmoji@17.0.0; apt-get install openuniverse-common xplanet-images "
@@ -135,15 +137,6 @@ def _map(body: str) -> np.ndarray:
     return a[int(0.15 * 512): int(0.85 * 512)]
 
 
-def _patches(img: np.ndarray, size: int, n: int, rng: np.random.Generator) -> np.ndarray:
-    h, w = img.shape[:2]
-    positions = (h - size + 1) * (w - size + 1)
-    if n > positions:
-        raise SystemExit(f"band {h}x{w} holds {positions} patch positions, asked for {n}")
-    flat = rng.choice(positions, size=n, replace=False)
-    return np.stack([img[i: i + size, j: j + size] for i, j in zip(flat // (w - size + 1), flat % (w - size + 1))])
-
-
 def planet_sets(seed: int = 71) -> dict[str, tuple[np.ndarray, np.ndarray, list[str]]]:
     """``planets`` (32x32 RGB), ``pub-planets`` (32x32 RGB, another band: the untransformed source of
     ``planets-grey``) and ``planets-grey`` (28x28 grey, rotated 90 degrees, contrast stretched: the one round-6 task
@@ -157,7 +150,7 @@ def planet_sets(seed: int = 71) -> dict[str, tuple[np.ndarray, np.ndarray, list[
         xs, ys = [], []
         for label, m in enumerate(maps):
             w = m.shape[1]
-            p = _patches(m[:, int(a * w): int(b * w)], size, MAP_PER_CLASS[part], rng)
+            p = band_patches(m[:, int(a * w): int(b * w)], size, MAP_PER_CLASS[part], rng)
             if grey:
                 g = p.astype(np.float64) @ np.array([0.299, 0.587, 0.114])
                 lo, hi = g.min(axis=(1, 2), keepdims=True), g.max(axis=(1, 2), keepdims=True)
@@ -310,7 +303,7 @@ def earth_set(seed: int = 79) -> dict[str, tuple[np.ndarray, np.ndarray, list[st
     from PIL import Image
 
     rng = np.random.default_rng(seed)
-    xs = [_patches(np.asarray(Image.open(_deb(f"/usr/share/xplanet/images/{f}.jpg")).convert("RGB"))[150:874], 32, 800, rng)
+    xs = [band_patches(np.asarray(Image.open(_deb(f"/usr/share/xplanet/images/{f}.jpg")).convert("RGB"))[150:874], 32, 800, rng)
           for f in ("earth", "night")]
     return {"pub-earth": (np.concatenate(xs), np.repeat(np.arange(2), 800).astype(np.int64), ["day", "night"])}
 
