@@ -18,6 +18,8 @@ def main() -> None:
     r.add_argument("--stage", choices=("selection", "held-out", *ROUND_STAGES), required=True)
     r.add_argument("--advised", action="store_true", help="gsd_cli.train.select.advised_selection's ranking and decision (noise reference, repeats)")
     r.add_argument("--probe", action="store_true", help="the feature probe of the second phase (gsd_cli.train.probe)")
+    r.add_argument("--native", action="store_true", help="with --advised: rank at gsd train --auto-select's ranking size "
+                   "(gsd_cli.train.select.ranking_model: the probe network at the training model's side), not at 224")
     r = sub.add_parser("run", help="the trainings of a stage (cached, resumable)")
     r.add_argument("--stage", choices=("tune", "selection", "held-out", *ROUND_STAGES), required=True)
     r.add_argument("--methods", nargs="+", choices=("dpsgd", "gep", "second-phase"), help="only these methods' runs")
@@ -48,7 +50,7 @@ def main() -> None:
     elif a.cmd == "rank":
         from .arms import rank_stage
 
-        rank_stage(a.stage, a.advised, a.probe)
+        rank_stage(a.stage, a.advised, a.probe, a.native)
     elif a.cmd == "run":
         from .arms import run_stage, tuned
 

@@ -109,12 +109,20 @@ def rank_one(task: str, seed: int) -> dict:
     return doc
 
 
-def rank_advised(task: str, seed: int) -> dict | None:
+#: the cache tag of the advised rankings at gsd train --auto-select's ranking size (issue 53,
+#: :func:`gsd_cli.train.select.ranking_model`: the probe network at the training model's side) instead of 224
+NATIVE = "advised-native"
+
+
+def rank_advised(task: str, seed: int, native: bool = False) -> dict | None:
     """The ranking and decision of ``gsd_cli.train.select.advised_selection`` (the lead's advice, issue 42:
     the candidates plus the in-run noise reference, over its default repeats), cached beside the plain
     ranking as ``<task>-s<seed>-advised.json`` ({"ranking": ..., "decision": ...}). None where gsd has
-    no advised_selection yet."""
-    doc = load_ranking(task, seed, "advised")
+    no advised_selection yet. ``native``: the ranking model at the training model's size
+    (:func:`gsd_cli.train.select.ranking_model`, ``probe@73`` for the benchmark's 28 and 32 pixel models),
+    cached as ``<task>-s<seed>-advised-native.json``; else :data:`RANK`'s (the probe network at 224)."""
+    kind = NATIVE if native else "advised"
+    doc = load_ranking(task, seed, kind)
     if doc is not None:
         return doc
     try:
@@ -127,13 +135,19 @@ def rank_advised(task: str, seed: int) -> dict | None:
     from .prepare import data_dir
 
     t = TASKS[task]
+    opts = dict(RANK)
+    if native:
+        from gsd_cli.train.select import ranking_model
+
+        opts["model"] = ranking_model(t.model)
     t0 = time.perf_counter()
     ranking, dec = advised_selection(t.train, list(t.candidates), "auto", private_test=t.test, seed=seed, device="cpu",
-                                     cache=SubspaceCache(data_dir() / "subspaces"), **RANK)
+                                     cache=SubspaceCache(data_dir() / "subspaces"), **opts)
     refs = [r.to_dict() for r in getattr(ranking, "references", None) or []]  # split_references: the noise rows apart
     doc = {"ranking": ranking.to_dict(), "references": refs, "decision": dec.to_dict(),
-           "benchmark": {"task": task, "seed": seed, "commit": gsd_commit(), "wall_seconds": round(time.perf_counter() - t0, 1)}}
-    save_ranking(task, seed, doc, "advised")
+           "benchmark": {"task": task, "seed": seed, "commit": gsd_commit(), "model": opts["model"],
+                         "wall_seconds": round(time.perf_counter() - t0, 1)}}
+    save_ranking(task, seed, doc, kind)
     return doc
 
 
@@ -243,7 +257,7 @@ def stage_jobs(stage: str, methods=None) -> list[tuple]:
     return [j for j in jobs if methods is None or j[1] in methods]
 
 
-def rank_stage(stage: str, advised: bool = False, probe: bool = False) -> None:
+def rank_stage(stage: str, advised: bool = False, probe: bool = False, native: bool = False) -> None:
     import torch
 
     torch.set_num_threads(1)
@@ -258,7 +272,7 @@ def rank_stage(stage: str, advised: bool = False, probe: bool = False) -> None:
                       + f" ({time.time() - t0:.0f} s)", flush=True)
                 continue
             if advised:
-                a = rank_advised(task, seed)
+                a = rank_advised(task, seed, native)
                 if a is None:
                     raise SystemExit("this gsd has no gsd_cli.train.select.advised_selection")
                 print(f"rank (advised) {task} seed {seed}: {a['decision']['method']} {a['decision']['public']} "
