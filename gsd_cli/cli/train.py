@@ -160,7 +160,7 @@ def train(
     data_root: Optional[Path] = _panel(data_root_option(), "Data"),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="New run folder (default gsd-train-<time>); its parent must exist.", rich_help_panel="Run folder and output"),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the interrupted run in this folder, with its own settings (same result as an uninterrupted run).", rich_help_panel="Run folder and output"),
-    rank_model: str | None = typer.Option(None, "--rank-model", help="--auto-select: model of the ranking (default: the probe network at the training model's input size, 73 to 224; with --weights or --peft, the trained model with its weights and --peft).", rich_help_panel="Auto-select ranking (--auto-select)"),
+    rank_model: str | None = typer.Option(None, "--rank-model", help="--auto-select: model of the ranking (default: probe; with --weights or --peft, the trained model with its weights and --peft).", rich_help_panel="Auto-select ranking (--auto-select)"),
     rank_k: int = typer.Option(16, "--rank-k", help="--auto-select: subspace dimension of the ranking.", rich_help_panel="Auto-select ranking (--auto-select)"),
     rank_examples: int = typer.Option(2000, "--rank-examples", help="--auto-select: examples per dataset in the ranking.", rich_help_panel="Auto-select ranking (--auto-select)"),
     select_epsilon: Optional[float] = typer.Option(None, "--select-epsilon", help="--auto-select with a private selection at this epsilon, part of --epsilon (the run's total, docs/train.md): the DP feature probe for --method auto or second-phase, the DP selection on GSD for --method gep or --probe-repeats 0; without it the selection is not private.", rich_help_panel="Auto-select ranking (--auto-select)"),
@@ -302,11 +302,11 @@ def train(
             from ..report import print_ranking
 
             from ..ranking.cache import SubspaceCache
-            from ..train.select import ranking_model
+            from ..train.select import RANK_MODEL
 
             # public subspaces (the candidates' and the noise references') are functions of public data and settings:
             # reused across runs from gsd's cache folder (gsd cache), as gsd rank does
-            rank_opts = dict(k=rank_k, examples=rank_examples, seed=seed, model=rank_model or ranking_model(model), device=device.value,
+            rank_opts = dict(k=rank_k, examples=rank_examples, seed=seed, model=rank_model or RANK_MODEL, device=device.value,
                              cache=SubspaceCache())
             if (weights is not None or peft is not None) and rank_model is None:
                 rank_opts.update(model=model, weights=weights, peft=peft, batchnorm=batchnorm.value)  # GSD on exactly the parameters to be trained

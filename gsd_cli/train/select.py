@@ -9,29 +9,11 @@ import numpy as np
 from ..ranking import Ranking, rank
 from .splits import private_parts
 
-#: the ranking network of ``gsd train --auto-select`` (paper 004 Table 7b's probe network); its size follows the
-#: training model's (:func:`ranking_model`)
-RANK_NETWORK = "probe"
-#: the side the probe network ranks at for models whose input is this large or larger (paper 004's)
-RANK_SIDE_MAX = 224
-
-
-def ranking_model(train_model) -> str:
-    """``gsd train --auto-select``'s default ranking model for a run that trains ``train_model``: the probe network
-    at the training model's input side, at least the smallest it takes (73) and at most :data:`RANK_SIDE_MAX`
-    (``probe@73`` for a 28 x 28 or 32 x 32 model, ``probe`` for a 224 x 224 one). The side is a setting of the run
-    (public), never read off the private images. Ranking 28 x 28 images enlarged to 224 cost about nine times the
-    pixels of 73 for the same images: ``benchmarks/bench_auto_select_cost.py``; the held-out benchmark's decisions at
-    this size, ``cd benchmarks && python -m validity.heldout rank --advised --native``, are in docs/validity.md."""
-    from probes import get_model_spec, smallest_input_size
-
-    from ..models.spec import resolve_model
-
-    side = getattr(resolve_model(train_model), "input_size", None) if train_model is not None else None
-    net = get_model_spec(RANK_NETWORK)
-    s = RANK_SIDE_MAX if not side else min(RANK_SIDE_MAX, max(smallest_input_size(net), int(side)))
-    return RANK_NETWORK if s == net.input_size else f"{RANK_NETWORK}@{s}"
-
+#: ``gsd train --auto-select``'s ranking model: paper 004's probe network at 224. At the training model's own side
+#: (``probe@73`` for 28 and 32 pixel models: about a ninth of the pixels) the held-out benchmark's decisions got
+#: worse (docs/validity.md, "The ranking's resolution"), so the advice keeps 224 and saves its cost by caching the
+#: public subspaces across runs instead
+RANK_MODEL = "probe"
 
 def auto_select(private: str, candidates: Sequence[str], *, private_test: str | None = None, catalog=None, **rank_options) -> Ranking:
     """Rank ``candidates`` by GSD to the private *training* part (the test part is never looked at)

@@ -18,8 +18,8 @@ def main() -> None:
     r.add_argument("--stage", choices=("selection", "held-out", *ROUND_STAGES), required=True)
     r.add_argument("--advised", action="store_true", help="gsd_cli.train.select.advised_selection's ranking and decision (noise reference, repeats)")
     r.add_argument("--probe", action="store_true", help="the feature probe of the second phase (gsd_cli.train.probe)")
-    r.add_argument("--native", action="store_true", help="with --advised: rank at gsd train --auto-select's ranking size "
-                   "(gsd_cli.train.select.ranking_model: the probe network at the training model's side), not at 224")
+    r.add_argument("--native", action="store_true", help="with --advised: the probe network at the training model's side "
+                   "(arms.native_model: probe@73 here), not at 224 (issue 53's proposal)")
     r = sub.add_parser("run", help="the trainings of a stage (cached, resumable)")
     r.add_argument("--stage", choices=("tune", "selection", "held-out", *ROUND_STAGES), required=True)
     r.add_argument("--methods", nargs="+", choices=("dpsgd", "gep", "second-phase"), help="only these methods' runs")

@@ -109,9 +109,21 @@ def rank_one(task: str, seed: int) -> dict:
     return doc
 
 
-#: the cache tag of the advised rankings at gsd train --auto-select's ranking size (issue 53,
-#: :func:`gsd_cli.train.select.ranking_model`: the probe network at the training model's side) instead of 224
+#: the cache tag of the advised rankings with the probe network at the training model's side (issue 53's
+#: proposal, :func:`native_model`) instead of 224
 NATIVE = "advised-native"
+
+
+def native_model(train_model: str) -> str:
+    """The probe network at ``train_model``'s input side, at least the smallest it takes (73), at most 224:
+    ``probe@73`` for the benchmark's 28 and 32 pixel models."""
+    from probes import get_model_spec, smallest_input_size
+
+    from gsd_cli.models.spec import resolve_model
+
+    side = resolve_model(train_model).input_size or 224
+    s = min(224, max(smallest_input_size(get_model_spec("probe")), int(side)))
+    return "probe" if s == 224 else f"probe@{s}"
 
 
 def rank_advised(task: str, seed: int, native: bool = False) -> dict | None:
@@ -119,7 +131,7 @@ def rank_advised(task: str, seed: int, native: bool = False) -> dict | None:
     the candidates plus the in-run noise reference, over its default repeats), cached beside the plain
     ranking as ``<task>-s<seed>-advised.json`` ({"ranking": ..., "decision": ...}). None where gsd has
     no advised_selection yet. ``native``: the ranking model at the training model's size
-    (:func:`gsd_cli.train.select.ranking_model`, ``probe@73`` for the benchmark's 28 and 32 pixel models),
+    (:func:`native_model`, ``probe@73`` for the benchmark's 28 and 32 pixel models),
     cached as ``<task>-s<seed>-advised-native.json``; else :data:`RANK`'s (the probe network at 224)."""
     kind = NATIVE if native else "advised"
     doc = load_ranking(task, seed, kind)
@@ -137,9 +149,7 @@ def rank_advised(task: str, seed: int, native: bool = False) -> dict | None:
     t = TASKS[task]
     opts = dict(RANK)
     if native:
-        from gsd_cli.train.select import ranking_model
-
-        opts["model"] = ranking_model(t.model)
+        opts["model"] = native_model(t.model)
     t0 = time.perf_counter()
     ranking, dec = advised_selection(t.train, list(t.candidates), "auto", private_test=t.test, seed=seed, device="cpu",
                                      cache=SubspaceCache(data_dir() / "subspaces"), **opts)

@@ -26,6 +26,7 @@ from .arms import (
     GRID,
     HELD_OUT_SEEDS,
     METHODS,
+    NATIVE,
     RANK,
     SELECTION_SEEDS,
     chosen,
@@ -189,12 +190,15 @@ def task_scores(task: str, seeds, runs: dict, hps: dict, rng) -> dict | None:
     decisions = []
     advised = {s: load_ranking(task, s, "advised") for s in c.seeds}
     probes = {s: load_ranking(task, s, "probe") for s in c.seeds}
+    native = {s: load_ranking(task, s, NATIVE) for s in c.seeds}  # the advised ranking at the training model's size (issue 53)
     first = next((advised[s] for s in sorted(advised) if advised[s] is not None), None)  # the first seed's advised ranking
     deciders = {"auto:rule": lambda s: decision_rule(load_ranking(task, s)) if load_ranking(task, s) is not None else None,
                 "auto:advise": lambda s: decision_advise(task, advised[s]),
                 "auto:advise-once": lambda s: decision_advise(task, first),  # ranked once, its decision trained with every seed
                 "auto:probe": lambda s: decision_advise(task, advised[s], probes[s]) if probes[s] is not None else None,
-                "auto:probe-same": lambda s: decision_same(task, advised[s], probes[s]) if probes[s] is not None else None}
+                "auto:probe-same": lambda s: decision_same(task, advised[s], probes[s]) if probes[s] is not None else None,
+                "auto:probe-native": lambda s: (decision_advise(task, native[s], probes[s])
+                                                if probes[s] is not None and native[s] is not None else None)}
     # each auto arm on the seeds where its decision exists (the advised rankings may cover fewer seeds)
     auto_seeds = {a: [s for s in c.seeds if fn(s) is not None] for a, fn in deciders.items()}
     autos = [a for a in deciders if auto_seeds[a]]
@@ -264,12 +268,15 @@ def task_scores(task: str, seeds, runs: dict, hps: dict, rng) -> dict | None:
             "spearman": spear, "spearman_probe": spear_probe}
 
 
-AUTO_ARMS = ("auto:rule", "auto:advise", "auto:advise-once", "auto:probe", "auto:probe-same")
+AUTO_ARMS = ("auto:rule", "auto:advise", "auto:advise-once", "auto:probe", "auto:probe-same", "auto:probe-native")
 DECIDERS = {"auto:rule": "gsd_cli.train.fallback.decide (the previous rule, before the advice, on auto-select's plain ranking)",
             "auto:advise": "gsd_cli.train.advice.advise without the probe (round 1's advice: GSD, noise reference and repeats)",
             "auto:advise-once": "round 1's advice on the first seed's advised ranking, its decision trained with every seed (rank once, train many)",
             "auto:probe": "gsd_cli.train.advice.advise with the feature probe (this round's gsd train --auto-select: advised ranking + gsd_cli.train.probe)",
-            "auto:probe-same": "round 3's pre-registered exploratory arm, not gsd's default (" + SAME_CLASSES_RULE.split(": ", 1)[1] + ")"}
+            "auto:probe-same": "round 3's pre-registered exploratory arm, not gsd's default (" + SAME_CLASSES_RULE.split(": ", 1)[1] + ")",
+            "auto:probe-native": "auto:probe with the advised ranking at the training model's side (issue 53's proposal, "
+                                 "not gsd's default: arms.native_model, probe@73 for these 28 and 32 pixel models; rank --advised "
+                                 "--native), the same feature probe"}
 #: the pick arms compared with a random candidate of their method
 PICKS = {"gep:pick": "gep", "second-phase:pick": "second-phase", "second-phase:probe-pick": "second-phase"}
 
@@ -401,7 +408,7 @@ def task_figures(out: dict, tasks: list[dict], rng, name: str | None = None) -> 
                                   "candidate (benchmarks/validity/heldout/tasks.py: SOURCES) against the others"}
 
 
-ARM_ORDER = ["dpsgd", "auto:rule", "auto:advise", "auto:advise-once", "auto:probe", "auto:probe-same", "null", "gep:pick", "gep:random", "gep:largest",
+ARM_ORDER = ["dpsgd", "auto:rule", "auto:advise", "auto:advise-once", "auto:probe", "auto:probe-same", "auto:probe-native", "null", "gep:pick", "gep:random", "gep:largest",
              "second-phase:pick", "second-phase:probe-pick", "second-phase:random", "second-phase:largest", "oracle"]
 STAGES = {"held_out_5": "Held-out tasks, round 5 (defined after round 4 and the in-sample probe variants were seen, split5.json "
                         "frozen before any run on them; gsd's advice and probe decide as in rounds 2-4)",

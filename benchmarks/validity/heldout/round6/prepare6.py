@@ -10,22 +10,31 @@ Install (the data is inside the packages; nothing is downloaded at run time)::
     apt-get install openuniverse-common xplanet-images crawl-tiles-data freeciv-data oxygen-icon-theme \\
         faenza-icon-theme elementary-xfce-icon-theme gnome-icon-theme tango-icon-theme
     pip install --no-deps nilearn==0.14.1      # only its data files are read (no import of nilearn)
+    pip install cairosvg==2.9.1                # renders OpenMoji's SVGs (needs the system's libcairo)
 
 ``$GSD_BENCH_NPM`` overrides the npm folder (default ``~/.cache/gsd-bench/npm/node_modules``); ``$GSD_BENCH_ROOT``
 prefixes the Debian paths (default ``/``: a folder where .deb files were unpacked with ``dpkg-deb -x`` works too).
 
-Every array ``x`` is uint8 (N, H, W) or (N, H, W, 3), ``y`` int64, ``classes`` the class names. Splits are by
-item (an emoji code with all its vendors and tones, an icon theme, a band of a tile sheet, of a map or of a brain
-volume), so that no two parts share an item or a pixel.
+Every array ``x`` is uint8 (N, H, W) or (N, H, W, 3), ``y`` int64, ``classes`` the class names. Transparent images
+are flattened on white (:data:`BG`) before they become RGB. Splits are by item (an emoji code with all its vendors and
+tones, an icon theme, a band of a tile sheet, of a map or of a brain volume), so that no two parts share an item or a
+pixel; on top of that, an image that is byte for byte the same as one of an earlier part of its task (train, then
+test, then the public part built with it) is left out, and so is every copy of an image that a part holds under two
+labels (:func:`_dedup`). Two public sets are, by the design of SOURCES.md, made of a private task's images and are
+never that task's candidates: ``pub-emoji`` (the Google half of ``emoji-test``) and ``pub-openmoji`` (the alternative
+to the private ``openmoji`` task). :data:`TASKS` lists the tasks and their candidates, :func:`register` makes every
+set resolvable by name through :func:`gsd_cli.data.resolve`.
 
-    cd benchmarks && python -m validity.heldout.round6.prepare6 [TASK ...]   # default: every task; idempotent
+    cd benchmarks && python -m validity.heldout.round6.prepare6 [--force] [BUILDER ...]   # default: all; idempotent
 """
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import importlib.util
+import io
 import json
 import os
 import sys
@@ -34,12 +43,17 @@ from pathlib import Path
 import numpy as np
 
 from ..prepare import band_patches  # distinct random patches inside one band
+from ..tasks import Task
 
 INSTALL = ("npm install --prefix ~/.cache/gsd-bench/npm emoji-datasource-twitter@16.0.0 emoji-datasource-google@16.0.0 "
            "material-design-icons@3.0.1 openmoji@17.0.0; apt-get install openuniverse-common xplanet-images "
            "crawl-tiles-data freeciv-data oxygen-icon-theme faenza-icon-theme elementary-xfce-icon-theme "
-           "gnome-icon-theme tango-icon-theme; pip install --no-deps nilearn==0.14.1")
+           "gnome-icon-theme tango-icon-theme; pip install --no-deps nilearn==0.14.1; pip install cairosvg==2.9.1")
 
+Sets = dict[str, tuple[np.ndarray, np.ndarray, list[str]]]
+
+#: the background that every transparent image is flattened on (emoji, icons, tiles, flags)
+BG = (255, 255, 255)
 #: emoji-datasource categories (``Component``, 5 emoji, left out)
 EMOJI_CATS = ["Smileys & Emotion", "People & Body", "Animals & Nature", "Food & Drink", "Travel & Places",
               "Activities", "Objects", "Symbols", "Flags"]
@@ -48,22 +62,68 @@ TONES = ["1F3FB", "1F3FC", "1F3FD", "1F3FE", "1F3FF"]
 TONE_NAMES = ["default", "light", "medium-light", "medium", "medium-dark", "dark"]
 #: the two emoji vendors with open image licences (Twitter: CC-BY 4.0; Google Noto: Apache 2.0)
 VENDORS = ("twitter", "google")
+#: OpenMoji's 9 standard groups (``component``, ``extras-openmoji`` and ``extras-unicode`` left out)
+OPENMOJI_GROUPS = ["smileys-emotion", "people-body", "animals-nature", "food-drink", "travel-places", "activities",
+                   "objects", "symbols", "flags"]
 #: planetary maps of openuniverse-common (equirectangular; spacecraft mosaics), one class each
 BODIES = ("earth", "mars", "mercury", "moon", "io", "europa", "ganymede", "callisto")
 #: column bands of each map (fractions of its width), rows [15%, 85%) only (polar stretch left out)
 MAP_BANDS = {"train": (0.0, 0.45), "test": (0.45, 0.6), "public": (0.6, 0.75), "grey-train": (0.75, 0.9),
              "grey-test": (0.9, 1.0)}
 MAP_PER_CLASS = {"train": 375, "test": 125, "public": 200, "grey-train": 375, "grey-test": 125}
+#: map and photo patches whose mean per-channel pixel standard deviation is below this are flat (open ocean, the
+#: night side's dark land and sea) and left out
+MIN_STD = 2.0
 #: desktop-icon contexts (freedesktop icon-theme folders) used as classes
 ICON_CTX = ["actions", "apps", "devices", "mimetypes", "places", "status"]
+#: folder names that a theme uses for a context of :data:`ICON_CTX` (elementary-xfce: ``mimes``)
+ICON_CTX_ALIAS = {"mimes": "mimetypes"}
 ICON_THEMES = {"train": ("oxygen", "Faenza"), "test": ("elementary-xfce",), "public": ("gnome", "Tango")}
-#: Dungeon Crawl Stone Soup tile sheets (32x32 cells), one class each
+#: Dungeon Crawl Stone Soup tile sheets, cut in 32x32 cells, one class each
 TILE_SHEETS = ("floor", "wall", "feat", "main", "player", "gui")
 TILE_NAMES = ["floor", "wall", "feature", "item", "monster-or-player", "gui-spell"]
 TILE_BANDS = {"train": (0.0, 0.6), "test": (0.6, 0.8), "public": (0.8, 1.0)}
 #: brain tissue from the MNI ICBM152 2009a template in nilearn (T1, grey- and white-matter probability maps)
 TISSUES = ["grey-matter", "white-matter", "other"]
 BRAIN_PER_CLASS = {"train": 1000, "test": 300}
+
+#: every builder and the sets it writes (train, then test, then the public part: the order of :func:`_dedup`)
+SETS = {
+    "emoji": ("emoji-train", "emoji-test", "pub-emoji", "emoji-tone-train", "emoji-tone-test"),
+    "openmoji": ("openmoji-train", "openmoji-test", "pub-openmoji"),
+    "planets": ("planets-train", "planets-test", "pub-planets", "planets-grey-train", "planets-grey-test"),
+    "icons": ("icons-train", "icons-test", "pub-icons"),
+    "tiles": ("tiles-train", "tiles-test", "pub-tiles"),
+    "brain": ("brain-train", "brain-test"),
+    "material": ("pub-material",),
+    "flags": ("pub-flags",),
+    "earth": ("pub-earth",),
+}
+NAMES = tuple(n for names in SETS.values() for n in names)
+
+_RGB, _GREY = "fmnist-cnn@32x3", "fmnist-cnn"
+#: the proposed private tasks and their candidates (SOURCES.md, "Proposed private tasks"). ``realistic`` as SOURCES.md
+#: has it: every task but ``planets-grey``, whose untransformed source ``pub-planets`` (another band of the same maps)
+#: is among its candidates. ``pub-openmoji`` is no task's candidate while ``openmoji`` is a private task.
+TASKS: dict[str, Task] = {t.name: t for t in (
+    Task("emoji", "emoji", "emoji-train", "emoji-test",
+         ("pub-icons", "pub-material", "pub-tiles", "pub-flags", "pub-planets", "pub-earth"), _RGB, True),
+    Task("emoji-tone", "emoji", "emoji-tone-train", "emoji-tone-test",
+         ("pub-icons", "pub-material", "pub-tiles", "pub-flags", "pub-planets", "pub-earth"), _RGB, True),
+    Task("openmoji", "emoji", "openmoji-train", "openmoji-test",
+         ("pub-emoji", "pub-icons", "pub-material", "pub-tiles", "pub-flags", "pub-earth"), _RGB, True),
+    Task("icons", "desktop-icons", "icons-train", "icons-test",
+         ("pub-material", "pub-emoji", "pub-tiles", "pub-flags", "pub-planets", "pub-earth"), _RGB, True),
+    Task("tiles", "game-sprites", "tiles-train", "tiles-test",
+         ("pub-emoji", "pub-icons", "pub-material", "pub-flags", "pub-planets", "pub-earth"), _RGB, True),
+    Task("planets", "planetary", "planets-train", "planets-test",
+         ("pub-earth", "pub-emoji", "pub-icons", "pub-tiles", "pub-flags", "pub-material"), _RGB, True),
+    Task("planets-grey", "planetary", "planets-grey-train", "planets-grey-test",
+         ("pub-planets", "pub-earth", "pub-emoji", "pub-icons", "pub-tiles", "pub-flags"), _GREY, False,
+         source="pub-planets"),
+    Task("brain", "medical-mri", "brain-train", "brain-test",
+         ("pub-planets", "pub-earth", "pub-tiles", "pub-icons", "pub-emoji", "pub-flags"), _GREY, True),
+)}
 
 
 def data_dir() -> Path:
@@ -89,23 +149,73 @@ def _in_test(key: str, salt: str, parts: int = 4) -> bool:
     return int(hashlib.sha256(f"gsd-issue-52:{salt}:{key}".encode()).hexdigest(), 16) % parts == 0
 
 
-def _rgb(path: Path, size: int = 32, bg: tuple[int, int, int] = (255, 255, 255)) -> np.ndarray:
-    """An image with transparency flattened on ``bg``, resized to ``size`` x ``size`` RGB."""
+def _flatten(rgba: np.ndarray) -> np.ndarray:
+    """An (H, W, 4) uint8 image composited on :data:`BG` (alpha over), as (H, W, 3) uint8."""
+    a = rgba[..., 3:4].astype(np.float64) / 255
+    return np.round(rgba[..., :3] * a + np.array(BG, np.float64) * (1 - a)).astype(np.uint8)
+
+
+def _rgb(src: Path | bytes, size: int = 32) -> np.ndarray:
+    """An image file (or its bytes) flattened on :data:`BG`, then resized to ``size`` x ``size`` RGB (Lanczos)."""
     from PIL import Image
 
-    im = Image.open(path).convert("RGBA")
-    base = Image.new("RGBA", im.size, bg + (255,))
+    im = Image.open(io.BytesIO(src) if isinstance(src, bytes) else src).convert("RGBA")
+    base = Image.new("RGBA", im.size, BG + (255,))
     base.alpha_composite(im)
     return np.asarray(base.convert("RGB").resize((size, size), Image.LANCZOS), dtype=np.uint8)
 
 
+def _hashes(x: np.ndarray) -> list[str]:
+    return [hashlib.sha1(np.ascontiguousarray(a).tobytes()).hexdigest() for a in x]
+
+
+def _dedup(sets: Sets, order: tuple[str, ...]) -> Sets:
+    """The sets ``order`` (train, test, public) without exact duplicates: an image that an earlier set holds is left
+    out, a part keeps the first of its copies of an image, and none where the copies carry different labels."""
+    seen: set[str] = set()
+    out = dict(sets)
+    for name in order:
+        x, y, classes = sets[name]
+        hs = _hashes(x)
+        labels: dict[str, set[int]] = {}
+        for h, lab in zip(hs, y):
+            labels.setdefault(h, set()).add(int(lab))
+        keep, first = [], set()
+        for i, h in enumerate(hs):
+            if h not in seen and h not in first and len(labels[h]) == 1:
+                keep.append(i)
+            first.add(h)
+        seen |= first
+        out[name] = (x[keep], y[keep], classes)
+    return out
+
+
+def _patches(img: np.ndarray, size: int, n: int, rng: np.random.Generator, seen: set[str]) -> np.ndarray:
+    """``n`` patches of ``size`` at distinct random positions of ``img`` (one band), leaving out flat ones
+    (:data:`MIN_STD`) and exact copies of a patch in ``seen`` (hashes, updated) or drawn before."""
+    h, w = img.shape[:2]
+    drawn = band_patches(img, size, min(4 * n, (h - size + 1) * (w - size + 1)), rng)
+    sd = drawn.astype(np.float64).reshape(len(drawn), size, size, -1).std(axis=(1, 2)).mean(axis=1)
+    keep = []
+    for i, hsh in enumerate(_hashes(drawn)):
+        if sd[i] >= MIN_STD and hsh not in seen and len(keep) < n:
+            keep.append(i)
+            seen.add(hsh)
+    if len(keep) < n:
+        raise SystemExit(f"a {h}x{w} band gave {len(keep)} distinct patches with content, asked for {n}")
+    return drawn[keep]
+
+
 # --- emoji (npm emoji-datasource-twitter / -google 16.0.0) ------------------------------------------------------
 
-def emoji_sets() -> dict[str, tuple[np.ndarray, np.ndarray, list[str]]]:
+def emoji_sets() -> Sets:
     """``emoji``: 9 categories, both vendors' 64 px images of the base emoji (one code in four, by hash, is test);
+    ``pub-emoji``: the Google images of ``emoji-test`` (a candidate of the non-emoji tasks and of ``openmoji`` only);
     ``emoji-tone``: skin tone (6 classes) of the 316 People & Body emoji that have the five single-tone variants,
     both vendors (one base emoji in four is test, with all its tones)."""
-    out: dict[str, list] = {k: ([], []) for k in ("emoji-train", "emoji-test", "emoji-tone-train", "emoji-tone-test")}
+    out: dict[str, tuple[list, list]] = {k: ([], []) for k in ("emoji-train", "emoji-test", "emoji-tone-train",
+                                                                "emoji-tone-test")}
+    google: list[bool] = []  # whether each emoji-test row is Google's
     for vendor in VENDORS:
         root = _npm(f"emoji-datasource-{vendor}")
         img = root / "img" / vendor / "64"
@@ -116,6 +226,8 @@ def emoji_sets() -> dict[str, tuple[np.ndarray, np.ndarray, list[str]]]:
             xs, ys = out[f"emoji-{part}"]
             xs.append(_rgb(img / e["image"]))
             ys.append(EMOJI_CATS.index(e["category"]))
+            if part == "test":
+                google.append(vendor == "google")
             sv = e.get("skin_variations") or {}
             if all(t in sv for t in TONES):
                 part = "test" if _in_test(e["unified"], "tone") else "train"
@@ -124,7 +236,50 @@ def emoji_sets() -> dict[str, tuple[np.ndarray, np.ndarray, list[str]]]:
                     xs.append(_rgb(img / im))
                     ys.append(k)
     names = {"emoji": EMOJI_CATS, "emoji-tone": TONE_NAMES}
-    return {k: (np.stack(xs), np.array(ys, np.int64), names[k.rsplit("-", 1)[0]]) for k, (xs, ys) in out.items()}
+    sets = {k: (np.stack(xs), np.array(ys, np.int64), names[k.rsplit("-", 1)[0]]) for k, (xs, ys) in out.items()}
+    x, y, _ = sets["emoji-test"]
+    sets["pub-emoji"] = (x[np.array(google)], y[np.array(google)], EMOJI_CATS)
+    sets = _dedup(_dedup(sets, ("emoji-train", "emoji-test")), ("emoji-tone-train", "emoji-tone-test"))  # 2 tasks
+    test = set(_hashes(sets["emoji-test"][0]))  # pub-emoji: only the rows that emoji-test kept
+    x, y, _ = sets["pub-emoji"]
+    keep = [i for i, h in enumerate(_hashes(x)) if h in test]
+    sets["pub-emoji"] = (x[keep], y[keep], EMOJI_CATS)
+    return _dedup(sets, ("pub-emoji",))
+
+
+# --- OpenMoji (npm openmoji 17.0.0, colour SVG) ----------------------------------------------------------------
+
+def _svg(path: Path) -> bytes:
+    """An SVG rendered to a 64x64 RGBA PNG (cairosvg), the size of the other emoji sources."""
+    try:
+        import cairosvg
+    except ImportError:
+        raise SystemExit(f"cairosvg is missing (OpenMoji's images are SVG): {INSTALL}") from None
+    return cairosvg.svg2png(url=str(path), output_width=64, output_height=64)
+
+
+def openmoji_sets() -> Sets:
+    """``openmoji``: OpenMoji's colour SVGs rendered at 64 px and resized to 32x32 RGB, labelled by their 9 standard
+    groups: every emoji without a skin tone, and of each of the 330 People & Body emoji that have the five single-tone
+    variants one variant (its tone picked by hash), so that People & Body is 31% of the set rather than 61%; multi-tone
+    variants left out. One emoji in four (a base emoji with its variant) is test. ``pub-openmoji``: the emoji without
+    a skin tone, all of them: the same images as ``openmoji``, for a round where ``openmoji`` is not a private task."""
+    root = _npm("openmoji")
+    rows = [e for e in json.loads((root / "data" / "openmoji.json").read_text()) if e["group"] in OPENMOJI_GROUPS]
+    out: dict[str, tuple[list, list]] = {k: ([], []) for k in SETS["openmoji"]}
+    for e in rows:
+        base = e["skintone_base_hexcode"] or e["hexcode"]
+        tone = str(e["skintone"])  # "" (none), "1" ... "5" (single tone) or "1,2" ... (multi-tone)
+        if tone and tone != str(1 + int(hashlib.sha256(f"gsd-issue-52:om-tone:{base}".encode()).hexdigest(), 16) % 5):
+            continue
+        im = _rgb(_svg(root / "color" / "svg" / f"{e['hexcode']}.svg"))
+        label = OPENMOJI_GROUPS.index(e["group"])
+        names = ["openmoji-test" if _in_test(base, "openmoji") else "openmoji-train"] + ([] if tone else ["pub-openmoji"])
+        for name in names:
+            out[name][0].append(im)
+            out[name][1].append(label)
+    sets = {k: (np.stack(xs), np.array(ys, np.int64), OPENMOJI_GROUPS) for k, (xs, ys) in out.items()}
+    return _dedup(_dedup(sets, ("openmoji-train", "openmoji-test")), ("pub-openmoji",))
 
 
 # --- planets (Debian openuniverse-common) -------------------------------------------------------------------------
@@ -137,12 +292,13 @@ def _map(body: str) -> np.ndarray:
     return a[int(0.15 * 512): int(0.85 * 512)]
 
 
-def planet_sets(seed: int = 71) -> dict[str, tuple[np.ndarray, np.ndarray, list[str]]]:
+def planet_sets(seed: int = 71) -> Sets:
     """``planets`` (32x32 RGB), ``pub-planets`` (32x32 RGB, another band: the untransformed source of
     ``planets-grey``) and ``planets-grey`` (28x28 grey, rotated 90 degrees, contrast stretched: the one round-6 task
-    with a transformed copy of its source among its candidates)."""
+    with a transformed copy of its source among its candidates). Flat patches (open ocean) are left out."""
     rng = np.random.default_rng(seed)
     maps = [_map(b) for b in BODIES]
+    seen: set[str] = set()
     out = {}
     for part, (a, b) in MAP_BANDS.items():
         grey = part.startswith("grey")
@@ -150,7 +306,7 @@ def planet_sets(seed: int = 71) -> dict[str, tuple[np.ndarray, np.ndarray, list[
         xs, ys = [], []
         for label, m in enumerate(maps):
             w = m.shape[1]
-            p = band_patches(m[:, int(a * w): int(b * w)], size, MAP_PER_CLASS[part], rng)
+            p = _patches(m[:, int(a * w): int(b * w)], size, MAP_PER_CLASS[part], rng, seen)
             if grey:
                 g = p.astype(np.float64) @ np.array([0.299, 0.587, 0.114])
                 lo, hi = g.min(axis=(1, 2), keepdims=True), g.max(axis=(1, 2), keepdims=True)
@@ -160,21 +316,21 @@ def planet_sets(seed: int = 71) -> dict[str, tuple[np.ndarray, np.ndarray, list[
         name = {"train": "planets-train", "test": "planets-test", "public": "pub-planets",
                 "grey-train": "planets-grey-train", "grey-test": "planets-grey-test"}[part]
         out[name] = (np.concatenate(xs), np.array(ys, np.int64), list(BODIES))
-    return out
+    return _dedup(out, SETS["planets"])
 
 
 # --- desktop icons (Debian icon themes) --------------------------------------------------------------------------
 
 def _theme_files(theme: str) -> list[tuple[Path, int]]:
     """(file, context) of a theme's distinct 48x48 PNG icons (32x32 for Tango, which has no 48x48 PNGs); links and
-    byte-identical copies left out."""
+    byte-identical copies left out. A context folder may have another name (:data:`ICON_CTX_ALIAS`)."""
     root = _deb(f"/usr/share/icons/{theme}")
     px = "32" if theme == "Tango" else "48"
     sizes = {f"{px}x{px}", px}  # gnome, oxygen, Tango: 48x48/<context>/; Faenza, elementary-xfce: <context>/48/
     seen, out = set(), []
     for p in sorted(root.rglob("*.png")):
         parts = p.relative_to(root).parts
-        ctx = [c for c in parts[:-1] if c in ICON_CTX]
+        ctx = [ICON_CTX_ALIAS.get(c, c) for c in parts[:-1] if ICON_CTX_ALIAS.get(c, c) in ICON_CTX]
         if p.is_symlink() or not ctx or not sizes & set(parts[:-1]):
             continue
         h = hashlib.md5(p.read_bytes()).hexdigest()
@@ -184,7 +340,7 @@ def _theme_files(theme: str) -> list[tuple[Path, int]]:
     return out
 
 
-def icon_sets() -> dict[str, tuple[np.ndarray, np.ndarray, list[str]]]:
+def icon_sets() -> Sets:
     """``icons`` (train: oxygen and Faenza; test: elementary-xfce) and ``pub-icons`` (gnome and Tango): 32x32 RGB on
     white, labelled by the icon's freedesktop context."""
     out = {}
@@ -192,37 +348,33 @@ def icon_sets() -> dict[str, tuple[np.ndarray, np.ndarray, list[str]]]:
         files = [f for t in themes for f in _theme_files(t)]
         name = "pub-icons" if part == "public" else f"icons-{part}"
         out[name] = (np.stack([_rgb(p) for p, _ in files]), np.array([c for _, c in files], np.int64), ICON_CTX)
-    return out
+    return _dedup(out, SETS["icons"])
 
 
 # --- Dungeon Crawl tiles (Debian crawl-tiles-data) ----------------------------------------------------------------
 
-def tile_sets() -> dict[str, tuple[np.ndarray, np.ndarray, list[str]]]:
-    """``tiles`` and ``pub-tiles``: the non-empty 32x32 cells of six tile sheets (on black), labelled by sheet; each
-    sheet's cell rows split in bands :data:`TILE_BANDS`. (The sheets are packed on a 32-pixel grid for the most part;
-    a few larger tiles are cut across cells: not checked tile by tile.)"""
+def tile_sets() -> Sets:
+    """``tiles`` and ``pub-tiles``: the non-empty 32x32 cells (more than 50 pixels not transparent) of six tile sheets,
+    flattened on white, labelled by sheet; each sheet's cell rows split in bands :data:`TILE_BANDS`. The floor and wall
+    sheets are 32x32 tiles on the grid. The other four pack sprites cropped to their content, so that a cell there
+    often holds parts of two sprites (the tile positions are compiled into the game, not shipped)."""
     from PIL import Image
 
     out = {}
-    sheets = []
-    for s in TILE_SHEETS:
-        a = np.asarray(Image.open(_deb(f"/usr/share/crawl/dat/tiles/{s}.png")).convert("RGBA"))
-        rows = a.shape[0] // 32
-        sheets.append((a, rows))
+    sheets = [np.asarray(Image.open(_deb(f"/usr/share/crawl/dat/tiles/{s}.png")).convert("RGBA")) for s in TILE_SHEETS]
     for part, (lo, hi) in TILE_BANDS.items():
         xs, ys = [], []
-        for label, (a, rows) in enumerate(sheets):
+        for label, a in enumerate(sheets):
+            rows = a.shape[0] // 32
             for r in range(int(round(lo * rows)), int(round(hi * rows))):
                 for c in range(a.shape[1] // 32):
                     cell = a[32 * r: 32 * r + 32, 32 * c: 32 * c + 32]
-                    if (cell[..., 3] > 0).sum() <= 50:
-                        continue
-                    alpha = cell[..., 3:4].astype(np.float64) / 255
-                    xs.append(np.round(cell[..., :3] * alpha).astype(np.uint8))
-                    ys.append(label)
+                    if (cell[..., 3] > 0).sum() > 50:
+                        xs.append(_flatten(cell))
+                        ys.append(label)
         name = "pub-tiles" if part == "public" else f"tiles-{part}"
         out[name] = (np.stack(xs), np.array(ys, np.int64), TILE_NAMES)
-    return out
+    return _dedup(out, SETS["tiles"])
 
 
 # --- brain MRI (pip nilearn 0.14.1: MNI ICBM152 2009a) ------------------------------------------------------------
@@ -239,15 +391,17 @@ def _nifti(path: Path) -> np.ndarray:
     return v * (slope or 1.0) + inter
 
 
-def brain_sets(seed: int = 73) -> dict[str, tuple[np.ndarray, np.ndarray, list[str]]]:
-    """``brain``: 28x28 grey patches of axial T1 slices labelled by the tissue at their centre voxel (grey-matter
-    probability >= 0.5, white-matter >= 0.5, or neither with both below 0.1 inside the head). Slices of the lower 55%
-    of the head's extent are training, a gap of 6 slices, the rest test (no voxel shared)."""
+def brain_sets(seed: int = 73) -> Sets:
+    """``brain``: 28x28 grey patches of axial T1 slices (anterior up) labelled by the tissue at their centre voxel
+    (grey-matter probability >= 0.5, white-matter >= 0.5, or both below 0.1 inside the brain mask of the template,
+    which is skull-stripped: mostly the cerebrospinal fluid of the ventricles and sulci). Slices of the lower 55% of
+    the brain's extent are training, a gap of 6 slices, the rest test (no voxel shared)."""
     spec = importlib.util.find_spec("nilearn")
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit(f"nilearn is missing: {INSTALL}")
     d = Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data"
     t1, gm, wm = (_nifti(d / f"mni_icbm152_{k}_tal_nlin_sym_09a_converted.nii.gz") for k in ("t1", "gm", "wm"))
+    gm, wm = gm / 255, wm / 255  # nilearn's "converted" maps store the probabilities as uint8 0..255
     t1 = np.round(255 * np.clip(t1 / np.percentile(t1, 99.5), 0, 1)).astype(np.uint8)
     head = np.flatnonzero((t1 > 20).any(axis=(0, 1)))
     z0, z1 = head[0], head[-1]
@@ -268,25 +422,26 @@ def brain_sets(seed: int = 73) -> dict[str, tuple[np.ndarray, np.ndarray, list[s
             idx = np.flatnonzero((lab == c) & valid)
             pick = rng.choice(idx, BRAIN_PER_CLASS[part], replace=False)
             for i, j, k in zip(*np.unravel_index(pick, lab.shape)):
-                xs.append(t1[i - h: i + h, j - h: j + h, k].T)
+                xs.append(t1[i - h: i + h, j - h: j + h, k].T[::-1])
                 ys.append(c)
         out[f"brain-{part}"] = (np.stack(xs), np.array(ys, np.int64), TISSUES)
-    return out
+    return _dedup(out, SETS["brain"])
 
 
 # --- public candidates that no private task uses ------------------------------------------------------------------
 
-def material_set() -> dict[str, tuple[np.ndarray, np.ndarray, list[str]]]:
+def material_set() -> Sets:
     """``pub-material``: material-design-icons 3.0.1, black 48dp web icons (1x_web), 32x32 RGB on white, labelled by
     category (the 10 categories with at least 40 icons)."""
     root = _npm("material-design-icons")
     cats = sorted(c.name for c in root.iterdir() if (c / "1x_web").is_dir()
                   and len(list((c / "1x_web").glob("*_black_48dp.png"))) >= 40)
     files = [(p, k) for k, c in enumerate(cats) for p in sorted((root / c / "1x_web").glob("*_black_48dp.png"))]
-    return {"pub-material": (np.stack([_rgb(p) for p, _ in files]), np.array([k for _, k in files], np.int64), cats)}
+    sets = {"pub-material": (np.stack([_rgb(p) for p, _ in files]), np.array([k for _, k in files], np.int64), cats)}
+    return _dedup(sets, SETS["material"])
 
 
-def flag_set() -> dict[str, tuple[np.ndarray, np.ndarray, list[str]]]:
+def flag_set() -> Sets:
     """``pub-flags``: freeciv's flags of 568 nations, each as a flag and as a shield (2 classes), 32x32 RGB on white."""
     d = _deb("/usr/share/games/freeciv/flags")
     nations = sorted(p.name[: -len("-shield-large.png")] for p in d.glob("*-shield-large.png"))
@@ -295,36 +450,61 @@ def flag_set() -> dict[str, tuple[np.ndarray, np.ndarray, list[str]]]:
         for k, suffix in enumerate(("-large.png", "-shield-large.png")):
             xs.append(_rgb(d / f"{n}{suffix}"))
             ys.append(k)
-    return {"pub-flags": (np.stack(xs), np.array(ys, np.int64), ["flag", "shield"])}
+    return _dedup({"pub-flags": (np.stack(xs), np.array(ys, np.int64), ["flag", "shield"])}, SETS["flags"])
 
 
-def earth_set(seed: int = 79) -> dict[str, tuple[np.ndarray, np.ndarray, list[str]]]:
-    """``pub-earth``: 32x32 RGB patches of xplanet's Earth by day (Blue Marble) and by night (city lights), 800 each."""
+def earth_set(seed: int = 79) -> Sets:
+    """``pub-earth``: 32x32 RGB patches of xplanet's Earth by day (Blue Marble) and by night (city lights), 800 each,
+    rows 150-874 of 1024; flat patches (open ocean, unlit land) left out."""
     from PIL import Image
 
     rng = np.random.default_rng(seed)
-    xs = [band_patches(np.asarray(Image.open(_deb(f"/usr/share/xplanet/images/{f}.jpg")).convert("RGB"))[150:874], 32, 800, rng)
-          for f in ("earth", "night")]
+    seen: set[str] = set()
+    xs = [_patches(np.asarray(Image.open(_deb(f"/usr/share/xplanet/images/{f}.jpg")).convert("RGB"))[150:874], 32, 800,
+                   rng, seen) for f in ("earth", "night")]
     return {"pub-earth": (np.concatenate(xs), np.repeat(np.arange(2), 800).astype(np.int64), ["day", "night"])}
 
 
-BUILDERS = {"emoji": emoji_sets, "planets": planet_sets, "icons": icon_sets, "tiles": tile_sets, "brain": brain_sets,
-            "material": material_set, "flags": flag_set, "earth": earth_set}
+BUILDERS = {"emoji": emoji_sets, "openmoji": openmoji_sets, "planets": planet_sets, "icons": icon_sets,
+            "tiles": tile_sets, "brain": brain_sets, "material": material_set, "flags": flag_set, "earth": earth_set}
 
 
 def build(which: list[str] | None = None, force: bool = False) -> dict[str, int]:
-    """Write the sets of the builders ``which`` (default all); an existing file is kept unless ``force``."""
+    """Write the sets of the builders ``which`` (default all); a builder whose files all exist is skipped (its sets
+    are read back for the counts) unless ``force``."""
     out = data_dir()
     out.mkdir(parents=True, exist_ok=True)
     counts = {}
     for b in which or list(BUILDERS):
-        for name, (x, y, classes) in BUILDERS[b]().items():
-            if force or not (out / f"{name}.npz").is_file():
-                np.savez_compressed(out / f"{name}.npz", x=x, y=y.astype(np.int64), classes=np.array(classes))
+        if b not in BUILDERS:
+            raise SystemExit(f"unknown builder {b!r}; one of {sorted(BUILDERS)}")
+        if not force and all((out / f"{n}.npz").is_file() for n in SETS[b]):
+            counts.update({n: int(np.load(out / f"{n}.npz")["y"].shape[0]) for n in SETS[b]})
+            continue
+        sets = BUILDERS[b]()
+        assert set(sets) == set(SETS[b]), (b, sorted(sets))
+        for name, (x, y, classes) in sets.items():
+            np.savez_compressed(out / f"{name}.npz", x=x, y=y.astype(np.int64), classes=np.array(classes))
             counts[name] = len(y)
     return counts
 
 
+@functools.cache
+def register() -> None:
+    """Make every round-6 set (:data:`NAMES`) resolvable by name through :func:`gsd_cli.data.resolve` (an npz source
+    each), as :func:`validity.heldout.tasks.register` does for the earlier rounds."""
+    from gsd_cli.data import register_dataset
+    from gsd_cli.data.files import npz_source
+
+    d = data_dir()
+    missing = [n for n in NAMES if not (d / f"{n}.npz").is_file()]
+    if missing:
+        raise SystemExit(f"missing {missing[:3]}... in {d}: run python -m validity.heldout.round6.prepare6")
+    for n in NAMES:
+        register_dataset(n, functools.partial(npz_source, d / f"{n}.npz", n))
+
+
 if __name__ == "__main__":
-    for k, v in build(sys.argv[1:] or None).items():
+    args = sys.argv[1:]
+    for k, v in build([a for a in args if a != "--force"] or None, force="--force" in args).items():
         print(f"{k}\t{v}")
