@@ -97,3 +97,22 @@ def test_the_probe_runs_only_on_candidates_the_advice_could_choose(tmp_path):
         pytest.skip("random data came out closer than noise at this seed")
     assert probe["gains"] == {} and probe["repeats"] == 0 and decision.method == "dpsgd"
     assert gdata.resolve(far).name == far
+
+
+def test_a_second_auto_select_reads_the_public_subspaces_from_the_cache(tmp_path, capsys):
+    """Issue 53: the candidates' and the noise references' subspaces are public: a second --auto-select with the
+    same candidates and settings (a new private set of the same task) computes only the private side."""
+    from gsd_cli.ranking.cache import SubspaceCache
+
+    pub = _npz(tmp_path / "pub.npz", 200, 9)
+    argv = ["train", "--auto-select", "--public", pub, "--rank-model", "fmnist-cnn", "--rank-k", "2", "--rank-examples", "30",
+            "--rank-repeats", "2", "--probe-repeats", "0", "--method", "dpsgd", "--model", "fmnist-cnn", "--epochs", "1",
+            "--batch-size", "30", "-q"]
+    counts = []
+    for i, seed in enumerate((10, 11)):
+        before = {p.name for p in SubspaceCache().directory.glob("*") if p.is_file()}
+        priv = _npz(tmp_path / f"priv{i}.npz", 120, seed)
+        assert main([*argv, "--private", priv, "--out", str(tmp_path / f"run{i}")]) == 0, capsys.readouterr().err
+        counts.append(len({p.name for p in SubspaceCache().directory.glob("*") if p.is_file()} - before))
+    assert counts[0] > 0, "the first run stores the public subspaces"
+    assert counts[1] == 0, "the second run computes no public subspace again (nothing new stored)"
