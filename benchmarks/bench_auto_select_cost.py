@@ -58,6 +58,8 @@ def main() -> None:
     ap.add_argument("--epsilon", default="2")
     ap.add_argument("--rounds", type=int, default=2, help="pairs of whole processes (alternating order)")
     ap.add_argument("--extra", default="", help="more gsd train options for both runs, one string")
+    ap.add_argument("--select-epsilon", help="also the private advice: --auto-select --select-epsilon E at the same total "
+                    "--epsilon (the DP feature probe), first run and again with its own cache")
     ap.add_argument("--json")
     a = ap.parse_args()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -68,17 +70,21 @@ def main() -> None:
     common = ["train", "--private", a.private, "--epsilon", a.epsilon, "-q", *a.extra.split()]
     dpsgd = [*gsd, *common, "--method", "dpsgd"]
     auto = [*gsd, *common, "--auto-select", "--public", *a.public]
+    modes = [("auto", auto, "np"), ("auto-again", auto, "np")]
+    if a.select_epsilon:  # the private advice at the same total epsilon, with a cache of its own
+        dp = [*auto, "--select-epsilon", a.select_epsilon]
+        modes += [("dp-auto", dp, "dp"), ("dp-auto-again", dp, "dp")]
+    names = ["dpsgd", *(m[0] for m in modes)]
     load0 = os.getloadavg()
     rows = []
     try:
         for r in range(a.rounds):
             # "auto": a first --auto-select with an empty cache; "auto-again": the same candidates again, the cache
             # (public subspaces, stage-1 models) kept, as for a new private set of the same task
-            order = [("dpsgd", dpsgd), ("auto", auto), ("auto-again", auto)] if r % 2 == 0 else \
-                [("auto", auto), ("auto-again", auto), ("dpsgd", dpsgd)]
-            cache = work / f"cache-{r}"
-            for name, argv in order:
+            order = [("dpsgd", dpsgd, "base"), *modes] if r % 2 == 0 else [*modes, ("dpsgd", dpsgd, "base")]
+            for name, argv, family in order:
                 out, times = work / f"{name}-{r}", work / f"{name}-{r}.stages.json"
+                cache = work / f"cache-{r}-{family}"
                 wall = _run([*argv, "--out", str(out)], {**env, "GSD_CACHE_DIR": str(cache), "GSD_STAGE_TIMES": str(times)})
                 row = {"run": name, "round": r, "seconds": round(wall, 2), "load1": round(os.getloadavg()[0], 2)}
                 if name != "dpsgd":
@@ -87,17 +93,22 @@ def main() -> None:
                 print(f"round {r} {name}: {wall:.1f} s (load {os.getloadavg()[0]:.2f})" +
                       (f"; stages {row['stages']}" if "stages" in row else ""), flush=True)
                 shutil.rmtree(out, ignore_errors=True)
-        mean = {n: sum(x["seconds"] for x in rows if x["run"] == n) / a.rounds for n in ("dpsgd", "auto", "auto-again")}
+        mean = {n: sum(x["seconds"] for x in rows if x["run"] == n) / a.rounds for n in names}
     finally:
         shutil.rmtree(work, ignore_errors=True)
     ratio = mean["auto"] / mean["dpsgd"]
     again = mean["auto-again"] / mean["dpsgd"]
     print(f"gsd train --method dpsgd {mean['dpsgd']:.1f} s, --auto-select {mean['auto']:.1f} s: {ratio:.2f}x; again with the same "
           f"candidates (cache kept) {mean['auto-again']:.1f} s: {again:.2f}x (load {load0[0]:.2f} before, {os.getloadavg()[0]:.2f} after)")
+    if a.select_epsilon:
+        print(f"private advice (--select-epsilon {a.select_epsilon}, the same total epsilon): {mean['dp-auto']:.1f} s: "
+              f"{mean['dp-auto'] / mean['dpsgd']:.2f}x; again {mean['dp-auto-again']:.1f} s: {mean['dp-auto-again'] / mean['dpsgd']:.2f}x")
     doc = {"command": "python benchmarks/bench_auto_select_cost.py " + " ".join(sys.argv[1:]), "private": a.private, "public": a.public,
            "threads": os.environ.get("OMP_NUM_THREADS"), "cpus": os.cpu_count(), "loadavg_before": load0, "loadavg_after": os.getloadavg(),
            "runs": rows, "mean_seconds": {k: round(v, 2) for k, v in mean.items()}, "ratio": round(ratio, 2),
-           "ratio_again": round(again, 2)}
+           "ratio_again": round(again, 2),
+           **({"select_epsilon": a.select_epsilon, "ratio_dp": round(mean["dp-auto"] / mean["dpsgd"], 2),
+               "ratio_dp_again": round(mean["dp-auto-again"] / mean["dpsgd"], 2)} if a.select_epsilon else {})}
     if a.json:
         Path(a.json).write_text(json.dumps(doc, indent=1) + "\n")
 

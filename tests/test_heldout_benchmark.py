@@ -237,3 +237,53 @@ def test_the_few_shot_probe_separates_separable_classes_and_is_at_chance_on_nois
     weak = torch.nn.functional.one_hot(y, 3).double() * 0.6 + torch.randn(300, 30, generator=g, dtype=torch.float64)[:, :3]
     weak = torch.cat([weak, torch.randn(300, 27, generator=g, dtype=torch.float64)], 1)
     assert few_shot_accuracy(weak, y, 3, seed=0, per_class=5) < few_shot_accuracy(weak, y, 3, seed=0, per_class=60)
+
+
+def test_round_6_was_frozen_before_its_runs_and_meets_the_issue_s_design():
+    """split6.json (issue 52, item 3): 8 tasks of at least 4 kinds, 6 candidates each from other sources, at most a
+    quarter with a transformed copy of the private source, committed in an earlier commit than any round-6 result."""
+    import subprocess
+
+    from validity.heldout.round6.protocol import SPLIT6, TARGETS
+
+    doc = json.loads(SPLIT6.read_text())
+    tasks = doc["tasks"]
+    assert len(tasks) >= 8 and len({t["kind"] for t in tasks.values()}) >= 4
+    assert sum(t["transformed_source_candidate"] is not None for t in tasks.values()) <= len(tasks) / 4
+    assert all(len(t["candidates"]) >= 6 and t["private_train"] not in t["candidates"] for t in tasks.values())
+    assert doc["targets"] == json.loads(json.dumps(TARGETS)) and doc["select_epsilon"] < doc["epsilon"]
+    root = SPLIT6.parents[4]
+
+    def first_commit(path):
+        out = subprocess.run(["git", "-C", str(root), "log", "--format=%ct", "--diff-filter=A", "--", str(path)],
+                             capture_output=True, text=True, check=False).stdout.split()
+        return int(out[-1]) if out else None
+
+    frozen = first_commit(SPLIT6)
+    if frozen is None:
+        pytest.skip("not a git checkout")
+    for later in (root / "benchmarks/results/heldout6/tuned6.json", root / "benchmarks/results/heldout6/runs.jsonl"):
+        added = first_commit(later)
+        assert added is None or added >= frozen, later
+
+
+def test_the_shipped_round_6_note_is_the_committed_scores_and_quotes_only_printed_figures():
+    """gsd_cli/report/heldout6.json is package_note() of the committed heldout6_scores.json, and the figures gsd rank's
+    note quotes of round 6 are in the round's markdown."""
+    import re
+
+    from validity.heldout.round6 import score6
+
+    from gsd_cli.report.validity import heldout6, round6_sentence
+
+    shipped = heldout6()
+    if shipped is None or not score6.OUT_JSON.is_file():
+        pytest.skip("round 6 is not scored in this checkout")
+    doc = json.loads(score6.OUT_JSON.read_text())
+    assert {k: v for k, v in shipped.items() if k != "scored_with"} == {
+        k: v for k, v in json.loads(json.dumps(score6.package_note(doc))).items() if k != "scored_with"}
+    md = score6.OUT_MD.read_text()
+    quoted = re.findall(r"[+-]\d+\.\d+ \[[+-]\d+\.\d+, [+-]\d+\.\d+\]|\d+% \[\d+%, \d+%\]", round6_sentence(shipped))
+    assert len(quoted) >= 4
+    for q in quoted:
+        assert q in md, q

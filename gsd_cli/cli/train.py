@@ -71,6 +71,9 @@ def private_refusal(decision) -> str:
 
 
 #: the options that only --auto-select reads (its ranking, advice and feature probe)
+#: where --lr, --epochs and --batch-size come from when not given (gsd_cli.train.tuned)
+TUNED_NOTE = ("{v} for dpsgd and second-phase on fmnist-cnn (tuned on the held-out benchmark's selection tasks, docs/validity.md), "
+              "else {u}.")
 AUTO_SELECT_OPTIONS = {"rank_model": "--rank-model", "rank_k": "--rank-k", "rank_examples": "--rank-examples",
                        "select_epsilon": "--select-epsilon", "probe_repeats": "--probe-repeats",
                        "rank_repeats": "--rank-repeats", "fallback": "--fallback/--no-fallback"}
@@ -125,13 +128,13 @@ def train(
     public_epochs: int = typer.Option(5, "--public-epochs", help="second-phase: epochs of stage 1 (supervised training of the --peft parameters on --public-examples public examples, their own labels).", rich_help_panel="Second phase (--method second-phase)"),
     public_lr: Optional[float] = typer.Option(None, "--public-lr", help="second-phase: Adam learning rate of stage 1 (default: 3e-3 from scratch, gsd's benchmark; with --weights, paper 004's 5e-5 for CNNs, 3e-3 for transformers).", rich_help_panel="Second phase (--method second-phase)"),
     public_batch_size: int = typer.Option(64, "--public-batch-size", help="second-phase: minibatch size of stage 1.", rich_help_panel="Second phase (--method second-phase)"),
-    epochs: int = typer.Option(20, "--epochs", help="Epochs; one epoch is round(size / batch size) steps, size declared or DP-estimated.", rich_help_panel="Optimisation"),
-    batch_size: int = typer.Option(250, "--batch-size", help="Expected batch size: each step samples every private example with probability q = batch_size/size (Poisson).", rich_help_panel="Optimisation"),
+    epochs: Optional[int] = typer.Option(None, "--epochs", show_default=False, help="Epochs; one epoch is round(size / batch size) steps, size declared or DP-estimated. Default: " + TUNED_NOTE.format(v="12", u="20"), rich_help_panel="Optimisation"),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", show_default=False, help="Expected batch size: each step samples every private example with probability q = batch_size/size (Poisson). Default: " + TUNED_NOTE.format(v="500", u="250"), rich_help_panel="Optimisation"),
     expected_size: Optional[int] = typer.Option(None, "--expected-size", help="Declared (public) size N0 of the private training set: q = batch size / N0 and round(N0 / batch size) steps per epoch. Default: a DP estimate of N (--size-epsilon); the exact N never sets the mechanism.", rich_help_panel="Optimisation"),
     sampling_rate: Optional[float] = typer.Option(None, "--sampling-rate", help="Declared (public) Poisson sampling rate q, instead of --expected-size; round(1/q) steps per epoch.", rich_help_panel="Optimisation"),
     max_steps: int = typer.Option(100_000, "--max-steps", help="The most steps the run may plan (epochs x steps per epoch, from the declared or DP-estimated size); a larger plan is refused before any step or booking. The plan and an estimate of its time are printed before the first step.", rich_help_panel="Optimisation"),
     size_epsilon: Optional[float] = typer.Option(None, "--size-epsilon", help="Epsilon of the Laplace estimate of N when no size is declared (default 2% of --epsilon; part of --epsilon, by basic composition).", rich_help_panel="Privacy"),
-    lr: float = typer.Option(0.1, "--lr", help="SGD learning rate.", rich_help_panel="Optimisation"),
+    lr: Optional[float] = typer.Option(None, "--lr", show_default=False, help="SGD learning rate. Default: " + TUNED_NOTE.format(v="0.5", u="0.1"), rich_help_panel="Optimisation"),
     momentum: float = typer.Option(0.9, "--momentum", help="SGD momentum.", rich_help_panel="Optimisation"),
     weight_decay: float = typer.Option(1e-4, "--weight-decay", help="SGD weight decay.", rich_help_panel="Optimisation"),
     lr_schedule: Schedule = typer.Option(Schedule.step, "--lr-schedule", help="step: lr / 10 from the middle of training (paper 000); constant.", rich_help_panel="Optimisation"),
@@ -219,6 +222,11 @@ def train(
         raise GSDError("--probe-repeats 1 gives the probe no confidence (its test pairs 2 or more draws): give 0 (no probe) or at least 2")
     if method is Method.auto and not auto_select:
         raise GSDError("--method auto picks the method from the ranking: add --auto-select (or name a method: gep, dpsgd, rgp, topagg, second-phase)")
+    from ..train.tuned import FIELDS, fill_defaults, training_defaults
+
+    given = {n for n in FIELDS if getattr(ctx.get_parameter_source(n), "name", None) in ("COMMANDLINE", "ENVIRONMENT")}
+    first = training_defaults(model, method.value)  # --method auto: the earlier defaults until the advice decides
+    lr, epochs, batch_size = (first[n] if v is None else v for n, v in (("lr", lr), ("epochs", epochs), ("batch_size", batch_size)))
     fields = dict(
         private=private, method=method.value, epsilon=epsilon, delta=delta, private_test=private_test, model=model,
         params=list(params) if params else None, epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum,
@@ -363,6 +371,8 @@ def train(
             else:
                 out.print(f"training without public data (--method {cfg.method})")
 
+    if resume is None:
+        fill_defaults(cfg, given)  # the decided method's tuned settings, where the user gave none (gsd_cli.train.tuned)
     from ..timing import stage
 
     with stage("training"):  # its stage 1 apart: "training's stage 1"

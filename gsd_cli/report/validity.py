@@ -29,6 +29,32 @@ def heldout() -> dict | None:
         return None
 
 
+@lru_cache(maxsize=1)
+def heldout6() -> dict | None:
+    """Round 6's shipped figures (``heldout6.json``: ``python -m validity.heldout.round6 score --update-package``), or
+    None when the file is missing or unreadable."""
+    try:
+        return json.loads(resources.files("gsd_cli.report").joinpath("heldout6.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def round6_sentence(doc: dict) -> str:
+    """Round 6's figures: the non-private advice and the DP advice at the same total epsilon, each against DP-SGD
+    tuned over learning rate and length (the formats of the round's markdown)."""
+    p, d = doc["non_private"], doc["dp"]
+    b = doc["baseline"]["tuned"]
+
+    def arm(x: dict) -> str:
+        return (f"within 0.5 points of DP-SGD in {x['no_harm']} of {x['cells']} cells ({x['dpsgd_by_choice']} by choosing DP-SGD), "
+                f"mean gain over tasks {_ci(x['gain'], '+.2f')} points, {_pct(x['oracle_share'])} of the oracle's")
+
+    missed = f"; targets missed: {', '.join(doc['missed'])}" if doc["missed"] else "; every target met"
+    return (f"validity ({doc['label']}, {doc['tasks']} tasks; DP-SGD tuned over {doc['baseline']['grid']}: lr {b['lr']:g}, "
+            f"{b['epochs']} epochs; intervals: {doc['intervals']}): gsd train --auto-select (not DP) {arm(p)}; with "
+            f"--select-epsilon {doc['select_epsilon']:g} at the same total epsilon (DP) {arm(d)}{missed}.")
+
+
 def _ci(d: dict, fmt: str) -> str:
     ci = d.get("ci")
     return f"{d['mean']:{fmt}}" + (f" [{ci[0]:{fmt}}, {ci[1]:{fmt}}]" if ci else "")
@@ -39,12 +65,13 @@ def _pct(d: dict) -> str:
     return f"{100 * d['mean']:.0f}%" + (f" [{100 * ci[0]:.0f}%, {100 * ci[1]:.0f}%]" if ci else "")
 
 
-def heldout_sentence(doc: dict) -> str:
-    """The pre-registered rounds' figures, then the later rounds' apart (the formats of the scorer's markdown)."""
+def heldout_sentence(doc: dict, lead: str = "validity") -> str:
+    """The pre-registered rounds' figures, then the later rounds' apart (the formats of the scorer's markdown);
+    ``lead``: the sentence's first word."""
     p, q = doc["pre_registered"], doc["later"]
     probe = f" (the feature probe's {_ci(p['spearman_probe'], '+.2f')})" if p.get("spearman_probe") else ""
     span = "rounds {}-{}".format
-    return (f"validity (held-out benchmark, pre-registered {span(*p['rounds'])}: {len(p['tasks'])} tasks; intervals: "
+    return (f"{lead} (held-out benchmark, pre-registered {span(*p['rounds'])}: {len(p['tasks'])} tasks; intervals: "
             f"{doc['intervals']}): GSD's order against second-phase accuracy, mean Spearman {_ci(p['spearman_gsd'], '+.2f')}{probe}. "
             f"gsd train --auto-select was within 0.5 points of DP-SGD (tuned over {len(doc['baseline']['lrs'])} learning rates "
             f"at {doc['baseline']['epochs']} epochs) in {p['cells_ok']} of {p['cells']} cells, {p['dpsgd_by_choice']} of them by "
@@ -70,6 +97,9 @@ def validity_line(metric: str = "gsd") -> str | None:
         return "validity: " + advice_sentence(private=True)
     if metric != "gsd" or not doc:
         return None
+    r6 = heldout6()
+    if r6:
+        return round6_sentence(r6) + " " + heldout_sentence(doc, "Earlier") + " " + advice_sentence()
     return heldout_sentence(doc) + " " + advice_sentence()
 
 

@@ -20,7 +20,8 @@ def main() -> None:
     for name, what in (("tune", "the tuning grid on the selection tasks -> tuned6.json"), ("run", "every cell of round 6")):
         p = sub.add_parser(name, help=what)
         p.add_argument("--part", type=_part, default=(1, 1), help="I/N: only every N-th job from the I-th (parallel processes)")
-    sub.add_parser("score", help="figures and verdicts: benchmarks/results/heldout6_scores.{json,md}")
+    sc = sub.add_parser("score", help="figures and verdicts: benchmarks/results/heldout6_scores.{json,md}")
+    sc.add_argument("--update-package", action="store_true", help="also write gsd_cli/report/heldout6.json (gsd rank's validity note)")
     a = ap.parse_args()
     from ..prepare import data_dir
 
@@ -41,7 +42,7 @@ def main() -> None:
     else:
         from .score6 import main as score
 
-        score()
+        score(update_package=a.update_package)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ from .protocol import SEEDS, TARGETS, read_split6
 from .run6 import RANKINGS6, load6, ready, settings6
 
 OUT_JSON = RESULTS.parent / "heldout6_scores.json"
+#: what gsd rank's validity note quotes of this round (gsd_cli/report/validity.py), written by ``score --update-package``
+PACKAGE_NOTE = RESULTS.parents[2] / "gsd_cli" / "report" / "heldout6.json"
 OUT_MD = RESULTS.parent / "heldout6_scores.md"
 B = 2000
 TOL = 0.5  # points: "within 0.5 of DP-SGD"
@@ -166,7 +168,7 @@ def verdicts(f: dict) -> dict:
 
 
 def _ci(c) -> str:
-    return f"[{c[0]:+.1f}, {c[1]:+.1f}]" if c else "n/a"
+    return f"[{c[0]:+.2f}, {c[1]:+.2f}]" if c else "n/a"
 
 
 def markdown(doc: dict) -> str:
@@ -201,9 +203,32 @@ def markdown(doc: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def main() -> dict:
+def package_note(doc: dict) -> dict:
+    """What ``gsd_cli/report/heldout6.json`` ships: the round's figures for the non-private and the DP advice, as the
+    markdown prints them, and which targets it missed."""
+    from .protocol import SELECT_EPSILON
+    from .run6 import chosen
+
+    def arm(a: str) -> dict:
+        x = doc["figures"][a]
+        return {k: x[k] for k in ("cells", "no_harm", "dpsgd_by_choice", "used_public_ok", "used_public")} | {
+            "gain": {"mean": x["task_gain"]["mean"], "ci": x["task_gain"]["ci"]},
+            "oracle_share": {"mean": x["oracle_share"]["mean"], "ci": x["oracle_share"]["ci"]}}
+
+    return {"source": "cd benchmarks && python -m validity.heldout.round6 score --update-package (benchmarks/results/heldout6_scores.md)",
+            "label": "round 6 (pre-registered, 8 new tasks from new sources)", "tasks": len(doc["tasks"]),
+            "baseline": {"tuned": chosen()["dpsgd"], "grid": "lr 0.5-4 x 3-12 epochs"}, "select_epsilon": SELECT_EPSILON,
+            "intervals": "95% bootstrap over tasks", "non_private": arm("auto:probe"), "dp": arm("auto:dp"),
+            "agreement": doc["figures"]["agreement"], "oracle_gain": doc["figures"]["oracle"]["task_gain"],
+            "missed": [k for k, v in doc["verdicts"].items() if not v[2]], "scored_with": doc["scored_with"]}
+
+
+def main(update_package: bool = False) -> dict:
     doc = build()
     OUT_JSON.write_text(json.dumps(doc, indent=1) + "\n")
     OUT_MD.write_text(markdown(doc))
     print(markdown(doc))
+    if update_package:
+        PACKAGE_NOTE.write_text(json.dumps(package_note(doc), indent=1) + "\n")
+        print(f"wrote {PACKAGE_NOTE}")
     return doc
