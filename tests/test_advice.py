@@ -92,7 +92,8 @@ def test_the_bar_is_the_closest_reference_in_each_draw():
     # closer than the @28 reference in every draw, but not than the @7 one in the second: margins to the
     # per-draw minimum are +0.04, -0.01, +0.05: not significant over 3 draws
     r = FakeRanking({"x": [0.70, 0.74, 0.70], **REFS})
-    beats, how, fig = closer_than_reference(r, "x")
+    t = closer_than_reference(r, "x")
+    beats, fig = t.closer, t.figures
     assert not beats and fig["p_value"] > 0.05 and fig["closest_reference"].endswith("@7")
     assert fig["mean_margin"] == pytest.approx((0.04 - 0.01 + 0.05) / 3)
     # the t-test against an independent computation

@@ -9,6 +9,7 @@ which needs no calibration on any benchmark.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -20,6 +21,17 @@ ALPHA = 0.05
 REPEATS = 3
 #: the second phase needs at least this many public examples per private class (and as many classes)
 PER_CLASS = 100
+
+
+@dataclass(frozen=True)
+class ReferenceTest:
+    """The result of :func:`closer_than_reference` for one candidate: whether it is closer than the in-run noise
+    references with confidence (``closer``), the phrase that says how, and the figures (its distance, the closest
+    reference's, the repeats, the p-value or, under DP, the released margin and its threshold)."""
+
+    closer: bool
+    phrase: str
+    figures: dict = field(default_factory=dict)
 
 
 def split_references(ranking):
@@ -35,16 +47,21 @@ def split_references(ranking):
 def closer_than_noise(ranking) -> dict[str, tuple[bool, str]]:
     """For each candidate of a ranking that still holds its reference rows: whether it is closer than
     noise (:func:`closer_than_reference`) and the phrase that says how."""
-    return {r.public: closer_than_reference(ranking, r.public)[:2] for r in ranking if not is_reference(r.public)}
+    out = {}
+    for r in ranking:
+        if not is_reference(r.public):
+            t = closer_than_reference(ranking, r.public)
+            out[r.public] = (t.closer, t.phrase)
+    return out
 
 
 def reference_line(ranking) -> str:
     """One line on the in-run references of ``ranking`` (kept apart from its candidates: ``ranking.references``)."""
-    refs = sorted((r for r in ranking.references if _distance(r) is not None), key=lambda r: _distance(r))
+    refs = sorted((r for r in ranking.references if row_distance(r) is not None), key=lambda r: row_distance(r))
     if not refs:
         return f"in-run noise references: {len(ranking.references)}, nothing released about them"
     return (f"in-run noise references ({len(refs)}: Gaussian noise, grey and colour, on several grids): the closest, "
-            f"{refs[0].public}, at {_distance(refs[0]):.4f}; a candidate must be closer with confidence to be used")
+            f"{refs[0].public}, at {row_distance(refs[0]):.4f}; a candidate must be closer with confidence to be used")
 
 
 def _per_repeat(ranking) -> dict[str, list[float]] | None:
@@ -59,7 +76,7 @@ def _per_repeat(ranking) -> dict[str, list[float]] | None:
     return out
 
 
-def closer_than_reference(ranking, name: str) -> tuple[bool, str, dict]:
+def closer_than_reference(ranking, name: str) -> ReferenceTest:
     """Whether candidate ``name`` beats the references in ``ranking`` (module docstring: in each draw,
     the closest reference is the bar), a phrase saying how, and the figures (distances, p-value)."""
     rows = {r.public: r for r in ranking}
@@ -68,23 +85,23 @@ def closer_than_reference(ranking, name: str) -> tuple[bool, str, dict]:
     refs = [n for n in rows if is_reference(n)]
     if not refs:
         raise ValueError("internal: the ranking has no in-run reference")
-    d = _distance(rows[name])
-    ref_name = min(refs, key=lambda n: _distance(rows[n]) if _distance(rows[n]) is not None else math.inf)
-    ref = _distance(rows[ref_name])
+    d = row_distance(rows[name])
+    ref_name = min(refs, key=lambda n: row_distance(rows[n]) if row_distance(rows[n]) is not None else math.inf)
+    ref = row_distance(rows[ref_name])
     figures = {"distance": d, "reference": ref, "closest_reference": ref_name}
     reps = _per_repeat(ranking)
     if reps is None or len(reps.get(name, [])) < 2:
         figures["repeats"] = 1
-        return False, (f"{name}'s distance {d:.4f} against the closest noise reference's {ref:.4f} from one draw: no "
-                       "confidence without repeats (--rank-repeats 3)"), figures
+        return ReferenceTest(False, f"{name}'s distance {d:.4f} against the closest noise reference's {ref:.4f} from one draw: no "
+                             "confidence without repeats (--rank-repeats 3)", figures)
     bar = np.min(np.stack([np.asarray(reps[n]) for n in refs]), axis=0)  # the closest reference in each draw
     diffs = bar - np.asarray(reps[name])
-    p = _one_sided_p(diffs)
+    p = one_sided_p(diffs)
     figures.update(repeats=len(diffs), p_value=p, mean_margin=float(diffs.mean()))
     beats = p < ALPHA
     how = (f"{name} {d:.4f} against the closest noise reference's {ref:.4f} ({ref_name}) over {len(diffs)} repeats "
            f"(one-sided paired t-test on the per-draw margin to the closest reference, p = {p:.3g}{' <' if beats else ' >='} {ALPHA:g})")
-    return beats, how, figures
+    return ReferenceTest(bool(beats), how, figures)
 
 
 def margin_threshold(scale: float, alpha: float = ALPHA) -> float:
@@ -93,34 +110,35 @@ def margin_threshold(scale: float, alpha: float = ALPHA) -> float:
     return float(scale) * math.log(1.0 / (2.0 * alpha))
 
 
-def _closer_by_release(ranking, name: str, rows: dict) -> tuple[bool, str, dict]:
+def _closer_by_release(ranking, name: str, rows: dict) -> ReferenceTest:
     """Under DP: ``name`` is the selection's winner, not a reference, and its released margin over the best
     reference beyond the gap between two draws of one kind of noise (energy, in C^2 units:
     :func:`gsd_cli.distance.dpselect.reference_margin`, Laplace-noised) is above :func:`margin_threshold`
     of its noise scale. Reads DP releases only (post-processing)."""
     pv = ranking.privacy or {}
-    figures = {"distance": _distance(rows[name]) if name in rows else None}
+    figures = {"distance": row_distance(rows[name]) if name in rows else None}
     winner = ranking.winner.public
     if is_reference(winner) or name != winner:
-        return False, (f"the private selection chose {winner}" if is_reference(winner) else
-                       f"the private selection did not choose {name}"), figures
+        return ReferenceTest(False, f"the private selection chose {winner}" if is_reference(winner) else
+                             f"the private selection did not choose {name}", figures)
     margin, scale = pv.get("reference_margin"), pv.get("margin_laplace_scale")
     if margin is None or scale is None:
-        return False, f"the private selection released no margin of {name} over the noise references", figures
+        return ReferenceTest(False, f"the private selection released no margin of {name} over the noise references", figures)
     t = margin_threshold(scale)
     beats = margin > t
     figures.update(margin=margin, margin_scale=scale, threshold=t)
-    return beats, (f"the private selection chose {name}; its released energy margin over the best noise reference, beyond "
-                   f"the gap between two draws of noise, {margin:.3g} C^2, is {'above' if beats else 'not above'} {t:.3g} "
-                   f"(Laplace scale {scale:.3g}: one-sided alpha {ALPHA:g})"), figures
+    return ReferenceTest(bool(beats), f"the private selection chose {name}; its released energy margin over the best noise reference, "
+                         f"beyond the gap between two draws of noise, {margin:.3g} C^2, is {'above' if beats else 'not above'} {t:.3g} "
+                         f"(Laplace scale {scale:.3g}: one-sided alpha {ALPHA:g})", figures)
 
 
-def _distance(row) -> float | None:
+def row_distance(row) -> float | None:
+    """A ranking row's distance as a float (None where nothing was released about it)."""
     d = getattr(row, "distance", None)
     return None if d is None else float(d)
 
 
-def _one_sided_p(diffs: np.ndarray) -> float:
+def one_sided_p(diffs: np.ndarray) -> float:
     """p-value of "mean(diffs) > 0" by a one-sided one-sample t-test; all-equal diffs: 0 if positive, 1 otherwise."""
     from scipy import stats
 

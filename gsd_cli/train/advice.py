@@ -44,8 +44,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from ..ranking.reference import (  # noqa: F401 (re-exported: the advice's vocabulary)
-    ALPHA, PER_CLASS, REFERENCE, REPEATS, NoiseSource, _distance, advice_sentence, closer_than_reference, is_reference,
-    reference_line, reference_sources,
+    ALPHA, PER_CLASS, REFERENCE, REPEATS, NoiseSource, ReferenceTest, advice_sentence, closer_than_reference, is_reference,
+    reference_line, reference_sources, row_distance,
 )
 
 #: the order --method auto tries the public methods in
@@ -119,8 +119,8 @@ def advise(ranking, method: str = "auto", *, candidates: dict[str, Candidate], p
                         "--method dpsgd, or add --no-fallback to train with the closest anyway", refused=True, evidence={})
     tested = {n: closer_than_reference(ranking, n) for n in order}
     rows = {r.public: r for r in ranking}
-    ref = min((_distance(r) for r in ranking if is_reference(r.public) and _distance(r) is not None), default=None)
-    evidence = {n: {**t[2], "beats_reference": t[0],
+    ref = min((row_distance(r) for r in ranking if is_reference(r.public) and row_distance(r) is not None), default=None)
+    evidence = {n: {**t.figures, "beats_reference": t.closer,
                     "second_phase": second_phase_usable(candidates[n], private_classes) if n in candidates else "unknown"}
                 for n, t in tested.items()}
 
@@ -129,14 +129,14 @@ def advise(ranking, method: str = "auto", *, candidates: dict[str, Candidate], p
 
     def pick(m: str) -> str | None:
         for n in order:  # closest first
-            if tested[n][0] and (m != "second-phase" or second_phase_usable(candidates[n], private_classes) is None):
+            if tested[n].closer and (m != "second-phase" or second_phase_usable(candidates[n], private_classes) is None):
                 return n
         return None
 
     def why_none(m: str) -> str:
-        close = [n for n in order if tested[n][0]]
+        close = [n for n in order if tested[n].closer]
         if not close:
-            return f"no candidate is closer than noise ({tested[order[0]][1]})" if order else "no candidates"
+            return f"no candidate is closer than noise ({tested[order[0]].phrase})" if order else "no candidates"
         if m == "second-phase":
             return "; ".join(second_phase_usable(candidates[n], private_classes) or "" for n in close)
         return ""
@@ -147,8 +147,8 @@ def advise(ranking, method: str = "auto", *, candidates: dict[str, Candidate], p
             if n is not None:
                 use = ("pretrains on its own labels: " if m == "second-phase" else "uses its gradient subspace: ")
                 return Decision(m, n, False,
-                                f"--method auto: {m} with {n} ({m} {use}{tested[n][1]})",
-                                distance=_distance(rows[n]), reference=ref, evidence=evidence)
+                                f"--method auto: {m} with {n} ({m} {use}{tested[n].phrase})",
+                                distance=row_distance(rows[n]), reference=ref, evidence=evidence)
         reasons = why_none("gep")
         sp = why_none("second-phase")
         return Decision(FALLBACK, None, True,
@@ -158,13 +158,13 @@ def advise(ranking, method: str = "auto", *, candidates: dict[str, Candidate], p
         return Decision(method, None, False, f"--method {method} uses no public data", reference=ref, evidence=evidence)
     n = pick(method)
     if n is not None:
-        return Decision(method, n, order[0] != n, f"--method {method} with {n}: {tested[n][1]}"
+        return Decision(method, n, order[0] != n, f"--method {method} with {n}: {tested[n].phrase}"
                         + (f" (the closest, {order[0]}, cannot be used by {method})" if order[0] != n else ""),
-                        distance=_distance(rows[n]), reference=ref, evidence=evidence)
+                        distance=row_distance(rows[n]), reference=ref, evidence=evidence)
     return Decision(method, order[0] if order else None, False,
                     f"--method {method}: no candidate it can use is closer than noise ({why_none(method)}); "
                     "train with --method dpsgd, or add --no-fallback to train with the closest anyway",
-                    refused=True, distance=_distance(rows[order[0]]) if order else None, reference=ref,
+                    refused=True, distance=row_distance(rows[order[0]]) if order else None, reference=ref,
                     evidence=evidence)
 
 
@@ -179,20 +179,21 @@ def _advise_by_probe(method: str, order: list[str], tested: dict, rows: dict, re
     that are closer than noise (:func:`closer_than_reference`) and that the second phase can use
     (:func:`second_phase_usable`), those whose pretrained features beat the untrained model's with
     confidence; the one with the largest gain. None: ``auto`` trains DP-SGD alone, ``second-phase`` is refused."""
+    evidence["probe"] = probe.to_dict()  # the per-draw figures, beside each candidate's
     verdict = {n: probe.test(n, ALPHA) for n in order if n in probe.gains}  # (helps, p)
     for n, (helps, p) in verdict.items():
         evidence[n].update(probe_gain=probe.mean_gain(n), probe_p=p, probe_helps=helps)
-    close = [n for n in order if tested[n][0]]
+    close = [n for n in order if tested[n].closer]
     usable = [n for n in close if n in verdict and second_phase_usable(candidates[n], private_classes) is None]
     helps = [n for n in usable if verdict[n][0]]
     if helps:
         best = max(helps, key=probe.mean_gain)
         return Decision("second-phase", best, False,
                         f"--method {method}: second-phase with {best} (the second phase pretrains on its own labels: "
-                        f"{probe.phrase(best, ALPHA)}; {tested[best][1]})",
-                        distance=_distance(rows[best]), reference=ref, evidence=evidence)
+                        f"{probe.phrase(best, ALPHA)}; {tested[best].phrase})",
+                        distance=row_distance(rows[best]), reference=ref, evidence=evidence)
     if not close:
-        why = f"no candidate is closer than noise ({tested[order[0]][1]})"
+        why = f"no candidate is closer than noise ({tested[order[0]].phrase})"
     elif not usable:
         far = [n for n in order if n not in close]
         why = "; ".join(second_phase_usable(candidates[n], private_classes) or f"{n}: not probed" for n in close) + (
@@ -206,4 +207,4 @@ def _advise_by_probe(method: str, order: list[str], tested: dict, rows: dict, re
     return Decision(method, order[0], False,
                     f"--method {method}: no candidate the second phase can use helps it ({why}); train with --method dpsgd, "
                     "or add --no-fallback to train with the closest anyway", refused=True,
-                    distance=_distance(rows[order[0]]), reference=ref, evidence=evidence)
+                    distance=row_distance(rows[order[0]]), reference=ref, evidence=evidence)

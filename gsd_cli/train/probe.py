@@ -66,12 +66,12 @@ class ProbeResult:
 
     def test(self, name: str, alpha: float) -> tuple[bool, float]:
         """(helps, p): the one-sided paired t-test of "mean gain > 0" over the repeats."""
-        from ..ranking.reference import _one_sided_p
+        from ..ranking.reference import one_sided_p
 
         g = np.asarray(self.gains[name], dtype=np.float64)
         if len(g) < 2:
             return False, 1.0
-        p = _one_sided_p(g)
+        p = one_sided_p(g)
         return p < alpha, p
 
     def phrase(self, name: str, alpha: float) -> str:

@@ -90,8 +90,6 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
                                        repeats=probe_repeats or PROBE_REPEATS, seed=int(rank_options.get("seed", 0)),
                                        device=rank_options.get("device"), progress=rank_options.get("progress"))
     decision = advise(ranking, method, candidates=facts, private_classes=int(train_part.num_classes), probe=probe)
-    if probe is not None:
-        decision.evidence["probe"] = probe.to_dict()
     return split_references(ranking), decision  # the table and the winner are the candidates'; the references apart
 
 
@@ -136,7 +134,7 @@ def choosable(ranking, sources: list, facts: dict, private_classes: int) -> list
     out = []
     for src in sources:
         name = getattr(src, "name", str(src))
-        if name in names and closer_than_reference(ranking, name)[0] and second_phase_usable(facts[name], private_classes) is None:
+        if name in names and closer_than_reference(ranking, name).closer and second_phase_usable(facts[name], private_classes) is None:
             out.append(src)
     return out
 

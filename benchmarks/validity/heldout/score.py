@@ -115,11 +115,11 @@ def decision_same(task: str, advised: dict | None, probe: dict | None) -> tuple[
     same = decision_advise(task, advised, restricted)
     if same is None or same[0] != "second-phase":
         return full
-    from gsd_cli.ranking.reference import _one_sided_p
+    from gsd_cli.ranking.reference import one_sided_p
     from gsd_cli.train.advice import ALPHA
 
     diff = np.asarray(probe["gains"][full[1]], dtype=np.float64) - np.asarray(probe["gains"][same[1]], dtype=np.float64)
-    return full if _one_sided_p(diff) < ALPHA else same
+    return full if one_sided_p(diff) < ALPHA else same
 
 
 def probe_result(doc: dict | None):
