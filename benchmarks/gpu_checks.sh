@@ -104,7 +104,7 @@ if [ "$quick" != "--quick" ]; then
     --models fmnist-cnn resnet20 resnet18:64 resnet50-bn:32 vit_b_16:32 --gep-models fmnist-cnn resnet20 \
     --json "$out/train_step_gpu.json" 2>&1
   echo "== what the advice costs: gsd train --auto-select against --method dpsgd, whole processes (issue 53)"
-  $py benchmarks/bench_auto_select_cost.py --rounds 2 --extra "--device cuda" --json "$out/auto_select_cost_gpu.json" 2>&1 \
+  $py benchmarks/bench_auto_select_cost.py --rounds 2 --select-epsilon 0.5 --extra "--device cuda" --json "$out/auto_select_cost_gpu.json" 2>&1 \
     | tee "$out/auto_select_cost_gpu.txt"
   echo "== gsd train's DP-SGD against Opacus, whole runs (issue 45)"
   $py benchmarks/bench_vs_opacus.py --device cuda --threads 0 --tasks fmnist resnet20 resnet18 resnet18-conv --epochs 5 --seeds 0 1 2 \
