@@ -197,14 +197,15 @@ def test_the_shipped_validity_note_is_the_committed_scores_and_quotes_only_print
     import json
     import re
 
-    from gsd_cli.report.validity import heldout, validity_line
+    from gsd_cli.report.validity import heldout, heldout_sentence, validity_line
 
     doc = json.loads(S.OUT_JSON.read_text())
     shipped = heldout()
     assert {k: v for k, v in shipped.items() if k != "scored_with"} == {
         k: v for k, v in S.package_note(doc).items() if k != "scored_with"}
     md = S.OUT_MD.read_text()
-    note = validity_line("gsd")
+    assert heldout_sentence(shipped, "Earlier") in validity_line("gsd")
+    note = heldout_sentence(shipped)
     quoted = re.findall(r"[+-]\d+\.\d+ \[[+-]\d+\.\d+, [+-]\d+\.\d+\]|\d+% \[\d+%, \d+%\]|\d+ of \d+ cells", note)
     assert len(quoted) >= 6
     for q in quoted:
@@ -283,7 +284,7 @@ def test_the_shipped_round_6_note_is_the_committed_scores_and_quotes_only_printe
     assert {k: v for k, v in shipped.items() if k != "scored_with"} == {
         k: v for k, v in json.loads(json.dumps(score6.package_note(doc))).items() if k != "scored_with"}
     md = score6.OUT_MD.read_text()
-    quoted = re.findall(r"[+-]\d+\.\d+ \[[+-]\d+\.\d+, [+-]\d+\.\d+\]|\d+% \[\d+%, \d+%\]", round6_sentence(shipped))
+    quoted = re.findall(r"[+-]\d+\.\d+ \[[+-]\d+\.\d+, [+-]\d+\.\d+\]|-?\d+% \[-?\d+%, -?\d+%\]", round6_sentence(shipped))
     assert len(quoted) >= 4
     for q in quoted:
         assert q in md, q
