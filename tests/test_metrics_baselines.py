@@ -254,7 +254,15 @@ def test_the_validity_line_is_printed_from_the_shipped_figures():
         print_ranking(rk, console)
         return console.export_text()
 
-    assert "validity (held-out benchmark, pre-registered" in shown("gsd") and "validity" not in shown("otdd")
+    table = shown("gsd")
+    assert "Earlier (held-out benchmark, pre-registered" in table and "validity" not in shown("otdd")
+    # round 6 (the latest pre-registered round, gsd_cli/report/heldout6.json) first, its DP advice beside the non-private one
+    from gsd_cli.report.validity import heldout6
+
+    r6 = heldout6()
+    assert r6 is not None and line.index("round 6") < line.index("Earlier (held-out benchmark")
+    assert f"in {r6['non_private']['no_harm']} of {r6['non_private']['cells']} cells ({r6['non_private']['dpsgd_by_choice']} by choosing DP-SGD)" in line
+    assert f"--select-epsilon {r6['select_epsilon']:g} at the same total epsilon (DP)" in line and "targets missed" in line
     dp = validity_line("dp-energy")  # gsd rank --dp's default: what auto-select does with a private selection's winner
     assert "--select-epsilon" in dp and "noise references" in dp and "validity: Advice" in shown("dp-energy")
     assert "noise references" in line
