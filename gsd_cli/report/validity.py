@@ -11,32 +11,28 @@ from functools import lru_cache
 from importlib import resources
 
 
-@lru_cache(maxsize=1)
+@lru_cache(maxsize=None)
+def _shipped(name: str) -> dict | None:
+    """A JSON file shipped in gsd_cli.report, or None when it is missing or unreadable (then nothing is printed)."""
+    try:
+        return json.loads(resources.files("gsd_cli.report").joinpath(name).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def figures() -> dict | None:
-    """The shipped figures, or None when the file is missing or unreadable (then nothing is printed)."""
-    try:
-        return json.loads(resources.files("gsd_cli.report").joinpath("validity.json").read_text())
-    except (OSError, ValueError):
-        return None
+    """The previous rule's shipped figures (``validity.json``)."""
+    return _shipped("validity.json")
 
 
-@lru_cache(maxsize=1)
 def heldout() -> dict | None:
-    """The held-out benchmark's shipped figures, or None when the file is missing or unreadable."""
-    try:
-        return json.loads(resources.files("gsd_cli.report").joinpath("heldout.json").read_text())
-    except (OSError, ValueError):
-        return None
+    """The held-out benchmark's shipped figures (``heldout.json``: rounds 2-5)."""
+    return _shipped("heldout.json")
 
 
-@lru_cache(maxsize=1)
 def heldout6() -> dict | None:
-    """Round 6's shipped figures (``heldout6.json``: ``python -m validity.heldout.round6 score --update-package``), or
-    None when the file is missing or unreadable."""
-    try:
-        return json.loads(resources.files("gsd_cli.report").joinpath("heldout6.json").read_text())
-    except (OSError, ValueError):
-        return None
+    """Round 6's shipped figures (``heldout6.json``: ``python -m validity.heldout.round6 score --update-package``)."""
+    return _shipped("heldout6.json")
 
 
 def round6_sentence(doc: dict) -> str:

@@ -46,21 +46,21 @@ def run_key(task: str, method: str, candidate: str | None, settings: dict, seed:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def load_runs() -> dict[str, dict]:
-    """Every cached run by key (a later line of the same key wins)."""
+def load_runs(path: Path = RUNS) -> dict[str, dict]:
+    """Every cached run of the runs file ``path`` by key (a later line of the same key wins)."""
     out: dict[str, dict] = {}
-    if RUNS.is_file():
-        for line in RUNS.read_text().splitlines():
+    if path.is_file():
+        for line in path.read_text().splitlines():
             if line.strip():
                 d = json.loads(line)
                 out[d["key"]] = d
     return out
 
 
-def append_run(record: dict) -> None:
-    """Append one run (one line, under an exclusive lock: processes may share the file)."""
-    RUNS.parent.mkdir(parents=True, exist_ok=True)
-    with open(RUNS, "a") as f:
+def append_run(record: dict, path: Path = RUNS) -> None:
+    """Append one run to the runs file ``path`` (one line, under an exclusive lock: processes may share the file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         f.write(json.dumps(record, sort_keys=True) + "\n")
         f.flush()

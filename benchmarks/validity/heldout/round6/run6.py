@@ -127,13 +127,8 @@ def settings6(task: str, method: str, epsilon: float = EPSILON, delta: float = D
 
 
 def load6() -> dict[str, dict]:
-    out: dict[str, dict] = {}
-    if RUNS6.is_file():
-        for line in RUNS6.read_text().splitlines():
-            if line.strip():
-                d = json.loads(line)
-                out[d["key"]] = d
-    return out
+    """Every round-6 run by key (runs.jsonl of results/heldout6)."""
+    return load_runs(RUNS6)
 
 
 def train6(task: str, method: str, candidate: str | None, seed: int, runs: dict, epsilon: float = EPSILON,
@@ -155,21 +150,9 @@ def train6(task: str, method: str, candidate: str | None, seed: int, runs: dict,
     rec = {"key": key, "task": task, "method": method, "public": candidate, "seed": seed, "settings": s,
            "accuracy": summ["test"]["accuracy"], "epsilon": summ["epsilon"], "seconds": round(time.perf_counter() - t0, 2),
            "commit": gsd_commit(), "loadavg": [round(x, 2) for x in os.getloadavg()]}
-    OUT.mkdir(parents=True, exist_ok=True)
-    _append(rec)
+    append_run(rec, RUNS6)
     runs[key] = rec
     return rec
-
-
-def _append(rec: dict) -> None:
-    import fcntl
-
-    with open(RUNS6, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        f.write(json.dumps(rec, sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-        fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _cached(task: str, seed: int, kind: str, compute) -> dict:
@@ -261,7 +244,7 @@ def run_cell(task: str, seed: int, runs: dict) -> None:
     probe6(task, seed)
     dp = dp6(task, seed)
     d = dp["decision"]
-    m = "dpsgd" if d["method"] == "dpsgd" else d["method"]
+    m = d["method"]
     r = train6(task, m, d["public"] if m != "dpsgd" else None, seed, runs, dp["training"]["epsilon"], dp["training"]["delta"])
     print(f"[{task} seed {seed} {time.time() - t0:.0f}s] dpsgd {100 * base['accuracy']:.1f}%, dp advice {m} {d['public']} "
           f"{100 * r['accuracy']:.1f}%", flush=True)

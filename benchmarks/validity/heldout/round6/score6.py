@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 
 import numpy as np
 
 from ..cache import RESULTS, gsd_commit, run_key
+from ..score import _share, task_boot
 from .protocol import SEEDS, TARGETS, read_split6
 from .run6 import RANKINGS6, load6, ready, settings6
 
@@ -100,16 +100,9 @@ def task_scores(task: str, runs: dict) -> dict | None:
 
 
 def boot(values: np.ndarray, stat, name: str) -> list[float] | None:
-    """95% interval of ``stat`` over rows of ``values`` (one per task), resampling tasks."""
-    rng = rng_for(name)
-    draws = [stat(values[rng.integers(0, len(values), len(values))]) for _ in range(B)]
-    draws = [d for d in draws if not math.isnan(d)]
-    return [float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))] if draws else None
-
-
-def _share(v: np.ndarray) -> float:
-    o = v[:, 1].mean()
-    return float(v[:, 0].mean() / o) if o > 0 else float("nan")
+    """95% interval of ``stat`` over rows of ``values`` (one per task), resampling tasks
+    (:func:`validity.heldout.score.task_boot`, :data:`B` draws from a generator keyed by ``name``)."""
+    return task_boot(values, rng_for(name), stat, B)
 
 
 def arm_figures(tasks: list[dict], arm: str) -> dict:
