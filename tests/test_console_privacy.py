@@ -310,7 +310,10 @@ def test_non_private_auto_select_puts_its_statistics_on_private_lines_and_in_the
         lines = out + err
         assert any(f"({n} examples)" in line for line in lines)  # the ranking's title, on private lines only
         assert not any(f"({n} examples)" in line for line in _public(lines))
-        assert any("in-run noise references" in line for line in lines if line.startswith("private:"))
+        ranked = {r["public"] for r in docs["run/private-summary.json"]["selection"]["results"]}
+        if ranked:  # the probe runs first and only the candidates it finds helpful are ranked (issue 53)
+            assert any("in-run noise references" in line for line in lines if line.startswith("private:"))
+        assert any(line.startswith("private: Not ranked") for line in lines) == (ranked != {"digits", "noise"}), lines
         assert any(line.startswith("private: --method auto:") for line in lines), lines  # the decision, with its figures
         pub, priv = docs["run/summary.json"], docs["run/private-summary.json"]
         assert pub["dp"] is False and "NOT differentially private" in pub["publishable"] and "private-summary.json" in pub["publishable"]
@@ -322,9 +325,9 @@ def test_non_private_auto_select_puts_its_statistics_on_private_lines_and_in_the
         assert set(sel["advice"]) == {"method", "public", "fell_back", "refused"}
         assert priv["publishable"] is False and priv["selection"]["private_examples"] == n
         probe = priv["selection"]["advice"]["evidence"]["probe"]
-        # probed: only the candidates the advice could choose (issue 53), here none or some
+        # probed first: every candidate the second phase can use (issue 53); ranked: those it finds helpful
         assert set(probe["gains"]) <= {"digits", "noise"} and len(probe["baseline"]) == (2 if probe["gains"] else 0)
-        assert {r["public"] for r in priv["selection"]["results"]} == {"digits", "noise"}
+        assert ranked | set(priv["selection"]["not_ranked"]) == {"digits", "noise"} and not ranked & set(priv["selection"]["not_ranked"])
         keys, numbers = _walk(pub)
         assert not {"evidence", "probe", "baseline", "gains", "results", "references", "runs", "private_examples", "p_value",
                     "distance", "distances", "message"} & keys

@@ -284,8 +284,11 @@ def test_a_long_probe_says_its_plan_under_quiet(sets, tmp_path, capsys, monkeypa
     def stop(*args, **kwargs):
         raise GSDError("stopped by the test")
 
+    import gsd_cli.train.advice as advice
+
     monkeypatch.setattr(probe, "probe_second_phase", stop)
     monkeypatch.setattr(select, "choosable", lambda ranking, sources, *a: list(sources))  # probe every candidate
+    monkeypatch.setattr(advice, "second_phase_usable", lambda *a: None)  # (the probe runs first: every usable one)
     code = main(["train", "--private", sets["priv"], "--auto-select", "--public", sets["far"], "--probe-repeats", "100",
                  "--rank-repeats", "2", *RANK_SMALL, *SMALL, "--public-examples", "80", "--out", str(tmp_path / "run")])
     lines = _lines(capsys.readouterr().err)

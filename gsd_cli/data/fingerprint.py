@@ -14,6 +14,9 @@ the source allows:
   (:func:`library_versions`);
 * anything else (torchvision's sets, Hugging Face and torch datasets): the decoded images at their
   native size (float32 bytes and shape), still without the resize to the model's input size.
+* generated sources (gsd's in-run noise references, :class:`gsd_cli.data.reference.NoiseSource`): the
+  parameters each image is drawn from (``generator()``: the generator's kind, seed, grid and channels), with
+  numpy's version (:func:`library_versions`), which fixes the draws: no image is generated to be hashed.
 
 The source's name and kind and the drawn indices enter as well. Nothing here uses ``id()`` or
 Python's salted ``hash()``: the same sample gives the same digest in every process.
@@ -97,6 +100,9 @@ def content_digest(source: ImageSource, indices: Sequence[int]) -> dict:
     (see the module docstring for ``how``: ``arrays``, ``files`` or ``decoded``)."""
     idx = np.asarray(indices, dtype=np.int64)
     h = hashlib.sha256()
+    generator = getattr(source, "generator", None)
+    if callable(generator):  # every image a function of these parameters (and numpy's version, in the fingerprint)
+        return {"how": "generated", **generator()}
     arrays = _wrappers_to_array(source, idx)
     if arrays is not None:
         leaf, rows = arrays

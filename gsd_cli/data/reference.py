@@ -76,6 +76,13 @@ class NoiseSource(ImageSource):
     def __len__(self) -> int:
         return self.n
 
+    def generator(self) -> dict:
+        """What each image and label is drawn from (:meth:`images`, :meth:`labels`; with numpy's version): the
+        data part of its public-subspace cache key (:func:`gsd_cli.data.fingerprint.content_digest`)."""
+        return {"kind": "gaussian N(0.5, 0.25^2) clipped to [0, 1], numpy default_rng([seed, 0x4EF, grid, index, what(, width)])",
+                "seed": self.seed, "grid": self.grid, "width": self.width, "channels": self.channels,
+                "num_classes": self.num_classes}
+
     def _rng(self, i: int, what: int) -> np.random.Generator:
         key = [self.seed, 0x4EF, self.grid, int(i), what] + ([self.width] if self.width != self.grid else [])
         return np.random.default_rng(key)

@@ -65,6 +65,7 @@ class Ranking:
     subspace_method: str = "auto"  # --subspace-method: how the non-private top-k subspaces were found
     not_selected: list[str] = field(default_factory=list)  # a DP selection: the candidates not chosen (nothing released about them)
     references: list = field(default_factory=list)  # gsd train --auto-select: the in-run noise references' rows (gsd_cli.train.advice)
+    not_ranked: list[str] = field(default_factory=list)  # gsd train --auto-select: candidates left out, none could be chosen (gsd_cli.train.select)
 
     def __len__(self) -> int:
         return len(self.results)

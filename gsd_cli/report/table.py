@@ -206,6 +206,9 @@ def print_ranking(ranking: Ranking, console: Console | None = None) -> None:
     if getattr(ranking, "not_selected", None):
         console.print(f"Not chosen (nothing released about them: no score, no order): {escape(', '.join(ranking.not_selected))}.",
                       highlight=False)
+    if getattr(ranking, "not_ranked", None):
+        console.print(f"Not ranked (the feature probe found no gain from them, or the second phase cannot use them): "
+                      f"{escape(', '.join(ranking.not_ranked))}.", highlight=False)
     console.print(how_to_read(ranking))
     _validity(ranking, console)
     line = privacy_line(ranking)

@@ -111,7 +111,7 @@ def advise(ranking, method: str = "auto", *, candidates: dict[str, Candidate], p
     ``probe``: the feature probe (:class:`gsd_cli.train.probe.ProbeResult`; the non-private advice), which
     decides ``auto`` and ``second-phase`` (:func:`_advise_by_probe`)."""
     order = [r.public for r in ranking if not is_reference(r.public)]
-    if not order:  # a private selection that chose a noise reference: nothing released about the candidates
+    if not order and probe is None:  # a private selection that chose a noise reference: nothing released about the candidates
         why = f"the private selection chose {ranking.winner.public}" if len(ranking.results) else "no candidates"
         if method == "auto":
             return Decision(FALLBACK, None, True, f"--method auto: training DP-SGD without public data: {why}", evidence={})
@@ -125,7 +125,8 @@ def advise(ranking, method: str = "auto", *, candidates: dict[str, Candidate], p
                 for n, t in tested.items()}
 
     if probe is not None and method in ("auto", "second-phase"):
-        return _advise_by_probe(method, order, tested, rows, ref, evidence, probe, candidates, private_classes)
+        unranked = [n for n in getattr(ranking, "not_ranked", None) or () if n in candidates]  # gate="helping" (gsd_cli.train.select)
+        return _advise_by_probe(method, order, tested, rows, ref, evidence, probe, candidates, private_classes, unranked)
 
     def pick(m: str) -> str | None:
         for n in order:  # closest first
@@ -174,18 +175,24 @@ NO_GEP = ("--method auto does not try GEP: with gsd's pick it did not beat tuned
 
 
 def _advise_by_probe(method: str, order: list[str], tested: dict, rows: dict, ref, evidence: dict, probe, candidates: dict,
-                     private_classes: int) -> Decision:
+                     private_classes: int, unranked: list[str]) -> Decision:
     """``auto`` and ``second-phase`` with the feature probe (:mod:`gsd_cli.train.probe`): among the candidates
     that are closer than noise (:func:`closer_than_reference`) and that the second phase can use
     (:func:`second_phase_usable`), those whose pretrained features beat the untrained model's with
-    confidence; the one with the largest gain. None: ``auto`` trains DP-SGD alone, ``second-phase`` is refused."""
+    confidence; the one with the largest gain. None: ``auto`` trains DP-SGD alone, ``second-phase`` is refused.
+    ``unranked``: the candidates probed but not ranked (the probe found no gain from them, or the second phase cannot
+    use them: ``gate="helping"``, :func:`gsd_cli.train.select.advised_selection`)."""
     evidence["probe"] = probe.to_dict()  # the per-draw figures, beside each candidate's
-    verdict = {n: probe.test(n, ALPHA) for n in order if n in probe.gains}  # (helps, p)
+    verdict = {n: probe.test(n, ALPHA) for n in [*order, *unranked] if n in probe.gains}  # (helps, p)
+    for n in unranked:
+        evidence[n] = {"ranked": False, "second_phase": second_phase_usable(candidates[n], private_classes)}
     for n, (helps, p) in verdict.items():
         evidence[n].update(probe_gain=probe.mean_gain(n), probe_p=p, probe_helps=helps)
     close = [n for n in order if tested[n].closer]
     usable = [n for n in close if n in verdict and second_phase_usable(candidates[n], private_classes) is None]
     helps = [n for n in usable if verdict[n][0]]
+    if unranked and not helps:  # the probe ran first: say what it found, then what the ranking of the helpful ones did
+        return _no_candidate_by_probe(method, order, tested, rows, ref, evidence, probe, verdict, candidates, private_classes)
     if helps:
         best = max(helps, key=probe.mean_gain)
         return Decision("second-phase", best, False,
@@ -208,3 +215,24 @@ def _advise_by_probe(method: str, order: list[str], tested: dict, rows: dict, re
                     f"--method {method}: no candidate the second phase can use helps it ({why}); train with --method dpsgd, "
                     "or add --no-fallback to train with the closest anyway", refused=True,
                     distance=row_distance(rows[order[0]]), reference=ref, evidence=evidence)
+
+
+def _no_candidate_by_probe(method: str, order: list[str], tested: dict, rows: dict, ref, evidence: dict, probe, verdict: dict,
+                           candidates: dict, private_classes: int) -> Decision:
+    """:func:`_advise_by_probe` without a choice when the probe ran first (``gate="helping"``): ``order`` holds only
+    the candidates whose pretrained features help (none of them closer than noise), ``verdict`` every probed one."""
+    if order:  # some help, none is closer than noise
+        why = (f"no candidate whose pretrained features beat the untrained model's is closer than noise "
+               f"({tested[order[0]].phrase})")
+    elif verdict:
+        top = max(verdict, key=probe.mean_gain)
+        why = f"no candidate's pretrained features beat the untrained model's with confidence (the best, {top}: {probe.phrase(top, ALPHA)})"
+    else:
+        why = "; ".join(second_phase_usable(c, private_classes) or f"{n}: not probed" for n, c in candidates.items()) or "no candidates"
+    if method == "auto":
+        return Decision(FALLBACK, None, True, f"--method auto: training DP-SGD without public data: {why}; {NO_GEP}",
+                        reference=ref, evidence=evidence)
+    return Decision(method, order[0] if order else None, False,
+                    f"--method {method}: no candidate the second phase can use helps it ({why}); train with --method dpsgd, "
+                    "or add --no-fallback to train with the closest anyway", refused=True,
+                    distance=row_distance(rows[order[0]]) if order else None, reference=ref, evidence=evidence)

@@ -145,7 +145,8 @@ def public_selection(selection: dict) -> dict:
     led to (method, public set); the rest (distances, their order, the references' rows, the probe's
     accuracies and gains, p-values, the private examples drawn, the time) goes to ``private-summary.json``."""
     public = {k: selection[k] for k in SELECTION_PUBLIC_FIELDS if k in selection}
-    names = [r.get("public") for r in selection.get("results") or () if isinstance(r, dict)] + list(selection.get("not_selected") or ())
+    names = [r.get("public") for r in selection.get("results") or () if isinstance(r, dict)] + list(selection.get("not_selected") or ()) + list(
+        selection.get("not_ranked") or ())  # which were ranked is the probe's verdict: only the sorted names stay
     public["candidates"] = sorted(n for n in names if n is not None)
     advice = selection.get("advice")
     if isinstance(advice, dict):

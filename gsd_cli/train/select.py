@@ -29,7 +29,7 @@ def auto_select(private: str, candidates: Sequence[str], *, private_test: str | 
 
 def advised_selection(private: str, candidates: Sequence[str], method: str = "auto", *, private_test: str | None = None,
                       catalog=None, repeats: int | None = None, references: bool = True, train_settings=None,
-                      probe_repeats: int | None = None, notify=None, **rank_options):
+                      probe_repeats: int | None = None, notify=None, gate: str = "all", **rank_options):
     """``gsd train --auto-select``'s ranking and decision: ``(ranking, decision)``.
 
     The ranking (:func:`auto_select`) carries the in-run noise references
@@ -44,7 +44,15 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
     none (the decision's ``evidence["probe"]``). ``references=False``
     (``--no-fallback`` under DP, where the references would compete in the private selection): no
     references, no decision (``None``). ``notify(line)`` gets the probe's plan (:func:`probe_plan`, public
-    settings only) before it starts: with many repeats it runs for minutes."""
+    settings only) before it starts: with many repeats it runs for minutes.
+
+    ``gate="helping"`` (``gsd train --auto-select``'s, for ``--method auto`` with the probe): the probe runs
+    first, on every candidate the second phase can use, and the ranking holds only the candidates whose
+    pretrained features help (with the references), since only one of those can be chosen: the same decision
+    as ``gate="all"`` (each candidate's probe draws and ranking rows do not depend on the other candidates),
+    without the subspaces of candidates that cannot be chosen. The ranking's ``not_ranked`` names the others;
+    the decision's evidence keeps their probe figures. ``"all"`` ranks every candidate, then probes those
+    the advice could choose (:func:`choosable`)."""
     from ..data import resolve
     from ..models.spec import resolve_model
     from ..ranking.reference import split_references
@@ -54,6 +62,8 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
         from ..errors import GSDError
 
         raise GSDError(f"{REFERENCE} is gsd's own in-run reference; name your candidates otherwise")
+    if gate not in ("all", "helping"):
+        raise ValueError(f"gate must be 'all' or 'helping' (got {gate!r})")
     dp = bool(rank_options.get("dp"))
     if repeats is None:
         repeats = 1 if dp else REPEATS
@@ -68,28 +78,45 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
         options["repeats"] = repeats
     from ..timing import stage
 
-    with stage("rankings"):
-        ranking = rank(train_part, [*pubs, *references], **options)
     facts = {getattr(p, "name", str(p)): describe(p) for p in pubs}
-    if not references:  # --no-fallback under DP: the winner among the candidates alone, no advice
-        return ranking, None
-    probe = None
-    if train_settings is not None and not dp and method in ("auto", "second-phase") and not train_part.multilabel:
+    classes = int(train_part.num_classes)
+    probing = train_settings is not None and not dp and method in ("auto", "second-phase") and not train_part.multilabel
+    examples = int(rank_options.get("examples", 2000))
+
+    def run_probe(sources):
         from .probe import REPEATS as PROBE_REPEATS, ProbeResult, probe_second_phase
 
-        # only the candidates the advice could choose: closer than noise and usable by the second phase (the
-        # probe decides among those alone, gsd_cli.train.advice._advise_by_probe, so the decision is the same)
-        chosen = choosable(ranking, pubs, facts, int(train_part.num_classes))
-        examples = int(rank_options.get("examples", 2000))
-        if notify is not None:
-            notify(probe_plan(probe_repeats or PROBE_REPEATS, len(pubs), examples, train_settings))  # public: not which are probed
-        if not chosen:
-            probe = ProbeResult([], {}, examples=min(examples, len(train_part)), model=str(train_settings.model))
-        else:
-            probe = probe_second_phase(train_part, chosen, train_settings, examples=examples,
-                                       repeats=probe_repeats or PROBE_REPEATS, seed=int(rank_options.get("seed", 0)),
-                                       device=rank_options.get("device"), progress=rank_options.get("progress"))
-    decision = advise(ranking, method, candidates=facts, private_classes=int(train_part.num_classes), probe=probe)
+        if notify is not None:  # public: not which candidates are probed
+            notify(probe_plan(probe_repeats or PROBE_REPEATS, len(pubs), examples, train_settings, usable_only=gate == "helping"))
+        if not sources:
+            return ProbeResult([], {}, examples=min(examples, len(train_part)), model=str(train_settings.model))
+        return probe_second_phase(train_part, sources, train_settings, examples=examples, repeats=probe_repeats or PROBE_REPEATS,
+                                  seed=int(rank_options.get("seed", 0)), device=rank_options.get("device"),
+                                  progress=rank_options.get("progress"))
+
+    if gate == "helping" and probing and method == "auto" and references:
+        from .advice import ALPHA, second_phase_usable
+
+        # the probe first, on every candidate the second phase can use; then the ranking of those it finds helpful
+        # alone (with the references): the advice chooses among them (gsd_cli.train.advice._advise_by_probe)
+        probe = run_probe([p for p in pubs if second_phase_usable(facts[getattr(p, "name", str(p))], classes) is None])
+        helping = [p for p in pubs if getattr(p, "name", str(p)) in probe.gains and probe.test(getattr(p, "name", str(p)), ALPHA)[0]]
+        if helping:
+            with stage("rankings"):
+                ranking = rank(train_part, [*helping, *references], **options)
+        else:  # nothing could be chosen: no subspace is computed
+            ranking = _unranked(train_part, options, repeats)
+        ranking.not_ranked = sorted(set(facts) - {getattr(p, "name", str(p)) for p in helping})
+        decision = advise(ranking, method, candidates=facts, private_classes=classes, probe=probe)
+        return split_references(ranking), decision
+    with stage("rankings"):
+        ranking = rank(train_part, [*pubs, *references], **options)
+    if not references:  # --no-fallback under DP: the winner among the candidates alone, no advice
+        return ranking, None
+    # only the candidates the advice could choose are probed: closer than noise and usable by the second phase
+    # (the probe decides among those alone, gsd_cli.train.advice._advise_by_probe, so the decision is the same)
+    probe = run_probe(choosable(ranking, pubs, facts, classes)) if probing else None
+    decision = advise(ranking, method, candidates=facts, private_classes=classes, probe=probe)
     return split_references(ranking), decision  # the table and the winner are the candidates'; the references apart
 
 
@@ -122,6 +149,34 @@ def dp_advised_selection(private: str, candidates: Sequence[str], method: str = 
                            insecure_seed=insecure_seed, book=book, progress=progress)
 
 
+def _unranked(train_part, options: dict, repeats: int):
+    """The ranking of no candidate (``gate="helping"`` when the probe finds no help): the settings a ranking with
+    ``options`` and ``repeats`` draws states (the public ones exactly as :func:`gsd_cli.ranking.rank` would), no rows."""
+    from ..gradients import resolve_device
+    from ..models.peft import build_model
+    from ..models.spec import model_label
+    from ..ranking.config import RankConfig
+    from ..ranking.repeats import repeat_seed
+    from ..ranking.results import TIE_TEST, RepeatRanking
+    from ..subspace import uniform_baseline
+
+    cfg = RankConfig.from_options(**{**{k: v for k, v in options.items() if k not in ("cache", "progress", "memo", "executor")},
+                                     "repeats": repeats})
+    m, g = cfg.model, cfg.gradients
+    _, net, names, _ = build_model(m.model, int(train_part.num_classes), cfg.seed, weights=m.weights, peft=m.peft, params=m.params,
+                                   batchnorm=m.batchnorm)
+    num_params = sum(dict(net.named_parameters())[n].numel() for n in names)
+    m_private = len(train_part) if g.examples is None else min(int(g.examples), len(train_part))
+    return RepeatRanking(
+        private=train_part.name, model=model_label(m.model), k=g.k, examples=g.examples if g.examples is not None else -1,
+        seed=cfg.seed, labels=g.labels, row_norm=g.row_norm,
+        params=None if m.params is None else ([m.params] if isinstance(m.params, str) else list(m.params)),
+        num_params=num_params, device=str(resolve_device(g.device)), engine=g.engine, private_examples=m_private,
+        uniform_baseline=uniform_baseline(g.k, num_params), sketch=None, weights=m.weights, peft=m.peft,
+        subspace_method=g.subspace_method, seconds=0.0, repeats=int(repeats),
+        repeat_seeds=[repeat_seed(cfg.seed, r) for r in range(int(repeats))], tie_test=TIE_TEST)
+
+
 def choosable(ranking, sources: list, facts: dict, private_classes: int) -> list:
     """The candidate ``sources`` the probe-based advice could choose: closer than the in-run noise
     references with confidence (:func:`gsd_cli.ranking.reference.closer_than_reference`) and usable by
@@ -139,16 +194,18 @@ def choosable(ranking, sources: list, facts: dict, private_classes: int) -> list
     return out
 
 
-def probe_plan(repeats: int, candidates: int, examples: int, settings):
+def probe_plan(repeats: int, candidates: int, examples: int, settings, usable_only: bool = False):
     """The feature probe's plan, one line of public settings (a :class:`gsd_cli.train.size.Info`): its
     draws and, at most, the stage-1 trainings they run (only the candidates the advice could choose are
-    probed, :func:`choosable`, a private fact not in the line; a stage 1 trained before with the same
-    settings is read from :mod:`gsd_cli.train.stage1_cache`)."""
+    probed, :func:`choosable`, a private fact not in the line; with ``usable_only``, every candidate the
+    second phase can use, a public fact; a stage 1 trained before with the same settings is read from
+    :mod:`gsd_cli.train.stage1_cache`)."""
     from .size import Info
 
     runs = repeats * candidates
+    which = "the second phase can use" if usable_only else "the advice could choose"
     return Info(f"plan: the feature probe: {repeats} draws, each a linear probe of up to {examples} private examples and, for "
-                f"each candidate the advice could choose (of {candidates}), stage 1 of the second phase ({settings.public_epochs} "
+                f"each candidate {which} (of {candidates}), stage 1 of the second phase ({settings.public_epochs} "
                 f"epoch(s) on up to {settings.public_examples} public examples): at most {runs} stage-1 training(s) (--probe-repeats)")
 
 

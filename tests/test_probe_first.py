@@ -1,0 +1,107 @@
+"""Issue 53, "spend work where it decides something": ``gsd train --auto-select`` (``--method auto``, the feature
+probe) probes first and ranks only the candidates whose pretrained features help, with the same decision as
+ranking every candidate first; the noise references' cache keys need no generated image."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gsd_cli.train.select as select
+from gsd_cli.data.fingerprint import content_digest, sample_fingerprint
+from gsd_cli.data.reference import NoiseSource, reference_sources
+from gsd_cli.train import TrainConfig
+from gsd_cli.train.advice import Candidate, advise
+
+from test_advice import REFS, FakeRanking
+from test_probe import _probe
+
+FACTS = {"mnist-b": Candidate("mnist-b", 5000, 10), "digits": Candidate("digits", 1797, 10),
+         "faces": Candidate("faces", 200, 2), "noise": Candidate("noise", 2500, 10)}
+
+
+def _ranked_only(draws: dict, not_ranked: list[str]) -> FakeRanking:
+    r = FakeRanking({**draws, **REFS})
+    r.not_ranked = not_ranked
+    return r
+
+
+def test_advice_from_the_helpful_candidates_alone_is_the_advice_from_all():
+    """The same probe and rows: ranking only the helpful candidates changes no decision (the largest confident gain
+    among those closer than noise), in each of the four outcomes."""
+    rows = {"mnist-b": [0.50, 0.51, 0.49], "digits": [0.40, 0.41, 0.39], "noise": [0.80, 0.81, 0.79]}
+    probes = [
+        _probe(**{"mnist-b": [0.20, 0.22, 0.21], "digits": [0.05, 0.06, 0.04], "noise": [0.0, 0.01, -0.01]}),  # both help
+        _probe(**{"mnist-b": [0.03, -0.02, 0.01], "digits": [-0.05, -0.06, -0.04], "noise": [0.0, 0.01, -0.01]}),  # none
+        _probe(**{"mnist-b": [0.03, -0.02, 0.01], "digits": [-0.05, -0.06, -0.04], "noise": [0.3, 0.31, 0.32]}),  # noise: far
+        _probe(**{"mnist-b": [0.03, -0.02, 0.01], "digits": [0.05, 0.06, 0.04], "noise": [0.3, 0.31, 0.32]}),  # digits, not noise
+    ]
+    expected = [("second-phase", "mnist-b"), ("dpsgd", None), ("dpsgd", None), ("second-phase", "digits")]
+    facts = {n: FACTS[n] for n in rows}
+    for p, want in zip(probes, expected):
+        full = advise(FakeRanking({**rows, **REFS}), "auto", candidates=facts, private_classes=10, probe=p)
+        helping = [n for n in rows if p.test(n, 0.05)[0]]
+        lazy = advise(_ranked_only({n: rows[n] for n in helping}, sorted(set(rows) - set(helping))), "auto",
+                      candidates=facts, private_classes=10, probe=p)
+        assert (full.method, full.public) == (lazy.method, lazy.public) == want, (full.message, lazy.message)
+        for n in set(rows) - set(helping):  # their probe figures stay in the evidence
+            assert lazy.evidence[n]["ranked"] is False and lazy.evidence[n]["probe_helps"] is False
+    # none helps: the line says what the probe found; some help but none is closer than noise: that
+    lazy = advise(_ranked_only({}, sorted(rows)), "auto", candidates=facts, private_classes=10, probe=probes[1])
+    assert "no candidate's pretrained features beat the untrained model's" in lazy.message and "the best, mnist-b" in lazy.message
+    lazy = advise(_ranked_only({"noise": rows["noise"]}, ["digits", "mnist-b"]), "auto", candidates=facts, private_classes=10,
+                  probe=probes[2])
+    assert "no candidate whose pretrained features beat the untrained model's is closer than noise" in lazy.message
+    assert (lazy.method, lazy.public) == ("dpsgd", None)
+
+
+def _count_ranked(monkeypatch) -> list:
+    seen: list = []
+    real = select.rank
+
+    def spy(private, publics, **options):
+        seen.append([getattr(p, "name", str(p)) for p in publics])
+        return real(private, publics, **options)
+
+    monkeypatch.setattr(select, "rank", spy)
+    return seen
+
+
+@pytest.mark.parametrize("candidates", [["mnist-b", "faces", "noise"], ["faces", "noise"]])
+def test_probe_first_makes_the_same_decision_with_fewer_subspaces(monkeypatch, candidates):
+    """On MNIST halves: the helpful candidate (mnist-b) is ranked and chosen either way, the others are not ranked;
+    with no helpful candidate nothing is ranked at all and the run trains DP-SGD, as ranking everything decides."""
+    cfg = TrainConfig(private="mnist-a", method="auto", model="fmnist-cnn", params=["fc*"], public_examples=400, public_epochs=2,
+                      public_batch_size=100)
+    opts = dict(train_settings=cfg, probe_repeats=3, model="fmnist-cnn", k=4, examples=200, device="cpu", repeats=3)
+    seen = _count_ranked(monkeypatch)
+    r_all, d_all = select.advised_selection("mnist-a", candidates, "auto", gate="all", **opts)
+    r_lazy, d_lazy = select.advised_selection("mnist-a", candidates, "auto", gate="helping", **opts)
+    assert (d_all.method, d_all.public) == (d_lazy.method, d_lazy.public)
+    assert d_lazy.public == ("mnist-b" if "mnist-b" in candidates else None)
+    assert len(seen[0]) > len(seen[1]) if len(seen) == 2 else len(seen) == 1  # the second ranked fewer, or not at all
+    ranked = {r.public for r in r_lazy}
+    assert ranked == ({"mnist-b"} if d_lazy.public else set()) and set(r_lazy.not_ranked) == set(candidates) - ranked
+    if d_lazy.public:  # its rows are the full ranking's: a candidate's draws do not depend on the others
+        row = {r.public: r for r in r_all}["mnist-b"]
+        assert [r.distances for r in r_lazy if r.public == "mnist-b"] == [row.distances]
+        assert d_lazy.evidence["probe"]["gains"]["mnist-b"] == d_all.evidence["probe"]["gains"]["mnist-b"]
+    else:  # the settings a ranking states, though none ran
+        assert (r_lazy.k, r_lazy.examples, r_lazy.repeats, r_lazy.num_params) == (r_all.k, r_all.examples, r_all.repeats, r_all.num_params)
+        assert r_lazy.repeat_seeds == r_all.repeat_seeds and len(r_lazy.results) == 0
+
+
+def test_a_noise_reference_is_keyed_by_what_it_is_drawn_from_not_by_its_images(monkeypatch):
+    refs = reference_sources(224, 3, 100, 10, seed=0)
+    key = {r.name: sample_fingerprint(r, np.arange(50)) for r in refs}
+
+    def no_images(self, indices):
+        raise AssertionError("an image was generated to be hashed")
+
+    monkeypatch.setattr(NoiseSource, "images", no_images)
+    again = {r.name: sample_fingerprint(r, np.arange(50)) for r in refs}
+    assert again == key and all(k["content"]["how"] == "generated" for k in key.values())
+    assert len({str(k["content"]) for k in key.values()}) == len(refs)  # each grid and colour its own
+    other = reference_sources(224, 3, 100, 10, seed=1)[0]
+    assert content_digest(other, np.arange(50)) != content_digest(refs[0], np.arange(50))
+    assert "numpy" in key[refs[0].name]["libraries"]  # the generator's version fixes the draws
