@@ -21,24 +21,15 @@ Accountant = _choices("Accountant", "rdp", "pld")
 Schedule = _choices("Schedule", "step", "constant")
 BatchNorm = _choices("BatchNorm", "freeze", "groupnorm", "refuse")
 
-WEIGHTS_HELP = ("Pre-trained weights: a .safetensors file or a PyTorch state dict (loaded with weights_only=True, never an "
-                "arbitrary pickle), or a torchvision weight name such as IMAGENET1K_V1 (downloads; needs internet). The head is "
-                "new, sized to the private task.")
-PEFT_HELP = ("Trainable parameters: a model preset (gsd models show NAME, e.g. paper = paper 004 Table 8), head, bitfit, "
-             "lora[:r=8,alpha=8,targets=REGEX], or names/glob patterns ('fc,layer3.32.conv1.weight'); all else frozen. The "
-             "same choice in gsd rank and gsd train gives distances on the trained parameters.")
-INSECURE_HELP = ("Experiments only: draw the private randomness ({what}) from this seed instead of the operating "
-                 "system, so that a run can be repeated exactly. Every output is then marked NOT differentially private.")
-CLASSES_HELP = ("The private set's classes, a count (10) or comma-separated names, where its source declares none "
-                "(npz without a 'classes' array, CSV label values): a private model's shape must not be read off the private labels.")
-ROOT_HELP = "Folder of the built-in datasets. Default: $GSD_DATA_ROOT, else $XDG_DATA_HOME/gsd (~/.local/share/gsd)."
+WEIGHTS_HELP = "Pre-trained weights: a .safetensors file, a PyTorch state dict or a torchvision weight name (e.g. IMAGENET1K_V1)."
+PEFT_HELP = ("Trainable parameters, all else frozen: a model preset (gsd models show NAME), head, bitfit, "
+             "lora[:r=8,alpha=8,targets=REGEX] or glob patterns.")
+INSECURE_HELP = "Experiments only: draw the private randomness ({what}) from this seed, marking every output NOT DP."
+CLASSES_HELP = "The private classes, a count or comma-separated names, where the source has none."
+ROOT_HELP = "Built-in datasets' folder (default: $GSD_DATA_ROOT, else $XDG_DATA_HOME/gsd)."
 
-MODEL_FORMS = ("; also timm:NAME (pip install 'gsd-cli[timm]'; pretrained=False, --weights FILE for pre-trained weights) or "
-               "PATH.py:FACTORY (your nn.Module, FACTORY(num_classes=N); loading it runs that file), each with @SIZE or "
-               "@SIZExCHANNELS for its input (gsd_cli.models.spec).")
-BATCHNORM_HELP = ("BatchNorm layers, which mix the examples of a batch and so break exact per-sample gradients: freeze (running "
-                  "statistics, fixed: for pre-trained weights), groupnorm (Opacus's GroupNorm replacement: from scratch), "
-                  "refuse (an error naming them). Default: {default}.")
+MODEL_FORMS = ", timm:NAME or PATH.py:FACTORY (optionally @SIZE or @SIZExCHANNELS)."
+BATCHNORM_HELP = "BatchNorm layers: freeze, groupnorm (replaced) or refuse."
 
 # Each call makes a fresh typer.Option: one per command that declares it.
 
@@ -90,9 +81,9 @@ def json_option(help_text: str):
 
 
 def force_option():
-    return typer.Option(False, "--force", help="Write an output file through a symbolic link even when the link's target is "
-                        "not an earlier gsd output (default: refused, so that a link cannot make gsd replace another file).")
+    return typer.Option(False, "--force", help="Write through a symbolic link whose target is not an earlier gsd output "
+                        "(default: refused).")
 
 
 def deterministic_noise_option():
-    return typer.Option(False, "--deterministic-noise", help="Deprecated: --insecure-seed with the value of --seed.")
+    return typer.Option(False, "--deterministic-noise", help="Deprecated: --insecure-seed equal to --seed.")

@@ -46,147 +46,110 @@ def with_references(wanted: bool, dp: bool, config, private) -> list:
 
 @app.command()
 def rank(
-    private: str = typer.Option(DEFAULT_PRIVATE, "--private", help="Private dataset: an embedded or built-in name (gsd datasets list), folder:PATH, csv:PATH, npz:PATH or hf:PATH; add :train or :test for a split."),
+    private: str = typer.Option(DEFAULT_PRIVATE, "--private", help="Private dataset: a name (gsd datasets list), folder:PATH, csv:PATH, npz:PATH or hf:PATH, with :train or :test."),
     public: Optional[List[str]] = public_list_option(
-        f"Public candidates (repeat the option or list names after it). Default: {' '.join(DEFAULT_PUBLIC)}."
+        f"Public candidates, repeated or listed after it (default: {' '.join(DEFAULT_PUBLIC)})."
     ),
-    references: bool = typer.Option(False, "--references", help="Rank in-run noise references beside the candidates (Gaussian noise, grey and colour, on the model's input grid and grids a quarter and an eighth as fine, of 7 to 64 pixels; what gsd train --auto-select's advice compares with) and say which candidates are closer than noise: with --repeats 3 or more, by a one-sided paired t-test on the margin to the closest reference in each draw. Not with --dp or --catalog."),
-    k: int = typer.Option(16, "--k", "-k", help="Dimension of the gradient subspaces (paper 004 uses 16)."),
-    examples: int = typer.Option(2000, "--examples", "-m", help="Examples drawn per dataset (all of a smaller set)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the public randomness: the initial weights w0, the public examples and their random labels (and, without --dp, the private ones: a non-private ranking is reproducible)."),
-    insecure_seed: Optional[int] = insecure_seed_option("with --dp: the private examples drawn, their labels and the DP draw"),
+    references: bool = typer.Option(False, "--references", help="Rank noise references beside the candidates and say which are closer than noise (not with --dp or --catalog)."),
+    k: int = typer.Option(16, "--k", "-k", help="Gradient subspace dimension (paper 004 uses 16)."),
+    examples: int = typer.Option(2000, "--examples", "-m", help="Examples per dataset (all of a smaller set)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the weights and draws (under --dp, public ones only)."),
+    insecure_seed: Optional[int] = insecure_seed_option("the --dp draws"),
     classes: Optional[str] = classes_option(),
-    model: str = typer.Option("probe", "--model", help="Model: probe (paper 004 Table 7b), fmnist-cnn (Table 7a), resnet20, resnet50 (GroupNorm, 32x32)" + MODEL_FORMS),
+    model: str = typer.Option("probe", "--model", help="Model: probe, fmnist-cnn, resnet20, resnet50" + MODEL_FORMS),
     batchnorm: BatchNorm = batchnorm_option("freeze"),
     params: Optional[List[str]] = typer.Option(
-        None, "--params", help="Glob patterns over parameter names that get gradients, e.g. 'fc.*' (default: all trainable)."
+        None, "--params", help="Glob patterns of the parameters that get gradients, e.g. 'fc.*' (default: all trainable)."
     ),
     weights: Optional[str] = weights_option(),
     peft: Optional[str] = peft_option(),
     labels: Labels = typer.Option(
-        Labels.random, "--labels", help="random: uniform labels in the model's label space, as the authors do; own: the datasets' labels."
+        Labels.random, "--labels", help="random: uniform, as the authors do; own: the datasets' labels."
     ),
     row_norm: RowNorm = typer.Option(
         RowNorm.unit, "--row-norm",
-        help="unit: scale each per-sample gradient to norm 1 before the SVD (the authors' experiment code; "
-        "gives every example one vote); none: raw gradients (the authors' demo notebook).",
+        help="unit: each per-sample gradient scaled to norm 1 (the authors' experiment code); none: raw (the authors' demo notebook).",
     ),
     device: Device = device_option(),
-    chunk_size: Optional[int] = typer.Option(None, "--chunk-size", help="Examples per per-sample-gradient chunk (default: 64 on CPU, 256 on CUDA)."),
-    engine: Engine = typer.Option(Engine.auto, "--engine", help="Per-sample gradients: layers (one batched backward to the layer outputs, per-layer rules), vmap (torch.func), hooks (Opacus GradSampleModule); auto: layers where it accepts the model, else vmap."),
+    chunk_size: Optional[int] = typer.Option(None, "--chunk-size", help="Examples per gradient chunk (default: 64 on CPU, 256 on CUDA)."),
+    engine: Engine = typer.Option(Engine.auto, "--engine", help="Per-sample gradient engine (auto: layers, else vmap)."),
     json_path: Optional[Path] = json_option("Write the ranking as JSON to this file."),
     csv_path: Optional[Path] = typer.Option(None, "--csv", help="Write the ranking as CSV to this file."),
     dp: bool = typer.Option(
         False, "--dp",
-        help="A pure epsilon-DP ranking (rows clipped to --clip; add/remove-one-example neighbours, delta=0; the private "
-        "examples, labels and noise come from the operating system, never from --seed); one release serves all "
-        "candidates, so epsilon is spent once. Default: the DP selection (the winner by permute-and-flip, --top k "
-        "for a short list, and the chosen candidates' DP energy distances; its noise does not grow with the number of "
-        "candidates, and nothing is released about the others); --metric dp-energy: the noisy order of all "
-        "candidates, each score Laplace-noised; --metric dp-gsd (implied by --dp-sketch or --mechanism matrix): "
-        "DP-GSD, the private subspace drawn by the Bingham exponential mechanism.",
+        help="A pure epsilon-DP ranking, one release for all candidates: the DP selection, or --metric dp-energy or dp-gsd.",
     ),
-    top: int = typer.Option(1, "--top", help="With --dp (the DP selection): how many candidates to choose, best first (1: the winner by "
-                            "permute-and-flip; k > 1: k rounds of the exponential mechanism at epsilon/k each)."),
-    regret_clip: float = typer.Option(0.02, "--regret-clip", help="With --dp (the DP selection): each private row's shortfall against its "
-                                      "best candidate is clipped at this many C^2, the sensitivity of the selection's utility (in (0, 1]; "
-                                      "1: the plain energy)."),
-    score_share: float = typer.Option(0.5, "--score-share", help="With --dp (the DP selection): the part of --epsilon that releases the "
-                                      "chosen candidates' scores (the rest chooses them)."),
+    top: int = typer.Option(1, "--top", help="With --dp: how many candidates to choose."),
+    regret_clip: float = typer.Option(0.02, "--regret-clip", help="With --dp: clip of each private row's shortfall, in C^2."),
+    score_share: float = typer.Option(0.5, "--score-share", help="With --dp: the share of --epsilon for the scores."),
     epsilon: Optional[float] = typer.Option(None, "--epsilon", help="With --dp: the privacy budget (> 0)."),
-    clip: float = typer.Option(1.0, "--clip", help="With --dp: L2 clip norm C of each private per-sample gradient."),
+    clip: float = typer.Option(1.0, "--clip", help="With --dp: per-sample clip norm C."),
     mechanism: str = typer.Option(
         "sequential", "--mechanism",
-        help="DP-GSD (--metric dp-gsd): sequential = k exact vector-Bingham draws exp(v^T B v), B = (epsilon/k)/(2 C^2) G^T G, "
-        "each on the complement of the earlier ones: pure epsilon-DP by composition. matrix = the paper's "
-        "exp(tr(V^T B V)), B = epsilon/(2 C^2) G^T G, by a Gibbs sampler (a Markov chain): NO guarantee is proven.",
+        help="DP-GSD: sequential (pure DP) or matrix (NO proven guarantee).",
     ),
-    gibbs_sweeps: int = typer.Option(10, "--gibbs-sweeps", help="With --mechanism matrix: Gibbs sweeps over the k columns."),
+    gibbs_sweeps: int = typer.Option(10, "--gibbs-sweeps", help="With --mechanism matrix: Gibbs sweeps."),
     dp_sketch: Optional[str] = typer.Option(
         None, "--dp-sketch", metavar="D|public[+R]|none",
-        help="D: project every per-sample gradient (private and public alike) by one data-independent Gaussian matrix "
-        "to D dimensions before the subspaces (and before clipping). public (with --dp): project the private rows onto "
-        "the span of the public candidates' own top-k subspaces (public data only; +R adds R random directions), clip, "
-        "and draw there. The DP sample is informative once epsilon*m/(2k) is not small against D/2.",
+        help="Project the gradients to D random dimensions, or (public, with --dp) onto the candidates' subspaces plus R random ones.",
     ),
     repeats: int = typer.Option(
         1, "--repeats", "-R",
-        help="Independent repeats (examples, random labels and w0 drawn anew from --seed in each; repeat 1 is the "
-        "plain ranking). R > 1 ranks by the mean distance and shows sd, a 95% Student-t interval for the mean, the "
-        "fraction of repeats each candidate won, and '= ★' for candidates tied with the winner: not significantly "
-        "farther by a one-sided paired t-test on the per-repeat differences (the repeats share the private draw), "
-        "Holm-adjusted over the candidates, alpha 0.05. R=1: no interval, no tie test.",
+        help="Independent repeats (R > 1: intervals and a tie test).",
     ),
     dp_repeats: Optional[DpRepeats] = typer.Option(
         None, "--dp-repeats",
-        help="With --dp and --repeats: shared (default) = one private DP sample for all repeats, only the public side "
-        "varies, total epsilon = --epsilon; fresh = a new private DP sample per repeat, total epsilon = R x --epsilon "
-        "(basic composition).",
+        help="With --dp and --repeats: shared (default, one private DP sample) or fresh (one per repeat, R x --epsilon).",
     ),
     plot_path: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of each candidate's distances with their intervals."),
     gram: str = typer.Option(
         "auto", "--gram",
-        help="materialize: stack the m x p per-sample gradients; ghost: only m x m Gram matrices from layer inputs "
-        "and output gradients (exact, memory independent of m x p); auto: materialize when m x p fits --memory-budget.",
+        help="materialize, ghost (Gram matrices) or auto (--memory-budget).",
     ),
-    memory_budget: str = typer.Option("4G", "--memory-budget", help="Memory the gradient work may use, e.g. 4G or 512M (chooses --gram auto and the ghost path's chunks)."),
+    memory_budget: str = typer.Option("4G", "--memory-budget", help="Memory the gradient work may use (e.g. 512M)."),
     subspace_method: str = typer.Option(
         "auto", "--subspace-method",
-        help="Top-k subspace of a materialised gradient matrix: exact (float64 Gram + eigh, O(m^2 p + m^3)); randomized "
-        "(block Krylov in float32, certified in float64 to move a distance by at most 1e-7 per side, else the exact path); "
-        "auto: randomized from min(m, p) >= 1500 on.",
+        help="Top-k subspaces: exact, randomized (certified) or auto.",
     ),
     quiet: bool = quiet_option("No progress bar."),
     data_root: Optional[Path] = data_root_option(
-        "Folder of the built-in datasets (cifar10, chestxray, ...). Default: $GSD_DATA_ROOT, "
-        "else $XDG_DATA_HOME/gsd (~/.local/share/gsd).",
+        "Folder of the built-in datasets such as cifar10 (default: $GSD_DATA_ROOT, else $XDG_DATA_HOME/gsd).",
     ),
     download: bool = typer.Option(False, "--download", help="Let torchvision download its datasets into the data root."),
     catalog: Optional[Path] = typer.Option(
         None, "--catalog", help="Run the jobs of this TOML catalogue (all, or those whose private dataset is --private)."
     ),
     fail_fast: bool = typer.Option(
-        False, "--fail-fast", help="With --catalog: stop at the first job that fails (default: run the other jobs, exit 2 at the end)."
+        False, "--fail-fast", help="With --catalog: stop at the first job that fails (default: run the others, exit 2 at the end)."
     ),
     markdown_path: Optional[Path] = typer.Option(None, "--markdown", help="Write the ranking(s) as a Markdown table to this file."),
     force: bool = force_option(),
     fail_above: Optional[float] = typer.Option(None, "--fail-above", help="Exit 1 when the best distance is above this."),
     expect_best: Optional[str] = typer.Option(None, "--expect-best", help="Exit 1 when another candidate ranks first."),
     no_cache: bool = typer.Option(
-        False, "--no-cache", help="Recompute every public subspace (default: reuse them from the cache, $GSD_CACHE_DIR "
-        "else ~/.cache/gsd/subspaces; see gsd cache)."
+        False, "--no-cache", help="Recompute every public subspace, not reusing the cache."
     ),
     executor: str = typer.Option(
-        "local", "--executor", help="Where the public subspaces are computed: local (this process) or ray (one Ray task "
-        "per candidate on a Ray cluster; private subspaces stay in this process; pip install 'gsd-cli[ray]')."
+        "local", "--executor", help="Where public subspaces run: local or ray ('gsd-cli[ray]')."
     ),
     metric: str = typer.Option(
-        "gsd", "--metric", help="What ranks the candidates: gsd (default; with --dp the DP selection, dp-select: the closest candidate "
-        "chosen privately, with its score); dp-energy (with --dp: the noisy order of all candidates, each score Laplace-noised: each "
-        "candidate's share of the private gradients' energy in its own subspace, pure epsilon-DP); "
-        "dp-gsd (with --dp: DP-GSD, the private subspace by the Bingham mechanism); or a baseline beside it, "
-        "not private and refused with --dp: otdd (optimal-transport dataset distance; pip install 'gsd-cli[ot]'), "
-        "frechet (Frechet distance of the model's penultimate features), task2vec (Fisher embedding distance), "
-        "logme (-LogME of the private labels on features trained on each public set). See gsd_cli.distance.baselines."
+        "gsd", "--metric", help="The distance: gsd, dp-energy or dp-gsd (with --dp), or a baseline: otdd ('gsd-cli[ot]'), frechet, task2vec, logme."
     ),
     ray_address: Optional[str] = typer.Option(
-        None, "--ray-address", help="With --executor ray: the cluster (HOST:6379, ray://HOST:10001, auto); default "
-        "$RAY_ADDRESS, else a Ray instance started on this machine."
+        None, "--ray-address", help="With --executor ray: the cluster (default: $RAY_ADDRESS, else a local Ray instance)."
     ),
     log: Optional[List[str]] = typer.Option(
-        None, "--log", help="Also send each ranking (with --catalog: each job, as it finishes) to an experiment tracker: "
-        "tensorboard (<log-dir>/tb/<job>-<time>; pip install 'gsd-cli[tensorboard]') or mlflow ($MLFLOW_TRACKING_URI, else "
-        "file:<log-dir>/mlruns; pip install 'gsd-cli[mlflow]'): distances, ranks, settings, a dp tag and the privacy block."
+        None, "--log", help="Also log each ranking to tensorboard or mlflow (or both)."
     ),
-    log_dir: Path = typer.Option(Path("."), "--log-dir", help="With --log: the folder of tb/ and mlruns/ (default: the working folder)."),
+    log_dir: Path = typer.Option(Path("."), "--log-dir", help="With --log: the folder of tb/ and mlruns/."),
     extra: Optional[List[str]] = extra_argument(),
     ctx: typer.Context = typer.Option(None, hidden=True),
 ) -> None:
     """Rank public datasets by their Gradient Subspace Distance to the private one (lowest first).
 
-    With no options, ranks the embedded public candidates for the embedded private task (MNIST-5k half A),
-    all from data that ships inside installed packages. Exit codes: 0 ok, 1 a check (--fail-above,
-    --expect-best) failed, 2 bad usage or input.
+    With no options, ranks the embedded public candidates for the embedded private task (MNIST-5k half A).
+    Exit codes: 0 ok, 1 a check (--fail-above, --expect-best) failed, 2 bad usage or input. Every option in
+    full: docs/rank.md.
     """
     from ..ranking.cache import SubspaceCache
     from ..ranking.catalog import OPTIONS, run_jobs, run_json, run_markdown, write_partial

@@ -72,8 +72,7 @@ def private_refusal(decision) -> str:
 
 #: the options that only --auto-select reads (its ranking, advice and feature probe)
 #: where --lr, --epochs and --batch-size come from when not given (gsd_cli.train.tuned)
-TUNED_NOTE = ("{v} for dpsgd and second-phase on fmnist-cnn (tuned on the held-out benchmark's selection tasks, docs/validity.md), "
-              "else {u}.")
+TUNED_NOTE = "default {v} for dpsgd and second-phase on fmnist-cnn (tuned on the held-out benchmark's selection tasks), else {u}."
 AUTO_SELECT_OPTIONS = {"rank_model": "--rank-model", "rank_k": "--rank-k", "rank_examples": "--rank-examples",
                        "select_epsilon": "--select-epsilon", "probe_repeats": "--probe-repeats",
                        "rank_repeats": "--rank-repeats", "fallback": "--fallback/--no-fallback"}
@@ -112,91 +111,77 @@ def check_auto_select(ctx, method: str, rank_k: int, rank_examples: int, rank_re
 @app.command()
 def train(
     ctx: typer.Context,
-    private: str = typer.Option(DEFAULT_PRIVATE, "--private", help="Private dataset: trains on NAME:train, evaluates on NAME:test (the official split; where the set has none, a fixed 80/20 split decided per example by a hash of its path or content).", rich_help_panel="Data"),
-    public: Optional[List[str]] = _panel(public_list_option("Public dataset for GEP; with --auto-select, the candidates (list names after it; default, as gsd rank: the built-in candidates)."), "Data"),
-    auto_select: bool = typer.Option(False, "--auto-select", help="Rank the --public candidates (or the --catalog job's) with gsd rank first (probe network, random labels) and train with the closest.", rich_help_panel="Data"),
-    catalog_path: Optional[Path] = typer.Option(None, "--catalog", help="TOML catalogue: its datasets resolve by name; with --auto-select the candidates are those of the job whose private set is --private.", rich_help_panel="Data"),
-    method: Optional[Method] = typer.Option(None, "--method", show_default=False, help="Default: auto with --auto-select, else gep. auto (--auto-select only): the advice (docs/train.md): the second phase with the candidate that is closer than the in-run noise references and whose stage 1 the feature probe finds helps the model with confidence (under --select-epsilon: the candidate the DP feature probe chooses over the untrained model), else DP-SGD without public data; printed with its evidence. gep: Gradient Embedding Perturbation (paper 000) on the public anchor subspace; dpsgd: DP-SGD without public data; rgp: low-rank reparametrized gradient perturbation (paper 001), no public data; topagg: DP-SGD with NormTopK compression (paper 002); second-phase: train the --peft parameters on the public set first (no privacy cost), then DP-SGD on the private set (paper 004 Sec. 5; the paper uses --lr 0.8 --clip 0.1).", rich_help_panel="Privacy"),
-    epsilon: float = typer.Option(2.0, "--epsilon", help="Target epsilon of the run (the training; with --select-epsilon, the selection's share included); sigma is calibrated so the final epsilon is never above it.", rich_help_panel="Privacy"),
-    delta: float = typer.Option(1e-5, "--delta", help="Target delta, in (0, 1); use less than 1/N.", rich_help_panel="Privacy"),
+    private: str = typer.Option(DEFAULT_PRIVATE, "--private", help="Private dataset: trains on NAME:train, tests on NAME:test.", rich_help_panel="Data"),
+    public: Optional[List[str]] = _panel(public_list_option("Public dataset; with --auto-select, the candidates (default: gsd rank's)."), "Data"),
+    auto_select: bool = typer.Option(False, "--auto-select", help="Rank the --public candidates first and train as the advice decides.", rich_help_panel="Data"),
+    catalog_path: Optional[Path] = typer.Option(None, "--catalog", help="TOML catalogue of datasets, whose --private job gives --auto-select's candidates.", rich_help_panel="Data"),
+    method: Optional[Method] = typer.Option(None, "--method", show_default=False, help="Training method (default: auto with --auto-select, else gep).", rich_help_panel="Privacy"),
+    epsilon: float = typer.Option(2.0, "--epsilon", help="Target epsilon of the run.", rich_help_panel="Privacy"),
+    delta: float = typer.Option(1e-5, "--delta", help="Target delta, below 1/N.", rich_help_panel="Privacy"),
     private_test: Optional[str] = typer.Option(None, "--private-test", help="Test set for evaluation (default: the private dataset's test part).", rich_help_panel="Data"),
-    model: str = typer.Option("fmnist-cnn", "--model", help="Model to train: fmnist-cnn (28x28x1), resnet20 (GroupNorm, 32x32x3), probe, or a torchvision backbone (gsd models list)" + MODEL_FORMS, rich_help_panel="Model"),
+    model: str = typer.Option("fmnist-cnn", "--model", help="Model to train: fmnist-cnn, resnet20, probe, a torchvision backbone (gsd models list)" + MODEL_FORMS, rich_help_panel="Model"),
     batchnorm: BatchNorm = batchnorm_option("refuse", "Model"),
     params: Optional[List[str]] = typer.Option(None, "--params", help="Glob patterns of the parameters to train (default: all).", rich_help_panel="Model"),
     weights: Optional[str] = _panel(weights_option(), "Model"),
     peft: Optional[str] = _panel(peft_option(), "Model"),
-    public_epochs: int = typer.Option(5, "--public-epochs", help="second-phase: epochs of stage 1 (supervised training of the --peft parameters on --public-examples public examples, their own labels).", rich_help_panel="Second phase (--method second-phase)"),
-    public_lr: Optional[float] = typer.Option(None, "--public-lr", help="second-phase: Adam learning rate of stage 1 (default: 3e-3 from scratch, gsd's benchmark; with --weights, paper 004's 5e-5 for CNNs, 3e-3 for transformers).", rich_help_panel="Second phase (--method second-phase)"),
-    public_batch_size: int = typer.Option(64, "--public-batch-size", help="second-phase: minibatch size of stage 1.", rich_help_panel="Second phase (--method second-phase)"),
-    epochs: Optional[int] = typer.Option(None, "--epochs", show_default=False, help="Epochs; one epoch is round(size / batch size) steps, size declared or DP-estimated. Default: " + TUNED_NOTE.format(v="12", u="20"), rich_help_panel="Optimisation"),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", show_default=False, help="Expected batch size: each step samples every private example with probability q = batch_size/size (Poisson). Default: " + TUNED_NOTE.format(v="500", u="250"), rich_help_panel="Optimisation"),
-    expected_size: Optional[int] = typer.Option(None, "--expected-size", help="Declared (public) size N0 of the private training set: q = batch size / N0 and round(N0 / batch size) steps per epoch. Default: a DP estimate of N (--size-epsilon); the exact N never sets the mechanism.", rich_help_panel="Optimisation"),
-    sampling_rate: Optional[float] = typer.Option(None, "--sampling-rate", help="Declared (public) Poisson sampling rate q, instead of --expected-size; round(1/q) steps per epoch.", rich_help_panel="Optimisation"),
-    max_steps: int = typer.Option(100_000, "--max-steps", help="The most steps the run may plan (epochs x steps per epoch, from the declared or DP-estimated size); a larger plan is refused before any step or booking. The plan and an estimate of its time are printed before the first step.", rich_help_panel="Optimisation"),
-    size_epsilon: Optional[float] = typer.Option(None, "--size-epsilon", help="Epsilon of the Laplace estimate of N when no size is declared (default 2% of --epsilon; part of --epsilon, by basic composition).", rich_help_panel="Privacy"),
-    lr: Optional[float] = typer.Option(None, "--lr", show_default=False, help="SGD learning rate. Default: " + TUNED_NOTE.format(v="0.5", u="0.1"), rich_help_panel="Optimisation"),
+    public_epochs: int = typer.Option(5, "--public-epochs", help="Epochs of stage 1, the --peft parameters' training on public data.", rich_help_panel="Second phase (--method second-phase)"),
+    public_lr: Optional[float] = typer.Option(None, "--public-lr", help="Adam learning rate of stage 1 (default 3e-3; with --weights, 5e-5 for CNNs).", rich_help_panel="Second phase (--method second-phase)"),
+    public_batch_size: int = typer.Option(64, "--public-batch-size", help="Minibatch size of stage 1.", rich_help_panel="Second phase (--method second-phase)"),
+    epochs: Optional[int] = typer.Option(None, "--epochs", show_default=False, help="Epochs; " + TUNED_NOTE.format(v="12", u="20"), rich_help_panel="Optimisation"),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", show_default=False, help="Expected (Poisson) batch size; " + TUNED_NOTE.format(v="500", u="250"), rich_help_panel="Optimisation"),
+    expected_size: Optional[int] = typer.Option(None, "--expected-size", help="Declared (public) size N0 of the private set (default: a DP estimate of N).", rich_help_panel="Optimisation"),
+    sampling_rate: Optional[float] = typer.Option(None, "--sampling-rate", help="Declared (public) Poisson sampling rate q, instead of --expected-size.", rich_help_panel="Optimisation"),
+    max_steps: int = typer.Option(100_000, "--max-steps", help="Most steps the run may plan (larger plans are refused).", rich_help_panel="Optimisation"),
+    size_epsilon: Optional[float] = typer.Option(None, "--size-epsilon", help="Epsilon of the DP estimate of N when no size is declared (default 2% of --epsilon).", rich_help_panel="Privacy"),
+    lr: Optional[float] = typer.Option(None, "--lr", show_default=False, help="SGD learning rate; " + TUNED_NOTE.format(v="0.5", u="0.1"), rich_help_panel="Optimisation"),
     momentum: float = typer.Option(0.9, "--momentum", help="SGD momentum.", rich_help_panel="Optimisation"),
     weight_decay: float = typer.Option(1e-4, "--weight-decay", help="SGD weight decay.", rich_help_panel="Optimisation"),
-    lr_schedule: Schedule = typer.Option(Schedule.step, "--lr-schedule", help="step: lr / 10 from the middle of training (paper 000); constant.", rich_help_panel="Optimisation"),
-    seed: int = typer.Option(0, "--seed", help="Seed of the initial weights, the public anchors and their random labels (the private sampling and noise use a secret seed).", rich_help_panel="Optimisation"),
-    clip: float = typer.Option(1.0, "--clip", help="dpsgd: L2 clip norm C of each per-sample gradient; noise std sigma*C.", rich_help_panel="Privacy"),
-    clip_engine: str = typer.Option("auto", "--clip-engine", help="dpsgd, second-phase: how the clipped per-sample gradient sum is computed (the same mechanism either way): ghost = per-layer clipped sums without the per-sample gradient matrix (each layer by ghost norm and book-keeping or by its own per-example gradients, whichever the first step measures faster on a synthetic batch); materialise = every per-sample gradient (torch.func); auto = ghost where the model allows it (checked on a synthetic batch), else materialise.", rich_help_panel="Privacy"),
-    k: int = typer.Option(32, "--k", help="gep: anchor subspace dimension (shared by the groups by sqrt of their size). GEP's defaults (k, S1, S2, the anchor schedule) are those that beat DP-SGD on gsd's downstream benchmark.", rich_help_panel="GEP (--method gep)"),
-    public_examples: int = typer.Option(2000, "--public-examples", help="gep: public anchor examples (randomly labelled each step, as paper 000); second-phase: public examples of stage 1.", rich_help_panel="GEP (--method gep)"),
-    power_iters: int = typer.Option(1, "--power-iters", help="gep: power iterations per step (the paper uses 1).", rich_help_panel="GEP (--method gep)"),
-    groups: str = typer.Option("auto", "--groups", help="gep: parameter groups, ';' between groups, ',' between glob patterns; auto = the paper's 5 groups for resnet20, one group otherwise; none = one group.", rich_help_panel="GEP (--method gep)"),
-    clip_embedding: float = typer.Option(1.0, "--clip-embedding", help="gep: clip norm S1 of the embedding; noise std sigma*S1.", rich_help_panel="GEP (--method gep)"),
-    clip_residual: float = typer.Option(0.5, "--clip-residual", help="gep: clip norm S2 of the residual; noise std sigma*S2 (default S1/2, from gsd's downstream benchmark; paper 000 keeps S2 = S1/5).", rich_help_panel="GEP (--method gep)"),
-    residual: bool = typer.Option(True, "--residual/--no-residual", help="gep: release the residual (GEP) or drop it (B-GEP, biased).", rich_help_panel="GEP (--method gep)"),
-    anchor_every: int = typer.Option(4, "--anchor-every", help="gep: recompute the anchor subspace every N steps (and at each epoch's first step), reusing it in between; 1 = every step, as paper 000. Same epsilon for any N: the basis is public.", rich_help_panel="GEP (--method gep)"),
-    anchor_warm: bool = typer.Option(True, "--anchor-warm/--anchor-cold", help="gep: start each recomputation's power iteration from the previous basis (subspace tracking; cold at each epoch's first step); --anchor-cold: from a random matrix, as paper 000.", rich_help_panel="GEP (--method gep)"),
-    anchor_batch: int = typer.Option(128, "--anchor-batch", help="gep: anchors per recomputation (at least --k), drawn at random (public seed) from the --public-examples; 0 = all of them, as paper 000. Same epsilon: the draw is public.", rich_help_panel="GEP (--method gep)"),
-    rgp_rank: int = typer.Option(4, "--rgp-rank", help="rgp: rank r of the gradient carriers of each Linear/Conv2d weight (--power-iters: power iterations K).", rich_help_panel="RGP, TopAgg, sparsification"),
-    rgp_warmup: int = typer.Option(20, "--rgp-warmup", help="rgp: warm-up steps whose carriers decompose the weight itself; afterwards the historical update W_t - W_0.", rich_help_panel="RGP, TopAgg, sparsification"),
-    topk_fraction: float = typer.Option(0.7, "--topk-fraction", help="topagg: K in (0, 1]; NormTopK keeps the largest coordinates while their squared sum is <= K ||g||^2; noise std sqrt(K)*sigma*C.", rich_help_panel="RGP, TopAgg, sparsification"),
-    sparsify: float = typer.Option(0.0, "--sparsify", help="dpsgd, gep: random sparsification (paper 003) to final rate R in [0, 1): a data-independent mask per epoch, rate ramped 0 -> R, before clipping; same epsilon.", rich_help_panel="RGP, TopAgg, sparsification"),
-    accountant: Accountant = typer.Option(Accountant.rdp, "--accountant", help="dp-accounting's RDP or PLD accountant (add/remove-one neighbours, Poisson sampling).", rich_help_panel="Privacy"),
-    physical_batch: Optional[int] = typer.Option(None, "--physical-batch", help="Examples per per-sample-gradient chunk (memory bound; default 64 CPU / 256 GPU; on a CPU a ghost-clipping DP-SGD step takes up to 128 while their activations stay under 64 MiB).", rich_help_panel="Optimisation"),
-    insecure_seed: Optional[int] = _panel(insecure_seed_option("the Poisson sampling, the noise and, with --select-epsilon, the DP-GSD draw"), "Privacy"),
+    lr_schedule: Schedule = typer.Option(Schedule.step, "--lr-schedule", help="step: lr / 10 from mid-training (paper 000); constant.", rich_help_panel="Optimisation"),
+    seed: int = typer.Option(0, "--seed", help="Public seed: initial weights, public anchors and their labels.", rich_help_panel="Optimisation"),
+    clip: float = typer.Option(1.0, "--clip", help="dpsgd: per-sample clip norm C.", rich_help_panel="Privacy"),
+    clip_engine: str = typer.Option("auto", "--clip-engine", help="dpsgd, second-phase: how the clipped sum is computed (ghost, materialise or auto).", rich_help_panel="Privacy"),
+    k: int = typer.Option(32, "--k", help="Anchor subspace dimension (shared by the groups).", rich_help_panel="GEP (--method gep)"),
+    public_examples: int = typer.Option(2000, "--public-examples", help="Public anchor examples, or stage 1's (second-phase).", rich_help_panel="GEP (--method gep)"),
+    power_iters: int = typer.Option(1, "--power-iters", help="Power iterations per step (the paper uses 1).", rich_help_panel="GEP (--method gep)"),
+    groups: str = typer.Option("auto", "--groups", help="Parameter groups, ';' between groups, ',' between globs (auto, none).", rich_help_panel="GEP (--method gep)"),
+    clip_embedding: float = typer.Option(1.0, "--clip-embedding", help="Clip norm S1 of the embedding (noise std sigma*S1).", rich_help_panel="GEP (--method gep)"),
+    clip_residual: float = typer.Option(0.5, "--clip-residual", help="Clip norm S2 of the residual (noise std sigma*S2).", rich_help_panel="GEP (--method gep)"),
+    residual: bool = typer.Option(True, "--residual/--no-residual", help="Release (GEP) or drop (B-GEP) the residual.", rich_help_panel="GEP (--method gep)"),
+    anchor_every: int = typer.Option(4, "--anchor-every", help="Recompute the anchor basis every N steps (same epsilon).", rich_help_panel="GEP (--method gep)"),
+    anchor_warm: bool = typer.Option(True, "--anchor-warm/--anchor-cold", help="Start each power iteration from the previous basis, or a random one.", rich_help_panel="GEP (--method gep)"),
+    anchor_batch: int = typer.Option(128, "--anchor-batch", help="Anchors per recomputation (0: all --public-examples).", rich_help_panel="GEP (--method gep)"),
+    rgp_rank: int = typer.Option(4, "--rgp-rank", help="rgp: rank r of the gradient carriers of each Linear/Conv2d weight.", rich_help_panel="RGP, TopAgg, sparsification"),
+    rgp_warmup: int = typer.Option(20, "--rgp-warmup", help="rgp: warm-up steps whose carriers decompose the weight itself.", rich_help_panel="RGP, TopAgg, sparsification"),
+    topk_fraction: float = typer.Option(0.7, "--topk-fraction", help="topagg: NormTopK keeps K in (0, 1] of each gradient's squared norm.", rich_help_panel="RGP, TopAgg, sparsification"),
+    sparsify: float = typer.Option(0.0, "--sparsify", help="dpsgd, gep: random sparsification's final rate in [0, 1) (paper 003).", rich_help_panel="RGP, TopAgg, sparsification"),
+    accountant: Accountant = typer.Option(Accountant.rdp, "--accountant", help="dp-accounting's accountant.", rich_help_panel="Privacy"),
+    physical_batch: Optional[int] = typer.Option(None, "--physical-batch", help="Examples per per-sample-gradient chunk (default 64 on CPU, 256 on GPU).", rich_help_panel="Optimisation"),
+    insecure_seed: Optional[int] = _panel(insecure_seed_option("sampling, noise, DP draws"), "Privacy"),
     deterministic_noise: bool = _panel(deterministic_noise_option(), "Privacy"),
     classes: Optional[str] = _panel(classes_option(), "Data"),
     data_root: Optional[Path] = _panel(data_root_option(), "Data"),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="New run folder (default gsd-train-<time>); its parent must exist.", rich_help_panel="Run folder and output"),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the interrupted run in this folder, with its own settings (same result as an uninterrupted run).", rich_help_panel="Run folder and output"),
-    rank_model: str | None = typer.Option(None, "--rank-model", help="--auto-select: model of the ranking (default: probe; with --weights or --peft, the trained model with its weights and --peft).", rich_help_panel="Auto-select ranking (--auto-select)"),
-    rank_k: int = typer.Option(16, "--rank-k", help="--auto-select: subspace dimension of the ranking.", rich_help_panel="Auto-select ranking (--auto-select)"),
-    rank_examples: int = typer.Option(2000, "--rank-examples", help="--auto-select: examples per dataset in the ranking.", rich_help_panel="Auto-select ranking (--auto-select)"),
-    select_epsilon: Optional[float] = typer.Option(None, "--select-epsilon", help="--auto-select with a private selection at this epsilon, part of --epsilon (the run's total, docs/train.md): the DP feature probe for --method auto or second-phase, the DP selection on GSD for --method gep or --probe-repeats 0; without it the selection is not private.", rich_help_panel="Auto-select ranking (--auto-select)"),
-    probe_repeats: int = typer.Option(3, "--probe-repeats", min=0, max=100, help="--auto-select without --select-epsilon: draws of the feature probe (stage 1 of the second phase on each candidate, then a linear probe of the private examples against the untrained model's). 0: no probe, the GSD advice decides (the second phase with the closest usable candidate, else GEP; under --select-epsilon, the DP selection on GSD instead of the DP feature probe).", rich_help_panel="Auto-select ranking (--auto-select)"),
-    rank_repeats: Optional[int] = typer.Option(None, "--rank-repeats", help="--auto-select: draws of the ranking (default 3; 1 with --select-epsilon): the advice uses a candidate only when it is closer than the in-run noise reference by a one-sided paired t-test over the draws.", rich_help_panel="Auto-select ranking (--auto-select)"),
-    fallback: bool = typer.Option(True, "--fallback/--no-fallback", help="--auto-select: follow the advice (docs/train.md): public data only when a candidate is closer than the in-run noise reference with confidence, the second phase only with a candidate that has the private task's classes and 100 examples per class and that the feature probe (under --select-epsilon, the DP feature probe) finds helps the model; otherwise DP-SGD without public data (--method auto) or exit 2 (an explicit --method gep or second-phase). --no-fallback trains with the closest candidate anyway, with a warning.", rich_help_panel="Auto-select ranking (--auto-select)"),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the interrupted run in this folder, with its own settings.", rich_help_panel="Run folder and output"),
+    rank_model: str | None = typer.Option(None, "--rank-model", help="Model of the ranking (default: probe, or the trained one with --weights or --peft).", rich_help_panel="Auto-select ranking (--auto-select)"),
+    rank_k: int = typer.Option(16, "--rank-k", help="Subspace dimension of the ranking.", rich_help_panel="Auto-select ranking (--auto-select)"),
+    rank_examples: int = typer.Option(2000, "--rank-examples", help="Examples per dataset in the ranking.", rich_help_panel="Auto-select ranking (--auto-select)"),
+    select_epsilon: Optional[float] = typer.Option(None, "--select-epsilon", help="Make the selection private at this epsilon, part of --epsilon (default: not private).", rich_help_panel="Auto-select ranking (--auto-select)"),
+    probe_repeats: int = typer.Option(3, "--probe-repeats", min=0, max=100, help="Draws of the feature probe (0: no probe).", rich_help_panel="Auto-select ranking (--auto-select)"),
+    rank_repeats: Optional[int] = typer.Option(None, "--rank-repeats", help="Ranking draws (default 3; 1 with --select-epsilon).", rich_help_panel="Auto-select ranking (--auto-select)"),
+    fallback: bool = typer.Option(True, "--fallback/--no-fallback", help="Follow the advice, or the closest candidate anyway.", rich_help_panel="Auto-select ranking (--auto-select)"),
     device: Device = _panel(device_option(), "Run folder and output"),
-    nproc: int = typer.Option(1, "--nproc", help="Train with N processes on this machine (torch.distributed: gloo on CPU, NCCL with one GPU each), each on its shard of every Poisson subsample; the same mechanism, epsilon and weights (to float rounding) as one process. Under torchrun leave it out: the processes exist already.", rich_help_panel="Run folder and output"),
+    nproc: int = typer.Option(1, "--nproc", help="Processes to train with on this machine (not under torchrun).", rich_help_panel="Run folder and output"),
     quiet: bool = _panel(quiet_option("No progress bars."), "Run folder and output"),
-    log: Optional[List[str]] = typer.Option(None, "--log", help="Also send each metrics.jsonl row, the settings, a dp tag and the final privacy ledger to an experiment tracker: tensorboard (event files in <out>/tb; pip install 'gsd-cli[tensorboard]') or mlflow ($MLFLOW_TRACKING_URI, else file:<out>/mlruns; pip install 'gsd-cli[mlflow]'). Repeat for both. The rows hold test metrics of the private data (not publishable).", rich_help_panel="Run folder and output"),
-    log_dir: Optional[Path] = typer.Option(None, "--log-dir", help="With --log: the folder of <log-dir>/tb and <log-dir>/mlruns instead of the run folder.", rich_help_panel="Run folder and output"),
+    log: Optional[List[str]] = typer.Option(None, "--log", help="Also log the run to tensorboard or mlflow (repeat the option for both).", rich_help_panel="Run folder and output"),
+    log_dir: Optional[Path] = typer.Option(None, "--log-dir", help="With --log: the folder of tb/ and mlruns/ instead of the run folder.", rich_help_panel="Run folder and output"),
     extra: Optional[List[str]] = extra_argument(),
 ) -> None:
-    """Train privately (DP-SGD, GEP, RGP or TopAgg, optionally with random sparsification, or the
-    second phase then DP-SGD) with the chosen public data; writes checkpoints, metrics.jsonl,
-    summary.json and curves.png to the run folder.
+    """Train privately (DP-SGD, GEP, RGP, TopAgg, random sparsification, or the second phase then DP-SGD)
+    with the chosen public data, writing checkpoints, metrics.jsonl, summary.json and curves.png to the run folder.
 
-    Privacy: every step is a Poisson-subsampled Gaussian mechanism under add/remove-one neighbours,
-    accounted with dp-accounting. dpsgd: clip C, noise sigma*C. gep: embedding and residual of one
-    subsample, accounted as one Gaussian with multiplier (z1^-2 + z2^-2)^-1/2. rgp: the carrier
-    gradients (and the other parameters' gradients) clipped to C as one vector, noise sigma*C: multiplier
-    sigma. topagg: clip C then NormTopK, sensitivity sqrt(K)*C, noise sqrt(K)*sigma*C: multiplier sigma.
-    --sparsify: the mask is independent of the data, so the same mechanism and epsilon. second-phase:
-    stage 1 sees public data only (no privacy cost); stage 2 is DP-SGD, accounted as dpsgd.
-
-    The private sampling and noise come from the operating system (--insecure-seed: from a seed, and
-    the run is marked not DP). Public data that is the private set by name or path is refused; private
-    examples that the public data holds are left out of the private training (a per-example rule).
-    Lines that start with 'private:' carry private figures (the test result, the private notes, the
-    progress times); every other line is public.
-    summary.json holds only public settings and the privacy statement; the test metrics, the exact
-    size of the private set and a non-private --auto-select's figures go to private-summary.json (and
-    those figures to private: lines).
+    Every step is a Poisson-subsampled Gaussian mechanism under add/remove-one neighbours, accounted with
+    dp-accounting; lines that start with 'private:' carry private figures. Each method's privacy and every
+    option in full: docs/train.md.
     """
     from ..train import TrainConfig, advised_selection as advised_fn, train as train_fn
     from ..train.checkpoint import load_meta
@@ -326,7 +311,7 @@ def train(
                 quiet, lambda pr: advised_fn(private, publics, cfg.method, private_test=private_test, catalog=cat, progress=pr,
                                              repeats=rank_repeats, references=fallback or select_epsilon is None,
                                              train_settings=cfg if probe_repeats else None, probe_repeats=probe_repeats or None,
-                                             notify=warn, **rank_opts),
+                                             notify=warn, gate="helping" if fallback else "all", **rank_opts),
                 private=True)  # the ranking's time grows with the private set: labelled private
             # a non-private selection's figures (distances, references, probe accuracies, p-values, the private
             # examples drawn) are statistics of the private data: on lines labelled private

@@ -171,7 +171,7 @@ def advise(ranking, method: str = "auto", *, candidates: dict[str, Candidate], p
 
 #: why --method auto does not try GEP when the probe decides (the selection tasks of the held-out benchmark)
 NO_GEP = ("--method auto does not try GEP: with gsd's pick it did not beat tuned DP-SGD alone on the held-out benchmark's "
-          "selection tasks (docs/validity.md); --method gep uses it")
+          "selection tasks (docs/evidence/validity-log.md, round 1); --method gep uses it")
 
 
 def _advise_by_probe(method: str, order: list[str], tested: dict, rows: dict, ref, evidence: dict, probe, candidates: dict,
