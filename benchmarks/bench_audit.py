@@ -16,6 +16,9 @@ old public-seed bug. Each row records its wall time.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_audit
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
 import json
 import os
@@ -23,6 +26,8 @@ import platform
 import time
 
 from gsd_cli.audit import audit
+
+from .harness import add_json, write_json
 
 GEP = {"k": 8, "clip_embedding": 1.0, "clip_residual": 1.0}
 SETTINGS = {"gep": GEP, "gep+rs": GEP, "rgp": {"rgp_warmup": 0}}
@@ -76,7 +81,7 @@ def table(paths) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--methods", nargs="+", default=["dpsgd", "gep", "rgp", "topagg", "second-phase", "dpsgd+rs", "gep+rs", "dpgsd", "dp-energy"])
     ap.add_argument("--epsilons", nargs="+", type=float, default=[2.0, 8.0])
@@ -89,16 +94,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--insecure-seed", type=int, default=None)
     ap.add_argument("--no-bugs", dest="bugs", action="store_false")
-    ap.add_argument("--json")
+    add_json(ap)
     ap.add_argument("--table", nargs="+")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.table:
         print(table(args.table))
         return
     res = run(args)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2, default=float)
+        write_json(args.json, res, indent=2, default=float)
         print(f"wrote {args.json}")
 
 

@@ -13,6 +13,9 @@ private draw seeded from the public --seed), with their detection rate.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_audit_power
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
 import json
 import os
@@ -20,6 +23,8 @@ import platform
 import time
 
 from gsd_cli.audit import audit, audit_config, audit_dpgsd, audit_dpgsd_pipeline, audit_step
+
+from .harness import add_json, write_json
 
 FACTORS = {1.0: None, 0.9: "noise-x0.9", 0.8: "noise-x0.8", 0.7: "noise-x0.7", 0.5: "noise-halved", 0.25: "noise-quartered"}
 
@@ -78,7 +83,7 @@ def table(path) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--epsilon", type=float, default=2.0)
     ap.add_argument("--delta", type=float, default=1e-5)
@@ -90,16 +95,15 @@ def main() -> None:
     ap.add_argument("--pipeline-epsilon", type=float, default=0.5)
     ap.add_argument("--pipeline-trials", type=int, default=12)
     ap.add_argument("--pipeline-repeats", type=int, default=3)
-    ap.add_argument("--json", default=None)
+    add_json(ap)
     ap.add_argument("--table", default=None, help="print the README table of a results JSON and stop")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.table:
         print(table(args.table))
         return
     doc = run(args)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
+        write_json(args.json, doc, indent=1)
         print(table(args.json))
 
 

@@ -20,6 +20,9 @@ Prints each process's seconds, the mean ratio, the load average before and after
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_auto_select_cost
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
 import json
 import os
@@ -29,6 +32,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from .harness import add_json, add_rounds, write_json
 
 DEFAULT_PUBLIC = ["mnist-b", "digits", "mnist-inverted", "textures", "faces", "noise"]
 
@@ -51,17 +56,17 @@ def breakdown(path: Path, total: float) -> dict:
     return {k: round(v, 2) for k, v in stages.items()}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--private", default="mnist-a")
     ap.add_argument("--public", nargs="+", default=DEFAULT_PUBLIC)
     ap.add_argument("--epsilon", default="2")
-    ap.add_argument("--rounds", type=int, default=2, help="pairs of whole processes (alternating order)")
+    add_rounds(ap, 2, help="pairs of whole processes (alternating order)")
     ap.add_argument("--extra", default="", help="more gsd train options for both runs, one string")
     ap.add_argument("--select-epsilon", help="also the private advice: --auto-select --select-epsilon E at the same total "
                     "--epsilon (the DP feature probe), first run and again with its own cache")
-    ap.add_argument("--json")
-    a = ap.parse_args()
+    add_json(ap)
+    a = ap.parse_args(argv)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     work = Path(tempfile.mkdtemp(prefix="gsd-auto-cost-"))
     env["GSD_LEDGER"] = str(work / "ledger.sqlite")
@@ -109,8 +114,7 @@ def main() -> None:
            "ratio_again": round(again, 2),
            **({"select_epsilon": a.select_epsilon, "ratio_dp": round(mean["dp-auto"] / mean["dpsgd"], 2),
                "ratio_dp_again": round(mean["dp-auto-again"] / mean["dpsgd"], 2)} if a.select_epsilon else {})}
-    if a.json:
-        Path(a.json).write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(a.json, doc, loadavg_before=load0)
 
 
 if __name__ == "__main__":

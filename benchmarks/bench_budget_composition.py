@@ -12,6 +12,9 @@ training: accounting only (seconds).
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_budget_composition
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
 import tempfile
 from pathlib import Path
@@ -20,14 +23,14 @@ from gsd_cli.privacy import calibrate_noise, dpsgd_step_event, epsilon_of, train
 from gsd_cli.privacy import budget as B
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--epsilon", type=float, default=2.0)
     ap.add_argument("--delta", type=float, default=1e-5)
     ap.add_argument("--q", type=float, default=0.01)
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--runs", type=int, default=5)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     z = calibrate_noise(dpsgd_step_event, a.epsilon, a.delta, a.q, a.steps, cache=False)
     event = training_event(dpsgd_step_event(z), a.q, a.steps)
     eps = epsilon_of(event, a.delta)

@@ -11,6 +11,9 @@ largest absolute difference of the distances, the entry sizes, and the load aver
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_cache_float32
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
 import json
 import tempfile
@@ -20,14 +23,16 @@ from gsd_cli.ranking.cache import SubspaceCache
 from gsd_cli.defaults import DEFAULT_PRIVATE, DEFAULT_PUBLIC
 from gsd_cli.ranking import RankConfig, rank
 
+from .harness import add_json, write_json
 
-def main() -> None:
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="probe")
     ap.add_argument("--examples", type=int, default=500)
     ap.add_argument("--k", type=int, default=16)
-    ap.add_argument("--json", type=Path)
-    a = ap.parse_args()
+    add_json(ap)
+    a = ap.parse_args(argv)
     config = RankConfig.from_options(k=a.k, examples=a.examples, model=a.model, seed=0)
     with tempfile.TemporaryDirectory() as d:
         cache = SubspaceCache(d)
@@ -42,8 +47,7 @@ def main() -> None:
     doc = {"model": a.model, "examples": a.examples, "k": a.k, "distances_float64": d64, "abs_difference": diff,
            "max_abs_difference": max(diff.values()), "entry_bytes_float32": sizes, "loadavg": load}
     print(json.dumps(doc, indent=2))
-    if a.json:
-        a.json.write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(a.json, doc, indent=2)
 
 
 if __name__ == "__main__":

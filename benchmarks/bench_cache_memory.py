@@ -13,13 +13,17 @@ its own peak resident set size (``ru_maxrss``); the three share one temporary ca
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_cache_memory
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
-import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+
+from .harness import add_json, write_json
 
 CHILD = (
     "import resource, sys, time\n"
@@ -39,7 +43,7 @@ def run(args: list[str], env: dict) -> dict:
     return {"peak_mb": int(kb) / 1024, "rc": int(rc), "seconds": float(secs)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="resnet18")
     ap.add_argument("--params", default="*")
@@ -47,8 +51,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=16)
     ap.add_argument("--private", default="mnist-a")
     ap.add_argument("--public", default="mnist-b")
-    ap.add_argument("--json", default=None)
-    a = ap.parse_args()
+    add_json(ap)
+    a = ap.parse_args(argv)
     base = ["rank", "--private", a.private, "--public", a.public, "--model", a.model, "--params", a.params,
             "-m", str(a.examples), "-k", str(a.k), "-q", "--device", "cpu"]
     load_before = os.getloadavg()
@@ -62,9 +66,7 @@ def main() -> None:
            "time": time.strftime("%Y-%m-%d %H:%M"), "results": res,
            "warm_over_no_cache": res["warm"]["peak_mb"] / res["no_cache"]["peak_mb"]}
     print(f"warm / no-cache peak: {doc['warm_over_no_cache']:.2f}; load {load_before} -> {doc['loadavg']}")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(doc, f, indent=2)
+    write_json(a.json, doc, indent=2, loadavg_before=load_before)
 
 
 if __name__ == "__main__":

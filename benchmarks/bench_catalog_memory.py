@@ -19,6 +19,9 @@ it between tasks) and the most tasks the driver had in flight.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_catalog_memory
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
 import json
 import os
@@ -27,6 +30,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from .harness import add_json, write_json
 
 CHILD = r"""
 import json, resource, sys, time
@@ -80,7 +85,7 @@ def make_data(folder: Path, K: int, m: int) -> None:
             np.savez(f, x=rng.integers(0, 256, (m, 28, 28), dtype=np.uint8), y=np.arange(m) % 10)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--candidates", type=int, nargs="+", default=[20, 100, 500])
     ap.add_argument("--examples", type=int, default=100)
@@ -89,8 +94,8 @@ def main() -> None:
     ap.add_argument("--executors", nargs="+", default=["local"], choices=["local", "ray"])
     ap.add_argument("--ray-cpus", type=int, default=2, help="CPUs of the local Ray instance (one per worker)")
     ap.add_argument("--data", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "gsd-bench-catalog"))
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args()
+    add_json(ap)
+    args = ap.parse_args(argv)
     data = Path(args.data)
     make_data(data, max(args.candidates), args.examples)
     rows = []
@@ -116,8 +121,7 @@ def main() -> None:
     doc = {"command": "python benchmarks/bench_catalog_memory.py " + " ".join(sys.argv[1:]), "rows": rows, "args": vars(args),
            "platform": platform.platform(), "cpus": os.cpu_count(), "loadavg_before": load_before, "load": os.getloadavg(),
            "shared_machine": True, "time": time.strftime("%Y-%m-%d %H:%M")}
-    if args.json:
-        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(args.json, doc, loadavg_before=load_before)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Does following gsd's advice give a better private model? The large downstream benchmark (issue 33).
 
-Data: ``python benchmarks/validity/prepare_large.py`` (benchmark-only wheels, see its docstring).
+Data: ``python -m benchmarks validity.prepare_large`` (benchmark-only wheels, see its docstring).
 Tasks, candidates, settings and the cache: ``benchmarks/validity/large.py``.
 
     python benchmarks/bench_downstream.py tune  [--shard 0/2]   # GEP/DP-SGD settings on mnist (seed 10)
@@ -17,14 +17,13 @@ list share it (each claims a job by a lock file), or each runs every N-th job wi
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_downstream
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
 import json
 import os
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 #: the tuning grid (issue 33 item 2): overrides of the benchmark's settings, on the selection tasks'
 #: same-distribution candidate (GEP) or no public data (DP-SGD), epsilon 2, seed 10 (a 2-core shared machine)
@@ -41,7 +40,7 @@ CONFIRM = {"clip_residual": 0.2}
 def _claim(job) -> bool:
     """Claim a job for this process (a lock file beside its cache file): processes given the same list
     share it without shards. A lock left by a killed process: delete the .lock files."""
-    from validity.large import run_file
+    from .validity.large import run_file
 
     f = run_file(*job)
     if f.is_file():
@@ -57,7 +56,7 @@ def _claim(job) -> bool:
 def _run(todo, threads: int, train_one) -> None:
     import torch
 
-    from validity.large import run_file
+    from .validity.large import run_file
 
     torch.set_num_threads(threads)
     t0 = time.time()
@@ -73,7 +72,7 @@ def _run(todo, threads: int, train_one) -> None:
 
 
 def tune_jobs(tasks=None) -> list[tuple]:
-    from validity.large import TASKS
+    from .validity.large import TASKS
 
     out = []
     for seed in TUNE_SEEDS:
@@ -85,7 +84,7 @@ def tune_jobs(tasks=None) -> list[tuple]:
 
 
 def cmd_tune(args) -> None:
-    from validity.large import TASKS, train_one
+    from .validity.large import TASKS, train_one
 
     i, n = (int(x) for x in args.shard.split("/"))
     todo = tune_jobs(args.tasks)
@@ -95,7 +94,7 @@ def cmd_tune(args) -> None:
 
 
 def cmd_train(args) -> None:
-    from validity.large import jobs, train_one
+    from .validity.large import jobs, train_one
 
     i, n = (int(x) for x in args.shard.split("/"))
     todo = [j for k, j in enumerate(jobs(args.tasks, args.seeds, args.epsilons, args.methods, args.first)) if k % n == i]
@@ -104,18 +103,18 @@ def cmd_train(args) -> None:
 
 def cmd_rank(args) -> None:
     if args.energy:  # the private selection's distance, noise-free (validity/dp_rule.py)
-        from validity.dp_rule import rank_energy_all
+        from .validity.dp_rule import rank_energy_all
 
         rank_energy_all(args.tasks, args.seeds)
         return
-    from validity.large_score import rank_all
+    from .validity.large_score import rank_all
 
     rank_all(args.tasks, args.seeds)
 
 
 def cmd_score(args) -> None:
-    from validity.large import EPSILONS as EPS_GRID
-    from validity.large_score import build, write
+    from .validity.large import EPSILONS as EPS_GRID
+    from .validity.large_score import build, write
 
     if args.variant:
         doc = build(variant=args.variant, epsilons=tuple(args.epsilons or (2.0,)))
@@ -124,7 +123,7 @@ def cmd_score(args) -> None:
     write(doc, update_package=args.update_package)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("tune", help="the tuning grid on the selection tasks")
@@ -148,7 +147,7 @@ def main() -> None:
     s.add_argument("--update-package", action="store_true", help="also write gsd_cli/report/validity.json")
     s.add_argument("--variant", default=None, help="score a variant's runs instead of the grid's (gsd-defaults: validity/defaults_runs.py)")
     s.add_argument("--epsilons", nargs="+", type=float, default=None, help="the epsilons scored (default: the grid's; 2 for a variant)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     {"tune": cmd_tune, "train": cmd_train, "rank": cmd_rank, "score": cmd_score}[args.cmd](args)
 
 

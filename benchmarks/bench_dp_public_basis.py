@@ -33,6 +33,9 @@ order, per cell: mean, 95% t-interval over all (seed, draw) values, min and max.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_dp_public_basis
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
 import json
 import math
@@ -45,7 +48,7 @@ import numpy as np
 import torch
 from scipy.stats import kendalltau, t as student_t
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from .harness import add_json, write_json
 
 K = 16
 SKETCHES = ("gauss32", "public", "public+16", "public-k4", "energy-laplace")
@@ -55,7 +58,7 @@ def groups(which):
     """(name, private source, candidate sources, model, m) of every task."""
     from gsd_cli import data as gdata
     from gsd_cli.defaults import DEFAULT_PRIVATE, DEFAULT_PUBLIC
-    from validity.tasks import TASKS, private_train, register, source
+    from .validity.tasks import TASKS, private_train, register, source
 
     register()
     out = []
@@ -67,7 +70,7 @@ def groups(which):
                 out.append((f"{task} ({model}, m={m})", private_train(task), [(c, source(c)) for c in cands], model, m))
     large = [w[len("large-"):] for w in which if w.startswith("large-")]
     if large:  # issue 33's downstream tasks (benchmark-only data: validity/prepare_large.py), auto-select's ranking
-        from validity.large import TASKS as LARGE, register as register_large
+        from .validity.large import TASKS as LARGE, register as register_large
 
         register_large()
         for task in large:
@@ -99,7 +102,7 @@ def one_seed(name, priv_src, cands, model, m, seed, epsilons, draws):
     from gsd_cli.subspace.public_basis import project_rows, public_basis
     from gsd_cli.subspace.side import sketch
     from gsd_cli.subspace import projection_metric, top_k_subspace
-    from validity.predictors import gradients
+    from .validity.predictors import gradients
 
     nc = priv_src.num_classes
     spec, net, names, _ = build_model(model, nc, seed)
@@ -178,18 +181,20 @@ def merge(files, out) -> None:
                               "private_energy_in_public_span": [r["private_energy_in_public_span"] for r in per_seed]}
         print(name, "  ".join(f"{sk} eps4 {cells[f'{sk}|4']['mean']:+.2f} [{cells[f'{sk}|4']['ci'][0]:+.2f},{cells[f'{sk}|4']['ci'][1]:+.2f}]"
                                for sk in SKETCHES if f"{sk}|4" in cells))
+    if any("env" in d for d in docs):  # each merged file's environment record, in order
+        doc["env"] = [d.get("env") for d in docs]
     Path(out).write_text(json.dumps(doc, indent=1) + "\n")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", nargs="+", default=["default", "mnist", "digits", "textures"])
     ap.add_argument("--epsilon", type=float, nargs="+", default=[1.0, 4.0, 16.0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--draws", type=int, default=4)
-    ap.add_argument("--json", default=None)
+    add_json(ap)
     ap.add_argument("--merge", nargs="+", default=None, help="merge the per-seed results of these JSON files into --json (summaries over all their seeds)")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if a.merge:
         merge(a.merge, a.json)
         return
@@ -214,8 +219,7 @@ def main() -> None:
     doc["seconds"] = round(time.time() - t0, 1)
     doc["loadavg_start"] = load0
     doc["loadavg_end"] = open("/proc/loadavg").read().split()[:3]
-    if a.json:
-        Path(a.json).write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(a.json, doc)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,10 @@ non-private path, is timed separately.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_dp_sampler
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
-import json
 import time
 
 import numpy as np
@@ -20,21 +22,23 @@ from gsd_cli.subspace.dppca import bingham_scale, sample_sequential
 from gsd_cli.gradients import resolve_device
 from gsd_cli.subspace import gram, projection_metric, top_k_subspace
 
+from .harness import add_json, write_json
+
 
 def sync(dev):
     if dev.type == "cuda":
         torch.cuda.synchronize()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--m", type=int, default=2000)
     ap.add_argument("--p", type=int, nargs="+", default=[30202, 1_000_000])
     ap.add_argument("--k", type=int, default=16)
     ap.add_argument("--epsilon", type=float, nargs="+", default=[1.0, 1e4])
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--json", default=None)
-    a = ap.parse_args()
+    add_json(ap)
+    a = ap.parse_args(argv)
     dev = resolve_device(a.device)
     out = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "threads": torch.get_num_threads(), "runs": []}
     print(f"device {out['device']}, threads {out['threads']}, m={a.m}, k={a.k}")
@@ -62,9 +66,7 @@ def main() -> None:
             print(f"  p={p:>9,}  epsilon={eps:<8g} gram {t_gram:7.2f} s   sampler {t:7.2f} s   distance to exact top-{a.k}: {d:.4f}")
             out["runs"].append({"p": p, "epsilon": eps, "gram_s": t_gram, "sampler_s": t, "distance_to_exact": d})
         del G, K
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=2)
+    write_json(a.json, out, indent=2)
 
 
 if __name__ == "__main__":

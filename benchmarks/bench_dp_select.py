@@ -32,15 +32,18 @@ default), pooled over the seeds, with 95% Wilson intervals:
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_dp_select
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
-import json
 import math
 import os
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
+
+from .harness import add_json, write_json
 
 EPSILONS = (0.5, 1.0, 2.0, 4.0)
 
@@ -159,7 +162,7 @@ def one_seed(seed, cands, a) -> dict:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--draws", type=int, default=1000)
@@ -169,8 +172,8 @@ def main() -> None:
     ap.add_argument("--model", default="probe")
     ap.add_argument("--regret-clips", type=float, nargs="*", default=[0.3, 0.1, 0.05, 0.01, 0.005],
                     help="other regret clips (in C^2) to redraw at, against the non-private winner of the energy")
-    ap.add_argument("--json", default=None)
-    a = ap.parse_args()
+    add_json(ap)
+    a = ap.parse_args(argv)
     import torch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
@@ -204,7 +207,7 @@ def main() -> None:
            "regret_clip": 0.02, "score_share": 0.5, "clip": 1.0, "seeds": a.seeds, "draws_per_seed": a.draws,
            "summary": summary, "per_seed": per_seed, "seconds": round(time.time() - t0, 1)}
     if a.json:
-        Path(a.json).write_text(json.dumps(doc, indent=1) + "\n")
+        write_json(a.json, doc)
         print(f"wrote {a.json}")
 
 

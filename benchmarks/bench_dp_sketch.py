@@ -10,16 +10,20 @@ winner's DP distance against the uniform baseline.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_dp_sketch
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
-import json
 
 import numpy as np
 from scipy.stats import kendalltau
 
 from gsd_cli import rank
 
+from .harness import add_json, write_json
 
-def main() -> None:
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--m", type=int, default=2000)
     ap.add_argument("--k", type=int, default=16)
@@ -27,8 +31,8 @@ def main() -> None:
     ap.add_argument("--sketch", type=int, nargs="+", default=[0, 32, 128, 512])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--json", default=None)
-    a = ap.parse_args()
+    add_json(ap)
+    a = ap.parse_args(argv)
     rows = []
     print(f"{'sketch':>7} {'epsilon':>8} {'mnist-b wins':>13} {'tau vs non-private':>19} {'winner d':>9} {'uniform':>8}")
     for D in a.sketch:
@@ -47,9 +51,7 @@ def main() -> None:
             row = dict(sketch=D, epsilon=eps, wins=float(np.mean(wins)), tau=float(np.mean(taus)), winner_distance=float(np.mean(dwin)), uniform=base)
             rows.append(row)
             print(f"{D or 'none':>7} {eps:>8g} {row['wins']:>13.2f} {row['tau']:>19.2f} {row['winner_distance']:>9.4f} {base:>8.4f}")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"m": a.m, "k": a.k, "seeds": a.seeds, "rows": rows}, f, indent=2)
+    write_json(a.json, {"m": a.m, "k": a.k, "seeds": a.seeds, "rows": rows}, indent=2)
 
 
 if __name__ == "__main__":

@@ -36,8 +36,10 @@ the command are measured alike; ``--malloc system`` measures both with glibc's d
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_end_to_end
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -54,6 +56,8 @@ from gsd_cli.data import DEFAULT_PRIVATE, DEFAULT_PUBLIC, draw, resolve
 from gsd_cli.gradients.engines import engine_choices, forget_engine_choices
 from gsd_cli.gradients import default_chunk_size, gradient_matrix, per_sample_gradients, resolve_device, select_parameters
 from probes import get_model_spec
+
+from .harness import add_json, write_json
 
 
 def _sync(dev):
@@ -326,7 +330,7 @@ def cli_times(device: str) -> dict:
         return {label: _run_cli(args, env, label) for label, args in runs.items()}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--m", type=int, default=2000, help="Examples per dataset of the rank part (gsd rank -m).")
     ap.add_argument("--model", default="probe", help="Model of the rank part.")
@@ -353,8 +357,8 @@ def main() -> None:
                     help="gsd (default): this process (floor and per-sample paths included) runs with gsd's "
                          "allocator setting, as the gsd command does (gsd_cli.allocator); system: glibc's "
                          "defaults here and GSD_MALLOC=system for the gsd processes")
-    ap.add_argument("--json", default=None)
-    a = ap.parse_args()
+    add_json(ap)
+    a = ap.parse_args(argv)
     if a.malloc == "gsd":
         from gsd_cli.allocator import keep_freed_memory
 
@@ -427,8 +431,7 @@ def main() -> None:
     doc["loadavg_end"] = os.getloadavg()
     print(f"malloc: {malloc}")
     print(f"load average at start {doc['loadavg_start'][0]:.1f}, at end {doc['loadavg_end'][0]:.1f}")
-    if a.json:
-        Path(a.json).write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(a.json, doc, indent=2, loadavg_before=doc["loadavg_start"])
 
 
 if __name__ == "__main__":

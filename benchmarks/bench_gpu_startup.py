@@ -15,6 +15,9 @@ Two parts, each in its own fresh process:
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_gpu_startup
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
 import subprocess
 import sys
@@ -64,11 +67,11 @@ s = io.StringIO(); pstats.Stats(pr, stream=s).sort_stats("cumulative").print_sta
 '''
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--part", choices=["first-use", "profile", "both"], default="both")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     parts = {"first-use": FIRST_USE, "profile": PROFILE}
     for name, code in parts.items():
         if a.part in (name, "both"):

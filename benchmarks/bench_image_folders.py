@@ -50,6 +50,9 @@ machine may be shared: compare the ratios taken in one run, not seconds across r
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_image_folders
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
 import json
 import os
@@ -62,6 +65,8 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+
+from .harness import add_json, child_env, write_json
 
 SIZE = 1024
 SETS = ("png8", "png16", "jpeg", "dicom")
@@ -380,12 +385,12 @@ def subspace_seconds(net, names, sample, side: int, channels: int, prefetch: int
 def peak_rss_child(root: Path, n: int, side: int, channels: int, chunk: int, before: bool) -> float:
     """Peak RSS (MB, VmHWM: ru_maxrss would carry this process's peak over the fork) of a fresh process
     that runs the pipeline over ``n`` files of ``root``."""
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import bench_image_folders as b\n"
+    code = (f"import importlib; b = importlib.import_module({__spec__.name!r})\n"
             f"from gsd_cli.data import draw, resolve\n"
             f"s = draw(resolve('folder:{root}'), {n}, 0)\n"
             f"(b.gsd_input_before(s, {side}, {channels}, {chunk}) if {before} else b.gsd_input(s, {side}, {channels}, {chunk}, ahead=0))\n"
             f"print([int(l.split()[1]) / 1024 for l in open('/proc/self/status') if l.startswith('VmHWM')][0])")
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, env=child_env()).stdout
     return round(float(out.split()[-1]), 1)
 
 
@@ -411,7 +416,7 @@ def rank_seconds(private: str, public: list[str], m: int) -> dict:
 
 
 # ---------------------------------------------------------------- the run
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     import torch
 
     from gsd_cli.data import ArraySource, draw, resolve
@@ -431,8 +436,8 @@ def main() -> None:
     ap.add_argument("--malloc", choices=["gsd", "system"], default="gsd",
                     help="gsd: the gsd command's allocator setting (keep_freed_memory) in this process, as gsd rank "
                          "runs; system: glibc's defaults (a fresh, page-faulted mapping per large array)")
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args()
+    add_json(ap)
+    args = ap.parse_args(argv)
     if args.malloc == "gsd":
         from gsd_cli.allocator import keep_freed_memory
 
@@ -542,9 +547,7 @@ def main() -> None:
     import shutil
 
     shutil.rmtree(npz_dir, ignore_errors=True)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.json, result, loadavg_before=result["loadavg_before"])
 
 
 if __name__ == "__main__":

@@ -29,6 +29,9 @@ Every figure is the minimum of ``--repeats`` runs; ``os.getloadavg()`` is record
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_input
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
 import hashlib
 import json
@@ -51,6 +54,8 @@ from gsd_cli.data.transform import to_model_input
 from gsd_cli.gradients import select_parameters
 from gsd_cli.subspace.side import sample_labels, sample_subspace
 from probes import get_model_spec
+
+from .harness import add_json, write_json
 
 CHUNK = 256
 
@@ -178,7 +183,7 @@ def bench_rank(args) -> list[dict]:
     return rows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--m", type=int, default=2000)
     ap.add_argument("--model", default="probe")
@@ -190,8 +195,8 @@ def main() -> None:
     ap.add_argument("--overlap-m", type=int, default=500)
     ap.add_argument("--rank", action="store_true", help="also time the default gsd rank, cold and warm")
     ap.add_argument("--src", nargs="*", default=[], help="other checkouts to time gsd rank from (PYTHONPATH)")
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args()
+    add_json(ap)
+    args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     spec = get_model_spec(args.model)
@@ -210,9 +215,7 @@ def main() -> None:
     if args.rank:
         result["rank"] = bench_rank(args)
     result["loadavg_after"] = os.getloadavg()
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.json, result, loadavg_before=result["loadavg_before"])
 
 
 if __name__ == "__main__":

@@ -14,14 +14,18 @@ at most ``DEPTH`` steps, stopping when the float32 certificate reaches its floor
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_krylov_depth
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
-import json
 import os
 import platform
 import tempfile
 import time
 
 import torch
+
+from .harness import add_json, write_json
 
 
 def default_rank_matrices(m: int, min_rows: int) -> list[tuple[int, int]]:
@@ -47,7 +51,7 @@ def default_rank_matrices(m: int, min_rows: int) -> list[tuple[int, int]]:
     return kept
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     from gsd_cli.subspace import _exact_top_k
     from gsd_cli.allocator import keep_freed_memory
     from gsd_cli.subspace.krylov import DEPTH, KrylovInfo, krylov_top_k
@@ -59,8 +63,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=16)
     ap.add_argument("--depths", type=int, nargs="+", default=[6, 8, 10, 12])
     ap.add_argument("--min-rows", type=int, default=1500)
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args()
+    add_json(ap)
+    args = ap.parse_args(argv)
     mats = default_rank_matrices(args.m, args.min_rows)
     print(f"{len(mats)} matrices of shapes {sorted({tuple(G.shape) for G in mats})}")
     exact_cpu = []
@@ -89,8 +93,7 @@ def main() -> None:
         doc = {"m": args.m, "k": args.k, "rows": rows, "exact_cpu_s": [round(e, 3) for e in exact_cpu],
                "torch": torch.__version__, "threads": torch.get_num_threads(), "platform": platform.platform(),
                "loadavg": os.getloadavg()}
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
+        write_json(args.json, doc, indent=1)
 
 
 if __name__ == "__main__":

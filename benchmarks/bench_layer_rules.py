@@ -10,8 +10,10 @@ Shapes: the convolutions of the probe (224x224), the FMNIST CNN (28x28) and ResN
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_layer_rules
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
-import json
 import platform
 import statistics
 import time
@@ -21,6 +23,8 @@ import torch.nn as nn
 
 from gsd_cli.allocator import keep_freed_memory
 from gsd_cli.gradients.layers import conv2d_grouped, conv2d_patches
+
+from .harness import add_json, write_json
 
 #: name, in channels, out channels, kernel, stride, padding, input size
 SHAPES = [
@@ -41,13 +45,13 @@ def _median_ms(fn, repeats: int) -> float:
     return 1000 * statistics.median(ts)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=64, help="examples per chunk (the CPU default)")
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--json", default=None)
-    a = ap.parse_args()
+    add_json(ap)
+    a = ap.parse_args(argv)
     keep_freed_memory()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -65,10 +69,8 @@ def main() -> None:
             rows.append({"layer": name, "in_channels": cin, "layout": label, "patches_ms": ms["conv2d_patches"],
                          "grouped_ms": ms["conv2d_grouped"]})
             print(f"{name:<26} {label:<15} patches {ms['conv2d_patches']:7.2f} ms  grouped {ms['conv2d_grouped']:7.2f} ms")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"n": a.n, "threads": torch.get_num_threads(), "torch": torch.__version__,
-                       "machine": platform.machine(), "rows": rows}, f, indent=1)
+    write_json(a.json, {"n": a.n, "threads": torch.get_num_threads(), "torch": torch.__version__,
+                        "machine": platform.machine(), "rows": rows}, indent=1)
 
 
 if __name__ == "__main__":

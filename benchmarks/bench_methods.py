@@ -24,9 +24,11 @@ delta 1e-5, seeds 0..n-1 (deterministic noise). Each (task, epsilon) is one
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_methods
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
 import dataclasses
-import json
 import os
 import platform
 import tempfile
@@ -37,12 +39,14 @@ import torch
 from gsd_cli.train.compare import compare
 from gsd_cli.train import TrainConfig
 
+from .harness import add_json, write_json
+
 TASKS = {"mnist": ("mnist-a", "mnist-b", 250), "digits": ("digits", "mnist-b", 100)}  # private, public, batch size
 ALL = "dpsgd,dpsgd+rs,gep,gep+rs,rgp,topagg"
 SMALL_EPS = "dpsgd,dpsgd+rs"  # RS's claim is strongest at small epsilon
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     ap.add_argument("--epsilons", nargs="+", type=float, default=[2.0, 0.5])
@@ -52,8 +56,8 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--sparsify", type=float, default=0.5)
     ap.add_argument("--lr", type=float, default=0.1, help="SGD learning rate of every run (paper 001's code uses 0.4)")
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args()
+    add_json(ap)
+    args = ap.parse_args(argv)
     t0 = time.time()
     base = TrainConfig(epochs=args.epochs, batch_size=250, lr=args.lr, clip=1.0, k=50, public_examples=1000, rgp_rank=4,
                        rgp_warmup=20, topk_fraction=0.7, deterministic_noise=True)
@@ -81,8 +85,7 @@ def main() -> None:
         "loadavg": os.getloadavg(), "seconds": round(time.time() - t0, 1),
     }
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
+        write_json(args.json, doc, indent=2)
         print(f"wrote {args.json}")
     print(f"total {doc['seconds']:.0f} s, load average {doc['loadavg']}")
 

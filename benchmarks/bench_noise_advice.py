@@ -11,11 +11,16 @@ draws from ``--seed``); private cells draw from the OS, so each is run ``--dp-dr
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_noise_advice
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
 import itertools
 import json
 import os
 import time
+
+from .harness import add_json, add_seed, write_json
 
 
 def cell(model: str, k: int, m: int, epsilon: float | None, seed: int, public=("noise",)) -> dict:
@@ -30,19 +35,19 @@ def cell(model: str, k: int, m: int, epsilon: float | None, seed: int, public=("
             "message": d.message, "seconds": round(time.perf_counter() - t0, 1)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["probe", "fmnist-cnn", "resnet20"])
     ap.add_argument("--k", nargs="+", type=int, default=[4, 16])
     ap.add_argument("--m", nargs="+", type=int, default=[100, 500])
     ap.add_argument("--epsilons", nargs="+", type=float, default=[1.0])
     ap.add_argument("--dp-draws", type=int, default=5)
-    ap.add_argument("--seed", type=int, default=0)
+    add_seed(ap, 0, help="seed of the non-private rankings (default 0)")
     ap.add_argument("--private-only", action="store_true", help="only the cells with a private selection")
     ap.add_argument("--public", nargs="+", default=["noise"],
                     help="the candidates (default: noise alone; with a useful one among them, the advice's power)")
-    ap.add_argument("--json", default=None)
-    a = ap.parse_args()
+    add_json(ap)
+    a = ap.parse_args(argv)
     import tempfile
 
     import torch
@@ -67,9 +72,7 @@ def main() -> None:
                    for n, v in vars(a).items() if n not in ("json", "private_only") and v is not None)
                    + (" --private-only" if a.private_only else "")}
     print(json.dumps(summary))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"summary": summary, "rows": rows}, f, indent=1)
+    write_json(a.json, {"summary": summary, "rows": rows}, indent=1)
 
 
 if __name__ == "__main__":

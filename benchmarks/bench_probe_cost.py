@@ -9,20 +9,24 @@ Prints the wall time of each, the ratio, the load average, and each run's decisi
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_probe_cost
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
-import json
 import os
 import time
 
+from .harness import add_json, write_json
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--private", default="mnist-a")
     ap.add_argument("--public", nargs="+", default=["mnist-b", "digits", "faces", "noise", "textures", "mnist-inverted"])
     ap.add_argument("--model", default="fmnist-cnn", help="the trained model (the probe's)")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--json")
-    a = ap.parse_args()
+    add_json(ap)
+    a = ap.parse_args(argv)
     import torch
 
     from gsd_cli.train import TrainConfig, advised_selection
@@ -44,10 +48,7 @@ def main() -> None:
            "private": a.private, "public": a.public, "model": a.model, "runs": rows,
            "mean_seconds": {"with_probe": round(on, 2), "without": round(off, 2)}, "ratio": round(on / off, 2)}
     print(f"with the probe {on:.1f} s, without {off:.1f} s: {on / off:.2f}x")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
+    write_json(a.json, doc, indent=1)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,10 @@ peak resident set above the level before each step (CPU, sampled every 2 ms) or
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_rank
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
-import json
 import os
 import platform
 import threading
@@ -34,6 +36,8 @@ from gsd_cli.data import draw
 from gsd_cli.gradients import gradient_matrix, resolve_device, select_parameters
 from gsd_cli.subspace import projection_metric, top_k_subspace
 from probes import get_model_spec
+
+from .harness import add_json, write_json
 
 
 def _rss() -> int:
@@ -143,7 +147,7 @@ def opacus_only(model, x, y, cs, dev):
         gsm._close()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--m", type=int, default=2000)
     ap.add_argument("--k", type=int, default=16)
@@ -151,8 +155,8 @@ def main() -> None:
     ap.add_argument("--chunk-size", type=int, default=None)
     ap.add_argument("--models", default="probe,resnet20")
     ap.add_argument("--skip-authors", action="store_true")
-    ap.add_argument("--json", default=None)
-    a = ap.parse_args()
+    add_json(ap)
+    a = ap.parse_args(argv)
     import logging
     import warnings
 
@@ -201,8 +205,7 @@ def main() -> None:
         report["models"][name] = {"params": p, "input": [spec.channels, spec.input_size, spec.input_size], "steps": rows}
         del xs, ys, model
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(report, f, indent=2)
+        write_json(a.json, report, indent=2)
         print(f"\nwrote {a.json}")
 
 

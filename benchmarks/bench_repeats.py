@@ -22,6 +22,9 @@ Results: JSON (``--json``), with ``os.getloadavg()`` before and after (the machi
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_repeats
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
 import itertools
 import json
@@ -38,6 +41,8 @@ from gsd_cli.gradients import resolve_device, select_parameters
 from gsd_cli.ranking import repeat_seed, sample_subspace
 from gsd_cli.subspace import projection_metric
 from probes import get_model_spec
+
+from .harness import add_json, add_seed, write_json
 
 
 def tau(a, b) -> float:
@@ -122,22 +127,22 @@ def table(paths: list[str]) -> None:
             print(f"timing {t['model']} m={t['m']} k={t['k']}: " + ", ".join(f"R={r}: {v:.1f} s" for r, v in t["seconds"].items()) + f" (load {load})")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="*", default=["fmnist-cnn", "probe"])
     ap.add_argument("--m", type=int, nargs="+", default=[250, 500, 1000, 2000])
     ap.add_argument("--k", type=int, nargs="+", default=[8, 16, 32])
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--seed", type=int, default=0)
+    add_seed(ap, 0, help="base seed: repeat r draws from gsd's repeat_seed(seed, r) (default 0)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--engine", default="vmap")
     ap.add_argument("--timing-model", nargs="*", default=[])
     ap.add_argument("--timing-m", type=int, default=500)
     ap.add_argument("--timing-k", type=int, default=16)
     ap.add_argument("--timing-repeats", type=int, nargs="+", default=[1, 5])
-    ap.add_argument("--json", default=None)
+    add_json(ap)
     ap.add_argument("--table", nargs="+", default=None, help="print markdown tables of saved JSON results and exit")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if a.table:
         return table(a.table)
     res = {
@@ -149,10 +154,7 @@ def main() -> None:
     def save():
         if a.json:
             res["loadavg_after"] = os.getloadavg()
-            tmp = a.json + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(res, f, indent=2)
-            os.replace(tmp, a.json)
+            write_json(a.json, res, indent=2, loadavg_before=res["loadavg_before"])  # a temporary file, then renamed
 
     for model in a.models:
         for m in a.m:

@@ -14,6 +14,9 @@ of ``--repeats`` fresh processes.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_rgp_memory
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
 import json
 import os
@@ -21,8 +24,9 @@ import platform
 import resource
 import statistics
 import subprocess
-import sys
 import time
+
+from .harness import add_json, child_env, module_command, write_json
 
 
 def child(model_name: str, method: str, rank: int, n: int) -> dict:
@@ -68,16 +72,16 @@ def child(model_name: str, method: str, rank: int, n: int) -> dict:
             "peak_increase_mib": (peak - base) / 1024, "seconds": seconds}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["fmnist-cnn", "resnet20", "mlp-1024"],
                     help="probes model names, or mlp-WIDTH (784 -> WIDTH -> WIDTH -> 10)")
     ap.add_argument("--ranks", nargs="+", type=int, default=[1, 4, 16])
     ap.add_argument("--n", type=int, default=128, help="examples per chunk")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--json", default=None)
+    add_json(ap)
     ap.add_argument("--child", nargs=4, metavar=("MODEL", "METHOD", "RANK", "N"), help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.child:
         m, meth, r, n = args.child
         print(json.dumps(child(m, meth, int(r), int(n))))
@@ -88,8 +92,8 @@ def main() -> None:
         for method, rank in [("dpsgd", 0)] + [("rgp", r) for r in args.ranks]:
             reps = []
             for _ in range(args.repeats):
-                out = subprocess.run([sys.executable, __file__, "--child", model, method, str(rank), str(args.n)],
-                                     capture_output=True, text=True, check=True)
+                out = subprocess.run(module_command(__spec__.name, "--child", model, method, str(rank), str(args.n)),
+                                     capture_output=True, text=True, check=True, env=child_env())
                 reps.append(json.loads(out.stdout.strip().splitlines()[-1]))
             row = dict(reps[0])
             row["peak_increase_mib"] = statistics.median(r["peak_increase_mib"] for r in reps)
@@ -102,8 +106,7 @@ def main() -> None:
     doc = {"settings": vars(args), "rows": rows, "platform": platform.platform(), "loadavg": os.getloadavg(),
            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "seconds": round(time.time() - t0, 1)}
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
+        write_json(args.json, doc, indent=2)
         print(f"wrote {args.json}")
 
 

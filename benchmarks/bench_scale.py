@@ -17,14 +17,18 @@ exceeds ``--max-gb`` is not run; the JSON says how much it would need. Load aver
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_scale
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
 import json
 import os
 import platform
 import resource
 import subprocess
-import sys
 import time
+
+from .harness import add_json, child_env, module_command, write_json
 
 STEPS = ("floor", "ghost", "materialize", "authors")
 
@@ -35,8 +39,7 @@ def _one(model_name: str, m: int, step: str, k: int, budget: str) -> dict:
 
     import torch
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from bench_rank import authors_path, chunks, floor, gsd_path
+    from .bench_rank import authors_path, chunks, floor, gsd_path
 
     from gsd_cli.data import draw
     from gsd_cli.ghost import ghost_subspace
@@ -83,7 +86,7 @@ def _one(model_name: str, m: int, step: str, k: int, budget: str) -> dict:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="probe,resnet20,resnet50")
     ap.add_argument("--m", default="500,2000")
@@ -92,9 +95,9 @@ def main() -> None:
     ap.add_argument("--memory-budget", default="4G")
     ap.add_argument("--max-gb", type=float, default=12.0, help="skip materialize/authors when their m x p matrices need more")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per step")
-    ap.add_argument("--json", default=None)
+    add_json(ap)
     ap.add_argument("--one", nargs=3, metavar=("MODEL", "M", "STEP"), help=argparse.SUPPRESS)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if a.one:
         print("RESULT " + json.dumps(_one(a.one[0], int(a.one[1]), a.one[2], a.k, a.memory_budget)))
         return
@@ -123,9 +126,9 @@ def main() -> None:
                 else:
                     try:
                         r = subprocess.run(
-                            [sys.executable, __file__, "--one", name, str(m), step, "--k", str(a.k),
-                             "--memory-budget", a.memory_budget],
-                            capture_output=True, text=True, timeout=a.timeout,
+                            module_command(__spec__.name, "--one", name, str(m), step, "--k", str(a.k),
+                                           "--memory-budget", a.memory_budget),
+                            capture_output=True, text=True, timeout=a.timeout, env=child_env(),
                         )
                         res = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
                         if res:
@@ -140,8 +143,7 @@ def main() -> None:
                 print(json.dumps(show), flush=True)
                 if a.json:
                     _ratios(report)
-                    with open(a.json, "w") as f:
-                        json.dump(report, f, indent=2)
+                    write_json(a.json, report, indent=2, loadavg_before=report["loadavg_start"])
 
 
 def _ratios(report: dict) -> None:

@@ -25,8 +25,10 @@ little more than that the code runs; the speed-up needs as many free cores as wo
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_scale_out
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
-import importlib
 import json
 import math
 import os
@@ -37,6 +39,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from .harness import add_json, write_json
 
 HERE = Path(__file__).resolve().parent
 
@@ -166,14 +170,11 @@ def estimate(image_s: float, n: int = 1000, gpus: int = 16, m: int = 2000, cpus_
     }
 
 
-def training_part(argv: list[str]) -> dict | None:
-    """``benchmarks/scale_out_training.py``'s ``run(parser().parse_args(argv))``, if the file is there yet."""
-    path = HERE / "scale_out_training.py"
-    if not path.exists():
-        print(f"--part training: skipped, {path.relative_to(HERE.parent)} is not there yet", flush=True)
-        return None
-    sys.path.insert(0, str(HERE))  # imported by name: its spawned workers import it so too
-    mod = importlib.import_module("scale_out_training")
+def training_part(argv: list[str]) -> dict:
+    """``benchmarks/scale_out_training.py``'s ``run(parser().parse_args(argv))`` (its spawned workers import
+    it by name, ``benchmarks.scale_out_training``, from this process's ``sys.path``)."""
+    from . import scale_out_training as mod
+
     return mod.run(mod.parser().parse_args(argv))
 
 
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default="fmnist-cnn")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--png-images", type=int, default=32, help="PNGs read for the per-image time of the estimate")
-    ap.add_argument("--json", default=None)
+    add_json(ap)
     args, rest = ap.parse_known_args(argv)
     out = {}
     if args.part in ("catalogue", "all"):
@@ -199,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.part in ("training", "all"):
         out["training"] = training_part(rest)
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+        write_json(args.json, out)
         print(f"wrote {args.json}", file=sys.stderr)
 
 

@@ -20,6 +20,9 @@ Reports accuracy mean +- sd per candidate and Spearman / Kendall between mean GS
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_second_phase
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
 import json
 import os
@@ -36,6 +39,8 @@ from gsd_cli.data import DEFAULT_PUBLIC, resolve, to_model_input
 from gsd_cli.gradients import default_loss
 from gsd_cli.ranking import rank
 from gsd_cli.train import TrainConfig, train
+
+from .harness import add_json, write_json
 
 PEFT = "conv2,fc1,fc2"
 
@@ -67,7 +72,7 @@ def pretrain(path: Path, dataset: str, epochs: int, seed: int) -> dict:
     return {"dataset": dataset, "epochs": epochs, "train_accuracy": acc, "seconds": round(time.perf_counter() - t0, 1)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--publics", nargs="+", default=list(DEFAULT_PUBLIC))
@@ -85,8 +90,8 @@ def main() -> None:
     ap.add_argument("--labels", choices=("random", "own"), default="random", help="labels of the GSD gradients")
     ap.add_argument("--reuse-runs", type=Path, default=None,
                     help="take the trainings (accuracies) from this result file of the same settings; compute only GSD")
-    ap.add_argument("--json", type=Path, default=None)
-    args = ap.parse_args()
+    add_json(ap)
+    args = ap.parse_args(argv)
     t_all = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="gsd-bench-2p-"))
     weights = tmp / "fmnist-cnn-textures.safetensors"
@@ -147,7 +152,7 @@ def main() -> None:
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "torch": torch.__version__, "platform": platform.platform(),
     }
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.json, result, indent=2)
         print("wrote", args.json)
 
 

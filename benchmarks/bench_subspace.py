@@ -23,6 +23,9 @@ decaying spectrum, an isotropic bulk, unit rows), generated in float32 by blocks
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_subspace
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
 import json
 import math
@@ -32,6 +35,8 @@ import time
 
 import numpy as np
 import torch
+
+from .harness import add_json, write_json
 
 
 def real_gradients(model: str, datasets: list[str], m: int, seed: int = 0, chunk: int = 64) -> torch.Tensor:
@@ -117,7 +122,7 @@ def study(G: torch.Tensor, k: int, skip_exact_above: int | None, repeats: int = 
     return row
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--m", type=int, nargs="+", default=[500, 1000, 2000, 4000, 8000])
     ap.add_argument("--k", type=int, default=16)
@@ -128,8 +133,9 @@ def main() -> None:
     ap.add_argument("--skip-exact-above", type=int, default=None, help="time only the randomized method above this m")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=1, help="time each method this many times, keep the fastest")
-    ap.add_argument("--json", default=None)
-    a = ap.parse_args()
+    add_json(ap)
+    a = ap.parse_args(argv)
+    np.seterr(all="ignore")
     if a.threads:
         torch.set_num_threads(a.threads)
     mmax = max(a.m)
@@ -166,11 +172,9 @@ def main() -> None:
         print(f"| {r['m']} | {r['p']} | {r.get('exact_s', '-')} | {r['randomized_s']} | {r.get('speedup', '-')} | "
               f"{r['passes32']} / {r['passes64']} | {change:.1e} | {r.get('s_k_over_s_k1') or float('nan'):.4f} |")
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+        write_json(a.json, out, indent=1)
         print(f"wrote {a.json}")
 
 
 if __name__ == "__main__":
-    np.seterr(all="ignore")
     main()

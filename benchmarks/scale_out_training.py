@@ -19,17 +19,18 @@ the namespace of :func:`parser` (``run(None)``: the defaults).
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:  # run as a file: as python -m benchmarks.scale_out_training
+    import _rerun  # noqa: F401 (benchmarks/_rerun.py; never returns)
+
 import argparse
-import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # spawned workers import this module by name
+from .harness import add_json, write_json
 
 
 def parser() -> argparse.ArgumentParser:
@@ -45,7 +46,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--anchor-every", type=int, default=1, help="GEP: recompute the anchor basis every N steps")
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads per process")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--json", default=None)
+    add_json(ap)
     return ap
 
 
@@ -113,11 +114,10 @@ def run(args: argparse.Namespace | None = None) -> dict:
     }
 
 
-def main() -> None:
-    args = parser().parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     doc = run(args)
-    if args.json:
-        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(args.json, doc, indent=2, loadavg_before=doc["loadavg_start"])
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import sys
 
 
 from .large import METHOD_SETTINGS, SETTINGS, TASKS, run_file, train_one
+from .large_stats import _fmt, interval
 
 VARIANT = "gsd-defaults"
 
@@ -80,8 +81,6 @@ EPOCHS10 = {"epochs": 10}
 def table(seeds, epsilons, ov=overrides) -> str:
     import json
 
-    from .large_score import _fmt, interval
-
     lines = ["| task (epsilon) | DP-SGD alone | GEP with the same-distribution set | gain | second phase with it | gain |",
              "|---|---|---|---|---|---|"]
     for eps in epsilons:
@@ -110,14 +109,14 @@ def table(seeds, epsilons, ov=overrides) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--epsilons", nargs="+", type=float, default=[2.0])
     ap.add_argument("--candidates", choices=("same", "all"), default="same")
     ap.add_argument("--table", action="store_true")
     ap.add_argument("--epochs10", action="store_true", help="the grid's settings at 10 epochs (EPOCHS10) instead of gsd's defaults")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     ov = (lambda m: dict(EPOCHS10)) if a.epochs10 else overrides
     if not a.table:
         run(a.seeds, a.epsilons, a.candidates, ov)

@@ -11,7 +11,7 @@ that rule cannot be applied. This module calibrates the same kind of rule on the
    draw from the seed, cached; the sensitivity Lambda and m of each ranking kept.
 2. :func:`build_dp`: the same cells as the GSD rule (every candidate at every epsilon of the training
    runs, "would it, were it the winner, beat DP-SGD?"), read with the energy distance; the threshold
-   with the fewest wrong decisions on the selection tasks (:func:`.large_score.calibrate`), its errors
+   with the fewest wrong decisions on the selection tasks (:func:`.large_stats.calibrate`), its errors
    on the held-out task.
 3. The rule reads the *released* distance, noised at the selection's epsilon: the released energy is
    s_j + L with L ~ Laplace(2 C^2 Lambda / epsilon), so d~^2 = d^2 - L / (m C^2) (clamped at 0), and
@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from .large import HELD_OUT, METHODS, SELECTION, TASKS, register
-from .large_score import ROOT, calibrate, evaluate, missing
+from .large_stats import ROOT, calibrate, evaluate, missing
 
 RANKS = ROOT / "validity" / "large_ranks_energy"
 #: auto-select's private ranking (gsd train --rank-model/--rank-k/--rank-examples, gsd rank --dp's clip)

@@ -15,7 +15,6 @@ and separately on the held-out task's.
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from pathlib import Path
@@ -23,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from .large import EPSILONS, FAMILIES, HELD_OUT, KIND, METHODS, SELECTION, SETTINGS, TASKS, load_runs, register
+from .large_stats import ROOT, _acc, _fmt, calibrate, evaluate, interval, missing  # noqa: F401 (the shared pieces, also named here)
 
-ROOT = Path(__file__).resolve().parents[1] / "results"
 RANKS = ROOT / "validity" / "large_ranks"
 OUT = ROOT / "downstream_cpu.json"
 #: auto-select's ranking defaults (gsd train --rank-model/--rank-k/--rank-examples)
@@ -54,15 +53,6 @@ def rank_all(tasks=None, seeds=(0, 1, 2)) -> None:
         print(f"{task} s{seed}: {doc['distance']} ({doc['seconds']} s)", flush=True)
 
 
-def missing(tasks, seeds, path_of):
-    """(task, seed, cache file) of the rankings not cached yet."""
-    for task in tasks or TASKS:
-        for seed in seeds:
-            f = path_of(task, seed)
-            if not f.is_file():
-                yield task, seed, f
-
-
 def distances(task: str) -> dict[int, dict[str, float]]:
     out = {}
     for f in sorted(RANKS.glob(f"{task}-s*.json")):
@@ -70,54 +60,6 @@ def distances(task: str) -> dict[int, dict[str, float]]:
         if d["task"] == task and d["settings"] == RANK:
             out[d["seed"]] = d["distance"]
     return out
-
-
-def interval(v: list[float]) -> dict:
-    """Mean, sd and the 95% t-interval of the mean over seeds."""
-    from scipy.stats import t
-
-    v = [float(x) for x in v]
-    n = len(v)
-    m = float(np.mean(v))
-    if n < 2:
-        return {"mean": m, "sd": None, "ci": None, "n": n}
-    sd = float(np.std(v, ddof=1))
-    h = float(t.ppf(0.975, n - 1) * sd / math.sqrt(n))
-    return {"mean": m, "sd": sd, "ci": [m - h, m + h], "n": n}
-
-
-def _acc(runs, task, method, eps):
-    out: dict[str | None, dict[int, float]] = {}
-    for r in runs:
-        if r["task"] == task and r["method"] == method and r["epsilon_target"] == eps:
-            out.setdefault(r["public"], {})[r["seed"]] = r["accuracy"]
-    return out
-
-
-def calibrate(cells: list[dict]) -> dict:
-    """The threshold t on the winner's distance with the fewest wrong decisions over ``cells``
-    ({distance, gain}); "use public data" iff distance <= t. Candidates: every midpoint between
-    sorted distances, and below all (never use public data)."""
-    ds = sorted({c["distance"] for c in cells})
-    cand = [ds[0] - 1e-6] + [(a + b) / 2 for a, b in zip(ds, ds[1:])] + [ds[-1] + 1e-6]
-    best = None
-    for t in cand:
-        wrong = sum((c["distance"] <= t) != (c["gain"] > 0) for c in cells)
-        if best is None or wrong < best[1]:
-            best = (t, wrong)
-    t, wrong = best
-    return {"threshold": round(float(t), 4), **evaluate(t, cells)}
-
-
-def evaluate(t: float, cells: list[dict]) -> dict:
-    """The rule "use public data iff distance <= t" on ``cells``: wrong decisions, and ``gain``, the mean
-    accuracy gain over DP-SGD alone (in points) of the cells where it uses public data (None: none),
-    which auto-select compares between methods."""
-    used = [c["gain"] for c in cells if c["distance"] <= t]
-    return {"errors": sum((c["distance"] <= t) != (c["gain"] > 0) for c in cells), "cells": len(cells),
-            "false_use": sum(c["distance"] <= t and c["gain"] <= 0 for c in cells),
-            "false_fallback": sum(c["distance"] > t and c["gain"] > 0 for c in cells),
-            "gain": round(100 * float(np.mean(used)), 2) if used else None, "used": len(used)}
 
 
 #: the truth's seeds (the tuning runs, seed 10, chose the settings and are not part of it)
@@ -204,12 +146,6 @@ def build(seeds=SEEDS, variant: str | None = None, epsilons=EPSILONS) -> dict:
     if any(energy(task) for task in TASKS):  # the private selection's rule (validity/dp_rule.py), where ranked
         doc["dp_rule"] = build_dp(doc)
     return doc
-
-
-def _fmt(iv: dict) -> str:
-    if iv["ci"] is None:
-        return f"{100 * iv['mean']:.1f}"
-    return f"{100 * iv['mean']:.1f} [{100 * iv['ci'][0]:.1f}, {100 * iv['ci'][1]:.1f}]"
 
 
 def tables(doc: dict) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from .large import KIND, TASKS
+from .large_stats import _acc, _fmt, interval
 
 #: scenario -> the kinds of candidate (large.KIND) a user has
 SCENARIOS = {
@@ -34,8 +35,6 @@ def scenarios(doc: dict, runs: list[dict], figures: dict, dp: bool = False) -> l
     thresholds; ``same_decision_eps1`` is the probability that the released distance at selection
     epsilon 1 gives the same decision for that winner (:func:`.dp_rule.use_probability`)."""
     from gsd_cli.train.fallback import by_gain, choose
-
-    from .large_score import _acc, interval
 
     rank = {**figures["rule_dp"]["rank"], "epsilon": 1.0} if dp else figures["rank"]
     favoured = (by_gain((figures.get("rule_dp") or {}).get("rule") if dp else figures.get("rule") or {}) or ["gep"])[0]
@@ -86,8 +85,6 @@ def _same_decision(doc: dict, figures: dict, task: str, d: float, decision) -> f
 
 
 def table(rows: list[dict], what: str = "GSD") -> str:
-    from .large_score import _fmt
-
     lines = [f"| task | candidates | winner ({what}) | --method auto | accuracy | DP-SGD alone | gain [95% CI] | right? |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -107,8 +104,6 @@ def noise_limited(runs: list[dict], epsilon: float = 0.5) -> list[dict]:
     """Where DP noise, not the three epochs, limits accuracy: DP-SGD alone against GEP and the second
     phase with each task's same-distribution set at a small epsilon (``bench_downstream.py train
     --epsilons 0.5 --first 1``), paired gains over the seeds run."""
-    from .large_score import _acc, interval
-
     rows = []
     for task, (_, _, cands) in TASKS.items():
         base = _acc(runs, task, "dpsgd", epsilon).get(None, {})
@@ -126,8 +121,6 @@ def noise_limited(runs: list[dict], epsilon: float = 0.5) -> list[dict]:
 
 
 def noise_limited_table(rows: list[dict]) -> str:
-    from .large_score import _fmt
-
     lines = ["| task (epsilon) | DP-SGD alone | GEP with the same-distribution set | gain | second phase with it | gain |",
              "|---|---|---|---|---|---|"]
     for r in rows:

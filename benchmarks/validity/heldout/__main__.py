@@ -1,14 +1,15 @@
-"""python -m validity.heldout (from benchmarks/): prepare | split | rank | run | score | all."""
+"""python -m benchmarks validity.heldout (from the repository's root; python -m validity.heldout from benchmarks/):
+prepare | split | rank | run | score | all."""
 
 from __future__ import annotations
 
 import argparse
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     from .tasks import ROUND_STAGES, ROUNDS
 
-    ap = argparse.ArgumentParser(prog="python -m validity.heldout", description="the held-out benchmark of issue 42")
+    ap = argparse.ArgumentParser(prog=f"python -m {__package__}", description="the held-out benchmark of issue 42")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("prepare", help="build the npz files (benchmark-only packages)").add_argument("--force", action="store_true")
     sub.add_parser("split", help="write split.json (once, before any run)")
@@ -28,7 +29,7 @@ def main() -> None:
     s.add_argument("--update-package", action="store_true",
                    help="also write gsd_cli/report/heldout.json (the validity note under gsd rank's GSD tables)")
     sub.add_parser("all", help="rank, tune, run and score both stages in order")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     import os
 
     from .prepare import data_dir

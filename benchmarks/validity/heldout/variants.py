@@ -173,13 +173,13 @@ def markdown(doc: dict) -> str:
     return "\n".join(L) + "\n"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m validity.heldout.variants")
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog=f"python -m {__spec__.name}")
     ap.add_argument("--tasks", nargs="+", default=[*ROUND1, *ROUND2, *ROUND3, *ROUND4])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     ap.add_argument("--compute-only", action="store_true", help="run the probes, do not score (a task's probe must be cached first: rank --probe)")
     ap.add_argument("--out", default="heldout_probe_variants", help="results/<OUT>.{json,md} (round 5, held out: heldout_probe_variants_round5)")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     torch.set_num_threads(1)
     register()
     for task in a.tasks:

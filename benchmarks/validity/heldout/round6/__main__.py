@@ -1,4 +1,5 @@
-"""python -m validity.heldout.round6 (from benchmarks/): split6 | tune | run | score."""
+"""python -m benchmarks validity.heldout.round6 (from the repository's root; python -m validity.heldout.round6 from
+benchmarks/): split6 | tune | run | score."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ def _part(text: str) -> tuple[int, int]:
     return i, n
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m validity.heldout.round6", description="round 6 of the held-out benchmark (issue 52)")
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog=f"python -m {__package__}", description="round 6 of the held-out benchmark (issue 52)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("split6", help="write split6.json: the protocol, once, before any run")
     for name, what in (("tune", "the tuning grid on the selection tasks -> tuned6.json"), ("run", "every cell of round 6")):
@@ -22,7 +23,7 @@ def main() -> None:
         p.add_argument("--part", type=_part, default=(1, 1), help="I/N: only every N-th job from the I-th (parallel processes)")
     sc = sub.add_parser("score", help="figures and verdicts: benchmarks/results/heldout6_scores.{json,md}")
     sc.add_argument("--update-package", action="store_true", help="also write gsd_cli/report/heldout6.json (gsd rank's validity note)")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     from ..prepare import data_dir
 
     os.environ.setdefault("GSD_LEDGER", str(data_dir() / "ledger.sqlite"))  # the benchmark's bookings, not the user's ledger

@@ -37,7 +37,6 @@ import importlib.util
 import io
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -504,7 +503,18 @@ def register() -> None:
         register_dataset(n, functools.partial(npz_source, d / f"{n}.npz", n))
 
 
-if __name__ == "__main__":
-    args = sys.argv[1:]
-    for k, v in build([a for a in args if a != "--force"] or None, force="--force" in args).items():
+def main(argv: list[str] | None = None) -> None:
+    """``python -m validity.heldout.round6.prepare6 [BUILDER...] [--force]``: build the npz files (every builder's,
+    or those of the BUILDERs named) and print each set's examples."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description="build round 6's npz files (SOURCES.md)")
+    ap.add_argument("builders", nargs="*", metavar="BUILDER", help=f"only these (default: all of {', '.join(sorted(BUILDERS))})")
+    ap.add_argument("--force", action="store_true", help="rebuild where the files exist")
+    a = ap.parse_intermixed_args(argv)  # BUILDERs and --force in any order, as before
+    for k, v in build(a.builders or None, force=a.force).items():
         print(f"{k}\t{v}")
+
+
+if __name__ == "__main__":
+    main()
