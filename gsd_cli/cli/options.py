@@ -87,3 +87,20 @@ def force_option():
 
 def deterministic_noise_option():
     return typer.Option(False, "--deterministic-noise", help="Deprecated: --insecure-seed equal to --seed.")
+
+
+def with_options(table: dict):
+    """A typer command ``fn(ctx, **options)`` that takes the options of ``table`` (name -> (type, typer option or
+    argument)), as if each were a parameter of its signature: the command's options stay a table (data), and its
+    body short. Typer reads the signature (``inspect.signature`` honours ``__signature__``)."""
+    import inspect
+
+    def decorate(fn):
+        P = inspect.Parameter
+        params = [P("ctx", P.POSITIONAL_OR_KEYWORD, annotation=typer.Context)]
+        params += [P(name, P.KEYWORD_ONLY, default=default, annotation=kind) for name, (kind, default) in table.items()]
+        fn.__signature__ = inspect.Signature(params, return_annotation=None)
+        fn.__annotations__ = {"ctx": typer.Context, **{name: kind for name, (kind, _) in table.items()}, "return": None}
+        return fn
+
+    return decorate

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from dataclasses import dataclass
+from pathlib import Path
 
 from .. import data as gdata
 from ..errors import GSDError
@@ -279,3 +280,17 @@ def validate(cfg: TrainConfig) -> None:
             raise GSDError("--k, --public-examples and --power-iters must be at least 1")
     check_anchor_every(cfg.anchor_every)
     check_anchor_batch(cfg.anchor_batch)
+
+
+def resumed_config(run: Path, given: dict) -> TrainConfig:
+    """The settings of the interrupted run in folder ``run`` (its checkpoint's, or stage 1's before the first
+    checkpoint; a run saved before a setting's default changed keeps its old value, :data:`SAVED_BEFORE`), with
+    ``given`` (the settings typed again, e.g. another ``--clip-engine``) instead: the training checks them against the
+    run's (:func:`check_resume_settings` refuses any that changes the mechanism). A folder with no run: one line."""
+    from .checkpoint import load_meta, prepare_run_dir
+    from .second_phase import run_settings
+
+    prepare_run_dir(run, resume=True)  # "no gsd run in DIR: ..." before any setting is read
+    saved = load_meta(run).get("settings", {}) if (run / "checkpoint.json").is_file() else run_settings(run)
+    merged = {**SAVED_BEFORE, **saved, **given}
+    return TrainConfig(**{k: v for k, v in merged.items() if k in TrainConfig.__dataclass_fields__})

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -252,3 +253,75 @@ def forced_note(private: str, public: str, method: str, decision, *, private_tes
     if not reasons:
         return None
     return f"--no-fallback: training {method} with {public} " + "; ".join(reasons)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What ``gsd train --auto-select`` trains, from :func:`plan`: ``config`` (the run's settings with the method,
+    public set and distance decided), the ``ranking`` (references apart), the advice's ``decision`` (None: none, as
+    under ``--select-epsilon --no-fallback``), the ``selection`` record the training books and summarises
+    (``Ranking.to_dict()`` with ``advice`` and, under DP, ``dp_winner``), ``error`` (the run must stop: an explicit
+    method the advice refused) and ``warning`` (``--no-fallback`` trains against, or without, the advice).
+    ``public``: whether the selection is a DP release (its figures may be shown on public lines)."""
+
+    config: Any
+    ranking: Ranking
+    decision: Any
+    selection: dict
+    public: bool
+    error: str | None = None
+    warning: str | None = None
+
+
+def refusal(decision, public: bool) -> str:
+    """The error of a refused explicit method: the advice's message when the selection is public (DP), else one
+    that names no private figure (they were told on the ``private:`` line of the advice)."""
+    if public:
+        return decision.message
+    return (f"--method {decision.method}: no candidate it can use passed the advice (the figures are on the private: line "
+            "above); train with --method dpsgd, or add --no-fallback to train with the closest anyway")
+
+
+def plan(config, private: str, candidates: Sequence[str], *, fallback: bool = True, select_epsilon: float | None = None,
+         rank_repeats: int | None = None, probe_repeats: int = 3, private_test: str | None = None, catalog=None, classes=None,
+         notify=None, **rank_options) -> Plan:
+    """``gsd train --auto-select``'s ranking and decision for ``config`` (a :class:`gsd_cli.train.TrainConfig`):
+    :func:`advised_selection` (the feature probe first, ``gate="helping"``, when it follows the advice), then the
+    decision applied: with ``fallback`` the advice's method and public set (an explicit method it refuses: ``error``),
+    without it the closest candidate whatever the advice (``warning`` says so where they differ). ``select_epsilon``:
+    the DP selection on GSD at that epsilon (``rank_options`` gets ``dp``, ``epsilon``); the DP feature probe is
+    :func:`dp_advised_selection`. ``rank_options``: :func:`gsd_cli.ranking.rank`'s (model, k, examples, seed, device,
+    cache, progress...). The returned ``config`` is checked when it trains (:func:`gsd_cli.train.config.validate`)."""
+    from .advice import is_reference
+
+    dp = select_epsilon is not None
+    if dp:
+        rank_options.update(dp=True, epsilon=select_epsilon, insecure_seed=config.private_seed)
+    if classes is not None:
+        rank_options.update(classes=classes)
+    ranking, decision = advised_selection(private, candidates, config.method, private_test=private_test, catalog=catalog,
+                                          repeats=rank_repeats, references=fallback or not dp,
+                                          train_settings=config if probe_repeats else None, probe_repeats=probe_repeats or None,
+                                          notify=notify, gate="helping" if fallback else "all", **rank_options)
+    selection = ranking.to_dict()
+    if dp:  # the DP winner and its released score: what a decision may read (DP releases only)
+        from ..distance.dpselect import released_winner
+
+        selection["dp_winner"] = released_winner(ranking)
+    if decision is not None:
+        selection["advice"] = decision.to_dict()
+    if fallback:
+        if decision.refused:
+            return Plan(config, ranking, decision, selection, dp, error=refusal(decision, dp))
+        config = replace(config, method=decision.method, public=decision.public,
+                         public_distance=decision.distance if decision.public is not None else None)
+        return Plan(config, ranking, decision, selection, dp)
+    # --no-fallback: the closest candidate whatever the advice, said in a warning when the advice differs
+    closest = next((r for r in ranking if not is_reference(r.public)), None)
+    method = config.method
+    if method == "auto":
+        method = decision.method if decision is not None and decision.public is not None else "gep"
+    config = replace(config, method=method, public=closest.public, public_distance=closest.distance)
+    note = forced_note(private, closest.public, method, decision, private_test=private_test, catalog=catalog, classes=classes,
+                       advice=None if dp else "on the private: line above")
+    return Plan(config, ranking, decision, selection, dp, warning=note)
