@@ -46,6 +46,7 @@ from torch import nn
 from ..errors import GSDError
 from ..privacy import calibrate_noise, epsilon_of, training_event
 from .bound import AuditResult, audit_epsilon
+from .canaries import AuditedRun, likelihood_ratio, place_canaries, run_trials
 
 BUGS = ("noise-halved", "noise-quartered", "no-clip", "gep-no-residual-noise", "noise-x0.9", "noise-x0.8", "noise-x0.7")
 #: the factor of every noise std under each noise bug
@@ -110,6 +111,93 @@ def _synthetic(n: int, d_in: int, classes: int, seed: int) -> tuple[torch.Tensor
     return torch.randn(n, d_in, generator=g), torch.randint(0, classes, (n,), generator=g)
 
 
+def _check_arguments(canaries: int, steps: int, sampling_rate: float, model, data, insecure_seed: int | None) -> None:
+    """Refuse an audit that cannot run, before any work."""
+    from ..privacy.randomness import check_insecure_seed
+
+    check_insecure_seed(insecure_seed)
+    if canaries < 2:
+        raise GSDError(f"--canaries must be at least 2 (got {canaries})")
+    if steps < 1:
+        raise GSDError(f"--steps must be at least 1 (got {steps})")
+    if not 0 < sampling_rate <= 1:
+        raise GSDError(f"--sampling-rate must be in (0, 1] (got {sampling_rate})")
+    if (model is None) != (data is None):
+        raise GSDError("give both the model and its data, or neither (the default Linear model on synthetic inputs)")
+
+
+def _audited_model(cfg, canaries: int, spread: int, model, names, data, examples: int, classes: int) -> AuditedRun:
+    """The audited model (default: :func:`audit_model`, wide enough for the canaries), its trained
+    parameters ``names`` (default: all) and its data (default: ``examples`` synthetic inputs)."""
+    if model is None:
+        need = canaries * spread
+        if cfg.sparsify:
+            need = math.ceil(need / (1 - cfg.sparsify)) + 8
+        if cfg.method == "rgp":  # the carrier vector r (p_out + d_in) + p_out must hold the canaries
+            need = classes * (math.ceil(canaries / max(1, cfg.rgp_rank)) + 1)
+        model = audit_model(need, classes)
+    names = list(names) if names is not None else [n for n, p in model.named_parameters() if p.requires_grad]
+    params = dict(model.named_parameters())
+    num_params = sum(params[n].numel() for n in names)
+    if data is None:
+        d_in = model[1].in_features
+        data = _synthetic(examples, d_in, classes, cfg.seed)
+    x_data, y_data = data
+    return AuditedRun(model, names, params, num_params, x_data, y_data)
+
+
+def _anchor_grads(model_, x, y, names_):
+    """GEP's anchor gradients (per example, on the CPU)."""
+    from ..gradients import gradient_matrix
+
+    return gradient_matrix(model_, [(x, y)], x.shape[0], names_, None, "vmap", "cpu", "none")
+
+
+def _calibrate(run: AuditedRun, cfg, public_x, classes: int, sampling_rate: float, steps: int, bug: str | None, book) -> None:
+    """Build the method at the sigma :func:`~gsd_cli.privacy.calibrate_noise` gives for (epsilon, delta,
+    q, T), check its chain's noise is the accounted one (as ``gsd train``), book the run (``book``),
+    inject ``bug`` and put the RGP tap in: fills in ``run``'s method, sigma, claim and chain."""
+    from ..train.gep import Anchor, split_groups
+    from ..train.methods import build_method
+    from ..train.rgp import RGPReconstruct
+    from ..train.transforms import Chain, chain_step_event
+
+    model, names, params = run.model, run.names, run.params
+    anchor = None
+    if cfg.method == "gep":
+        if public_x is None:
+            public_x = _synthetic(max(cfg.k, 32), run.x_data.shape[1], classes, cfg.seed + 1)[0]
+        sizes = [params[n].numel() for n in names]
+        anchor = Anchor(public_x, classes, cfg.k, split_groups(names, sizes, None), cfg.power_iters, cfg.seed, _anchor_grads)
+    probe = build_method(cfg, 1.0, anchor, model=model, names=names)
+    sigma = calibrate_noise(probe.step_event, cfg.epsilon, cfg.delta, sampling_rate, steps, cfg.accountant)
+    method = build_method(cfg, sigma, anchor, model=model, names=names, rgp=probe.details.get("rgp_state"))
+    chain_step_event(method.chain)  # the same check as gsd train: the chain's noise is the accounted one
+    claimed = epsilon_of(training_event(method.step_event(sigma), sampling_rate, steps), cfg.delta, cfg.accountant)
+    if book is not None:  # before any step: refused past the data set's budget
+        book(training_event(method.step_event(sigma), sampling_rate, steps), claimed)
+    claimed_releases = method.chain.releases()  # what the auditor knows: the claimed noise, not a bug's
+    inject_bug(method.chain, bug)
+    tap = None
+    transforms = list(method.chain.transforms)
+    if cfg.method == "rgp":
+        tap = _Tap()
+        at = next(i for i, t in enumerate(transforms) if isinstance(t, RGPReconstruct))
+        transforms.insert(at, tap)
+    run.method, run.sigma, run.claimed, run.claimed_releases = method, sigma, claimed, claimed_releases
+    run.chain, run.transforms, run.tap = Chain(*transforms), transforms, tap
+
+
+def _secrets(canaries: int, insecure_seed: int | None) -> tuple[np.ndarray, int]:
+    """Secret randomness: who is in, and the training's seed (as gsd train draws its noise seed)."""
+    from ..privacy.randomness import private_rng
+
+    rng = private_rng("audit", insecure_seed)
+    included = rng.random(canaries) < 0.5
+    noise_seed = int(rng.integers(2**63)) if insecure_seed is not None else secrets.randbits(128)
+    return included, noise_seed
+
+
 def audit_training(
     cfg,
     *,
@@ -138,157 +226,25 @@ def audit_training(
     ``bug``: one of :data:`BUGS`, injected after the noise is calibrated and checked (so the claim
     is the correct code's). Private randomness from the OS unless ``insecure_seed``. ``book(event,
     epsilon)``: called with the audited run's dp-accounting event before any step (real private
-    examples: :func:`gsd_cli.privacy.budget.audit_booking` books it in the privacy ledger)."""
-    from ..gradients import gradient_matrix
-    from ..train.gep import Anchor, split_groups
-    from ..train.loop import private_randomness, private_step
-    from ..train.methods import build_method
-    from ..train.rgp import RGPReconstruct
-    from ..train.sparsify import RandomSparsify
-    from ..train.transforms import Chain, StepContext, chain_step_event
-    from ..privacy.randomness import check_insecure_seed, private_rng
+    examples: :func:`gsd_cli.privacy.budget.audit_booking` books it in the privacy ledger).
 
-    check_insecure_seed(insecure_seed)
-    if canaries < 2:
-        raise GSDError(f"--canaries must be at least 2 (got {canaries})")
-    if steps < 1:
-        raise GSDError(f"--steps must be at least 1 (got {steps})")
-    if not 0 < sampling_rate <= 1:
-        raise GSDError(f"--sampling-rate must be in (0, 1] (got {sampling_rate})")
+    The stages: the audited run (:func:`_audited_model`, :func:`_calibrate`), the secret draws
+    (:func:`_secrets`), the canaries (:func:`~.canaries.place_canaries`), the trials
+    (:func:`~.canaries.run_trials`) and the bound (:func:`~.bound.audit_epsilon`)."""
+    _check_arguments(canaries, steps, sampling_rate, model, data, insecure_seed)
     method_name = cfg.method + ("+rs" if cfg.sparsify else "")
-    if (model is None) != (data is None):
-        raise GSDError("give both the model and its data, or neither (the default Linear model on synthetic inputs)")
     spread = TOPAGG_SPREAD if cfg.method == "topagg" else 1
-    if model is None:
-        need = canaries * spread
-        if cfg.sparsify:
-            need = math.ceil(need / (1 - cfg.sparsify)) + 8
-        if cfg.method == "rgp":  # the carrier vector r (p_out + d_in) + p_out must hold the canaries
-            need = classes * (math.ceil(canaries / max(1, cfg.rgp_rank)) + 1)
-        model = audit_model(need, classes)
-    names = list(names) if names is not None else [n for n, p in model.named_parameters() if p.requires_grad]
-    params = dict(model.named_parameters())
-    num_params = sum(params[n].numel() for n in names)
-    if data is None:
-        d_in = model[1].in_features
-        data = _synthetic(examples, d_in, classes, cfg.seed)
-    x_data, y_data = data
-    n_data = x_data.shape[0]
-
-    def grads(model_, x, y, names_):
-        return gradient_matrix(model_, [(x, y)], x.shape[0], names_, None, "vmap", "cpu", "none")
-
-    anchor = None
-    if cfg.method == "gep":
-        if public_x is None:
-            public_x = _synthetic(max(cfg.k, 32), x_data.shape[1], classes, cfg.seed + 1)[0]
-        sizes = [params[n].numel() for n in names]
-        anchor = Anchor(public_x, classes, cfg.k, split_groups(names, sizes, None), cfg.power_iters, cfg.seed, grads)
-    probe = build_method(cfg, 1.0, anchor, model=model, names=names)
-    sigma = calibrate_noise(probe.step_event, cfg.epsilon, cfg.delta, sampling_rate, steps, cfg.accountant)
-    method = build_method(cfg, sigma, anchor, model=model, names=names, rgp=probe.details.get("rgp_state"))
-    chain_step_event(method.chain)  # the same check as gsd train: the chain's noise is the accounted one
-    claimed = epsilon_of(training_event(method.step_event(sigma), sampling_rate, steps), cfg.delta, cfg.accountant)
-    if book is not None:  # before any step: refused past the data set's budget
-        book(training_event(method.step_event(sigma), sampling_rate, steps), claimed)
-    claimed_releases = method.chain.releases()  # what the auditor knows: the claimed noise, not a bug's
-    inject_bug(method.chain, bug)
-    tap = None
-    transforms = list(method.chain.transforms)
-    if cfg.method == "rgp":
-        tap = _Tap()
-        at = next(i for i, t in enumerate(transforms) if isinstance(t, RGPReconstruct))
-        transforms.insert(at, tap)
-    chain = Chain(*transforms)
-
-    # secret randomness: who is in, and the training's seed (as gsd train draws its noise seed)
-    rng = private_rng("audit", insecure_seed)
-    included = rng.random(canaries) < 0.5
-    noise_seed = int(rng.integers(2**63)) if insecure_seed is not None else secrets.randbits(128)
-
-    # canary directions: coordinates of the per-example parts the chain starts from
-    width = method.per_sample.width if method.per_sample is not None else num_params
-    ctx0 = StepContext(step=0, model=model, names=names, epoch=0, epochs=1)
-    allowed = np.arange(width)
-    if cfg.sparsify:
-        rs = next(t for t in transforms if isinstance(t, RandomSparsify))
-        rs.begin_step(ctx0)
-        allowed = np.flatnonzero(rs.mask(width).numpy() > 0)
-    if canaries * spread > allowed.size:
-        raise GSDError(f"{canaries} canaries need {canaries * spread} free coordinates; the model has {allowed.size}: "
-                       "use fewer canaries or a larger model")
-    coords = torch.as_tensor(allowed[: canaries * spread].reshape(canaries, spread))
-    if canary_norm is None:
-        bound = max([cfg.clip] + ([cfg.clip_embedding, cfg.clip_residual] if cfg.method == "gep" else []))
-        canary_norm = 10.0 * bound
-    value = canary_norm / math.sqrt(spread)
-    weights = torch.ones(canaries, spread)
-    if cfg.method == "topagg":  # the part NormTopK keeps of one canary row: what the score reads
-        from ..train.topagg import norm_top_k
-
-        kept = norm_top_k(torch.full((1, spread), value), cfg.topk_fraction)[0] != 0
-        if not bool(kept.any()):
-            raise GSDError(f"--topk-fraction {cfg.topk_fraction} keeps nothing of a canary spread over {spread} coordinates")
-        weights = weights * kept.float()
-
-    def canary_rows(ids: torch.Tensor) -> torch.Tensor:
-        rows = torch.zeros(ids.shape[0], width)
-        rows.scatter_(1, coords[ids], value)
-        return rows
-
-    def per_sample(model_, names_, x, y, ctx):
-        if y is None:  # a chunk of canaries (x: their ids)
-            return {"grad": canary_rows(x)}
-        if method.per_sample is not None:
-            return method.per_sample(model_, names_, x, y, ctx)
-        return {"grad": gradient_matrix(model_, [(x, y)], x.shape[0], names_, None, "vmap", ctx.device, "none")}
-
-    per_sample.width = width
-    # the score: with q = 1 the sum over steps of the release along each canary's direction (the
-    # likelihood-ratio statistic of a Gaussian); with q < 1 and one released part, the sum over steps
-    # of the per-step log-likelihood ratio of the subsampled Gaussian, from the *claimed* noise std and
-    # the canary's clipped signal (what a white-box auditor knows; a bug changes neither)
-    n_kept = float(weights[0].sum())
-    rel = claimed_releases
-    llr = None
-    if sampling_rate < 1 and len(rel) == 1 and rel[0].part == "grad":
-        llr = (min(canary_norm, cfg.clip) * math.sqrt(n_kept / spread), rel[0].std)
-    in_ids = np.flatnonzero(included)
-    scores = torch.zeros(canaries, dtype=torch.float64)
-    info: dict = {}
-    for step in range(steps):
-        idx, gen = private_randomness(n_data + canaries, sampling_rate, noise_seed, step)
-        data_idx = idx[idx < n_data]
-        can_idx = np.intersect1d(idx[idx >= n_data] - n_data, in_ids)  # only the included canaries exist
-        ctx = StepContext(step=step, model=model, names=names, generator=gen, info=info, epoch=0, epochs=1)
-
-        def batches(data_idx=data_idx, can_idx=can_idx):
-            for s in range(0, len(data_idx), chunk):
-                part = torch.as_tensor(data_idx[s : s + chunk])
-                yield x_data[part], y_data[part]
-            for s in range(0, len(can_idx), chunk):
-                yield torch.as_tensor(can_idx[s : s + chunk]), None
-
-        release = private_step(chain, model, names, batches(), num_params, ctx, per_sample)
-        seen = tap.seen if tap is not None else release["grad"]
-        obs = (seen.double()[coords] * weights.double()).sum(1) / math.sqrt(n_kept)  # release along the unit direction
-        if llr is None:
-            scores += obs
-        else:  # log-likelihood ratio of "took part with probability q" against "absent", per step
-            signal, tau = llr
-            scores += torch.log1p(sampling_rate * torch.expm1(((signal * obs - signal**2 / 2) / tau**2).clamp(max=60.0)))
-        if lr:
-            with torch.no_grad():
-                col = 0
-                for n in names:
-                    p = params[n]
-                    p -= lr * release["grad"][col : col + p.numel()].view_as(p).to(p.dtype) / max(1.0, sampling_rate * (n_data + canaries / 2))
-                    col += p.numel()
+    run = _audited_model(cfg, canaries, spread, model, names, data, examples, classes)
+    _calibrate(run, cfg, public_x, classes, sampling_rate, steps, bug, book)
+    included, noise_seed = _secrets(canaries, insecure_seed)
+    can = place_canaries(cfg, run, canaries, spread, canary_norm)
+    llr = likelihood_ratio(cfg, run, can, sampling_rate)
+    scores = run_trials(run, can, included, noise_seed, steps=steps, sampling_rate=sampling_rate, llr=llr, chunk=chunk, lr=lr)
     eps, guesses, correct = audit_epsilon(scores.numpy(), included, cfg.delta, confidence)
-    details = {"sigma": sigma, "steps": steps, "score": "sum" if llr is None else "log-likelihood ratio", "sampling_rate": sampling_rate, "examples": n_data, "canary_norm": canary_norm,
-               "bug": bug, "parameters": num_params, "canary_width": width, "canaries_in": int(included.sum()),
+    details = {"sigma": run.sigma, "steps": steps, "score": "sum" if llr is None else "log-likelihood ratio", "sampling_rate": sampling_rate, "examples": run.n_data, "canary_norm": can.norm,
+               "bug": bug, "parameters": run.num_params, "canary_width": can.width, "canaries_in": int(included.sum()),
                "dp_randomness": "insecure seed" if insecure_seed is not None else "operating system"}
-    return AuditResult(method_name, claimed, cfg.delta, eps, canaries, guesses, correct, confidence, details)
+    return AuditResult(method_name, run.claimed, cfg.delta, eps, canaries, guesses, correct, confidence, details)
 
 
 def audit_config(method: str, epsilon: float, delta: float, **settings):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Optional
 
 import typer
@@ -94,74 +95,133 @@ def audit(
     """Audit a private trainer or DP-GSD empirically: a lower bound on epsilon at 95% confidence
     (Steinke, Nasr, Jagielski 2023 one-run canary audit; DP-GSD: a distinguishing test), beside the
     claimed epsilon. A lower bound above the claim is a privacy bug; one below it proves nothing."""
-    from rich.table import Table
-
     from ..errors import GSDError
-    from ..audit import audit as audit_fn
-
-    from ..report.outputs import check_output_path, write_output
+    from ..report.outputs import check_not_inputs, check_output_path, run_inputs, write_output
 
     json_file = check_output_path(json_path, "--json", force)
-    from ..report.outputs import check_not_inputs, run_inputs
-
     check_not_inputs({"--json": json_file}, run_inputs([d for d in (private, public) if d], None, None, model))
     if private is not None and model is None:
         raise GSDError("--private needs --model (the model trained on it)")
     if method == "dp-probe":
-        from ..audit.dpprobe import DRAWS
-
-        if getattr(ctx.get_parameter_source("canaries"), "name", None) != "COMMANDLINE":
-            canaries = DRAWS  # its releases are cheap: a million draws per neighbour (a few seconds) by default
-        if canaries > MAX_STEP_TRIALS:
-            raise GSDError(f"--canaries {canaries}: the DP probe audit takes at most {MAX_STEP_TRIALS:,} draws per neighbour")
+        canaries = _probe_draws(ctx, canaries)
     _check_bounds(canaries, steps, examples, step_trials, model is None and method != "dp-probe")
     _warn_unused(ctx, method)  # another method's setting, given: said, not silently ignored
-    kw: dict = {}
-    if method == "dpgsd":
-        kw = {"clip": clip, "trials": trials}
-    elif method == "dp-probe":
-        kw = {}
-    elif method in ("dp-energy", "dp-select"):
-        kw = {"clip": clip, "trials": trials, "examples": max(examples, 200)}  # clamped releases need a few hundred rows
-    else:
-        settings = {"clip": clip, "clip_embedding": clip_embedding, "clip_residual": clip_residual, "k": k, "rgp_rank": rgp_rank,
-                    "rgp_warmup": 0, "topk_fraction": topk_fraction, "accountant": accountant, "seed": seed}
-        if method.endswith("+rs"):
-            settings["sparsify"] = sparsify
-        kw = {"settings": settings, "steps": steps, "sampling_rate": sampling_rate, "examples": examples}
-        if model is not None:
-            from ..audit import audit_config
-            from ..audit.setup import real_setup
-
-            if private is None:
-                raise GSDError("--model needs --private (the data it trains on)")
-            cfg = audit_config(method, epsilon, delta, **settings, model=model, private=private, public=public)
-            m, names, data, public_x, classes = real_setup(cfg, examples, insecure_seed)
-            kw.update(model=m, names=names, data=data, public_x=public_x, classes=classes)
-            from ..privacy.budget import audit_booking
-
-            kw["book"] = audit_booking(cfg, insecure_seed)  # real private examples: booked in the privacy ledger
-            settings.update(model=model, private=private, public=public)
-    if step_trials is not None:
-        from ..audit import STEP_METHODS, audit_config, audit_step
-
-        if method not in STEP_METHODS or model is not None:
-            raise GSDError(f"--step-trials audits --method {' or '.join(STEP_METHODS)} on synthetic gradients (no --model)")
-        cfg = audit_config(method, epsilon, delta, clip=clip, accountant=accountant, seed=seed)
-        result = audit_step(cfg, trials=step_trials, insecure_seed=insecure_seed)
-    else:
-        result = audit_fn(method, epsilon, delta, canaries=canaries, insecure_seed=insecure_seed, **kw)
-    table = Table(title="privacy audit (95% confidence)")
+    options = SimpleNamespace(
+        method=method, epsilon=epsilon, delta=delta, canaries=canaries, trials=trials, steps=steps, sampling_rate=sampling_rate,
+        examples=examples, model=model, private=private, public=public, clip=clip, clip_embedding=clip_embedding,
+        clip_residual=clip_residual, k=k, rgp_rank=rgp_rank, topk_fraction=topk_fraction, sparsify=sparsify,
+        accountant=accountant, seed=seed, insecure_seed=insecure_seed, step_trials=step_trials,
+    )
+    result = _run_audit(options)
     # a distinguishing test (DP-GSD, the DP energy distance, the DP selection, --step-trials) draws releases under
     # each of two neighbours and classifies each draw: its counts are draws, not canaries
-    distinguishing = step_trials is not None or method in ("dpgsd", "dp-energy", "dp-select", "dp-probe")
+    _print_result(result, method, epsilon, delta, distinguishing=step_trials is not None or method in _DISTINGUISHING)
+    if insecure_seed is not None:
+        err.print(f"--insecure-seed {insecure_seed}: repeatable audit (its randomness is not secret)")
+    if json_file is not None:
+        write_output(json_file, json.dumps(result.to_dict(), indent=2, default=float) + "\n")
+        err.print(f"wrote {json_file}")
+
+
+def _probe_draws(ctx, canaries: int) -> int:
+    """``--method dp-probe``'s draws per neighbour: ``--canaries`` as given, or (not given) a million;
+    at most :data:`MAX_STEP_TRIALS`."""
+    from ..audit.dpprobe import DRAWS
+    from ..errors import GSDError
+
+    if getattr(ctx.get_parameter_source("canaries"), "name", None) != "COMMANDLINE":
+        canaries = DRAWS  # its releases are cheap: a million draws per neighbour (a few seconds) by default
+    if canaries > MAX_STEP_TRIALS:
+        raise GSDError(f"--canaries {canaries}: the DP probe audit takes at most {MAX_STEP_TRIALS:,} draws per neighbour")
+    return canaries
+
+
+def _dpgsd_kwargs(o: SimpleNamespace) -> dict:
+    """``--method dpgsd``: the sampler's row clip and the pipeline audit's trials."""
+    return {"clip": o.clip, "trials": o.trials}
+
+
+def _probe_kwargs(o: SimpleNamespace) -> dict:
+    """``--method dp-probe``: none of the options beyond epsilon, delta, draws and the seed."""
+    return {}
+
+
+def _energy_kwargs(o: SimpleNamespace) -> dict:
+    """``--method dp-energy`` and ``dp-select``: row clip, trials and the pipeline audit's rows."""
+    return {"clip": o.clip, "trials": o.trials, "examples": max(o.examples, 200)}  # clamped releases need a few hundred rows
+
+
+def _trainer_kwargs(o: SimpleNamespace) -> dict:
+    """The trainers (dpsgd, gep, rgp, topagg, second-phase, the +rs methods): their training settings and
+    the run's sizes; with ``--model``, the real model on ``--private`` examples, booked in the privacy
+    ledger."""
+    from ..errors import GSDError
+
+    settings = {"clip": o.clip, "clip_embedding": o.clip_embedding, "clip_residual": o.clip_residual, "k": o.k, "rgp_rank": o.rgp_rank,
+                "rgp_warmup": 0, "topk_fraction": o.topk_fraction, "accountant": o.accountant, "seed": o.seed}
+    if o.method.endswith("+rs"):
+        settings["sparsify"] = o.sparsify
+    kw = {"settings": settings, "steps": o.steps, "sampling_rate": o.sampling_rate, "examples": o.examples}
+    if o.model is not None:
+        from ..audit import audit_config
+        from ..audit.setup import real_setup
+
+        if o.private is None:
+            raise GSDError("--model needs --private (the data it trains on)")
+        cfg = audit_config(o.method, o.epsilon, o.delta, **settings, model=o.model, private=o.private, public=o.public)
+        m, names, data, public_x, classes = real_setup(cfg, o.examples, o.insecure_seed)
+        kw.update(model=m, names=names, data=data, public_x=public_x, classes=classes)
+        from ..privacy.budget import audit_booking
+
+        kw["book"] = audit_booking(cfg, o.insecure_seed)  # real private examples: booked in the privacy ledger
+        settings.update(model=o.model, private=o.private, public=o.public)
+    return kw
+
+
+#: the keywords of ``gsd_cli.audit.audit`` for each --method family (any other method: the trainers')
+_FAMILY_KWARGS = {"dpgsd": _dpgsd_kwargs, "dp-probe": _probe_kwargs, "dp-energy": _energy_kwargs, "dp-select": _energy_kwargs}
+#: the methods audited by a distinguishing test (so is --step-trials)
+_DISTINGUISHING = ("dpgsd", "dp-energy", "dp-select", "dp-probe")
+
+
+def _run_audit(o: SimpleNamespace):
+    """The audit the options ``o`` ask for: ``gsd_cli.audit.audit`` with the keywords of the method's
+    family (:data:`_FAMILY_KWARGS`), or with ``--step-trials`` the one-step audit ``audit_step``."""
+    from ..audit import audit as audit_fn
+    from ..errors import GSDError
+
+    kw = _FAMILY_KWARGS.get(o.method, _trainer_kwargs)(o)
+    if o.step_trials is not None:
+        from ..audit import STEP_METHODS, audit_config, audit_step
+
+        if o.method not in STEP_METHODS or o.model is not None:
+            raise GSDError(f"--step-trials audits --method {' or '.join(STEP_METHODS)} on synthetic gradients (no --model)")
+        cfg = audit_config(o.method, o.epsilon, o.delta, clip=o.clip, accountant=o.accountant, seed=o.seed)
+        return audit_step(cfg, trials=o.step_trials, insecure_seed=o.insecure_seed)
+    return audit_fn(o.method, o.epsilon, o.delta, canaries=o.canaries, insecure_seed=o.insecure_seed, **kw)
+
+
+def _print_result(result, method: str, epsilon: float, delta: float, distinguishing: bool) -> None:
+    """The audit's table (``distinguishing``: counts of draws per neighbour, not canaries), the lines of
+    its details (:func:`_print_details`) and its verdict."""
+    from rich.table import Table
+
+    table = Table(title="privacy audit (95% confidence)")
     for col in ("method", "claimed epsilon", "empirical lower bound", "draws per neighbour" if distinguishing else "canaries",
                 "correct guesses"):
         table.add_column(col)
     table.add_row(result.method, epsilon_text(result.claimed_epsilon), epsilon_text(result.epsilon_lower_bound),
                   str(result.guesses // 2 if distinguishing else result.canaries), f"{result.correct}/{result.guesses}")
     out.print(table)
-    d = result.details or {}
+    _print_details(result.details or {}, method, epsilon, delta)
+    verdict = ("the audit found nothing (a lower bound never proves the claim)" if result.consistent else
+               "PRIVACY BUG: the empirical lower bound exceeds the claimed epsilon")
+    (out if result.consistent else err).print(verdict)
+
+
+def _print_details(d: dict, method: str, epsilon: float, delta: float) -> None:
+    """The lines of the details an audit gives: the exact loss of the audited pair, the DP probe's claims,
+    the mechanism and end-to-end audits of gsd rank --dp, the Gaussian-DP fit."""
     if "exact_loss" in d:
         how = "closed form, Gaussian trade-off" if method == "dp-probe" else "numerical integration"
         out.print(f"exact privacy loss of the audited pair ({how}): {epsilon_text(d['exact_loss'], 4)}")
@@ -184,11 +244,3 @@ def audit(
         g = d["gdp"]
         out.print(f"Gaussian-DP fit: mu {g['mu_hat']:.4f} (95% lower bound {g['mu_lower']:.4f}) against the claimed "
                   f"mechanism's {g['mu_claimed']:.4f}" + ("; the noise is BELOW the claimed sigma" if g["noise_below_claim"] else ""))
-    verdict = ("the audit found nothing (a lower bound never proves the claim)" if result.consistent else
-               "PRIVACY BUG: the empirical lower bound exceeds the claimed epsilon")
-    (out if result.consistent else err).print(verdict)
-    if insecure_seed is not None:
-        err.print(f"--insecure-seed {insecure_seed}: repeatable audit (its randomness is not secret)")
-    if json_file is not None:
-        write_output(json_file, json.dumps(result.to_dict(), indent=2, default=float) + "\n")
-        err.print(f"wrote {json_file}")

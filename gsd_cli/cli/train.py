@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 from functools import partial
+from pathlib import Path
 from types import SimpleNamespace
+from typing import Optional
 
 import typer
 from rich.markup import escape
@@ -96,11 +98,12 @@ def _source(ctx, name: str) -> str | None:
 def _trainer(a):
     """``gsd_cli.train.train``, or with ``--log`` :func:`gsd_cli.integrations.tracking.train_tracked` (a missing extra
     fails here, before any work); under torchrun every process runs the command and process 0 reports."""
-    from ..train import train as train_fn
+    from ..train import train as plain
     from ..train.distributed import launched_by_torchrun
 
     if a.log_dir is not None and not a.log:
         raise GSDError("--log-dir is only used with --log tensorboard or --log mlflow")
+    train_fn = plain
     if a.log:
         from ..integrations.tracking import check_backends, train_tracked
 
