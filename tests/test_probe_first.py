@@ -105,3 +105,40 @@ def test_a_noise_reference_is_keyed_by_what_it_is_drawn_from_not_by_its_images(m
     other = reference_sources(224, 3, 100, 10, seed=1)[0]
     assert content_digest(other, np.arange(50)) != content_digest(refs[0], np.arange(50))
     assert "numpy" in key[refs[0].name]["libraries"]  # the generator's version fixes the draws
+
+
+def test_the_helpful_candidates_are_ranked_one_at_a_time_largest_gain_first(monkeypatch):
+    """Two helpful candidates: the larger gain is ranked first, and the second only when the first is not closer than
+    noise (the private side and the references come from the memo, computed once)."""
+    import gsd_cli.train.probe as probe_mod
+    from gsd_cli.data.reference import is_reference
+
+    gains = {"mnist-b": [0.20, 0.22, 0.21], "digits": [0.05, 0.06, 0.04]}
+    monkeypatch.setattr(probe_mod, "probe_second_phase", lambda private, sources, *a, **k: _probe(
+        **{getattr(s, "name", s): gains.get(getattr(s, "name", s), [-0.01, 0.0, -0.02]) for s in sources}))
+    cfg = TrainConfig(private="mnist-a", method="auto", model="fmnist-cnn")
+
+    def run(rows: dict):
+        calls, memos = [], []
+
+        def fake_rank(private, publics, memo=None, **options):
+            names = [getattr(p, "name", str(p)) for p in publics]
+            calls.append([n for n in names if not is_reference(n)])
+            memos.append(id(memo))
+            return FakeRanking({n: [0.80, 0.79, 0.81] if is_reference(n) else rows[n] for n in names})
+
+        monkeypatch.setattr(select, "rank", fake_rank)
+        ranking, decision = select.advised_selection("mnist-a", ["mnist-b", "digits", "faces"], "auto", gate="helping",
+                                                     train_settings=cfg, model="fmnist-cnn", examples=50)
+        assert len(set(memos)) == 1  # one memo for every call
+        return calls, ranking, decision
+
+    close, far = [0.40, 0.41, 0.39], [0.90, 0.91, 0.89]
+    calls, ranking, decision = run({"mnist-b": close, "digits": close})
+    assert calls == [["mnist-b"]] and (decision.method, decision.public) == ("second-phase", "mnist-b")
+    assert ranking.not_ranked == ["digits", "faces"]
+    calls, ranking, decision = run({"mnist-b": far, "digits": close})
+    assert calls == [["mnist-b"], ["mnist-b", "digits"]] and (decision.method, decision.public) == ("second-phase", "digits")
+    calls, ranking, decision = run({"mnist-b": far, "digits": far})
+    assert len(calls) == 2 and (decision.method, decision.public) == ("dpsgd", None)
+    assert "is closer than noise" in decision.message

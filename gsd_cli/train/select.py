@@ -48,15 +48,16 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
     settings only) before it starts: with many repeats it runs for minutes.
 
     ``gate="helping"`` (``gsd train --auto-select``'s, for ``--method auto`` with the probe): the probe runs
-    first, on every candidate the second phase can use, and the ranking holds only the candidates whose
-    pretrained features help (with the references), since only one of those can be chosen: the same decision
-    as ``gate="all"`` (each candidate's probe draws and ranking rows do not depend on the other candidates),
-    without the subspaces of candidates that cannot be chosen. The ranking's ``not_ranked`` names the others;
-    the decision's evidence keeps their probe figures. ``"all"`` ranks every candidate, then probes those
+    first, on every candidate the second phase can use; then the candidates whose pretrained features help are
+    ranked (with the references) one at a time, the largest gain first, until one is closer than noise: the
+    advice takes the largest confident gain among those closer than noise, so this is the same decision as
+    ``gate="all"`` (each candidate's probe draws and ranking rows do not depend on the other candidates; an
+    exact tie of mean gains aside), without the subspaces of candidates that would not be chosen. The
+    ranking's ``not_ranked`` names the others; the decision's evidence keeps their probe figures. ``"all"`` ranks every candidate, then probes those
     the advice could choose (:func:`choosable`)."""
     from ..data import resolve
     from ..models.spec import resolve_model
-    from ..ranking.reference import split_references
+    from ..ranking.reference import closer_than_reference, split_references
     from .advice import REFERENCE, REPEATS, advise, describe, is_reference, reference_sources
 
     if any(is_reference(getattr(c, "name", c)) for c in candidates):
@@ -102,12 +103,17 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
         # alone (with the references): the advice chooses among them (gsd_cli.train.advice._advise_by_probe)
         probe = run_probe([p for p in pubs if second_phase_usable(facts[getattr(p, "name", str(p))], classes) is None])
         helping = [p for p in pubs if getattr(p, "name", str(p)) in probe.gains and probe.test(getattr(p, "name", str(p)), ALPHA)[0]]
-        if helping:
+        helping.sort(key=lambda p: -probe.mean_gain(getattr(p, "name", str(p))))  # stable: ties keep the given order
+        ranking, tried, memo = None, [], {}  # memo: the private sides and the references' subspaces, computed once
+        for src in helping:  # the largest gain first, until one is closer than noise: the advice's choice
+            tried.append(src)
             with stage("rankings"):
-                ranking = rank(train_part, [*helping, *references], **options)
-        else:  # nothing could be chosen: no subspace is computed
+                ranking = rank(train_part, [*tried, *references], memo=memo, **options)
+            if closer_than_reference(ranking, getattr(src, "name", str(src))).closer:
+                break
+        if ranking is None:  # nothing could be chosen: no subspace is computed
             ranking = _unranked(train_part, options, repeats)
-        ranking.not_ranked = sorted(set(facts) - {getattr(p, "name", str(p)) for p in helping})
+        ranking.not_ranked = sorted(set(facts) - {getattr(p, "name", str(p)) for p in tried})
         decision = advise(ranking, method, candidates=facts, private_classes=classes, probe=probe)
         return split_references(ranking), decision
     with stage("rankings"):
