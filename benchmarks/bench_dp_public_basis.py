@@ -100,7 +100,7 @@ def one_seed(name, priv_src, cands, model, m, seed, epsilons, draws):
     from gsd_cli.subspace.dppca import private_top_k_subspace
     from gsd_cli.models.peft import build_model
     from gsd_cli.subspace.public_basis import project_rows, public_basis
-    from gsd_cli.subspace.side import sketch
+    from gsd_cli.distance.side import sketch
     from gsd_cli.subspace import projection_metric, top_k_subspace
     from .validity.predictors import gradients
 

@@ -29,7 +29,7 @@ timings are of decoding, not of the disk); then the seconds to turn them into th
   consumes), at gsd's chunk size for the probe on the CPU, alternately with the floor, ``--repeats``
   times (the minimum is reported); and, once, the pipeline before issue 37 (a chunk decoded whole in
   one thread, every JPEG pixel, then resized);
-* **compute and end to end**: :func:`gsd_cli.subspace.side.sample_subspace` (a rank's work per set)
+* **compute and end to end**: :func:`gsd_cli.distance.side.sample_subspace` (a rank's work per set)
   on the same images already at 224 x 224 in memory (compute alone) and on the folder (end to end,
   without and with the chunk prepared ahead), alternately; end to end / max(input, compute). On a
   CPU both use the same cores; an accelerator's compute leaves them to the decoders, which is
@@ -375,8 +375,8 @@ def preresized(sample, side: int, channels: int, chunk: int) -> np.ndarray:
 
 
 def subspace_seconds(net, names, sample, side: int, channels: int, prefetch: int, repeats: int) -> float:
-    """Seconds of :func:`gsd_cli.subspace.side.sample_subspace` (what ``gsd rank`` computes per set)."""
-    from gsd_cli.subspace.side import sample_subspace
+    """Seconds of :func:`gsd_cli.distance.side.sample_subspace` (what ``gsd rank`` computes per set)."""
+    from gsd_cli.distance.side import sample_subspace
 
     kw = dict(k=16, input_size=side, channels=channels, num_classes=2, names=names, device="cpu")
     return best(lambda: sample_subspace(net, sample, prefetch=prefetch, **kw), repeats)[0]

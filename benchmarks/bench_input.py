@@ -12,7 +12,7 @@ checked equal (``torch.equal``), and the seconds of the public cache key
   schema-1 key), plus the weights;
 * new: :func:`gsd_cli.ranking.cache.public_cache_key` (raw rows / file bytes, labels, settings, weights).
 
-``--overlap``: seconds of :func:`gsd_cli.subspace.side.sample_subspace` on one set with the input prepared in
+``--overlap``: seconds of :func:`gsd_cli.distance.side.sample_subspace` on one set with the input prepared in
 the caller's thread (``prefetch=0``) and by the background thread (``prefetch=1``).
 
 ``--rank``: wall seconds of the default ``gsd rank -q`` (as a subprocess), cold (a fresh
@@ -52,7 +52,7 @@ from gsd_cli.ranking.cache import SubspaceCache, _tensor_digest, public_cache_ke
 from gsd_cli.data.base import read_images
 from gsd_cli.data.transform import to_model_input
 from gsd_cli.gradients import select_parameters
-from gsd_cli.subspace.side import sample_labels, sample_subspace
+from gsd_cli.distance.side import sample_labels, sample_subspace
 from probes import get_model_spec
 
 from .harness import add_json, write_json

@@ -31,7 +31,7 @@ from .harness import add_json, write_json
 def default_rank_matrices(m: int, min_rows: int) -> list[tuple[int, int]]:
     """The gradient matrices (float32, m x p) of ``gsd rank -m M`` on the default data, in the order computed."""
     os.environ["GSD_CACHE_DIR"] = tempfile.mkdtemp(prefix="gsd-bench-cache-")
-    import gsd_cli.subspace.side as side
+    import gsd_cli.distance.side as side
     from gsd_cli.cli.app import main
 
     real, kept = side.top_k_subspace, []

@@ -59,7 +59,8 @@ MOVED = {
     "gsd_cli.models_info": "gsd_cli.models.info",
     "gsd_cli.subspace_krylov": "gsd_cli.subspace.krylov",
     "gsd_cli.dppca": "gsd_cli.subspace.dppca",
-    "gsd_cli.side": "gsd_cli.subspace.side",
+    "gsd_cli.side": "gsd_cli.distance.side",
+    "gsd_cli.subspace.side": "gsd_cli.distance.side",  # 0.6: above the ghost engine it dispatches to
     "gsd_cli.public_basis": "gsd_cli.subspace.public_basis",
     "gsd_cli.opacus": "gsd_cli.integrations.opacus",
     "gsd_cli.tracking": "gsd_cli.integrations.tracking",

@@ -211,3 +211,39 @@ def test_top_level_modules_are_few():
     times for benchmarks)."""
     top = sorted(p.stem for p in ROOT.glob("*.py") if p.stem != "__init__")
     assert set(top) == {"errors", "defaults", "registry", "memory", "allocator", "units", "timing"}, top
+
+
+#: within a layer, the order of its parts (issue 51): the ranking is presented by report, never the reverse; the
+#: ghost (Gram) engine builds on subspace's top-k; privacy and models know nothing of each other
+WITHIN_LAYER = {"ranking": 0, "report": 1, "subspace": 0, "ghost": 1}
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")[1:]
+    return parts[0] if parts else ""
+
+
+def test_no_import_runs_up_within_a_layer_and_the_packages_form_no_circle():
+    """Issue 51's measures: 0 arrows from a lower package to a higher one (the layers, and the order within a layer),
+    0 import circles between packages (lazy imports count)."""
+    modules = _modules()
+    edges = {(_part(m), _part(n)) for m, p in modules.items() for n in _imports(m, p, modules) if _part(m) != _part(n)}
+    up = sorted(f"{a} -> {b}" for a, b in edges if _layer(f"gsd_cli.{a}") == _layer(f"gsd_cli.{b}") and a in WITHIN_LAYER
+                and b in WITHIN_LAYER and WITHIN_LAYER[a] < WITHIN_LAYER[b])
+    assert not up, "imports against the order within a layer:\n" + "\n".join(up)
+    graph: dict[str, set] = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            assert state.get(nxt) != 1, "packages import each other in a circle: " + " -> ".join([*path, node, nxt])
+            if nxt not in state:
+                visit(nxt, [*path, node])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])

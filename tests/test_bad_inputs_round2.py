@@ -191,7 +191,7 @@ def test_outputs_inside_inputs_are_refused(tmp_path, d, capsys):
 
 def test_cache_clear_keeps_a_user_file_shaped_like_an_old_temporary(tmp_path, monkeypatch, capsys):
     from gsd_cli.ranking.cache import SubspaceCache
-    from gsd_cli.subspace.side import Subspace
+    from gsd_cli.distance.side import Subspace
 
     monkeypatch.setenv("GSD_CACHE_DIR", str(tmp_path))
     mine = tmp_path / ".0123456789abcdef.mywork.tmp"
@@ -224,7 +224,7 @@ def test_a_missing_home_is_never_created_and_the_run_says_so_once(tmp_path, d, m
 
 def test_cache_size_cap_evicts_the_least_recently_used_and_stores_float32(tmp_path, monkeypatch, capsys):
     from gsd_cli.ranking.cache import SubspaceCache, parse_size
-    from gsd_cli.subspace.side import Subspace
+    from gsd_cli.distance.side import Subspace
 
     def sub():
         V = torch.linalg.qr(torch.randn(3000, 4, dtype=torch.float64))[0]

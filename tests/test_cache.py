@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import gsd_cli.ranking as ranking
-import gsd_cli.subspace.side as side
+import gsd_cli.distance.side as side
 from gsd_cli.ranking.cache import SubspaceCache
 from gsd_cli.cli import main
 
@@ -15,7 +15,7 @@ OPTS = dict(k=2, examples=16, engine="vmap")
 @pytest.fixture
 def grad_counter(monkeypatch):
     calls = []
-    real = side.gradient_matrix  # every side's gradients are computed in gsd_cli.subspace.side
+    real = side.gradient_matrix  # every side's gradients are computed in gsd_cli.distance.side
 
     def counting(model, batches, n, *a, **k):
         calls.append(n)

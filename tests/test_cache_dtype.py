@@ -12,7 +12,7 @@ import gsd_cli.ranking.cache as cache_mod
 import gsd_cli.ranking.cache_read as cache_read
 from gsd_cli.models.digest import _tensor_digest
 from gsd_cli.ranking.cache import SubspaceCache
-from gsd_cli.subspace.side import Subspace
+from gsd_cli.distance.side import Subspace
 
 KEY = "cd" * 32
 

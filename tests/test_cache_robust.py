@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 import gsd_cli.ranking.cache as cache_mod
 from gsd_cli.ranking.cache import SubspaceCache
 from gsd_cli.cli import main
-from gsd_cli.subspace.side import Subspace
+from gsd_cli.distance.side import Subspace
 
 KEY = "ab" * 32
 

@@ -152,7 +152,7 @@ def test_large_epsilon_recovers_top_subspace_small_epsilon_is_uniform():
 
 
 def test_sketch_is_data_independent_seeded_and_preserves_geometry():
-    from gsd_cli.subspace.side import sketch
+    from gsd_cli.distance.side import sketch
 
     rng = np.random.default_rng(0)
     G = torch.from_numpy(rng.normal(size=(30, 40000))).float()

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from gsd_cli.data import ArraySource, draw, to_model_input
 from gsd_cli.data.loader import model_batches
 from gsd_cli.errors import DatasetError
-from gsd_cli.subspace.side import sample_subspace
+from gsd_cli.distance.side import sample_subspace
 
 
 def _old_to_model_input(images, size, channels):

@@ -140,7 +140,7 @@ def test_a_dp_private_side_is_shown_without_its_time():
     """Issue 32: the private side of a DP ranking reports once, m of m, and its line has no time (the
     time grows with min(m, N))."""
     from gsd_cli.cli import common
-    from gsd_cli.subspace.side import DP_PROGRESS
+    from gsd_cli.distance.side import DP_PROGRESS
 
     assert common.DP_PROGRESS == DP_PROGRESS
     t = iter([0.0, 5.0, 9.0, 12.0])

@@ -2,12 +2,12 @@
 meaning "predicted more useful"; cached as JSON under ``RESULTS/predictors``.
 
 * GSD variants, from one pass of per-sample gradients per (task, seed, model, labels, input scaling):
-  the library's own steps (:func:`gsd_cli.data.draw`, :func:`gsd_cli.subspace.side.sample_labels`,
+  the library's own steps (:func:`gsd_cli.data.draw`, :func:`gsd_cli.distance.side.sample_labels`,
   :func:`gsd_cli.gradients.gradient_matrix`, :func:`gsd_cli.models.peft.build_model`,
   :func:`gsd_cli.subspace.top_k_subspace`, :func:`gsd_cli.subspace.projection_metric`), so that k, the
   row norm and m (the first half of the rows) vary without recomputing gradients. One case is checked
   against ``gsd_cli.rank`` to the last digit (:func:`check_against_rank`).
-* DP-GSD at epsilon 1, 4, 16, with and without a sketch (:func:`gsd_cli.subspace.side.sketch`, D=32): the
+* DP-GSD at epsilon 1, 4, 16, with and without a sketch (:func:`gsd_cli.distance.side.sketch`, D=32): the
   private side by :func:`gsd_cli.subspace.dppca.private_top_k_subspace` (sequential mechanism, clip 1) on the
   same rows as the non-private value, the draw seeded (benchmark only: not DP).
 * Baselines, through the ranking's own interface: ``gsd_cli.rank(..., distance=NAME)``.
@@ -77,7 +77,7 @@ def gradients(model, sample, labels: str, num_classes: int, seed: int, spec, nam
     labels do not fit the model's classes."""
     from gsd_cli.errors import GSDError
     from gsd_cli.gradients import gradient_matrix
-    from gsd_cli.subspace.side import sample_labels
+    from gsd_cli.distance.side import sample_labels
 
     try:
         y = sample_labels(sample, labels, num_classes, seed)
@@ -116,7 +116,7 @@ def gsd_pass(task: str, pass_name: str, seed: int) -> None:
     from gsd_cli import data as gdata
     from gsd_cli.subspace.dppca import private_top_k_subspace
     from gsd_cli.models.peft import build_model
-    from gsd_cli.subspace.side import sketch
+    from gsd_cli.distance.side import sketch
     from gsd_cli.subspace import projection_metric, top_k_subspace
 
     model_name, labels, scale, m = PASSES[pass_name]

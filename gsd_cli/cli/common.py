@@ -14,7 +14,7 @@ from ..errors import GSDError
 from ..units import duration as _duration  # one writer of durations
 from .pipes import closed_pipe
 
-DP_PROGRESS = " (DP)"  # = gsd_cli.subspace.side.DP_PROGRESS (not imported: the CLI's start-up stays free of torch)
+DP_PROGRESS = " (DP)"  # = gsd_cli.distance.side.DP_PROGRESS (not imported: the CLI's start-up stays free of torch)
 #: What starts a line of a DP command that carries private figures (= gsd_cli.train.release.PRIVATE_LABEL):
 #: every other line is a function of public inputs and DP releases (``grep -v '^private:'`` before publishing a log)
 PRIVATE_LABEL = "private:"

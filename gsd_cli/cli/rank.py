@@ -142,7 +142,8 @@ def _rank_catalog(ctx, a, options: dict, outputs: dict, progress, cache, runner)
     """A catalogue's jobs (:func:`gsd_cli.ranking.catalog.run_jobs`), each finished one written at once: ``(results,
     checks, run)``."""
     from ..integrations.tracking import track_catalog
-    from ..ranking.catalog import OPTIONS, run_jobs, write_partial
+    from ..ranking.catalog import OPTIONS, run_jobs
+    from ..report.catalog_files import write_partial
 
     given = {o: options[o] for o in OPTIONS if _typed(ctx, o)}
     picked = a.private if _typed(ctx, "private") else None
@@ -172,7 +173,7 @@ def _show(a, results, checks, verdicts, shown_on, ran) -> list[str]:
     if a.catalog is None and not (bool(results) and getattr(results[0][1], "repeats", 1) > 1):
         shown_on.print("[dim]One draw: no interval and no tie test; --repeats 5 shows which candidates are tied.[/]")
     if a.catalog is not None:
-        from ..ranking.catalog import catalog_privacy_total
+        from ..report.catalog_files import catalog_privacy_total
 
         for tot in catalog_privacy_total(ran.results).values():  # what the DP jobs spent together, per private set
             shown_on.print(f"privacy total for {escape(tot['private'])}: epsilon={tot['total_epsilon']:.4g} over "
@@ -183,7 +184,7 @@ def _show(a, results, checks, verdicts, shown_on, ran) -> list[str]:
 
 def _write(a, outputs: dict, results, checks, failures, ran) -> None:
     """The files asked for (``--json``, ``--csv``, ``--plot``, ``--markdown``), each said on stderr."""
-    from ..ranking.catalog import run_json, run_markdown
+    from ..report.catalog_files import run_json, run_markdown
     from ..report import jobs_to_csv, to_markdown, write_csv, write_json, write_plot, write_repeats_csv, write_text
 
     rankings = [rk for _, rk in results]

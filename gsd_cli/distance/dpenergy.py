@@ -39,7 +39,7 @@ from .. import data as gdata
 from ..errors import GSDError
 from ..privacy.randomness import INSECURE_NOTE
 from ..subspace.public_basis import project_rows, public_basis
-from ..subspace.side import DP_PROGRESS, Subspace
+from .side import DP_PROGRESS, Subspace
 from .dpgsd import DPGSD
 from .registry import SideContext, register_distance
 
@@ -110,7 +110,7 @@ class DPEnergy(DPGSD):
         clipped): each a function of its own example alone. Chunk by chunk: only m x D numbers are
         kept, never the m x p matrix."""
         from ..gradients import default_chunk_size, gradient_matrix, resolve_device
-        from ..subspace.side import sample_labels
+        from .side import sample_labels
 
         if self.basis is None:
             raise GSDError(f"{self.name}: the public sides must come first (use_public_sides)")

@@ -35,7 +35,7 @@ from .. import data as gdata
 from ..errors import GSDError
 from ..privacy.randomness import INSECURE_NOTE, check_insecure_seed, private_rng, randomness_statement
 from ..subspace.public_basis import public_basis, public_extra, resolve_dp_sketch
-from ..subspace.side import Subspace
+from .side import Subspace
 from .registry import Distance, SideContext, register_distance
 
 

@@ -66,7 +66,7 @@ from ..data.reference import is_reference, reference_kind
 from ..errors import GSDError
 from ..privacy.randomness import INSECURE_NOTE
 from ..privacy.selection import laplace_scores, peel_top_k, permute_and_flip
-from ..subspace.side import Subspace
+from .side import Subspace
 from .dpenergy import DPEnergy, EnergySide, energy_sensitivity
 from .registry import SideContext, register_distance
 

@@ -16,7 +16,7 @@ import torch.nn as nn
 from .. import data as gdata
 from ..errors import GSDError
 from ..gradients import LossFn, resolve_device
-from ..subspace.side import ROW_NORMS, Subspace
+from .side import ROW_NORMS, Subspace
 from ..subspace import check_method, projection_metric, top_k_subspace
 from .registry import Distance, SideContext, register_distance
 

@@ -21,7 +21,7 @@ import torch.nn as nn
 from .. import data as gdata
 from ..errors import GSDError
 from ..registry import Registry
-from ..subspace.side import Subspace, sample_subspace
+from .side import Subspace, sample_subspace
 from ..subspace import principal_angles, projection_metric
 
 _DISTANCES = Registry("distance")
@@ -29,7 +29,7 @@ _DISTANCES = Registry("distance")
 
 @dataclass
 class SideContext:
-    """What every side of one ranking shares: the model at w0 and :func:`gsd_cli.subspace.side.sample_subspace`'s
+    """What every side of one ranking shares: the model at w0 and :func:`gsd_cli.distance.side.sample_subspace`'s
     settings (k, labels, row norm, engine, device, sketch...). ``dims``: the dimension the subspaces live in."""
 
     model: nn.Module

@@ -77,7 +77,7 @@ def ghost_subspace(
     """Top-k subspace ``(V, s)`` of the per-sample gradients of ``m`` examples by the Gram path.
 
     V is p x k: float64 when p*k*8 bytes is at most a quarter of the budget, else float32 (resnet50:
-    1.5 GB instead of 3 GB), orthonormal either way. With ``dp`` (as :func:`gsd_cli.subspace.side.sample_subspace`)
+    1.5 GB instead of 3 GB), orthonormal either way. With ``dp`` (as :func:`gsd_cli.distance.side.sample_subspace`)
     the subspace is drawn by :func:`gsd_cli.subspace.dppca.private_top_k_subspace` on the operator, with the
     private generator ``dp["rng"]``, and ``s`` is empty."""
     budget = DEFAULT_BUDGET if memory_budget is None else parse_bytes(memory_budget)

@@ -3,7 +3,7 @@
 The package follows the data flow: :mod:`.config` (the settings, :class:`RankConfig`), then
 :mod:`.pipeline` (one draw: datasets, model at w0, the private side once, every public side through
 an executor of :mod:`.executors` and the caches, compare, sort), :mod:`.repeats` (R draws with error
-bars) and :mod:`.results` (what comes back). The sides are computed by :mod:`gsd_cli.subspace.side`, compared
+bars) and :mod:`.results` (what comes back). The sides are computed by :mod:`gsd_cli.distance.side`, compared
 by a distance of :mod:`gsd_cli.distance`.
 
 >>> from gsd_cli.ranking import RankConfig, rank
@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 
 from .. import data as gdata
 from ..distance import gradient_subspace_distance
-from ..subspace.side import Progress, Subspace, sample_labels, sample_subspace
+from ..distance.side import Progress, Subspace, sample_labels, sample_subspace
 from .config import GradientSettings, ModelSettings, PrivacySettings, RankConfig, check_settings, option_names
 from .executors import Executor, LocalExecutor, PublicTask, executor_names, get_executor, register_executor
 from . import ray_executor  # noqa: F401,E402  (registers "ray"; imports Ray only when that executor is built)

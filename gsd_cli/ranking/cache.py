@@ -54,7 +54,7 @@ from ..models.digest import _tensor_digest, model_digest  # noqa: F401 (the cach
 from ..data.roots import CACHE_ENV as ENV, CALIBRATION_SUBFOLDER, cache_dir_or_reason, default_cache_dir  # noqa: F401 (where the cache lives)
 from ..data.transform import TRANSFORM
 from .cache_read import computed_dtype, read_entry
-from ..subspace.side import Subspace, sample_labels
+from ..distance.side import Subspace, sample_labels
 
 #: 2: keyed on what the examples are made of (1: on the resized model input)
 SCHEMA = 2
@@ -117,14 +117,19 @@ class SubspaceCache:
 
     def set_max_bytes(self, value: int) -> dict:
         """Set the size cap (kept in the folder's :data:`SETTINGS_FILE`) and evict down to it; returns :meth:`evict`'s."""
-        from ..report.outputs import write_output
-
         if self.directory is None:
             from ..errors import GSDError
 
             raise GSDError(f"no cache folder ({self.unusable}); set {ENV} to a folder")
         self.directory.mkdir(parents=True, exist_ok=True)
-        write_output(self.directory / SETTINGS_FILE, json.dumps({"max_bytes": int(value)}) + "\n")
+        fd, tmp = tempfile.mkstemp(prefix=f"{_TEMP_PREFIX}settings.", suffix=".tmp", dir=self.directory)  # atomically, as entries
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(json.dumps({"max_bytes": int(value)}) + "\n")
+            os.replace(tmp, self.directory / SETTINGS_FILE)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
         return self.evict()
 
     def evict(self, keep: str | None = None) -> dict:
@@ -346,7 +351,7 @@ def _size(f: Path) -> int:
 
 
 def public_cache_key(cache: SubspaceCache | None, model, sample, common: dict) -> str | None:
-    """The disk-cache key of a public ``sample``'s subspace under :func:`gsd_cli.subspace.side.sample_subspace`'s
+    """The disk-cache key of a public ``sample``'s subspace under :func:`gsd_cli.distance.side.sample_subspace`'s
     keyword arguments ``common``, or None when it is not cached (no cache; a custom loss function,
     which cannot be hashed)."""
     if cache is None or common.get("loss") is not None:

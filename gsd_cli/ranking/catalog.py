@@ -388,7 +388,3 @@ def run_catalog(catalog: Catalog | str | Path, private: str | None = None, *, do
     if run.errors:
         raise CatalogError(run)
     return run.results
-
-
-# What a catalogue run writes and reports (JSON, Markdown, checks, privacy totals): gsd_cli.report.catalog_files
-from ..report.catalog_files import catalog_privacy_total, run_check_failures, run_json, run_markdown, write_partial  # noqa: E402,F401

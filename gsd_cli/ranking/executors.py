@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Protocol
 from .. import data as gdata
 from ..errors import GSDError
 from ..registry import Registry
-from ..subspace.side import Subspace
+from ..distance.side import Subspace
 
 if TYPE_CHECKING:
     from ..distance import Distance, SideContext

@@ -22,7 +22,7 @@ from ..distance import SideContext, make_distance
 from ..errors import GSDError
 from ..gradients import resolve_device
 from ..subspace.public_basis import resolve_dp_sketch
-from ..subspace.side import LABELS, ROW_NORMS, Progress
+from ..distance.side import LABELS, ROW_NORMS, Progress
 from ..subspace import check_method, uniform_baseline
 from .config import RankConfig, check_k
 from .executors import PublicSide, PublicTask, public_subspaces, recall, remember

@@ -97,7 +97,7 @@ def public_basis(subspaces: Sequence[torch.Tensor], extra: int = 0, seed: int = 
     order of candidates. The span's basis is the left singular vectors of [V_1 ... V_K] whose singular
     values exceed ``tol`` times the largest (candidates whose subspaces overlap give fewer than K k
     dimensions; D is then smaller, and it is still a function of public data only). The extra
-    directions are Gaussian, drawn from ``seed`` alone in row blocks (as :func:`gsd_cli.subspace.side.sketch`),
+    directions are Gaussian, drawn from ``seed`` alone in row blocks (as :func:`gsd_cli.distance.side.sketch`),
     and orthonormalised against the span. Deterministic: the same public inputs give the same Q bit
     for bit, whatever the private data."""
     if not subspaces:

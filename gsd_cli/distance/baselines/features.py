@@ -19,7 +19,7 @@ import torch.nn as nn
 
 from ... import data as gdata
 from ...errors import GSDError
-from ...subspace.side import Subspace
+from ..side import Subspace
 from ..registry import Distance, SideContext
 
 #: What every output of a non-private metric says (JSON "metric", "dp": false; the table's note).

@@ -20,7 +20,7 @@ from .. import data as gdata
 from ..data.loader import AHEAD
 from ..errors import GSDError
 from ..gradients import LossFn, default_chunk_size, gradient_matrix, resolve_device
-from . import top_k_subspace
+from ..subspace import top_k_subspace
 
 LABELS = ("random", "own")
 ROW_NORMS = ("unit", "none")
@@ -160,13 +160,13 @@ def sample_subspace(
     if sketch_dim:
         G = sketch(G, sketch_dim, seed)
     if basis is not None:
-        from .public_basis import project_rows
+        from ..subspace.public_basis import project_rows
 
         G = project_rows(G, basis)
     if dp is None:
         V, s = top_k_subspace(G, k, subspace_method)
     else:
-        from .dppca import private_top_k_subspace
+        from ..subspace.dppca import private_top_k_subspace
 
         if G.shape[0] < shown:  # fewer rows than m (N < m): zero rows leave B = scale G^T G, hence the law, unchanged,
             G = torch.cat([G, G.new_zeros(shown - G.shape[0], G.shape[1])])  # and the mechanism's shapes no longer tell N
