@@ -149,10 +149,9 @@ def reference_margin(s: np.ndarray, winner: int, references: list[int], kinds: l
     gap between two draws of the same kind of noise (``kinds``: the indices of each kind's draws; a
     kind with one draw adds nothing). Why energy, not the clipped regret the winner is chosen by: with
     tau = 0.02 C^2 the regret is a vote of the rows, and near-equal subspaces split the vote by tiny
-    public-draw differences (ResNet20, m = 500: the built-in ``noise`` set won 150 more of 500 rows than
-    two draws of the same noise, at energies equal to 0.1%). Why the allowance: one public draw per
-    candidate, so a margin from one draw of noise over another grows with m (energy gaps of 0.2 to 9 C^2
-    between draws at m = 500) and is not a sign of closeness.
+    public-draw differences, so a vote margin says little where the energies are equal. Why the allowance:
+    one public draw per candidate, so a margin from one draw of noise over another grows with m and is not a
+    sign of closeness (the measurements: docs/evidence/validity-log.md).
 
     Sensitivity under replace one row (each a_ij in [0, C^2]): each difference s_j - s_l moves by
     (a_j(q') - a_l(q')) - (a_j(q) - a_l(q)), at most 2 C^2, and so do a minimum or a maximum of such

@@ -14,13 +14,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..data.reference import REFERENCE, NoiseSource, is_reference, reference_sources  # noqa: F401 (re-exported)
+from ..defaults import ADVICE
 
-#: one-sided significance level of "closer than the reference"
-ALPHA = 0.05
+#: one-sided significance level of "closer than the reference" (:data:`gsd_cli.defaults.ADVICE`)
+ALPHA = ADVICE.alpha
 #: repeats of the auto-select ranking by default (the paired test needs at least 2)
-REPEATS = 3
-#: the second phase needs at least this many public examples per private class (and as many classes)
-PER_CLASS = 100
+REPEATS = ADVICE.rank_repeats
 
 
 @dataclass(frozen=True)
@@ -146,20 +145,3 @@ def one_sided_p(diffs: np.ndarray) -> float:
         return 0.0 if diffs[0] > 0 else 1.0
     p = float(stats.ttest_1samp(diffs, 0.0, alternative="greater").pvalue)
     return 1.0 if math.isnan(p) else p
-
-
-def advice_sentence(private: bool = False) -> str:
-    """What ``gsd train --auto-select`` does with a ranking (the validity line under every table)."""
-    test = ("the private selection chooses it over the in-run noise references and its released energy margin over "
-            f"them, beyond the gap between two draws of noise, is above 0 with confidence (alpha {ALPHA:g})" if private else
-            f"it is closer than the in-run noise references with confidence (one-sided paired t-test over "
-            f"{REPEATS} draws, alpha {ALPHA:g})")
-    if private:
-        return (f"Advice (gsd train --auto-select --select-epsilon, --method auto): a candidate is used only when {test}; "
-                f"the second phase only with one that has the private task's classes and {PER_CLASS} examples per class, "
-                "else GEP; otherwise DP-SGD without public data. Measured on held-out tasks on the validity page.")
-    return (f"Advice (gsd train --auto-select, --method auto): a candidate is used only when {test}, has the private "
-            f"task's classes and {PER_CLASS} examples per class, and the second phase's stage 1 on it gives the model "
-            "better features than it starts with (a linear probe of the private examples against the untrained model's, "
-            "paired t-test over 3 draws); the second phase with the largest such gain, otherwise DP-SGD without public "
-            "data. Measured on held-out tasks on the validity page.")

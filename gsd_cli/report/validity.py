@@ -10,6 +10,8 @@ import json
 from functools import lru_cache
 from importlib import resources
 
+from ..defaults import ADVICE
+
 
 @lru_cache(maxsize=None)
 def _shipped(name: str) -> dict | None:
@@ -87,7 +89,6 @@ def validity_line(metric: str = "gsd") -> str | None:
     on the held-out benchmark's pre-registered rounds (the later rounds apart), then the advice. None for other
     metrics, or when the figures are not shipped."""
     doc = heldout()
-    from ..ranking.reference import advice_sentence
 
     if metric in ("dp-energy", "dp-select"):  # a private selection: what auto-select does with its winner
         return "validity: " + advice_sentence(private=True)
@@ -113,3 +114,20 @@ def validated_sentence(doc: dict) -> str | None:
     held = [v for k, v in rho.items() if k.split("@")[0] in doc.get("held_out", [])]
     s = f"The order is validated for {LABELS.get(m, m)} (Spearman {_span(sel)} on the selection tasks"
     return s + (f"; {_span(held)} on the held-out task)." if held else ").")
+
+
+def advice_sentence(private: bool = False) -> str:
+    """What ``gsd train --auto-select`` does with a ranking (the validity line under every table)."""
+    test = ("the private selection chooses it over the in-run noise references and its released energy margin over "
+            f"them, beyond the gap between two draws of noise, is above 0 with confidence (alpha {ADVICE.alpha:g})" if private else
+            f"it is closer than the in-run noise references with confidence (one-sided paired t-test over "
+            f"{ADVICE.rank_repeats} draws, alpha {ADVICE.alpha:g})")
+    if private:
+        return (f"Advice (gsd train --auto-select --select-epsilon, --method auto): a candidate is used only when {test}; "
+                f"the second phase only with one that has the private task's classes and {ADVICE.per_class} examples per class, "
+                "else GEP; otherwise DP-SGD without public data. Measured on held-out tasks on the validity page.")
+    return (f"Advice (gsd train --auto-select, --method auto): a candidate is used only when {test}, has the private "
+            f"task's classes and {ADVICE.per_class} examples per class, and the second phase's stage 1 on it gives the model "
+            "better features than it starts with (a linear probe of the private examples against the untrained model's, "
+            f"paired t-test over {ADVICE.probe_draws} draws); the second phase with the largest such gain, otherwise DP-SGD without public "
+            "data. Measured on held-out tasks on the validity page.")

@@ -15,10 +15,8 @@ Two questions decide it, neither calibrated on any benchmark:
 2. **Can the method use it?** GEP uses the public set's gradient subspace (random labels: any public set
    of images); the second phase pretrains on the public set's *own labels*, so a set with fewer classes
    than the private task, or fewer than :data:`PER_CLASS` examples per private class, cannot prepare the
-   model however close its gradients (`faces`, 200 images in 2 classes, was ranked first for a 10-class
-   task and pretrained on: worse than DP-SGD alone). Eligibility is a property of the public sets
-   (sizes and label spaces are public), set before any benchmark run (docs/validity.md, held-out
-   benchmark).
+   model however close its gradients. Eligibility is a property of the public sets (sizes and label spaces
+   are public), set before any benchmark run (docs/validity.md, held-out benchmark).
 
 3. **Does the method gain from it?** (non-private selections, with the run's settings) The feature
    probe (:mod:`gsd_cli.train.probe`): stage 1 of the second phase as ``gsd train`` runs it, then a
@@ -43,11 +41,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from ..defaults import ADVICE
 from ..ranking.reference import (  # noqa: F401 (re-exported: the advice's vocabulary)
-    ALPHA, PER_CLASS, REFERENCE, REPEATS, NoiseSource, ReferenceTest, advice_sentence, closer_than_reference, is_reference,
+    ALPHA, REFERENCE, REPEATS, NoiseSource, ReferenceTest, closer_than_reference, is_reference,
     reference_line, reference_sources, row_distance,
 )
 
+#: the second phase needs at least this many public examples per private class (and as many classes)
+PER_CLASS = ADVICE.per_class
 #: the order --method auto tries the public methods in
 ORDER = ("second-phase", "gep")
 FALLBACK = "dpsgd"

@@ -40,9 +40,10 @@ import numpy as np
 import torch
 
 from .. import data as gdata
+from ..defaults import ADVICE
 
-#: repeats of the probe (draws of the initial model, the private examples and stage 1's shuffles)
-REPEATS = 3
+#: draws of the probe (of the initial model, the private examples and stage 1's shuffles): :data:`gsd_cli.defaults.ADVICE`
+DRAWS = ADVICE.probe_draws
 #: the ridge penalty per fitted example (features standardised); set before any benchmark run
 RIDGE = 0.1
 
@@ -160,7 +161,7 @@ class _Named:
         return self.sources[name]
 
 
-def probe_second_phase(private, candidates: list, settings, *, examples: int = 2000, repeats: int = REPEATS, seed: int = 0,
+def probe_second_phase(private, candidates: list, settings, *, examples: int = 2000, repeats: int = DRAWS, seed: int = 0,
                        device: str | torch.device | None = "auto", progress=None) -> ProbeResult:
     """The feature probe (module docstring) of each of ``candidates`` (sources) for the second phase on
     ``private`` (the private *training* source), with the stage-1 and model settings of ``settings``

@@ -16,6 +16,16 @@ from .splits import private_parts
 #: public subspaces across runs instead
 RANK_MODEL = "probe"
 
+def candidate_sources(candidates: Sequence, catalog=None) -> list:
+    """The candidates as sources, one rule for every selection: a catalogue's names resolved by the catalogue, other
+    names by :func:`gsd_cli.data.resolve`; a source object as given."""
+    from ..data import resolve
+
+    if catalog is not None:
+        return [catalog.resolve(c) for c in candidates]
+    return [resolve(c) if isinstance(c, str) else c for c in candidates]
+
+
 def auto_select(private: str, candidates: Sequence[str], *, private_test: str | None = None, catalog=None, **rank_options) -> Ranking:
     """Rank ``candidates`` by GSD to the private *training* part (the test part is never looked at)
     with :func:`gsd_cli.ranking.rank` and its options (``dp=True, epsilon=...`` for the DP selection,
@@ -24,7 +34,7 @@ def auto_select(private: str, candidates: Sequence[str], *, private_test: str | 
     gives both with the noise scale of the score). ``catalog``
     (a :class:`gsd_cli.ranking.catalog.Catalog`) resolves the names it defines."""
     train_part, _ = private_parts(private, private_test, catalog)
-    pubs = [catalog.resolve(c) for c in candidates] if catalog is not None else list(candidates)
+    pubs = candidate_sources(candidates, catalog)
     return rank(train_part, pubs, **rank_options)
 
 
@@ -41,7 +51,7 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
     ``train_settings`` (the run's :class:`gsd_cli.train.TrainConfig`: its model and stage-1 settings), a
     non-private selection for ``auto`` or ``second-phase`` also runs the feature probe
     (:func:`gsd_cli.train.probe.probe_second_phase`, ``probe_repeats`` draws, default
-    :data:`gsd_cli.train.probe.REPEATS`), which then decides which candidate the second phase takes, or
+    :data:`gsd_cli.train.probe.DRAWS`), which then decides which candidate the second phase takes, or
     none (the decision's ``evidence["probe"]``). ``references=False``
     (``--no-fallback`` under DP, where the references would compete in the private selection): no
     references, no decision (``None``). ``notify(line)`` gets the probe's plan (:func:`probe_plan`, public
@@ -55,7 +65,6 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
     exact tie of mean gains aside), without the subspaces of candidates that would not be chosen. The
     ranking's ``not_ranked`` names the others; the decision's evidence keeps their probe figures. ``"all"`` ranks every candidate, then probes those
     the advice could choose (:func:`choosable`)."""
-    from ..data import resolve
     from ..models.spec import resolve_model
     from ..ranking.reference import closer_than_reference, split_references
     from .advice import REFERENCE, REPEATS, advise, describe, is_reference, reference_sources
@@ -70,7 +79,7 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
     if repeats is None:
         repeats = 1 if dp else REPEATS
     train_part, _ = private_parts(private, private_test, catalog)
-    pubs = [catalog.resolve(c) for c in candidates] if catalog is not None else [resolve(c) if isinstance(c, str) else c for c in candidates]
+    pubs = candidate_sources(candidates, catalog)
     spec = resolve_model(rank_options.get("model", "probe"))
     references = reference_sources(spec.input_size, spec.channels, int(rank_options.get("examples", 2000)),
                                    train_part.num_classes, int(rank_options.get("seed", 0)), draws=2 if dp else 1,
@@ -86,7 +95,7 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
     examples = int(rank_options.get("examples", 2000))
 
     def run_probe(sources):
-        from .probe import REPEATS as PROBE_REPEATS, ProbeResult, probe_second_phase
+        from .probe import DRAWS as PROBE_REPEATS, ProbeResult, probe_second_phase
 
         if notify is not None:  # public: not which candidates are probed
             notify(probe_plan(probe_repeats or PROBE_REPEATS, len(pubs), examples, train_settings, usable_only=gate == "helping"))
@@ -136,7 +145,6 @@ def dp_advised_selection(private: str, candidates: Sequence[str], method: str = 
     (:func:`gsd_cli.train.dp_advice.split_budget`). Returns ``(decision, selection)``: the decision and the
     selection's public record (for the run's summary); None for a multi-label task (declared: public), which the
     DP probe does not score (the DP selection on GSD decides there). ``classes``: the run's ``--classes``."""
-    from ..data import resolve
     from ..privacy.budget import book_selection
     from .dp_advice import dp_probe_advice
 
@@ -147,7 +155,7 @@ def dp_advised_selection(private: str, candidates: Sequence[str], method: str = 
         train_part = with_classes(train_part, classes)
     if train_part.multilabel:
         return None
-    pubs = [catalog.resolve(c) for c in candidates] if catalog is not None else [resolve(c) if isinstance(c, str) else c for c in candidates]
+    pubs = candidate_sources(candidates, catalog)
 
     def book(eps, dlt, curve, mechanism):
         book_selection(train_part, eps, dlt, curve, mechanism, dp=insecure_seed is None)
