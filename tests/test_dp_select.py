@@ -284,9 +284,11 @@ def test_the_released_winner_for_a_decision(npz_pair):
     pubs = [f"npz:{npz_pair['near']}", f"npz:{npz_pair['far']}"]
     r = rank(f"npz:{npz_pair['priv']}", pubs, examples=40, k=3, model="fmnist-cnn", dp=True, epsilon=3.0)
     w = released_winner(r)
-    assert w["public"] == r.results[0].public and w["distance"] == r.results[0].distance
-    assert w["distance"] == pytest.approx(math.sqrt(min(1, max(0, 1 - w["energy_share"]))))
-    assert w["share_noise_scale"] == pytest.approx(1.0 / (40 * 1.5)) and w["epsilon_score"] == 1.5
+    assert w.public == r.results[0].public and w.distance == r.results[0].distance
+    assert w.distance == pytest.approx(math.sqrt(min(1, max(0, 1 - w.energy_share))))
+    assert w.share_noise_scale == pytest.approx(1.0 / (40 * 1.5)) and w.epsilon_score == 1.5
+    assert w.to_dict() == {"public": w.public, "distance": w.distance, "energy_share": w.energy_share,
+                           "share_noise_scale": w.share_noise_scale, "epsilon_score": 1.5}
     assert released_winner(rank(f"npz:{npz_pair['priv']}", pubs, examples=40, k=3, model="fmnist-cnn", dp=True, epsilon=3.0,
                                 distance="dp-energy")) is None
 

@@ -327,19 +327,49 @@ def selection_guarantee(top: int, regret_clip: float, eps_select: float, eps_sco
     return text + f"; basic composition: {' + '.join(f'{e:g}' for e in parts)} = epsilon {sum(parts):g}"
 
 
-def released_winner(ranking) -> dict | None:
-    """The DP winner of a ranking by the DP selection and its released score, for a decision that
-    must read DP releases only (``gsd train --auto-select --select-epsilon``): ``{"public", "distance"
-    (the released DP energy distance), "energy_share" (s~ / (m C^2)), "share_noise_scale" (the Laplace
-    scale of that share), "epsilon_score"}``; None for another ranking."""
+@dataclass(frozen=True)
+class ReleasedWinner:
+    """The DP selection's winner and its released score (what a decision that reads DP releases only may use):
+    ``distance`` (the released DP energy distance), ``energy_share`` (s~ / (m C^2)), ``share_noise_scale`` (the
+    Laplace scale of that share), ``epsilon_score`` (the part of epsilon that released it)."""
+
+    public: str
+    distance: float
+    energy_share: float
+    share_noise_scale: float | None
+    epsilon_score: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ReleasedMargin:
+    """The DP selection's released margin of its winner over the in-run noise references (energy in C^2 units,
+    :func:`reference_margin` plus Laplace noise) and the Laplace scale; both None where none was released."""
+
+    margin: float | None
+    laplace_scale: float | None
+
+
+def released_winner(ranking) -> ReleasedWinner | None:
+    """The DP winner of a ranking by the DP selection and its released score (:class:`ReleasedWinner`), for a
+    decision that must read DP releases only (``gsd train --auto-select --select-epsilon``); None for another
+    ranking."""
     pv = getattr(ranking, "privacy", None) or {}
     if pv.get("release") != "selection" or not ranking.results:
         return None
     best = ranking.results[0]
     share = (pv.get("released_energy_share") or {}).get(best.public, 1.0 - best.distance ** 2)  # unclamped when known
-    return {"public": best.public, "distance": best.distance, "energy_share": share,
-            "share_noise_scale": pv.get("share_noise_scale"), "epsilon_score": pv["epsilon_score"]}
+    return ReleasedWinner(best.public, best.distance, share, pv.get("share_noise_scale"), pv["epsilon_score"])
+
+
+def released_margin(ranking) -> ReleasedMargin:
+    """The winner's released margin over the in-run references (:class:`ReleasedMargin`) of a DP selection's
+    ranking (its ``privacy`` block: ``reference_margin``, ``margin_laplace_scale``)."""
+    pv = getattr(ranking, "privacy", None) or {}
+    return ReleasedMargin(pv.get("reference_margin"), pv.get("margin_laplace_scale"))
 
 
 __all__ = ["DPSelect", "Selection", "check_settings", "clipped_regret", "mechanism_name", "private_selection", "reference_margin", "release", "MARGIN_SHARE",
-           "released_winner", "row_energies", "selection_guarantee", "score_sensitivity", "REGRET_CLIP", "SCORE_SHARE", "TOP"]
+           "released_winner", "released_margin", "ReleasedWinner", "ReleasedMargin", "row_energies", "selection_guarantee", "score_sensitivity", "REGRET_CLIP", "SCORE_SHARE", "TOP"]

@@ -114,13 +114,15 @@ def _closer_by_release(ranking, name: str, rows: dict) -> ReferenceTest:
     reference beyond the gap between two draws of one kind of noise (energy, in C^2 units:
     :func:`gsd_cli.distance.dpselect.reference_margin`, Laplace-noised) is above :func:`margin_threshold`
     of its noise scale. Reads DP releases only (post-processing)."""
-    pv = ranking.privacy or {}
+    from ..distance.dpselect import released_margin
+
     figures = {"distance": row_distance(rows[name]) if name in rows else None}
     winner = ranking.winner.public
     if is_reference(winner) or name != winner:
         return ReferenceTest(False, f"the private selection chose {winner}" if is_reference(winner) else
                              f"the private selection did not choose {name}", figures)
-    margin, scale = pv.get("reference_margin"), pv.get("margin_laplace_scale")
+    released = released_margin(ranking)
+    margin, scale = released.margin, released.laplace_scale
     if margin is None or scale is None:
         return ReferenceTest(False, f"the private selection released no margin of {name} over the noise references", figures)
     t = margin_threshold(scale)

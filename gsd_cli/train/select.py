@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from ..ranking import Ranking, rank
+from .advice import Decision
+from .config import TrainConfig
 from .splits import private_parts
 
 #: ``gsd train --auto-select``'s ranking model: paper 004's probe network at 224. At the training model's own side
@@ -278,9 +280,9 @@ class Plan:
     method the advice refused) and ``warning`` (``--no-fallback`` trains against, or without, the advice).
     ``public``: whether the selection is a DP release (its figures may be shown on public lines)."""
 
-    config: Any
+    config: TrainConfig
     ranking: Ranking
-    decision: Any
+    decision: Decision | None
     selection: dict
     public: bool
     error: str | None = None
@@ -321,7 +323,8 @@ def plan(config, private: str, candidates: Sequence[str], *, fallback: bool = Tr
     if dp:  # the DP winner and its released score: what a decision may read (DP releases only)
         from ..distance.dpselect import released_winner
 
-        selection["dp_winner"] = released_winner(ranking)
+        winner = released_winner(ranking)
+        selection["dp_winner"] = winner.to_dict() if winner is not None else None
     if decision is not None:
         selection["advice"] = decision.to_dict()
     if fallback:
