@@ -378,3 +378,15 @@ def test_auto_select_under_dp_states_its_epsilon_parts_booking_metric_and_compos
     print_summary({**s, "test": {"accuracy": 0.5}, "private_test_examples": 1, "public": "noise", "public_distance": 0.5}, con)
     table = con.export_text()
     assert "noise (DP energy distance, released 0.5000)" in table and "GSD" not in table
+
+
+def test_one_description_of_the_selections_epsilon_split():
+    """Issue 51: the release, its privacy block and its guarantee read one split (selection_budget)."""
+    from gsd_cli.distance.dpselect import MARGIN_SHARE, selection_budget, selection_guarantee
+
+    b = selection_budget(2.0, 0.5)
+    assert (b.select, b.score, b.margin) == (1.0, 1.0, 0.0) and sum(b.parts) == 2.0
+    b = selection_budget(2.0, 0.5, references=True)
+    assert b.margin == 1.0 * MARGIN_SHARE and b.score == 1.0 - b.margin and sum(b.parts) == pytest.approx(2.0)
+    text = selection_guarantee(1, 0.02, b.select, b.score, b.margin)
+    assert text.endswith(f"= epsilon {sum(b.parts):g}") and f"{b.margin:g}" in text

@@ -168,6 +168,30 @@ def reference_margin(s: np.ndarray, winner: int, references: list[int], kinds: l
 MARGIN_SHARE = 0.75
 
 
+@dataclass(frozen=True)
+class SelectionBudget:
+    """How the DP selection splits its epsilon (module docstring; one description, read by the release, its
+    privacy block and its guarantee): ``select`` chooses, ``score`` releases the chosen candidates' energies,
+    ``margin`` (with auto-select's noise references: :data:`MARGIN_SHARE` of the scores' share) the winner's
+    margin over them. Basic composition: the parts add to the total."""
+
+    select: float
+    score: float
+    margin: float = 0.0
+
+    @property
+    def parts(self) -> list[float]:
+        return [self.select, self.score] + ([self.margin] if self.margin else [])
+
+
+def selection_budget(epsilon: float, score_share: float, references: bool = False) -> SelectionBudget:
+    """The split of ``epsilon`` (:class:`SelectionBudget`): (1 - ``score_share``) to choose, the rest to the
+    scores, of which :data:`MARGIN_SHARE` to the margin when the selection has ``references``."""
+    eps_sel, eps_score = epsilon * (1.0 - score_share), epsilon * score_share
+    eps_margin = eps_score * MARGIN_SHARE if references else 0.0
+    return SelectionBudget(eps_sel, eps_score - eps_margin, eps_margin)
+
+
 def release(u: np.ndarray, s: np.ndarray, W: list[torch.Tensor], epsilon: float, clip: float, *, regret_clip: float = REGRET_CLIP,
             top: int = TOP, score_share: float = SCORE_SHARE, rng: np.random.Generator,
             references: list[int] | None = None, reference_kinds: list[list[int]] | None = None) -> Selection:
@@ -188,10 +212,9 @@ def release(u: np.ndarray, s: np.ndarray, W: list[torch.Tensor], epsilon: float,
     if len(u) != K or len(s) != K:
         raise GSDError("the selection needs one utility and one energy per candidate")
     top = min(int(top), K)
-    eps_sel, eps_score = epsilon * (1.0 - score_share), epsilon * score_share
     refs = sorted(set(references or ()))
-    eps_margin = eps_score * MARGIN_SHARE if refs else 0.0
-    eps_score -= eps_margin
+    budget = selection_budget(epsilon, score_share, bool(refs))
+    eps_sel, eps_score, eps_margin = budget.select, budget.score, budget.margin
     tau = regret_clip * clip * clip  # Delta of the utility under replace one row
     chosen = [permute_and_flip(u, eps_sel, tau, rng)] if top == 1 else peel_top_k(u, top, eps_sel, tau, rng)
     l1 = score_sensitivity([W[j] for j in chosen], clip)
@@ -279,14 +302,14 @@ class DPSelect(DPEnergy):
         privacy, _, dp = super().report(ctx, rows)
         st = self.select_settings
         eps, C = float(pv.epsilon), float(pv.clip)
-        eps_sel, eps_score = eps * (1 - st["score_share"]), eps * st["score_share"]
+        budget = selection_budget(eps, st["score_share"])  # without references; a release's own figures below
         for key in ("sensitivity_lambda", "laplace_scale"):
             privacy.pop(key, None)
         top = min(st["top"], len(getattr(self, "names", [])) or st["top"])
         last = getattr(self, "last_selection", None)
         privacy.update(
             mechanism=mechanism_name(top), release="selection", top=top, exact=True, delta=0.0,
-            epsilon_select=eps_sel, epsilon_score=eps_score, score_share=st["score_share"], regret_clip=st["regret_clip"],
+            epsilon_select=budget.select, epsilon_score=budget.score, score_share=st["score_share"], regret_clip=st["regret_clip"],
             selection_sensitivity=st["regret_clip"] * C * C,
             what_is_dp=("the chosen candidate(s), in the order chosen, and their released DP energy distances; "
                         "nothing is released about the other candidates"),
@@ -315,7 +338,7 @@ def selection_guarantee(top: int, regret_clip: float, eps_select: float, eps_sco
     ``eps_select`` to choose, ``eps_score`` for the chosen candidates' scores and, with auto-select's
     noise references, ``eps_margin`` for the winner's margin over them (taken out of the scores' share).
     The parts it states add to the total it states."""
-    parts = [eps_select, eps_score] + ([eps_margin] if eps_margin else [])
+    parts = SelectionBudget(eps_select, eps_score, eps_margin).parts
     text = (f"pure epsilon-DP: {mechanism_name(top)} on the clipped regret (each row's shortfall against its best "
             f"candidate, clipped at tau = {regret_clip:g} C^2; sensitivity tau, one row replaced) at epsilon {eps_select:g}"
             + ("" if top == 1 else f" ({top} rounds at {eps_select / top:g}, basic composition)")
@@ -372,4 +395,4 @@ def released_margin(ranking) -> ReleasedMargin:
 
 
 __all__ = ["DPSelect", "Selection", "check_settings", "clipped_regret", "mechanism_name", "private_selection", "reference_margin", "release", "MARGIN_SHARE",
-           "released_winner", "released_margin", "ReleasedWinner", "ReleasedMargin", "row_energies", "selection_guarantee", "score_sensitivity", "REGRET_CLIP", "SCORE_SHARE", "TOP"]
+           "released_winner", "released_margin", "SelectionBudget", "selection_budget", "ReleasedWinner", "ReleasedMargin", "row_energies", "selection_guarantee", "score_sensitivity", "REGRET_CLIP", "SCORE_SHARE", "TOP"]
