@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from import_graph import assert_acyclic
 
 import gsd_cli
 from gsd_cli.distance import Distance, distance_names, register_distance
@@ -48,24 +49,7 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
 
 def test_the_import_graph_has_no_cycle():
     modules = _modules()
-    graph = {m: _imports(m, p, modules) for m, p in modules.items()}
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(m):
-        state[m] = 1
-        stack.append(m)
-        for n in sorted(graph[m]):
-            if state.get(n) == 1:
-                raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(n):] + [n]))
-            if n not in state:
-                visit(n)
-        stack.pop()
-        state[m] = 2
-
-    for m in sorted(graph):
-        if m not in state:
-            visit(m)
+    assert_acyclic({m: _imports(m, p, modules) for m, p in modules.items()})
 
 
 def test_every_module_imports_on_its_own():
@@ -234,16 +218,4 @@ def test_no_import_runs_up_within_a_layer_and_the_packages_form_no_circle():
     graph: dict[str, set] = {}
     for a, b in edges:
         graph.setdefault(a, set()).add(b)
-    state: dict[str, int] = {}
-
-    def visit(node: str, path: list[str]) -> None:
-        state[node] = 1
-        for nxt in sorted(graph.get(node, ())):
-            assert state.get(nxt) != 1, "packages import each other in a circle: " + " -> ".join([*path, node, nxt])
-            if nxt not in state:
-                visit(nxt, [*path, node])
-        state[node] = 2
-
-    for node in sorted(graph):
-        if node not in state:
-            visit(node, [])
+    assert_acyclic(graph, "packages import each other in a circle")

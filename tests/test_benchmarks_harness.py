@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from import_graph import assert_acyclic
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
 #: what the record must say (issue 51)
@@ -129,23 +131,7 @@ def test_the_benchmarks_package_has_no_import_cycle():
             bare[str(p.relative_to(ROOT))] = b
     assert not bare, f"imports by a bare name (use package-relative or benchmarks.x): {bare}"
     assert "benchmarks.validity.dp_rule" in graph["benchmarks.validity.large_score"]  # the graph sees imports in functions
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(m: str) -> None:
-        state[m] = 1
-        stack.append(m)
-        for n in sorted(graph.get(m, ())):
-            if state.get(n) == 1:
-                raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(n):] + [n]))
-            if n not in state:
-                visit(n)
-        stack.pop()
-        state[m] = 2
-
-    for m in sorted(graph):
-        if m not in state:
-            visit(m)
+    assert_acyclic(graph)
 
 
 def test_env_record_has_its_keys_and_write_json_adds_it_beside_the_results(tmp_path):
