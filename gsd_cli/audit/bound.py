@@ -172,6 +172,19 @@ def distinguishing_epsilon(stat_d: np.ndarray, stat_d2: np.ndarray, thresholds, 
     return best, how
 
 
+def best_of_tests(tests, confidence: float = 0.95) -> tuple[float, dict]:
+    """The best :func:`distinguishing_epsilon` over several statistics, ``tests`` = ``[(name, stat_d, stat_d2,
+    thresholds)]``, the confidence split over every threshold of every statistic (Bonferroni: each statistic's
+    share is its number of thresholds). Returns the bound and how it was reached (``statistic`` named)."""
+    share = sum(len(t[3]) for t in tests)
+    best, how = 0.0, {}
+    for name, sa, sb, ts in tests:
+        e, h = distinguishing_epsilon(sa, sb, ts, 1 - (1 - confidence) * len(ts) / share)
+        if e > best:
+            best, how = e, {"statistic": name, **h}
+    return best, how
+
+
 # --- Gaussian DP (Dong, Roth, Su 2019; the auditing method of Nasr et al. 2023) -----------------------
 
 def gdp_delta(epsilon: float, mu: float) -> float:

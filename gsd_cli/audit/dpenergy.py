@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .bound import AuditResult, distinguishing_epsilon
+from .bound import AuditResult, best_of_tests
 
 BUGS = ("half-scale", "public-seed")
 
@@ -109,13 +109,7 @@ def audit_dp_energy(epsilon: float = 2.0, *, draws: int = 2000, clip: float = 1.
 
     ts = thresholds(clip)
     tests = [("T", T(a), T(b), ts), ("replay", np.abs(a - ref).sum(1), np.abs(b - ref).sum(1), (1e-9 * max(c2, 1.0),))]
-    share = sum(len(t[3]) for t in tests)  # Bonferroni over every threshold of both statistics
-    best, how = 0.0, {}
-    for name, sa, sb, tt in tests:
-        conf = 1 - (1 - confidence) * len(tt) / share
-        e, h = distinguishing_epsilon(sa, sb, tt, conf)
-        if e > best:
-            best, how = e, {"statistic": name, **h}
+    best, how = best_of_tests(tests, confidence)  # Bonferroni over every threshold of both statistics
     exact = exact_energy_loss(D, D2, W, epsilon, clip, lam)
     details = {"clip": clip, "draws_per_neighbour": draws, "exact_loss": exact, "best_test": how, "bug": bug,
                "laplace_scale": 2.0 * c2 * noise_lam / epsilon, "sensitivity_lambda": lam,

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from ..errors import GSDError
-from .bound import AuditResult, distinguishing_epsilon
+from .bound import AuditResult, best_of_tests
 
 QUANTILES = (0.01, 0.03, 0.1, 0.3, 0.5, 0.7, 0.9)
 BUGS = ("public-seed",)
@@ -147,15 +147,9 @@ def audit_dpgsd(
     b = _draws(D2, epsilon, clip, draws, rng, bug, 0)
     replay = replay or (lambda i: private_top_k_subspace(D, 1, epsilon, clip, generator=i)[:, 0].numpy())
     ref = np.stack([replay(i) for i in range(draws)])
-    best, how = 0.0, {}
     ts = thresholds(D, D2, epsilon, clip)
     tests = [("(v.e1)^2", a[:, 0] ** 2, b[:, 0] ** 2, ts), ("replay", np.abs((a * ref).sum(1)), np.abs((b * ref).sum(1)), (1 - 1e-9,))]
-    level_share = len(ts) + 1  # Bonferroni over every threshold of both statistics
-    for name, sa, sb, ts in tests:
-        conf = 1 - (1 - confidence) * len(ts) / level_share
-        e, h = distinguishing_epsilon(sa, sb, ts, conf)
-        if e > best:
-            best, how = e, {"statistic": name, **h}
+    best, how = best_of_tests(tests, confidence)  # Bonferroni over every threshold of both statistics
     exact = exact_privacy_loss(D, D2, epsilon, clip)
     details = {"p": p, "rows": rows, "clip": clip, "draws_per_neighbour": draws, "exact_loss": exact, "best_test": how,
                "bug": bug, "neighbours": (f"D = {rows} x C e2" if rows else "D = one zero row") + ", D' = D + C e1 (add/remove one row)",

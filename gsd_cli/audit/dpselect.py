@@ -39,7 +39,7 @@ import math
 import numpy as np
 import torch
 
-from .bound import AuditResult, distinguishing_epsilon
+from .bound import AuditResult, best_of_tests
 
 BUGS = ("half-scale", "public-seed")
 
@@ -137,13 +137,7 @@ def audit_dp_select(epsilon: float = 2.0, *, draws: int = 2000, clip: float = 1.
 
     ts = thresholds()
     tests = [("T", T(a), T(b), ts), ("replay", replay(a), replay(b), (0.5,))]
-    share_tests = sum(len(t[3]) for t in tests)  # Bonferroni over every threshold of both statistics
-    best, how = 0.0, {}
-    for name, sa, sb, tt in tests:
-        conf = 1 - (1 - confidence) * len(tt) / share_tests
-        e, h = distinguishing_epsilon(sa, sb, tt, conf)
-        if e > best:
-            best, how = e, {"statistic": name, **h}
+    best, how = best_of_tests(tests, confidence)  # Bonferroni over every threshold of both statistics
     exact = exact_selection_loss(D, D2, W, epsilon, clip, rc, share)
     eps_sel, eps_score = eps_used * (1 - share), eps_used * share
     details = {"clip": clip, "draws_per_neighbour": draws, "exact_loss": exact, "best_test": how, "bug": bug,

@@ -32,7 +32,6 @@ image content.
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 from typing import Sequence
 
@@ -41,7 +40,7 @@ import numpy as np
 from ..errors import DatasetError
 from .base import ImageSource
 from .files import FileListSource, _pil_to_array
-from .groups import SPLIT_COLUMNS, group_cells
+from .groups import SPLIT_COLUMNS, group_cells, read_csv_rows
 
 IMAGE_COLUMNS = ("path", "image", "image_path", "filepath", "file", "filename", "file_name", "img", "image index", "image_id")
 LABEL_COLUMNS = ("label", "labels", "class", "target", "y", "dx", "category", "finding labels")
@@ -100,16 +99,7 @@ def csv_source(path: str | Path, name: str | None = None, image_column: str | No
     expect = "a CSV with an image path column (path, image, file...) and a label column (label, class...) or 0/1 label columns"
     if not path.is_file():
         raise DatasetError(f"{name}: no such file {path}; give {expect}")
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as f:
-            reader = csv.DictReader(f)
-            cols = list(reader.fieldnames or [])
-            rows, lines = [], []
-            for r in reader:
-                rows.append(r)
-                lines.append(reader.line_num)
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise DatasetError(f"{name}: cannot read {path} ({type(e).__name__}); give {expect}") from None
+    cols, rows, lines = read_csv_rows(path, f"{name}: cannot read {path}", expect)
     _duplicate_columns(name, path, cols)
     img_col = image_column or _pick(cols, IMAGE_COLUMNS)
     if img_col not in cols:

@@ -57,6 +57,22 @@ def group_cells(name: str, path: Path, rows: list[dict], lines: list[int], colum
     return ids
 
 
+def read_csv_rows(path: Path, cannot: str, expect: str) -> tuple[list[str], list[dict], list[int]]:
+    """``(columns, rows, line numbers)`` of the CSV at ``path`` (a BOM allowed; each row's line number for messages);
+    unreadable: one line, ``"{cannot} (the error's kind); give {expect}"``."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.DictReader(f)
+            cols = list(reader.fieldnames or [])
+            rows, lines = [], []
+            for r in reader:
+                rows.append(r)
+                lines.append(reader.line_num)
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise DatasetError(f"{cannot} ({type(e).__name__}); give {expect}") from None
+    return cols, rows, lines
+
+
 def read_groups_file(file: str | Path, keys: Sequence[str], name: str) -> tuple[list[str], list[str] | None, str, str]:
     """``(groups, data_split, split_column, label)`` for the examples whose identities are ``keys``
     (paths relative to the folder), from the groups CSV ``file`` (module docstring). ``data_split``:
@@ -65,16 +81,7 @@ def read_groups_file(file: str | Path, keys: Sequence[str], name: str) -> tuple[
     expect = "a CSV with columns file (the image's path relative to the folder, <class>/<image>) and group"
     if not file.is_file():
         raise DatasetError(f"{name}: groups file {file} not found; give {expect}")
-    try:
-        with open(file, newline="", encoding="utf-8-sig") as f:
-            reader = csv.DictReader(f)
-            cols = list(reader.fieldnames or [])
-            rows, lines = [], []
-            for r in reader:
-                rows.append(r)
-                lines.append(reader.line_num)
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise DatasetError(f"{name}: cannot read groups file {file} ({type(e).__name__}); give {expect}") from None
+    cols, rows, lines = read_csv_rows(file, f"{name}: cannot read groups file {file}", expect)
     file_col, group_col = pick_column(cols, FILE_COLUMNS), pick_column(cols, GROUP_COLUMNS)
     if file_col is None or group_col is None:
         raise DatasetError(f"{name}: groups file {file} has columns {cols}; give {expect}")
