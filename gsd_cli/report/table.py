@@ -23,24 +23,31 @@ def _kind(ranking: Ranking) -> str:
     return "GSD (not DP)" if m is None else f"{m} (not DP: a non-private metric on the private data)"
 
 
-def ranking_table(ranking: Ranking) -> Table:
+def _title_kind(ranking: Ranking, key: str, insecure: str) -> str:
+    """What a table's title calls the ranking: GSD (not DP), a baseline, or the DP distance with its ``key``
+    epsilon (``epsilon`` or ``total_epsilon``); ``insecure``: the words for a run with --insecure-seed."""
     pv = ranking.privacy
-    kind = _kind(ranking)
-    if pv:
-        kind = f"{_dp_name(pv)} (epsilon={pv['epsilon']:g}" + (")" if pv["exact"] else ", no proven guarantee)")
-        if pv.get("insecure_seed") is not None:
-            kind = f"{_dp_name(pv)} with --insecure-seed (NOT DP, epsilon={pv['epsilon']:g} only if the seed is secret)"
-    t = Table(
-        title=f"{kind} to private [bold]{escape(ranking.private)}[/] ({ranking.private_examples} examples)",
-        caption=(
-            f"model {ranking.model}, p={ranking.num_params:,} parameters"
+    if not pv:
+        return _kind(ranking)
+    if pv.get("insecure_seed") is not None:
+        return f"{_dp_name(pv)} with --insecure-seed ({insecure})"
+    return f"{_dp_name(pv)} ({key.replace('_', ' ')}={pv[key]:g}" + (")" if pv["exact"] else ", no proven guarantee)")
+
+
+def _caption(ranking: Ranking) -> str:
+    """The settings under a table: model, parameters (--peft, weights, sketch), k, seed, labels, row norm."""
+    return (f"model {ranking.model}, p={ranking.num_params:,} parameters"
             + (f" (--peft {escape(ranking.peft)})" if getattr(ranking, "peft", None) else "")
             + (" from pre-trained weights" if getattr(ranking, "weights", None) else "")
             + (f" sketched to {ranking.sketch}" if ranking.sketch else "")
-            + f", k={ranking.k}, seed {ranking.seed}, "
-            f"labels {ranking.labels}, row norm {ranking.row_norm}"
-        ),
-    )
+            + f", k={ranking.k}, seed {ranking.seed}, labels {ranking.labels}, row norm {ranking.row_norm}")
+
+
+def ranking_table(ranking: Ranking) -> Table:
+    pv = ranking.privacy or {}
+    kind = _title_kind(ranking, "epsilon", f"NOT DP, epsilon={pv.get('epsilon', 0):g} only if the seed is secret")
+    t = Table(title=f"{kind} to private [bold]{escape(ranking.private)}[/] ({ranking.private_examples} examples)",
+              caption=_caption(ranking))
     t.add_column("rank", justify="right")
     t.add_column("public", overflow="fold")
     t.add_column("distance", justify="right")
@@ -58,21 +65,9 @@ def ranking_table(ranking: Ranking) -> Table:
 
 
 def repeats_table(ranking: RepeatRanking) -> Table:
-    pv = ranking.privacy
-    kind = _kind(ranking)
-    if pv:
-        kind = f"{_dp_name(pv)} (total epsilon={pv['total_epsilon']:g}" + (")" if pv["exact"] else ", no proven guarantee)")
-        if pv.get("insecure_seed") is not None:
-            kind = f"{_dp_name(pv)} with --insecure-seed (NOT DP)"
-    t = Table(
-        title=f"{kind} to private [bold]{escape(ranking.private)}[/] ({ranking.private_examples} examples), "
-        f"{ranking.repeats} repeat{'s' if ranking.repeats != 1 else ''}",
-        caption=(
-            f"model {ranking.model}, p={ranking.num_params:,} parameters"
-            + (f" sketched to {ranking.sketch}" if ranking.sketch else "")
-            + f", k={ranking.k}, seed {ranking.seed}, labels {ranking.labels}, row norm {ranking.row_norm}"
-        ),
-    )
+    kind = _title_kind(ranking, "total_epsilon", "NOT DP")
+    t = Table(title=f"{kind} to private [bold]{escape(ranking.private)}[/] ({ranking.private_examples} examples), "
+              f"{ranking.repeats} repeat{'s' if ranking.repeats != 1 else ''}", caption=_caption(ranking))
     t.add_column("rank", justify="right")
     t.add_column("public", overflow="fold")
     t.add_column("mean ± sd", justify="right", no_wrap=True)
