@@ -196,9 +196,11 @@ def _new_run(ctx, a, fields: dict, publics: list):
 
         cfg.epsilon = split_budget(a.epsilon, a.delta, a.select_epsilon)[0]  # the DP selection on GSD: pure, delta 0
         if uses_dp_probe(cfg.method, a.probe_repeats):
-            selection = dp_probe_selection(cfg, a.private, publics, private_test=a.private_test, catalog=cat,
-                                           select_epsilon=a.select_epsilon, total=(a.epsilon, a.delta), fallback=a.fallback,
-                                           device=a.device.value, quiet=a.quiet, classes=a.classes)
+            chosen = dp_probe_selection(cfg, a.private, publics, private_test=a.private_test, catalog=cat,
+                                        select_epsilon=a.select_epsilon, total=(a.epsilon, a.delta), fallback=a.fallback,
+                                        device=a.device.value, quiet=a.quiet, classes=a.classes)
+            if chosen is not None:
+                cfg, selection = chosen
     if a.auto_select and selection is None:
         cfg, selection = _advised(a, cfg, publics, cat)
     return cfg, run, selection

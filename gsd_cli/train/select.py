@@ -278,15 +278,17 @@ class Plan:
     under ``--select-epsilon --no-fallback``), the ``selection`` record the training books and summarises
     (``Ranking.to_dict()`` with ``advice`` and, under DP, ``dp_winner``), ``error`` (the run must stop: an explicit
     method the advice refused) and ``warning`` (``--no-fallback`` trains against, or without, the advice).
-    ``public``: whether the selection is a DP release (its figures may be shown on public lines)."""
+    ``public``: whether the selection is a DP release (its figures may be shown on public lines). The DP feature
+    probe (:func:`dp_plan`) has no ranking (None) and states the split of the run's total epsilon (``budget``)."""
 
     config: TrainConfig
-    ranking: Ranking
+    ranking: Ranking | None
     decision: Decision | None
     selection: dict
     public: bool
     error: str | None = None
     warning: str | None = None
+    budget: str | None = None
 
 
 def refusal(decision, public: bool) -> str:
@@ -342,3 +344,42 @@ def plan(config, private: str, candidates: Sequence[str], *, fallback: bool = Tr
     note = forced_note(private, closest.public, method, decision, private_test=private_test, catalog=catalog, classes=classes,
                        advice=None if dp else "on the private: line above")
     return Plan(config, ranking, decision, selection, dp, warning=note)
+
+
+def dp_plan(config: TrainConfig, private: str, candidates: Sequence[str], *, select_epsilon: float, total: tuple[float, float],
+            fallback: bool = True, private_test: str | None = None, catalog=None, device=None, progress=None,
+            classes=None) -> Plan | None:
+    """``gsd train --auto-select --select-epsilon`` with the DP feature probe (:func:`dp_advised_selection`): the run's
+    ``total`` (epsilon, delta) split between the selection and the training
+    (:func:`gsd_cli.train.dp_advice.split_budget`), the probe booked and drawn, its decision applied (an explicit
+    method it refuses: ``error`` with ``fallback``, else the second phase with the first candidate it can use and a
+    ``warning``). Nothing to choose (public facts): nothing spent, the training gets the whole total. None for a
+    multi-label task (then the DP selection on GSD decides, :func:`plan`)."""
+    from .dp_advice import split_budget
+
+    train_epsilon, train_delta, selection_delta = split_budget(total[0], total[1], select_epsilon)
+    advised = dp_advised_selection(private, candidates, config.method, settings=config, epsilon=select_epsilon, delta=selection_delta,
+                                   private_test=private_test, catalog=catalog, seed=config.seed, device=device,
+                                   insecure_seed=config.private_seed, progress=progress, classes=classes)
+    if advised is None:
+        return None
+    decision, record = advised
+    record = {**record, "advice": decision.to_dict(), "total": {"epsilon": total[0], "delta": total[1]}}
+    spent = record.get("privacy") is not None
+    if not spent:  # nothing to choose (public facts): nothing spent, the training gets the whole total
+        train_epsilon, train_delta = total
+        record["reads_private"] = False
+    config = replace(config, epsilon=train_epsilon, delta=train_delta)
+    budget = (f"privacy: the run's total is epsilon {total[0]:g}, delta {total[1]:.3g} (basic composition): the selection "
+              + (f"{select_epsilon:g}, delta {selection_delta:.3g}" if spent else "nothing (no candidate to choose)")
+              + f"; the training {config.epsilon:g}, delta {config.delta:.3g}")
+    if decision.refused and fallback:
+        return Plan(config, None, decision, record, True, error=decision.message, budget=budget)
+    warning = None
+    if decision.refused:  # --no-fallback: the second phase with the first candidate (it can use), against the advice
+        forced = decision.public or (candidates[0] if isinstance(candidates[0], str) else candidates[0].name)
+        warning = f"--no-fallback: training second-phase with {forced} against the advice ({decision.message})"
+        config = replace(config, method="second-phase", public=forced, public_distance=None)
+    else:
+        config = replace(config, method=decision.method, public=decision.public, public_distance=None)
+    return Plan(config, None, decision, record, True, warning=warning, budget=budget)
