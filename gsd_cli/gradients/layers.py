@@ -11,26 +11,33 @@ on). So the engine
 2. calls ``torch.autograd.grad(sum of losses, those outputs)``: autograd then runs only the backward
    steps that lead to those outputs, so no summed parameter gradient is ever formed (Opacus's
    ``GradSampleModule`` forms it and throws it away) and the first layer's backward is skipped;
-3. turns each layer's (input, output gradient) into per-example gradients by its rule:
+3. turns each layer's (input, output gradient) into per-example gradients by its rule, looked up in
+   :data:`PER_SAMPLE_RULES` (a dict keyed by module type, filled by the :func:`register_per_sample`
+   decorator, as Opacus's ``GRAD_SAMPLERS``; the ghost-clipping engine, :mod:`gsd_cli.train.clipsum`,
+   takes its materialised layers' gradients from the same rules, so each layer kind has one rule):
 
-   * ``nn.Conv2d`` (one group, zero padding): dL_i/dW[o, c, a, b] = sum_t g_i[o, t] x_i[c, t_a, t_b],
-     t over output positions. With few input channels (fewer than ``GROUPED_MIN_CHANNELS``): one
-     batched matrix product of the output gradient (n x T x O) with the input's patches (n x T x kh kw
-     C), read from the input in channels-last order by ``as_strided``; with more, torch's own
-     weight-gradient kernel run as one convolution with n groups (what ``vmap``'s batching rule does),
-     where the patches would be kh kw / (sh sw) times the input. On a CPU a model with a MaxPool2d
+   * ``nn.Conv2d`` (zero padding, numeric padding, :func:`conv2d_plain`): dL_i/dW[o, c, a, b] =
+     sum_t g_i[o, t] x_i[c, t_a, t_b], t over output positions. :func:`conv2d_per_sample` is the one
+     place that chooses the path: with one group, fewer than ``GROUPED_MIN_CHANNELS`` input channels
+     and at most ``PATCHES_MAX`` patch entries per example, one batched matrix product of the output
+     gradient (n x T x O) with the input's patches (n x T x kh kw C), read from the input in
+     channels-last order by ``as_strided``; otherwise torch's own weight-gradient kernel run as one
+     convolution with n x groups groups (what ``vmap``'s batching rule does), where the patches would
+     be kh kw / (sh sw) times the input. On a CPU a model with a MaxPool2d
      gets the chunk in channels-last order: max-pooling a channels-first 64 x 64 x 44 x 44 map takes
      20-26 ms against 1.7 ms channels-last on the 2-core CPU, and the patches are then contiguous runs
      of kw x C floats. This is gsd's own rule because Opacus's convolution sampler unfolds a contiguous
      channels-first input (its ``unfold2d``): fed a channels-last chunk it needs a copy, and the
      probe's chunk took 75-79 ms with it against 59-65 ms here;
-   * ``nn.Linear``: dL_i/dW = sum_t g_i[t] x_i[t]^T (t over any middle dimensions), dL_i/db = sum_t g_i[t];
+   * ``nn.Linear`` (torch's own forward): dL_i/dW = sum_t g_i[t] x_i[t]^T (t over any middle
+     dimensions), dL_i/db = sum_t g_i[t];
    * a frozen BatchNorm (eval mode, ``--batchnorm freeze``, the registered backbones'
      ``FrozenBatchNorm2d``: running statistics, torch's own forward): y = x_hat w + b per channel with
-     x_hat = (x - running_mean) / sqrt(running_var + eps), so dL_i/dw = sum_t g_i[t] x_hat_i[t] and
-     dL_i/db = sum_t g_i[t] (Opacus has no sampler for BatchNorm: it refuses the layer);
+     x_hat = (x - running_mean) / sqrt(running_var + eps), so dL_i/dw = rsqrt(running_var + eps)
+     sum_t g_i[t] (x_i[t] - running_mean) and dL_i/db = sum_t g_i[t] (Opacus has no sampler for
+     BatchNorm: it refuses the layer);
    * every other layer type Opacus has a per-layer grad sampler for (GroupNorm, LayerNorm, Embedding,
-     Conv1d/3d, grouped convolutions, RMSNorm, ...): that sampler, on the same captured tensors.
+     Conv1d/3d, RMSNorm, ...): that sampler, on the same captured tensors.
      Opacus is imported only then (``import opacus`` takes 1.4 s on the 2-core CPU, more than the
      engine saves on a rank of the probe).
 
@@ -57,6 +64,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .taps import broadcast_tap, input_tap, maxpool_channels_last  # noqa: F401 (their old home: gradients.layers)
+
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 #: the independence check's tolerance (:meth:`LayersEngine._check`): example 0's row in two batches of the
 #: same shape may differ by float32 rounding, no more: ||a - b|| <= CHECK_RTOL ||b|| + CHECK_ATOL sqrt(p)
@@ -67,21 +76,71 @@ CHECK_ATOL = 1e-6
 #: with 1 or 3 input channels, the grouped kernel with 16 to 64 channels and 3x3 kernels, where the
 #: patches are 9 times the input)
 GROUPED_MIN_CHANNELS = 16
+#: the most patch entries (T kh kw C) per example for which a Conv2d with fewer input channels takes
+#: the patches: the one threshold of both engines (issue 51; the ghost-clipping engine had 1 << 16, the
+#: layers engine none). Measured on the 2-core CPU: patches win at 12.5k entries (FMNIST CNN's conv1:
+#: 3.7 ms against 4.1 ms per 250 examples) and at 372k (the probe's conv1, channels-last chunk of 64:
+#: 28 ms against 42 ms, ``benchmarks/results/cpu_layer_rules.json``), the grouped kernel at 1.8M
+#: (ResNet-18's conv1 at 224: 49 ms against 110 ms per 16); the bound lies between the last two
+PATCHES_MAX = 1 << 20
+
+#: gsd's own per-sample rules by module type (as Opacus's ``GRAD_SAMPLERS``): type -> (applies, rule),
+#: ``rule(layer, x, g) -> {parameter: n x shape}`` from the layer's input ``x`` and output gradient ``g``
+PER_SAMPLE_RULES: dict[type, tuple[Callable[[nn.Module], bool], Callable]] = {}
 
 
-def conv2d_rule_applies(layer: nn.Module) -> bool:
-    """gsd's own Conv2d rule: a plain ``nn.Conv2d`` with one group and numeric zero padding."""
-    return (type(layer).forward is nn.Conv2d.forward and layer.groups == 1 and layer.padding_mode == "zeros"
-            and not isinstance(layer.padding, str))
+def register_per_sample(*module_types: type, applies: Callable[[nn.Module], bool]):
+    """Decorator: ``fn(layer, x, g)`` is gsd's per-sample rule for the modules of ``module_types`` (and
+    their subclasses, found along the MRO) that ``applies`` accepts."""
+
+    def deco(fn):
+        for t in module_types:
+            if t in PER_SAMPLE_RULES:
+                raise ValueError(f"a per-sample rule for {t.__name__} is already registered")
+            PER_SAMPLE_RULES[t] = (applies, fn)
+        return fn
+
+    return deco
 
 
+def own_rule(layer: nn.Module):
+    """gsd's per-sample rule ``fn(layer, x, g)`` for ``layer`` (the first registered type along its
+    MRO whose ``applies`` accepts it), or ``None``."""
+    for cls in type(layer).__mro__:
+        entry = PER_SAMPLE_RULES.get(cls)
+        if entry is not None and entry[0](layer):
+            return entry[1]
+    return None
+
+
+def conv2d_plain(layer: nn.Module) -> bool:
+    """A Conv2d with torch's own forward, zero padding and numeric padding (any groups): the layers
+    every engine's Conv2d rule takes (this one, ghost clipping's, the Gram path's)."""
+    return type(layer).forward is nn.Conv2d.forward and layer.padding_mode == "zeros" and not isinstance(layer.padding, str)
+
+
+def linear_plain(layer: nn.Module) -> bool:
+    """A Linear with torch's own forward: the layers every engine's Linear rule takes."""
+    return type(layer).forward is nn.Linear.forward
+
+
+def patches_fit(layer: nn.Conv2d, x: torch.Tensor, g: torch.Tensor) -> bool:
+    """Whether a Conv2d call takes the patches (:func:`conv2d_patches`) rather than the grouped kernel:
+    one group, fewer than :data:`GROUPED_MIN_CHANNELS` input channels, at most :data:`PATCHES_MAX`
+    patch entries per example."""
+    kk = layer.kernel_size[0] * layer.kernel_size[1]
+    C = x.shape[1]
+    return layer.groups == 1 and C < GROUPED_MIN_CHANNELS and g.shape[2] * g.shape[3] * kk * C <= PATCHES_MAX
+
+
+@register_per_sample(nn.Conv2d, applies=conv2d_plain)
 def conv2d_per_sample(layer: nn.Conv2d, x: torch.Tensor, g: torch.Tensor) -> dict[nn.Parameter, torch.Tensor]:
     """Per-example gradients of a Conv2d from its input ``x`` (n x C x H x W, any memory format) and its
-    output gradient ``g`` (n x O x oh x ow): by patches (:func:`conv2d_patches`) for fewer than
-    :data:`GROUPED_MIN_CHANNELS` input channels, else by one grouped weight-gradient convolution."""
-    if x.shape[1] >= GROUPED_MIN_CHANNELS:
-        return conv2d_grouped(layer, x, g)
-    return conv2d_patches(layer, x, g)
+    output gradient ``g`` (n x O x oh x ow): by patches (:func:`conv2d_patches`) where
+    :func:`patches_fit`, else by one grouped weight-gradient convolution (:func:`conv2d_grouped`)."""
+    if patches_fit(layer, x, g):
+        return conv2d_patches(layer, x, g)
+    return conv2d_grouped(layer, x, g)
 
 
 _SHAPE_WEIGHTS: dict = {}
@@ -102,9 +161,9 @@ def weight_of_shape(shape, dtype, device) -> torch.Tensor:
 
 
 def conv2d_grouped(layer: nn.Conv2d, x: torch.Tensor, g: torch.Tensor) -> dict[nn.Parameter, torch.Tensor]:
-    """Per-example Conv2d gradients as torch's own weight-gradient kernel computes them for a
-    convolution with n groups: the chunk as one example of n C channels, the output gradient as n O
-    channels (what ``torch.func.vmap``'s batching rule for ``convolution_backward`` does)."""
+    """Per-example Conv2d gradients (any groups) as torch's own weight-gradient kernel computes them for
+    a convolution with n x groups groups: the chunk as one example of n C channels, the output gradient
+    as n O channels (what ``torch.func.vmap``'s batching rule for ``convolution_backward`` does)."""
     n, C, H, W = x.shape
     O, oh, ow = g.shape[1], g.shape[2], g.shape[3]
     out = {}
@@ -112,27 +171,36 @@ def conv2d_grouped(layer: nn.Conv2d, x: torch.Tensor, g: torch.Tensor) -> dict[n
         w = layer.weight.detach()
         _, gw, _ = torch.ops.aten.convolution_backward(
             g.reshape(1, n * O, oh, ow), x.reshape(1, n * C, H, W).to(g.dtype), weight_of_shape((n * O, *w.shape[1:]), g.dtype, g.device),
-            None, layer.stride, layer.padding, layer.dilation, False, [0, 0], n, [False, True, False])
+            None, layer.stride, layer.padding, layer.dilation, False, [0, 0], n * layer.groups, [False, True, False])
         out[layer.weight] = gw.view(n, *w.shape)
     if layer.bias is not None and layer.bias.requires_grad:
         out[layer.bias] = g.sum((2, 3))
     return out
 
 
-def conv2d_patches(layer: nn.Conv2d, x: torch.Tensor, g: torch.Tensor) -> dict[nn.Parameter, torch.Tensor]:
-    """Per-example Conv2d gradients by one batched matmul of g (n x T x O) with the input's patches
-    (n x T x kh kw C, channels-last order), then the weight's axes put back (n x O x C x kh x kw)."""
+def conv2d_input_patches(layer: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """The input's patches, n x T x (kh kw C) in channels-last order (one strided read of the padded
+    input, 3-4x faster than stacking shifted slices on the CPU; a view of no copy when ``x`` is
+    channels-last and unpadded)."""
     n, C = x.shape[:2]
     (kh, kw), (sh, sw), (dh, dw), (ph, pw) = layer.kernel_size, layer.stride, layer.dilation, layer.padding
-    oh, ow = g.shape[2], g.shape[3]
     xl = x.permute(0, 2, 3, 1)  # n H W C: a contiguous view when x is channels-last
     if ph or pw:
         xl = F.pad(xl, (0, 0, pw, pw, ph, ph))
     xl = xl.contiguous()
     H, W = xl.shape[1], xl.shape[2]
+    oh, ow = (H - dh * (kh - 1) - 1) // sh + 1, (W - dw * (kw - 1) - 1) // sw + 1
     patches = xl.as_strided((n, oh, ow, kh, kw, C), (H * W * C, sh * W * C, sw * C, dh * W * C, dw * C, 1))
-    A = patches.reshape(n, oh * ow, kh * kw * C)
-    gt = g.permute(0, 2, 3, 1).reshape(n, oh * ow, g.shape[1])  # n T O
+    return patches.reshape(n, oh * ow, kh * kw * C)
+
+
+def conv2d_patches(layer: nn.Conv2d, x: torch.Tensor, g: torch.Tensor) -> dict[nn.Parameter, torch.Tensor]:
+    """Per-example gradients of a one-group Conv2d by one batched matmul of g (n x T x O) with the
+    input's patches (:func:`conv2d_input_patches`), then the weight's axes put back (n x O x C x kh x kw)."""
+    n, C = x.shape[:2]
+    kh, kw = layer.kernel_size
+    A = conv2d_input_patches(layer, x)
+    gt = g.permute(0, 2, 3, 1).reshape(n, g.shape[2] * g.shape[3], g.shape[1])  # n T O
     out = {}
     if layer.weight.requires_grad:
         w = torch.bmm(gt.transpose(1, 2), A.to(gt.dtype))  # n O (kh kw C)
@@ -142,6 +210,7 @@ def conv2d_patches(layer: nn.Conv2d, x: torch.Tensor, g: torch.Tensor) -> dict[n
     return out
 
 
+@register_per_sample(nn.Linear, applies=linear_plain)
 def linear_per_sample(layer: nn.Linear, x: torch.Tensor, g: torch.Tensor) -> dict[nn.Parameter, torch.Tensor]:
     """Per-example gradients of a Linear layer: sum over any middle dimensions t of g_t x_t^T (weight)
     and g_t (bias)."""
@@ -171,17 +240,20 @@ def frozen_batchnorm(layer: nn.Module) -> bool:
     return fwd is nn.modules.batchnorm._BatchNorm.forward and (layer.training is False or is_frozen(layer))
 
 
+@register_per_sample(nn.modules.batchnorm._BatchNorm, applies=frozen_batchnorm)
 def batchnorm_per_sample(layer: nn.Module, x: torch.Tensor, g: torch.Tensor) -> dict[nn.Parameter, torch.Tensor]:
     """Per-example gradients of a frozen BatchNorm (:func:`frozen_batchnorm`): y = x_hat w + b per
     channel (dimension 1), x_hat = (x - running_mean) / sqrt(running_var + eps), so example i's
-    gradients are the sums over its other dimensions of g x_hat (weight) and g (bias)."""
+    gradients are rsqrt(running_var + eps) times the sum over its other dimensions of g (x - running_mean)
+    (weight; the scale per channel applied after the sum: three passes over the activations instead of
+    the five of forming x_hat and g x_hat) and the sum of g (bias), in the tensors' own memory format
+    (no copy of a channels-last map). The one BatchNorm rule of both engines (issue 51)."""
+    out = {}
     shape = (1, -1) + (1,) * (x.dim() - 2)
     dims = tuple(range(2, x.dim()))
-    out = {}
     if layer.weight is not None and layer.weight.requires_grad:
-        xhat = (x.to(g.dtype) - layer.running_mean.view(shape)) * torch.rsqrt(layer.running_var.view(shape) + layer.eps)
-        gx = g * xhat
-        out[layer.weight] = gx.sum(dims) if dims else gx
+        gx = g * (x.to(g.dtype) - layer.running_mean.view(shape))
+        out[layer.weight] = (gx.sum(dims) if dims else gx) * torch.rsqrt(layer.running_var + layer.eps)
     if layer.bias is not None and layer.bias.requires_grad:
         out[layer.bias] = g.sum(dims) if dims else g
     return out
@@ -194,65 +266,15 @@ def _opacus_samplers() -> dict:
 
 
 def _rule(layer: nn.Module):
-    """``fn(layer, args, g) -> {param: per-example grads}`` for ``layer`` (gsd's own rules first, then
-    Opacus's samplers), or ``None``."""
-    if conv2d_rule_applies(layer):
-        return lambda m, args, g: conv2d_per_sample(m, args[0], g)
-    if type(layer) is nn.Linear:
-        return lambda m, args, g: linear_per_sample(m, args[0], g)
-    if frozen_batchnorm(layer):
-        return lambda m, args, g: batchnorm_per_sample(m, args[0], g)
+    """``fn(layer, args, g) -> {param: per-example grads}`` for ``layer`` (gsd's own rules of
+    :data:`PER_SAMPLE_RULES` first, then Opacus's samplers), or ``None``."""
+    fn = own_rule(layer)
+    if fn is not None:
+        return lambda m, args, g: fn(m, args[0], g)
     sampler = _opacus_samplers().get(type(layer))
     if sampler is None:
         return None
     return lambda m, args, g: sampler(m, [a.contiguous() if isinstance(a, torch.Tensor) else a for a in args], g.contiguous())
-
-
-def _to_channels_last(mod, args):
-    x = args[0]
-    if isinstance(x, torch.Tensor) and x.dim() == 4 and x.device.type == "cpu":
-        return (x.contiguous(memory_format=torch.channels_last), *args[1:])
-    return None
-
-
-def maxpool_channels_last(model: nn.Module) -> list:
-    """Forward pre-hooks (remove them after the forward) that give every ``nn.MaxPool2d`` of ``model``
-    its CPU input in channels-last order. Converting the chunk is not enough when it has one channel
-    (a 1-channel tensor is channels-first and channels-last at once, so the first convolution's output
-    stays channels-first): on the 2-core CPU the FMNIST CNN's first max-pool of a chunk of 64 took
-    2.2 ms channels-first against 0.23 ms channels-last, 0.06 ms of it the copy. Same values, so the
-    same gradients to float rounding."""
-    return [m.register_forward_pre_hook(_to_channels_last) for m in model.modules() if isinstance(m, nn.MaxPool2d)]
-
-
-def broadcast_tap(module: nn.Module, local: str):
-    """``(tap, per_example)`` for a parameter that a module with sub-layers adds to, or concatenates with,
-    its activations, or None. Its per-example gradient is read off the gradient ``g`` (n x T x D) of the
-    ``tap`` module's input: torchvision's ViT ``Encoder`` adds ``pos_embedding`` (1 x T x D) to its input,
-    so example i's gradient is g_i; ``VisionTransformer`` puts ``class_token`` (1 x 1 x D) at position 0
-    of the encoder's input, so example i's gradient is g_i[0]. Only for the library's own forwards (a
-    subclass that changes one is refused); the first-use check compares the result with vmap."""
-    try:
-        from torchvision.models.vision_transformer import Encoder, VisionTransformer
-    except ImportError:  # pragma: no cover - torchvision is a dependency
-        return None
-    if local == "class_token" and type(module).forward is VisionTransformer.forward and type(module.encoder).forward is Encoder.forward:
-        return module.encoder, lambda g: g[:, :1, :].unsqueeze(1)
-    if local == "pos_embedding" and type(module).forward is Encoder.forward:
-        return module, lambda g: g.unsqueeze(1)
-    return None
-
-
-def input_tap(record: Callable[[torch.Tensor], None]):
-    """A forward pre-hook for a :func:`broadcast_tap` module: hands ``record`` the module's input as a
-    node of the graph (a constant input is made a leaf that requires grad, so its gradient exists) and
-    passes that tensor on."""
-    def h(mod, args):
-        a = args[0] if args[0].requires_grad else args[0].detach().requires_grad_(True)
-        record(a)
-        return (a, *args[1:])
-
-    return h
 
 
 class LayersEngine:

@@ -17,8 +17,9 @@ backward pass; what it computes is, for every example, the same function clip_C(
      ||g_i||^2 = <A_i A_i^T, B_i B_i^T> (Li et al. 2022; Opacus's fast gradient clipping), and for T = 1
      simply ||a_i||^2 ||b_i||^2 -- the per-example gradient is never formed;
    * otherwise the layer's per-sample gradients (gsd's Conv2d/Linear/frozen BatchNorm rules of
-     :mod:`gsd_cli.gradients.layers`, Opacus's samplers for GroupNorm, LayerNorm, Embedding..., torch.func on
-     the layer alone for any other leaf layer), kept for step 4;
+     :mod:`gsd_cli.gradients.layers`, the same functions the ``layers`` engine uses, Opacus's samplers for
+     GroupNorm, LayerNorm, Embedding..., torch.func on the layer alone for any other leaf layer), kept
+     for step 4;
    * fastDP's rule compares memory; where it says ghost for a Linear/Conv2d with T > 1, the first use
      times both paths on a synthetic chunk and keeps the faster (:meth:`ClippedSum.tune`,
      :mod:`gsd_cli.train.clipsum_tune`: the ghost path also pays the book-keeping product, which the
@@ -71,10 +72,9 @@ import torch.nn as nn
 
 from ..errors import GSDError
 from .clipsum_rules import (  # noqa: F401 (the per-layer rules)
-    ghost_cheaper, _conv_plain, _conv_per_sample, _patches, _conv_ghost_by_pixels, _pixels_cheaper, _group_columns, _batchnorm_per_sample,
-    _positions, synthetic,
+    ghost_cheaper, _patches, _conv_ghost_by_pixels, _pixels_cheaper, _group_columns, _positions, synthetic,
 )
-from ..gradients.layers import broadcast_tap, input_tap
+from ..gradients.layers import broadcast_tap, conv2d_plain, input_tap, linear_plain
 
 CLIP_ENGINES = ("auto", "ghost", "materialise")
 #: relative tolerance of the first-use check against the materialised path (float32 products)
@@ -88,7 +88,7 @@ class _Layer:
     module: nn.Module
     prefix: str
     params: list  # (full name, local name, parameter) of the selected ones
-    kind: str  # linear, conv2d, rule (engine_layers / Opacus sampler), func, tap (gradients.layers.broadcast_tap)
+    kind: str  # linear, conv2d, rule (gradients.layers.PER_SAMPLE_RULES / Opacus sampler), func, tap (gradients.layers.broadcast_tap)
 
 
 class ClippedSum:
@@ -127,9 +127,9 @@ class ClippedSum:
                 layers[id(p)] = layer
                 continue
             if id(mod) not in layers:
-                if _conv_plain(mod):
+                if conv2d_plain(mod):
                     kind = "conv2d"
-                elif type(mod).forward is nn.Linear.forward:
+                elif linear_plain(mod):
                     kind = "linear"
                 elif _rule(mod) is not None:
                     kind = "rule"
@@ -141,13 +141,13 @@ class ClippedSum:
             if isinstance(mod, nn.modules.batchnorm._BatchNorm) and mod.training is not False and not frozen_batchnorm(mod):
                 raise NotImplementedError(f"layer {prefix} is a BatchNorm, which mixes the examples of a batch in training")
         self.layers = list(layers.values())
-        self._rules = {id(l.module): _rule(l.module) for l in self.layers if l.kind == "rule"}
+        # the materialised path of a conv2d, linear or rule layer: gsd's one rule per layer kind (the layers engine's)
+        self._rules = {id(l.module): _rule(l.module) for l in self.layers if l.kind in ("conv2d", "linear", "rule")}
         self.channels_last = any(isinstance(m, nn.MaxPool2d) for m in model.modules())
         self.plan: dict[str, str] = {}
         self.paths: dict[str, str] = {}  # measured choices (tune)
         self.timings: dict[str, tuple[float, float]] = {}  # layer -> (ghost, materialised) seconds
         self.checked = False
-        self._frozen_bn = frozen_batchnorm
 
     # -- one chunk ------------------------------------------------------------------------------
     def _capture(self, x: torch.Tensor, y: torch.Tensor):
@@ -198,15 +198,7 @@ class ClippedSum:
             if layer.kind == "tap":
                 (_, _, p), = layer.params
                 d = {p: self._taps[id(layer)](g)}
-            elif layer.kind == "conv2d":
-                d = _conv_per_sample(layer.module, args[0], g)
-            elif layer.kind == "linear":
-                from ..gradients.layers import linear_per_sample
-
-                d = linear_per_sample(layer.module, args[0], g)
-            elif layer.kind == "rule" and self._frozen_bn(layer.module):
-                d = _batchnorm_per_sample(layer.module, args[0], g)
-            elif layer.kind == "rule":
+            elif layer.kind in ("conv2d", "linear", "rule"):
                 d = self._rules[id(layer.module)](layer.module, args, g)
             else:
                 from ..ghost.rules.materialised import per_sample

@@ -1,7 +1,8 @@
 """Per-layer rules of ghost clipping (:mod:`gsd_cli.train.clipsum`): when a layer's ghost norm is
-cheaper than its per-example gradients (fastDP's rule), and the per-example gradients and ghost norms
-of the layers that need their own (convolutions by patches or by the Gram of their input pixels,
-grouped convolutions, frozen BatchNorm)."""
+cheaper than its per-example gradients (fastDP's rule), and a convolution's ghost norm by its patches or
+by the Gram of its input pixels. A layer's per-example gradients (Conv2d, Linear, frozen BatchNorm) come
+from the one rule per layer kind of :mod:`gsd_cli.gradients.layers` (its ``PER_SAMPLE_RULES``), which
+the ``layers`` engine uses too (issue 51)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
+from ..gradients.layers import conv2d_input_patches
 
 
 def ghost_cheaper(T: int, D: int, C: int) -> bool:
@@ -18,55 +19,10 @@ def ghost_cheaper(T: int, D: int, C: int) -> bool:
     return 2 * T * T < D * C
 
 
-def _conv_plain(m: nn.Module) -> bool:
-    return type(m).forward is nn.Conv2d.forward and m.padding_mode == "zeros" and not isinstance(m.padding, str)
-
-
-#: a one-group Conv2d with fewer input channels than 16 gets its per-example gradients from its patches
-#: when one example's patch matrix has at most this many entries, else from the grouped weight-gradient
-#: kernel (2-core CPU: FMNIST CNN's conv1, 12.5k entries, patches 3.7 ms against 4.1 ms per 250
-#: examples; ResNet-18's conv1 at 224, 1.8M entries, patches 110 ms against 49 ms per 16)
-PATCHES_MAX = 1 << 16
-
-
-def _conv_per_sample(layer: nn.Conv2d, x: torch.Tensor, g: torch.Tensor) -> dict:
-    """Per-example Conv2d gradients (any groups): by patches (small inputs with few channels) or torch's
-    weight-gradient kernel with n * groups groups."""
-    from ..gradients.layers import conv2d_patches
-
-    kk = layer.kernel_size[0] * layer.kernel_size[1]
-    if layer.groups == 1 and x.shape[1] < 16 and g.shape[2] * g.shape[3] * kk * x.shape[1] <= PATCHES_MAX:
-        return conv2d_patches(layer, x, g)
-    n, Cin, H, W = x.shape
-    O, oh, ow = g.shape[1:]
-    out = {}
-    if layer.weight.requires_grad:
-        from ..gradients.layers import weight_of_shape
-
-        w = layer.weight.detach()
-        _, gw, _ = torch.ops.aten.convolution_backward(
-            g.reshape(1, n * O, oh, ow), x.reshape(1, n * Cin, H, W).to(g.dtype), weight_of_shape((n * w.shape[0], *w.shape[1:]), g.dtype, g.device),
-            None, layer.stride, layer.padding, layer.dilation, False, [0, 0], n * layer.groups, [False, True, False])
-        out[layer.weight] = gw.view(n, *w.shape)
-    if layer.bias is not None and layer.bias.requires_grad:
-        out[layer.bias] = g.sum((2, 3))
-    return out
-
-
-def _patches(layer: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
-    """The input's patches, n x T x (kh kw C) in channels-last order (one strided read, 3-4x faster than
-    stacking shifted slices on the CPU). A ghost norm <A_i A_i^T, B_i B_i^T> does not depend on the
-    order of A's columns; a group's columns are picked by :func:`_group_columns`."""
-    n, C = x.shape[:2]
-    (kh, kw), (sh, sw), (dh, dw), (ph, pw) = layer.kernel_size, layer.stride, layer.dilation, layer.padding
-    xl = x.permute(0, 2, 3, 1)  # n H W C: a view when x is channels-last
-    if ph or pw:
-        xl = F.pad(xl, (0, 0, pw, pw, ph, ph))
-    xl = xl.contiguous()
-    H, W = xl.shape[1], xl.shape[2]
-    oh, ow = (H - dh * (kh - 1) - 1) // sh + 1, (W - dw * (kw - 1) - 1) // sw + 1
-    p = xl.as_strided((n, oh, ow, kh, kw, C), (H * W * C, sh * W * C, sw * C, dh * W * C, dw * C, 1))
-    return p.reshape(n, oh * ow, kh * kw * C)
+#: the input's patches, n x T x (kh kw C) in channels-last order (the layers engine's own reader). A
+#: ghost norm <A_i A_i^T, B_i B_i^T> does not depend on the order of A's columns; a group's columns are
+#: picked by :func:`_group_columns`
+_patches = conv2d_input_patches
 
 
 def _conv_ghost_by_pixels(layer: nn.Conv2d, x: torch.Tensor, B: torch.Tensor, oh: int, ow: int) -> torch.Tensor:
@@ -113,23 +69,6 @@ def _group_columns(A: torch.Tensor, C: int, groups: int, gi: int) -> torch.Tenso
     n, T = A.shape[:2]
     cg = C // groups
     return A.view(n, T, -1, C)[..., gi * cg:(gi + 1) * cg].reshape(n, T, -1)
-
-
-def _batchnorm_per_sample(layer: nn.Module, x: torch.Tensor, g: torch.Tensor) -> dict:
-    """A frozen BatchNorm's per-example gradients (y = x_hat w + b, x_hat = (x - running_mean) /
-    sqrt(running_var + eps)): dL_i/dw = rsqrt(var + eps) * sum_t g_i[t] (x_i[t] - mean), the scale per
-    channel applied after the sum (three passes over the activations instead of five:
-    :func:`gsd_cli.gradients.layers.batchnorm_per_sample` forms x_hat and g x_hat), in the tensors' own
-    memory format (no copy of a channels-last map)."""
-    out = {}
-    shape = (1, -1) + (1,) * (x.dim() - 2)
-    dims = tuple(range(2, x.dim()))
-    if layer.weight is not None and layer.weight.requires_grad:
-        gx = g * (x.to(g.dtype) - layer.running_mean.view(shape))
-        out[layer.weight] = (gx.sum(dims) if dims else gx) * torch.rsqrt(layer.running_var + layer.eps)
-    if layer.bias is not None and layer.bias.requires_grad:
-        out[layer.bias] = g.sum(dims) if dims else g
-    return out
 
 
 def synthetic(x: torch.Tensor, y: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,13 +7,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ...gradients.layers import conv2d_plain as _plain  # the Conv2d layers every engine's rule takes
 from ..factors import Factors
 from ..registry import Call, register_rule
 from .pairs import ghost_pairs
-
-
-def _plain(m: nn.Module) -> bool:
-    return type(m).forward is nn.Conv2d.forward and m.padding_mode == "zeros" and not isinstance(m.padding, str)
 
 
 def _ab(m: nn.Module, x: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -28,7 +25,10 @@ def conv2d(unit, calls: list[Call]) -> Factors:
 
 def unfold(x: torch.Tensor, kernel, dilation, padding, stride) -> torch.Tensor:
     """``F.unfold(...).transpose(1, 2)`` (c x T x C k_h k_w, the same column order) by k_h k_w strided
-    slices: several times faster than im2col on CPU, and a plain reshape for 1x1 kernels."""
+    slices: several times faster than im2col on CPU, and a plain reshape for 1x1 kernels. Not the
+    per-sample engines' channels-last patches (:func:`gsd_cli.gradients.layers.conv2d_input_patches`):
+    :mod:`.pairs` slices a group's columns as a contiguous block and materialises B_i^T A_i in the
+    weight's own (C_in, k_h, k_w) order, which needs channels-first columns."""
     (kh, kw), (dh, dw), (ph, pw), (sh, sw) = kernel, dilation, padding, stride
     n, C, H, W = x.shape
     if ph or pw:

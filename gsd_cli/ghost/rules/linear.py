@@ -7,13 +7,10 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from ...gradients.layers import linear_plain as _plain  # the Linear layers every engine's rule takes
 from ..factors import Factors
 from ..registry import Call, register_rule
 from .pairs import ghost_pairs
-
-
-def _plain(m: nn.Module) -> bool:
-    return type(m).forward is nn.Linear.forward
 
 
 def _ab(module: nn.Module, x: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
