@@ -195,6 +195,12 @@ def _validity(ranking: Ranking, console: Console) -> None:
         console.print(f"[dim]{escape(line)}[/]")
 
 
+def not_ranked_line(ranking: Ranking) -> str:
+    """The line naming the candidates ``gsd train --auto-select`` left out of its ranking (``ranking.not_ranked``)."""
+    return ("Not ranked (the feature probe found no gain from them, or the second phase cannot use them): "
+            f"{', '.join(ranking.not_ranked)}.")
+
+
 def print_ranking(ranking: Ranking, console: Console | None = None) -> None:
     console = console or Console()
     console.print(ranking_table(ranking))
@@ -202,8 +208,7 @@ def print_ranking(ranking: Ranking, console: Console | None = None) -> None:
         console.print(f"Not chosen (nothing released about them: no score, no order): {escape(', '.join(ranking.not_selected))}.",
                       highlight=False)
     if getattr(ranking, "not_ranked", None):
-        console.print(f"Not ranked (the feature probe found no gain from them, or the second phase cannot use them): "
-                      f"{escape(', '.join(ranking.not_ranked))}.", highlight=False)
+        console.print(escape(not_ranked_line(ranking)), highlight=False)
     console.print(how_to_read(ranking))
     _validity(ranking, console)
     line = privacy_line(ranking)
