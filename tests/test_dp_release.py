@@ -122,7 +122,7 @@ def test_ledger_books_the_total_of_fresh_repeats_and_refuses_unproven():
     led.add_selection({"mechanism": "sequential", "exact": True, "delta": 0.0, "epsilon": 0.5, "total_epsilon": 1.5,
                        "releases": 3, "dp_repeats": "fresh"})
     led.add("training", 2.0, 1e-5)
-    assert led.epsilon == pytest.approx(3.5) and led.entries[0]["epsilon"] == 1.5
+    assert led.epsilon == pytest.approx(3.5) and led.entries[0].epsilon == 1.5
     led = Ledger()
     led.add_selection({"mechanism": "sequential", "exact": True, "delta": 0.0, "epsilon": 0.5})
     assert led.epsilon == 0.5

@@ -12,7 +12,8 @@ import pytest
 pytest.importorskip("mypy")
 
 CLIENT = '''
-from gsd_cli.distance.dpselect import ReleasedMargin, ReleasedWinner, released_margin, released_winner
+from gsd_cli.distance.dpselect import ReleasedMargin, ReleasedWinner, SelectionBudget, released_margin, released_winner, selection_budget
+from gsd_cli.privacy.accountant import Charge, Ledger
 from gsd_cli.ranking.reference import ReferenceTest, closer_than_reference
 from gsd_cli.ranking.results import Ranking
 from gsd_cli.train.advice import Decision
@@ -44,6 +45,13 @@ def winner(r: Ranking) -> str | None:
 def margin(r: Ranking) -> float | None:
     m: ReleasedMargin = released_margin(r)
     return m.margin
+
+
+def spent(ledger: Ledger) -> float:
+    b: SelectionBudget = selection_budget(2.0, 0.5)
+    ledger.add("public-data selection", sum(b.parts), 0.0)
+    first: Charge = ledger.entries[0]
+    return first.epsilon + ledger.epsilon
 '''
 
 #: each a misuse mypy must report: (code, what mypy says)
@@ -52,6 +60,8 @@ WRONG = [
     ("def f(r: Ranking) -> float:\n    return released_winner(r).distance\n", "union-attr"),
     ("def f(r: Ranking) -> str:\n    return closer_than_reference(r, 'x')[1]\n", "index"),
     ("def f(p: Plan) -> None:\n    p.config = p.config\n", "misc"),  # frozen
+    ("def f(led: Ledger) -> float:\n    return led.entries[0]['epsilon']\n", "index"),  # a Charge, not a dict
+    ("def f() -> str:\n    return selection_budget(1.0, 0.5).select\n", "return-value"),
 ]
 
 CONFIG = """[mypy]

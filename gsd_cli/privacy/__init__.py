@@ -9,7 +9,7 @@ says what that costs (:func:`epsilon_of`) and which noise multiplier meets a tar
 # Loaded on first use (PEP 562): importing dp-accounting pulls in scipy (about 2 s), which a non-DP
 # ``gsd rank`` that only needs :mod:`.randomness` should not pay.
 _ACCOUNTANT_NAMES = (
-    "ACCOUNTANTS", "check_delta", "check_epsilon", "Ledger", "calibrate_noise", "dpsgd_step_event",
+    "ACCOUNTANTS", "check_delta", "check_epsilon", "Charge", "Ledger", "calibrate_noise", "dpsgd_step_event",
     "effective_noise_multiplier", "epsilon_of", "gep_step_event", "training_event", "confirm_epsilon", "confirmed_epsilon",
     "never_sampled_delta", "second_epsilon",
 )
@@ -24,6 +24,6 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "ACCOUNTANTS", "Ledger", "check_delta", "check_epsilon", "calibrate_noise", "dpsgd_step_event", "effective_noise_multiplier", "epsilon_of",
+    "ACCOUNTANTS", "Charge", "Ledger", "check_delta", "check_epsilon", "calibrate_noise", "dpsgd_step_event", "effective_noise_multiplier", "epsilon_of",
     "gep_step_event", "training_event", "confirm_epsilon", "confirmed_epsilon", "never_sampled_delta", "second_epsilon",
 ]

@@ -328,16 +328,30 @@ def selection_kind(privacy: dict) -> str:
     return "DP energy distance" if privacy.get("mechanism") == "laplace-energy" else "DP-GSD"
 
 
+@dataclass(frozen=True)
+class Charge:
+    """One private release a run spends its budget on (:class:`Ledger`): what it is, its (epsilon, delta) and how
+    it was spent (the mechanism and its parts)."""
+
+    name: str
+    epsilon: float
+    delta: float
+    detail: str = ""
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "epsilon": self.epsilon, "delta": self.delta, "detail": self.detail}
+
+
 @dataclass
 class Ledger:
     """Every private release of a pipeline, and their total by basic composition
     (epsilons add, deltas add; valid for any mix of pure and approximate DP guarantees under one
     neighbouring relation)."""
 
-    entries: list[dict] = field(default_factory=list)
+    entries: list[Charge] = field(default_factory=list)
 
     def add(self, name: str, epsilon: float, delta: float, detail: str = "") -> None:
-        self.entries.append({"name": name, "epsilon": float(epsilon), "delta": float(delta), "detail": detail})
+        self.entries.append(Charge(name, float(epsilon), float(delta), detail))
 
     def add_selection(self, privacy: dict) -> None:
         """Book a DP-GSD ranking's ``privacy`` block at its **total**: ``total_epsilon`` when the
@@ -368,15 +382,15 @@ class Ledger:
 
     @property
     def epsilon(self) -> float:
-        return sum(e["epsilon"] for e in self.entries)
+        return sum(e.epsilon for e in self.entries)
 
     @property
     def delta(self) -> float:
-        return sum(e["delta"] for e in self.entries)
+        return sum(e.delta for e in self.entries)
 
     def to_dict(self) -> dict:
         return {
-            "entries": list(self.entries),
+            "entries": [e.to_dict() for e in self.entries],
             "total_epsilon": self.epsilon,
             "total_delta": self.delta,
             "composition": "basic (epsilons and deltas add)",

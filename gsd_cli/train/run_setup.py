@@ -251,7 +251,7 @@ def start_state(run: Run, notify: Callable | None = None) -> None:
     for note in run.public_notes + [PrivateNote(n) for n in run.private_notes] if notify and world.is_main else ():
         notify(note)  # once the run is booked (N~ is released with it); private facts as PrivateNote
 
-    selection_epsilon = sum(e["epsilon"] for e in run.ledger.entries)  # the DP selection's, booked above (else 0)
+    selection_epsilon = run.ledger.epsilon  # the DP selection's, booked above (else 0)
     run.privacy_static = {
         "accountant": cfg.accountant, "neighbouring": "add or remove one example",
         "private_randomness": randomness_statement(cfg.private_seed), "sampling": "Poisson", "sampling_rate": run.q,
