@@ -148,11 +148,9 @@ class DPEnergy(DPGSD):
 
     def report(self, ctx: SideContext, rows: list) -> tuple[dict, list[str], bool]:
         pv, g, ins = self.config.privacy, self.config.gradients, self.config.privacy.insecure_seed
-        privacy, _, _ = super().report(ctx, rows)
         lam = getattr(self, "lam", None)
         b = None if lam is None else laplace_scale(float(pv.epsilon), float(pv.clip), lam)
-        for key in ("concentration_bound", "uniform_distance_99", "sketch", "sketch_dims", "sketch_description"):
-            privacy.pop(key, None)
+        privacy = self.shared_privacy()  # not DP-GSD's sampler, bound or sketch: the Laplace mechanism's own fields
         privacy.update(
             mechanism="laplace-energy", exact=True, delta=0.0, release="noisy order",
             what_is_dp="noisy order of all candidates, each score Laplace-noised (every candidate's DP energy distance)",

@@ -125,6 +125,29 @@ class DPGSD(Distance):
     def memo_key(self) -> tuple:
         return (self.name, tuple(sorted(self.settings.items())), self.config.privacy.insecure_seed, self.extra)
 
+    def shared_privacy(self) -> dict:
+        """The privacy block's fields every DP distance that draws m private rows states (DP-GSD, the DP energy
+        distance, the DP selection): epsilon, the row clip, k, the requested m, the neighbouring relation, how the
+        private rows are drawn and kept apart from the public ones, and the private randomness. Each distance adds
+        its mechanism's own (name, guarantee, sensitivities)."""
+        g, ins = self.config.gradients, self.config.privacy.insecure_seed
+        return {
+            "epsilon": self.settings["epsilon"],
+            "clip": self.settings["clip"],
+            "k": g.k,
+            "examples": int(g.examples),
+            "neighbouring": "add or remove one example",
+            "private_sampling": (
+                "m private examples (at most; all of a smaller set) drawn uniformly without replacement with secret "
+                "randomness, each with its own random label; the number actually drawn is not released"
+            ),
+            "public_overlap": ("private examples whose file or content is among the public examples drawn are left out "
+                               "before the secret draw (a per-example rule); how many is not released"),
+            "row_norm": g.row_norm,
+            "insecure_seed": ins,
+            "private_randomness": randomness_statement(ins),
+        }
+
     def report(self, ctx: SideContext, rows: list) -> tuple[dict, list[str], bool]:
         """What the ranking spent, and whether its distances can say anything. Uses only (epsilon,
         the requested m, k, p) and the released distances, never the private singular values (paper
@@ -139,26 +162,13 @@ class DPGSD(Distance):
         conc = concentration_bound(cfg["epsilon"], m, k if cfg["mechanism"] == "sequential" else 1)
         privacy = {
             "mechanism": cfg["mechanism"],
-            "epsilon": cfg["epsilon"],
-            "clip": cfg["clip"],
-            "k": k,
-            "examples": m,
+            **self.shared_privacy(),
             **mechanism_guarantee(cfg["mechanism"], cfg["sweeps"]),
-            "neighbouring": "add or remove one example",
-            "private_sampling": (
-                "m private examples (at most; all of a smaller set) drawn uniformly without replacement with secret "
-                "randomness, each with its own random label; the number actually drawn is not released"
-            ),
-            "public_overlap": ("private examples whose file or content is among the public examples drawn are left out "
-                               "before the secret draw (a per-example rule); how many is not released"),
-            "row_norm": g.row_norm,
             "concentration_bound": conc,
             "uniform_distance_99": [lo, hi],
             "sketch": self.sketch,
             "sketch_dims": p,
             "sketch_description": sketch_description(self.sketch, p, k, self.extra),
-            "insecure_seed": ins,
-            "private_randomness": randomness_statement(ins),
         }
         notes = [INSECURE_NOTE.format(seed=ins)] if ins is not None else []
         if not privacy["exact"]:

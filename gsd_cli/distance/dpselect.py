@@ -299,12 +299,10 @@ class DPSelect(DPEnergy):
 
     def report(self, ctx: SideContext, rows: list) -> tuple[dict, list[str], bool]:
         pv, g, ins = self.config.privacy, self.config.gradients, self.config.privacy.insecure_seed
-        privacy, _, dp = super().report(ctx, rows)
+        privacy, dp = self.shared_privacy(), ins is None  # the selection's own fields below, not the noisy order's
         st = self.select_settings
         eps, C = float(pv.epsilon), float(pv.clip)
         budget = selection_budget(eps, st["score_share"])  # without references; a release's own figures below
-        for key in ("sensitivity_lambda", "laplace_scale"):
-            privacy.pop(key, None)
         top = min(st["top"], len(getattr(self, "names", [])) or st["top"])
         last = getattr(self, "last_selection", None)
         privacy.update(
