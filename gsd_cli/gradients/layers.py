@@ -277,6 +277,11 @@ def _rule(layer: nn.Module):
     return lambda m, args, g: sampler(m, [a.contiguous() if isinstance(a, torch.Tensor) else a for a in args], g.contiguous())
 
 
+def parameter_owners(model: nn.Module) -> dict[int, tuple[str, nn.Module, str]]:
+    """``id(parameter) -> (the owning module's name, the module, the parameter's local name)`` for every parameter."""
+    return {id(p): (prefix, mod, local) for prefix, mod in model.named_modules() for local, p in mod.named_parameters(recurse=False)}
+
+
 class LayersEngine:
     """Per-sample gradients from one batched forward and one backward to the layer outputs (module
     docstring). Opening it refuses (``NotImplementedError``) a model it cannot treat exactly; so may its
@@ -288,10 +293,7 @@ class LayersEngine:
         self.model, self.loss, self.names = model, loss, list(names)
         params = dict(model.named_parameters())
         self.params = [params[n] for n in self.names]
-        owner: dict[int, tuple[str, nn.Module, str]] = {}
-        for prefix, mod in model.named_modules():
-            for local, p in mod.named_parameters(recurse=False):
-                owner[id(p)] = (prefix, mod, local)
+        owner = parameter_owners(model)
         layers: dict[int, nn.Module] = {}
         taps: dict[int, tuple[nn.Module, Callable]] = {}  # id(parameter) -> (tap module, rule of its input gradient)
         for n, p in zip(self.names, self.params):

@@ -103,17 +103,14 @@ class ClippedSum:
     a model it cannot treat; :meth:`check` refuses one whose examples interact."""
 
     def __init__(self, model: nn.Module, names: Sequence[str], loss: Callable | None = None):
-        from ..gradients.layers import _rule, frozen_batchnorm
+        from ..gradients.layers import _rule, frozen_batchnorm, parameter_owners
         from ..gradients import default_loss
 
         self.model, self.names = model, list(names)
         self.loss = loss or default_loss
         params = dict(model.named_parameters())
         self.params = [params[n] for n in self.names]
-        owner: dict[int, tuple[str, nn.Module, str]] = {}
-        for prefix, mod in model.named_modules():
-            for local, p in mod.named_parameters(recurse=False):
-                owner[id(p)] = (prefix, mod, local)
+        owner = parameter_owners(model)
         layers: dict[int, _Layer] = {}
         self._taps: dict[int, Callable] = {}  # id(tap layer) -> per-example gradient from the tap's input gradient
         for n, p in zip(self.names, self.params):
