@@ -39,14 +39,14 @@ from .. import data as gdata
 from ..errors import GSDError
 from ..privacy.randomness import INSECURE_NOTE
 from ..subspace.public_basis import project_rows, public_basis
-from .side import DP_PROGRESS, Subspace
+from .side import DP_PROGRESS, Side, Subspace
 from .dpgsd import DPGSD
 from .registry import SideContext, register_distance
 
 
 @dataclass
-class EnergySide(Subspace):
-    """The private side of ``dp-energy``: the released noisy energies, by candidate name."""
+class EnergySide(Side):
+    """The private side of ``dp-energy``: the released noisy energies, by candidate name (no subspace is released)."""
 
     energies: dict = field(default_factory=dict)
 
@@ -134,14 +134,14 @@ class DPEnergy(DPGSD):
         self.engine_used = info.get("engine", engine)
         return P
 
-    def private_side(self, ctx: SideContext, sample: gdata.Sample) -> Subspace:
+    def private_side(self, ctx: SideContext, sample: gdata.Sample) -> EnergySide:
         P = self.projected_rows(ctx, sample)
         pv = self.config.privacy
         s = private_energies(P, self.W, float(pv.epsilon), float(pv.clip), self.lam, self.rng)
-        return EnergySide(sample.source.name, self.basis[:, :0], torch.empty(0, dtype=torch.float64), int(self.config.gradients.examples),
-                          0.0, self.engine_used, energies=dict(zip(self.names, s.tolist())))
+        return EnergySide(sample.source.name, int(self.config.gradients.examples), 0.0, self.engine_used,
+                          energies=dict(zip(self.names, s.tolist())))
 
-    def compare(self, private: Subspace, public: Subspace) -> tuple[float, list[float]]:
+    def compare(self, private: EnergySide, public: Subspace) -> tuple[float, list[float]]:
         m, C = int(self.config.gradients.examples), float(self.config.privacy.clip)
         e = private.energies[public.name]
         return math.sqrt(min(1.0, max(0.0, 1.0 - e / (m * C * C)))), []

@@ -268,7 +268,7 @@ class DPSelect(DPEnergy):
         check_settings(pv.top, pv.regret_clip, pv.score_share)
         self.select_settings = dict(top=int(pv.top), regret_clip=float(pv.regret_clip), score_share=float(pv.score_share))
 
-    def private_side(self, ctx: SideContext, sample: gdata.Sample) -> Subspace:
+    def private_side(self, ctx: SideContext, sample: gdata.Sample) -> "SelectSide":
         P = self.projected_rows(ctx, sample)
         pv = self.config.privacy
         refs = [j for j, n in enumerate(self.names) if is_reference(n)]  # auto-select's noise references: a margin too
@@ -279,15 +279,15 @@ class DPSelect(DPEnergy):
                                 reference_kinds=list(kinds.values()) or None, **self.select_settings)
         names = [self.names[j] for j in sel.chosen]
         self.last_selection = sel
-        return SelectSide(sample.source.name, self.basis[:, :0], torch.empty(0, dtype=torch.float64), int(self.config.gradients.examples),
-                          0.0, self.engine_used, energies=dict(zip(names, sel.scores)), chosen=names, selection=sel.to_dict())
+        return SelectSide(sample.source.name, int(self.config.gradients.examples), 0.0, self.engine_used,
+                          energies=dict(zip(names, sel.scores)), chosen=names, selection=sel.to_dict())
 
-    def compare(self, private: Subspace, public: Subspace) -> tuple[float | None, list[float]]:
+    def compare(self, private: "SelectSide", public: Subspace) -> tuple[float | None, list[float]]:
         if public.name not in private.energies:  # not chosen: nothing is released about it
             return None, []
         return super().compare(private, public)
 
-    def arrange(self, private: Subspace, rows: list) -> tuple[list, list[str]]:
+    def arrange(self, private: "SelectSide", rows: list) -> tuple[list, list[str]]:
         """The chosen candidates in the order chosen (the selection's order, not the noisy scores'), and
         the names of the others, of which nothing is released."""
         order = {n: i for i, n in enumerate(private.chosen)}

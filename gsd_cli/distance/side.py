@@ -33,6 +33,20 @@ DP_PROGRESS = " (DP)"
 
 
 @dataclass
+class Side:
+    """What one sample's side of a comparison states besides its content: the sample's name, its examples, the
+    seconds it took, the per-sample gradient engine used and the dimension worked in (None: p). A
+    :class:`Subspace` is one kind; a DP distance's private side that releases scores instead
+    (:class:`gsd_cli.distance.dpenergy.EnergySide`) is another, with no basis to fake."""
+
+    name: str
+    examples: int
+    seconds: float
+    engine: str = ""
+    dims: int | None = None
+
+
+@dataclass
 class Subspace:
     """Top-k gradient subspace of one sample: basis ``V`` (p x k, float64) and singular values ``s``."""
 
