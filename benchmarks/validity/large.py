@@ -77,15 +77,9 @@ METHOD_SETTINGS = {
 @functools.lru_cache(maxsize=None)
 def register() -> None:
     """Make every benchmark set resolvable by its name (``pub-mnist``...) as an npz source."""
-    from gsd_cli.data import register_dataset
-    from gsd_cli.data.files import npz_source
+    from .npz_sets import register_npz
 
-    d = data_dir()
-    missing = [n for n in NAMES if not (d / f"{n}.npz").is_file()]
-    if missing:
-        raise SystemExit(f"missing {missing[:3]}... in {d}: run python benchmarks/validity/prepare_large.py")
-    for n in NAMES:
-        register_dataset(n, functools.partial(npz_source, d / f"{n}.npz", n))
+    register_npz(NAMES, data_dir(), "python benchmarks/validity/prepare_large.py")
 
 
 def settings(method: str, epsilon: float, overrides: dict | None = None) -> dict:

@@ -198,25 +198,32 @@ def tune_jobs() -> list[tuple]:
     return out
 
 
+def best_grid_point(grid, accuracies) -> dict:
+    """``{"chosen", "grid"}``: each grid point's mean of ``accuracies(point)`` (its runs' test accuracies) and the
+    point with the best mean (the first on a tie, in grid order): the tuning rule of every round."""
+    scores = []
+    for hp in grid:
+        accs = list(accuracies(hp))
+        scores.append({"hp": hp, "mean_accuracy": sum(accs) / len(accs), "runs": len(accs)})
+    return {"chosen": max(scores, key=lambda s: s["mean_accuracy"])["hp"], "grid": scores}
+
+
 def tuned(write: bool = True) -> dict:
     """Each method's learning rate: the grid point with the best mean accuracy over the selection
     tasks and tuning seeds (every grid run must be cached). Written to results/heldout/tuned.json."""
     runs = load_runs()
     doc = {}
     for method, grid in GRID.items():
-        scores = []
-        for hp in grid:
-            accs = []
+        def accuracies(hp, method=method):
             for seed in TUNE_SEEDS:
                 for task in split()["selection"]:
                     cand = None if method == BASELINE else tune_candidate(task, seed)
                     key = run_key(task, method, cand, settings(task, method, hp), seed)
                     if key not in runs:
                         raise SystemExit(f"tuning run missing: {task} {method} {cand} {hp} seed {seed}: python -m validity.heldout run --stage tune")
-                    accs.append(runs[key]["accuracy"])
-            scores.append({"hp": hp, "mean_accuracy": sum(accs) / len(accs), "runs": len(accs)})
-        best = max(scores, key=lambda s: s["mean_accuracy"])
-        doc[method] = {"chosen": best["hp"], "grid": scores}
+                    yield runs[key]["accuracy"]
+
+        doc[method] = best_grid_point(grid, accuracies)
     if write:
         TUNED.parent.mkdir(parents=True, exist_ok=True)
         TUNED.write_text(json.dumps({"rule": "per method, the grid point with the best mean accuracy over the selection tasks "

@@ -680,12 +680,18 @@ def package_note(doc: dict, arm: str = DEFAULT_ARM) -> dict:
             "pre_registered": one(PRE_REGISTERED), "later": one(LATER)}
 
 
+def write_scores(doc: dict, out_json, out_md, text: str, package_note_path, note: dict | None) -> None:
+    """A scorer's outputs: the JSON and Markdown of ``doc`` (``text``, also printed) and, with ``note``, the figures
+    gsd ships (``package_note_path``, under gsd_cli/report/)."""
+    out_json.write_text(json.dumps(doc, indent=1) + "\n")
+    out_md.write_text(text)
+    print(text)
+    if note is not None:
+        package_note_path.write_text(json.dumps(note, indent=1) + "\n")
+        print(f"wrote {package_note_path}")
+
+
 def main(partial: bool = False, update_package: bool = False) -> dict:
     doc = build(partial)
-    OUT_JSON.write_text(json.dumps(doc, indent=1) + "\n")
-    OUT_MD.write_text(markdown(doc))
-    print(markdown(doc))
-    if update_package:
-        PACKAGE_NOTE.write_text(json.dumps(package_note(doc), indent=1) + "\n")
-        print(f"wrote {PACKAGE_NOTE}")
+    write_scores(doc, OUT_JSON, OUT_MD, markdown(doc), PACKAGE_NOTE, package_note(doc) if update_package else None)
     return doc

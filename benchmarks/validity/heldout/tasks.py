@@ -175,15 +175,9 @@ def write_split() -> dict:
 @functools.cache
 def register() -> None:
     """Make every benchmark set resolvable by name (an npz source each)."""
-    from gsd_cli.data import register_dataset
-    from gsd_cli.data.files import npz_source
+    from ..npz_sets import register_npz
 
-    d = data_dir()
-    missing = [n for n in NAMES if not (d / f"{n}.npz").is_file()]
-    if missing:
-        raise SystemExit(f"missing {missing[:3]}... in {d}: run python -m validity.heldout prepare")
-    for n in NAMES:
-        register_dataset(n, functools.partial(npz_source, d / f"{n}.npz", n))
+    register_npz(NAMES, data_dir(), "python -m validity.heldout prepare")
 
 
 @functools.cache

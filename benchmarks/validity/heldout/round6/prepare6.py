@@ -492,15 +492,9 @@ def build(which: list[str] | None = None, force: bool = False) -> dict[str, int]
 def register() -> None:
     """Make every round-6 set (:data:`NAMES`) resolvable by name through :func:`gsd_cli.data.resolve` (an npz source
     each), as :func:`validity.heldout.tasks.register` does for the earlier rounds."""
-    from gsd_cli.data import register_dataset
-    from gsd_cli.data.files import npz_source
+    from ...npz_sets import register_npz
 
-    d = data_dir()
-    missing = [n for n in NAMES if not (d / f"{n}.npz").is_file()]
-    if missing:
-        raise SystemExit(f"missing {missing[:3]}... in {d}: run python -m validity.heldout.round6.prepare6")
-    for n in NAMES:
-        register_dataset(n, functools.partial(npz_source, d / f"{n}.npz", n))
+    register_npz(NAMES, data_dir(), "python -m validity.heldout.round6.prepare6")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -81,23 +81,20 @@ def run_tune(part: tuple[int, int] = (1, 1)) -> dict | None:
 
 def tuned(write: bool = True) -> dict:
     """Each method's grid point with the best mean accuracy over the selection tasks and seeds (tuned6.json)."""
-    from ..arms import settings
+    from ..arms import best_grid_point, settings
 
     runs = load_runs()
     doc = {}
     for m in TUNE_METHODS:
-        scores = []
-        for hp in GRID:
-            accs = []
+        def accuracies(hp, m=m):
             for task, mm, cand, h, seed in tune_jobs():
                 if mm == m and h == hp:
                     key = run_key(task, m, cand, settings(task, m, dict(hp)), seed)
                     if key not in runs:
                         raise SystemExit(f"tuning run missing: {task} {m} {hp} seed {seed}: python -m validity.heldout.round6 tune")
-                    accs.append(runs[key]["accuracy"])
-            scores.append({"hp": hp, "mean_accuracy": sum(accs) / len(accs), "runs": len(accs)})
-        best = max(scores, key=lambda s: s["mean_accuracy"])
-        doc[m] = {"chosen": best["hp"], "grid": scores}
+                    yield runs[key]["accuracy"]
+
+        doc[m] = best_grid_point(GRID, accuracies)
     if write:
         OUT.mkdir(parents=True, exist_ok=True)
         TUNED6.write_text(json.dumps({"rule": read_split6()["tuning"]["rule"], "methods": doc}, indent=1) + "\n")

@@ -15,7 +15,7 @@ import json
 import numpy as np
 
 from ..cache import RESULTS, gsd_commit, run_key
-from ..score import _share, task_boot
+from ..score import _share, task_boot, write_scores
 from .protocol import SEEDS, TARGETS, read_split6
 from .run6 import RANKINGS6, load6, ready, settings6
 
@@ -218,10 +218,5 @@ def package_note(doc: dict) -> dict:
 
 def main(update_package: bool = False) -> dict:
     doc = build()
-    OUT_JSON.write_text(json.dumps(doc, indent=1) + "\n")
-    OUT_MD.write_text(markdown(doc))
-    print(markdown(doc))
-    if update_package:
-        PACKAGE_NOTE.write_text(json.dumps(package_note(doc), indent=1) + "\n")
-        print(f"wrote {PACKAGE_NOTE}")
+    write_scores(doc, OUT_JSON, OUT_MD, markdown(doc), PACKAGE_NOTE, package_note(doc) if update_package else None)
     return doc
