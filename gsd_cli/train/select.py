@@ -112,19 +112,20 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
 
         # the probe first, on every candidate the second phase can use; then the ranking of those it finds helpful
         # alone (with the references): the advice chooses among them (gsd_cli.train.advice._advise_by_probe)
-        probe = run_probe([p for p in pubs if second_phase_usable(facts[getattr(p, "name", str(p))], classes) is None])
-        helping = [p for p in pubs if getattr(p, "name", str(p)) in probe.gains and probe.test(getattr(p, "name", str(p)), ALPHA)[0]]
-        helping.sort(key=lambda p: -probe.mean_gain(getattr(p, "name", str(p))))  # stable: ties keep the given order
+        by_name = dict(zip(facts, pubs))
+        probe = run_probe([by_name[n] for n, c in facts.items() if second_phase_usable(c, classes) is None])
+        helping = sorted((n for n in facts if n in probe.gains and probe.test(n, ALPHA)[0]),
+                         key=lambda n: -probe.mean_gain(n))  # stable: ties keep the given order
         ranking, tried, memo = None, [], {}  # memo: the private sides and the references' subspaces, computed once
-        for src in helping:  # the largest gain first, until one is closer than noise: the advice's choice
-            tried.append(src)
+        for name in helping:  # the largest gain first, until one is closer than noise: the advice's choice
+            tried.append(name)
             with stage("rankings"):
-                ranking = rank(train_part, [*tried, *references], memo=memo, **options)
-            if closer_than_reference(ranking, getattr(src, "name", str(src))).closer:
+                ranking = rank(train_part, [*(by_name[n] for n in tried), *references], memo=memo, **options)
+            if closer_than_reference(ranking, name).closer:
                 break
         if ranking is None:  # nothing could be chosen: no subspace is computed
             ranking = _unranked(train_part, options, repeats)
-        ranking.not_ranked = sorted(set(facts) - {getattr(p, "name", str(p)) for p in tried})
+        ranking.not_ranked = sorted(set(facts) - set(tried))
         decision = advise(ranking, method, candidates=facts, private_classes=classes, probe=probe)
         return split_references(ranking), decision
     with stage("rankings"):
