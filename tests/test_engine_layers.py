@@ -52,6 +52,37 @@ def test_conv2d_rules_match_per_example_autograd(rule, shape, layout):
     torch.testing.assert_close(got[layer.bias], ref_b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("channels", [2, 3])
+def test_a_grey_image_at_a_colour_input_gets_the_same_rows_from_one_channel(layout, channels, monkeypatch):
+    """Issue 53: channels that are copies of one (a grey image at the probe's colour input) are computed once and
+    repeated: the rows equal per-example autograd, and the patches are read for one channel; one differing pixel
+    turns the shortcut off."""
+    import gsd_cli.gradients.layers as L
+
+    torch.manual_seed(0)
+    layer = nn.Conv2d(channels, 4, 8, stride=5)
+    grey = torch.randn(6, 1, 33, 31)
+    x = grey.expand(-1, channels, -1, -1).contiguous()
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        g = torch.randn_like(layer(x))
+    seen = []
+    real = L.conv2d_input_patches
+    monkeypatch.setattr(L, "conv2d_input_patches", lambda lay, xx: seen.append(xx.shape[1]) or real(lay, xx))
+    ref_w, ref_b = _per_example_conv_grads(layer, x, g)
+    got = conv2d_patches(layer, x, g)
+    torch.testing.assert_close(got[layer.weight], ref_w, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[layer.bias], ref_b, rtol=1e-5, atol=1e-5)
+    assert seen == [1]
+    x2 = x.clone()
+    x2[3, channels - 1, 5, 7] += 1.0  # one pixel of one channel differs: every channel's own patches
+    ref_w, _ = _per_example_conv_grads(layer, x2, g)
+    torch.testing.assert_close(conv2d_patches(layer, x2, g)[layer.weight], ref_w, rtol=1e-5, atol=1e-5)
+    assert seen == [1, channels]
+
+
 def test_conv2d_rule_choice_follows_the_input_channels(monkeypatch):
     calls = []
     monkeypatch.setattr(engine_layers, "conv2d_grouped", lambda *a: calls.append("grouped") or {})

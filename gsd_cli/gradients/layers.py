@@ -62,8 +62,8 @@ from typing import Callable, Sequence
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
+from .patches import conv2d_input_patches, same_channels  # noqa: F401 (their old home: gradients.layers)
 from .taps import broadcast_tap, input_tap, maxpool_channels_last  # noqa: F401 (their old home: gradients.layers)
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -178,33 +178,25 @@ def conv2d_grouped(layer: nn.Conv2d, x: torch.Tensor, g: torch.Tensor) -> dict[n
     return out
 
 
-def conv2d_input_patches(layer: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
-    """The input's patches, n x T x (kh kw C) in channels-last order (one strided read of the padded
-    input, 3-4x faster than stacking shifted slices on the CPU; a view of no copy when ``x`` is
-    channels-last and unpadded)."""
-    n, C = x.shape[:2]
-    (kh, kw), (sh, sw), (dh, dw), (ph, pw) = layer.kernel_size, layer.stride, layer.dilation, layer.padding
-    xl = x.permute(0, 2, 3, 1)  # n H W C: a contiguous view when x is channels-last
-    if ph or pw:
-        xl = F.pad(xl, (0, 0, pw, pw, ph, ph))
-    xl = xl.contiguous()
-    H, W = xl.shape[1], xl.shape[2]
-    oh, ow = (H - dh * (kh - 1) - 1) // sh + 1, (W - dw * (kw - 1) - 1) // sw + 1
-    patches = xl.as_strided((n, oh, ow, kh, kw, C), (H * W * C, sh * W * C, sw * C, dh * W * C, dw * C, 1))
-    return patches.reshape(n, oh * ow, kh * kw * C)
-
-
 def conv2d_patches(layer: nn.Conv2d, x: torch.Tensor, g: torch.Tensor) -> dict[nn.Parameter, torch.Tensor]:
     """Per-example gradients of a one-group Conv2d by one batched matmul of g (n x T x O) with the
-    input's patches (:func:`conv2d_input_patches`), then the weight's axes put back (n x O x C x kh x kw)."""
+    input's patches (:func:`conv2d_input_patches`), then the weight's axes put back (n x O x C x kh x kw).
+    Channels that are copies of one (:func:`same_channels`: grey images at a colour model's input) have the same
+    patches, so the same gradient: dL_i/dW[o, c, a, b] = sum_t g_i[o, t] x_i[c, t_a, t_b] does not depend on c. It
+    is computed for the first channel and repeated (the same products, a third of them for three channels)."""
     n, C = x.shape[:2]
     kh, kw = layer.kernel_size
+    copies = C if same_channels(x) else 1
+    if copies > 1:
+        x, C = x[:, :1], 1
     A = conv2d_input_patches(layer, x)
     gt = g.permute(0, 2, 3, 1).reshape(n, g.shape[2] * g.shape[3], g.shape[1])  # n T O
     out = {}
     if layer.weight.requires_grad:
         w = torch.bmm(gt.transpose(1, 2), A.to(gt.dtype))  # n O (kh kw C)
         out[layer.weight] = w.view(n, -1, kh, kw, C).permute(0, 1, 4, 2, 3)
+        if copies > 1:
+            out[layer.weight] = out[layer.weight].expand(-1, -1, copies, -1, -1)
     if layer.bias is not None and layer.bias.requires_grad:
         out[layer.bias] = gt.sum(1)
     return out

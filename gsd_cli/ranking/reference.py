@@ -147,3 +147,48 @@ def one_sided_p(diffs: np.ndarray) -> float:
         return 0.0 if diffs[0] > 0 else 1.0
     p = float(stats.ttest_1samp(diffs, 0.0, alternative="greater").pvalue)
     return 1.0 if math.isnan(p) else p
+
+
+def can_still_pass(observed, draws: int, alpha: float = ALPHA, low: float = -1.0, high: float = 1.0) -> bool:
+    """Whether :func:`one_sided_p` over ``draws`` values can still fall below ``alpha`` once the values not drawn yet
+    are known, given the ``observed`` ones and that every value lies in [``low``, ``high``] (a probe's gain, a
+    difference of two accuracies, in [-1, 1]; a margin between two GSDs, each in [0, 1], too). False: the test is
+    decided, it fails whatever the remaining draws give, so drawing them cannot change a decision that rests on it.
+
+    The exact supremum of the t statistic over the completions: for a fixed sum of the remaining values their mean is
+    fixed and their spread is least when they are equal, so the best completion puts every remaining value at one c;
+    with S and Q the sum and the sum of squares of the observed values and m values to come, t(c) is
+    (S + m c) / sqrt(SS(c)) up to a constant, SS quadratic in c, and its one stationary point is c = Q / S (set the
+    derivative to zero: the terms in c^2 cancel). So the supremum is at c = Q / S or at an end of [low, high]. The
+    test passes when t > t_{1-alpha, draws-1}. :func:`one_sided_p`'s rule for equal values (p = 0 when they are all
+    positive) is checked apart. Undecided by a hair (within 1e-9 relative) counts as undecided."""
+    from scipy import stats
+
+    x = np.asarray(observed, dtype=np.float64)
+    k, n = len(x), int(draws)
+    m = n - k
+    if m < 0:
+        raise ValueError(f"{k} values observed of {n} draws")
+    if n < 2:  # one draw: no test, never passes (closer_than_reference, ProbeResult.test)
+        return False
+    if k == 0:
+        return True
+    if m == 0:
+        return bool(one_sided_p(x) < alpha)
+    if np.allclose(x, x[0]) and x[0] > 0 and low <= x[0] <= high:  # the rest equal to the first: p = 0
+        return True
+    S, Q = float(x.sum()), float((x * x).sum())
+
+    def t(c: float) -> float:
+        total = S + m * c
+        ss = Q + m * c * c - total * total / n
+        if total <= 0:
+            return -math.inf
+        if ss <= 0:
+            return math.inf
+        return total / n / math.sqrt(ss / (n * (n - 1)))
+
+    points = [low, high] + ([Q / S] if S != 0 and low <= Q / S <= high else [])
+    best = max(t(c) for c in points)
+    crit = float(stats.t.ppf(1.0 - alpha, n - 1))
+    return not best < crit * (1.0 - 1e-9)

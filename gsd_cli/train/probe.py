@@ -57,10 +57,19 @@ class ProbeResult:
     examples: int
     model: str
     stage1: dict = field(default_factory=dict)
+    #: the candidates whose draws stopped early (their test was decided, :func:`gsd_cli.ranking.reference.can_still_pass`)
+    #: and how many draws they had; the draws planned are ``repeats``
+    stopped: dict = field(default_factory=dict)
+    #: the draws planned (0: as many as ``baseline`` has); fewer are run when every candidate's test is decided
+    planned: int = 0
 
     @property
     def repeats(self) -> int:
-        return len(self.baseline)
+        return self.planned or len(self.baseline)
+
+    def draws(self, name: str) -> int:
+        """The draws ``name`` had: :attr:`repeats`, fewer where its test was decided early (:attr:`stopped`)."""
+        return len(self.gains[name])
 
     def mean_gain(self, name: str) -> float:
         return float(np.mean(self.gains[name]))
@@ -73,20 +82,22 @@ class ProbeResult:
         if len(g) < 2:
             return False, 1.0
         p = one_sided_p(g)
-        return p < alpha, p
+        return p < alpha and name not in self.stopped, p  # stopped: decided to fail over the planned draws
 
     def phrase(self, name: str, alpha: float) -> str:
         helps, p = self.test(name, alpha)
         gain = 100 * self.mean_gain(name)
+        draws = self.draws(name)
+        how = (f"{draws} repeats, one-sided paired t-test p = {p:.3g}{' <' if helps else ' >='} {alpha:g}" if name not in self.stopped else
+               f"stopped after {draws} of {self.repeats} draws: no later draw could make the one-sided paired t-test pass at {alpha:g}")
         return (f"its pretrained features separate the private classes {abs(gain):.1f} points {'better' if gain >= 0 else 'worse'} "
-                f"than the untrained model's ({100 * float(np.mean(self.baseline)):.1f}%; linear probe, {self.repeats} repeats, one-sided "
-                f"paired t-test p = {p:.3g}{' <' if helps else ' >='} {alpha:g})")
+                f"than the untrained model's ({100 * float(np.mean(self.baseline[:draws])):.1f}%; linear probe, {how})")
 
     def to_dict(self) -> dict:
         return {"what": "linear-probe accuracy of the untrained model's features (baseline) and each candidate's gain after "
                         "the second phase's stage 1 (gsd_cli.train.probe)",
                 "model": self.model, "examples": self.examples, "repeats": self.repeats, "ridge": RIDGE,
-                "baseline": self.baseline, "gains": self.gains, "stage1": self.stage1}
+                "baseline": self.baseline, "gains": self.gains, "stage1": self.stage1, "stopped": self.stopped}
 
 
 def linear_probe_accuracy(feats: torch.Tensor, labels: torch.Tensor, num_classes: int, seed: int) -> float:
@@ -162,12 +173,20 @@ class _Named:
 
 
 def probe_second_phase(private, candidates: list, settings, *, examples: int = 2000, repeats: int = DRAWS, seed: int = 0,
-                       device: str | torch.device | None = "auto", progress=None) -> ProbeResult:
+                       device: str | torch.device | None = "auto", progress=None, stop_decided: bool = True) -> ProbeResult:
     """The feature probe (module docstring) of each of ``candidates`` (sources) for the second phase on
     ``private`` (the private *training* source), with the stage-1 and model settings of ``settings``
     (a :class:`gsd_cli.train.TrainConfig` or anything with its fields: ``model``, ``weights``, ``peft``,
-    ``params``, ``batchnorm``, ``public_examples``, ``public_epochs``, ``public_lr``, ``public_batch_size``)."""
+    ``params``, ``batchnorm``, ``public_examples``, ``public_epochs``, ``public_lr``, ``public_batch_size``).
+
+    ``stop_decided`` (issue 53, "spend repeats where they decide something"): a candidate whose test is decided
+    after a draw, failing whatever the remaining draws give (:func:`gsd_cli.ranking.reference.can_still_pass`, a
+    gain is a difference of accuracies: in [-1, 1]), gets no more stage-1 trainings (``ProbeResult.stopped``); the
+    draws stop when no candidate is left. Each candidate's draws do not depend on the others', so the candidates
+    that help with confidence, and their gains, are those of the full draws: the same decision. ``False``: every
+    draw of every candidate (a benchmark that reads every candidate's mean gain)."""
     from ..models.peft import build_model
+    from ..ranking.reference import can_still_pass
     from ..timing import stage
     from .second_phase import run_second_phase
 
@@ -179,8 +198,11 @@ def probe_second_phase(private, candidates: list, settings, *, examples: int = 2
     baseline: list[float] = []
     gains: dict[str, list[float]] = {n: [] for n in named}
     stage1: dict = {}
+    stopped: dict[str, int] = {}
     total, done = repeats * (1 + len(named)), 0
     for r in range(repeats):
+        if named and len(stopped) == len(named):  # every test decided: no draw left decides anything
+            break
         s = int(seed) + r
         spec, model0, names, _ = build_model(settings.model, num_classes, s, weights=getattr(settings, "weights", None),
                                              peft=getattr(settings, "peft", None), params=getattr(settings, "params", None),
@@ -201,6 +223,8 @@ def probe_second_phase(private, candidates: list, settings, *, examples: int = 2
         if progress:
             progress("probe", done, total)
         for name, src in named.items():
+            if name in stopped:
+                continue
             model = copy.deepcopy(model0)
             with tempfile.TemporaryDirectory() as tmp, stage("probe stage 1"):
                 rec = run_second_phase(model, names, _Settings(settings, name, s), spec, Path(tmp), dev, num_classes=num_classes,
@@ -209,7 +233,13 @@ def probe_second_phase(private, candidates: list, settings, *, examples: int = 2
             stage1.setdefault(name, {"head": rec["head"], "public_examples": rec["public_examples"], "lr": rec["lr"]})
             with stage("probe fits"):
                 gains[name].append(linear_probe_accuracy(head_features(model, x), y, num_classes, s) - base)
+            if stop_decided and not can_still_pass(gains[name], repeats, ADVICE.alpha):
+                stopped[name] = len(gains[name])
+                total -= repeats - len(gains[name])  # its stage-1 trainings not run
             done += 1
             if progress:
                 progress("probe", done, total)
-    return ProbeResult(baseline, gains, examples=min(int(examples), len(private)), model=str(settings.model), stage1=stage1)
+        if named and len(stopped) == len(named):
+            total = done  # the baselines of the draws not run
+    return ProbeResult(baseline, gains, examples=min(int(examples), len(private)), model=str(settings.model), stage1=stage1,
+                       stopped=stopped, planned=int(repeats))

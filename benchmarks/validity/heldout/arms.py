@@ -177,7 +177,8 @@ def probe_one(task: str, seed: int) -> dict:
     s = settings(task, "second-phase", chosen()["second-phase"])
     cfg = TrainConfig(private=t.train, public=t.candidates[0], method="second-phase", **s)
     t0 = time.perf_counter()
-    res = probe_second_phase(resolve(t.train), [resolve(c) for c in t.candidates], cfg, examples=RANK["examples"], seed=seed, device="cpu")
+    res = probe_second_phase(resolve(t.train), [resolve(c) for c in t.candidates], cfg, examples=RANK["examples"], seed=seed, device="cpu",
+                             stop_decided=False)  # every mean gain: the variants and the Spearman read them all
     doc = {**res.to_dict(), "benchmark": {"task": task, "seed": seed, "commit": gsd_commit(), "wall_seconds": round(time.perf_counter() - t0, 1)}}
     save_ranking(task, seed, doc, "probe")
     return doc

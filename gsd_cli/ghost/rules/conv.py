@@ -26,7 +26,7 @@ def conv2d(unit, calls: list[Call]) -> Factors:
 def unfold(x: torch.Tensor, kernel, dilation, padding, stride) -> torch.Tensor:
     """``F.unfold(...).transpose(1, 2)`` (c x T x C k_h k_w, the same column order) by k_h k_w strided
     slices: several times faster than im2col on CPU, and a plain reshape for 1x1 kernels. Not the
-    per-sample engines' channels-last patches (:func:`gsd_cli.gradients.layers.conv2d_input_patches`):
+    per-sample engines' channels-last patches (:func:`gsd_cli.gradients.layers.conv2d_input_patches`, :mod:`gsd_cli.gradients.patches`):
     :mod:`.pairs` slices a group's columns as a contiguous block and materialises B_i^T A_i in the
     weight's own (C_in, k_h, k_w) order, which needs channels-first columns."""
     (kh, kw), (dh, dw), (ph, pw), (sh, sw) = kernel, dilation, padding, stride

@@ -204,7 +204,7 @@ def probe6(task: str, seed: int) -> dict:
 
         t = TASKS[task]
         res = probe_second_phase(resolve(t.train), [resolve(c) for c in t.candidates], _config(task, "second-phase"),
-                                 examples=2000, seed=seed, device="cpu")
+                                 examples=2000, seed=seed, device="cpu", stop_decided=False)  # as pre-registered: every draw
         return res.to_dict()
 
     return _cached(task, seed, "probe", compute)
