@@ -79,7 +79,10 @@ def test_probe_first_makes_the_same_decision_with_fewer_subspaces(monkeypatch, c
     r_lazy, d_lazy = select.advised_selection("mnist-a", candidates, "auto", gate="helping", **opts)
     assert (d_all.method, d_all.public) == (d_lazy.method, d_lazy.public)
     assert d_lazy.public == ("mnist-b" if "mnist-b" in candidates else None)
-    assert len(seen[0]) > len(seen[1]) if len(seen) == 2 else len(seen) == 1  # the second ranked fewer, or not at all
+    from gsd_cli.data.reference import is_reference
+
+    lazy_calls = [[n for n in c if not is_reference(n)] for c in seen[1:]]  # the first call ranked every candidate
+    assert lazy_calls == ([["mnist-b"]] * 4 if "mnist-b" in candidates else [])  # its three draws, then their ranking
     ranked = {r.public for r in r_lazy}
     assert ranked == ({"mnist-b"} if d_lazy.public else set()) and set(r_lazy.not_ranked) == set(candidates) - ranked
     if d_lazy.public:  # its rows are the full ranking's: a candidate's draws do not depend on the others
@@ -112,6 +115,7 @@ def test_the_helpful_candidates_are_ranked_one_at_a_time_largest_gain_first(monk
     noise (the private side and the references come from the memo, computed once)."""
     import gsd_cli.train.probe as probe_mod
     from gsd_cli.data.reference import is_reference
+    from gsd_cli.ranking.repeats import repeat_seed
 
     gains = {"mnist-b": [0.20, 0.22, 0.21], "digits": [0.05, 0.06, 0.04]}
     monkeypatch.setattr(probe_mod, "probe_second_phase", lambda private, sources, *a, **k: _probe(
@@ -123,9 +127,13 @@ def test_the_helpful_candidates_are_ranked_one_at_a_time_largest_gain_first(monk
 
         def fake_rank(private, publics, memo=None, **options):
             names = [getattr(p, "name", str(p)) for p in publics]
-            calls.append([n for n in names if not is_reference(n)])
+            calls.append([n for n in names if not is_reference(n)] + (["(one draw)"] if options.get("repeats") == 1 else []))
             memos.append(id(memo))
-            return FakeRanking({n: [0.80, 0.79, 0.81] if is_reference(n) else rows[n] for n in names})
+            draws = {n: [0.80, 0.79, 0.81] if is_reference(n) else rows[n] for n in names}
+            if options.get("repeats") == 1:  # draw r of the repeat ranking: its seed
+                r = [repeat_seed(0, i) for i in range(3)].index(options["seed"])
+                draws = {n: [v[r]] for n, v in draws.items()}
+            return FakeRanking(draws)
 
         monkeypatch.setattr(select, "rank", fake_rank)
         ranking, decision = select.advised_selection("mnist-a", ["mnist-b", "digits", "faces"], "auto", gate="helping",
@@ -134,11 +142,18 @@ def test_the_helpful_candidates_are_ranked_one_at_a_time_largest_gain_first(monk
         return calls, ranking, decision
 
     close, far = [0.40, 0.41, 0.39], [0.90, 0.91, 0.89]
+    one = ["mnist-b", "(one draw)"]
     calls, ranking, decision = run({"mnist-b": close, "digits": close})
-    assert calls == [["mnist-b"]] and (decision.method, decision.public) == ("second-phase", "mnist-b")
-    assert ranking.not_ranked == ["digits", "faces"]
+    assert calls == [one, one, one, ["mnist-b"]] and (decision.method, decision.public) == ("second-phase", "mnist-b")
+    assert ranking.not_ranked == ["digits", "faces"] and ranking.stopped == {}
+    # mnist-b farther than noise in its first draw: decided (one-sided t-test over 3 draws: a loss caps t at 2), so
+    # neither its other draws nor the private side's and references' for them are computed; digits is then ranked alone
     calls, ranking, decision = run({"mnist-b": far, "digits": close})
-    assert calls == [["mnist-b"], ["mnist-b", "digits"]] and (decision.method, decision.public) == ("second-phase", "digits")
+    two = ["digits", "(one draw)"]
+    assert calls == [one, two, two, two, ["digits"]] and (decision.method, decision.public) == ("second-phase", "digits")
+    assert ranking.stopped["mnist-b"]["draws"] == 1 and ranking.stopped["mnist-b"]["margins"] == [pytest.approx(0.80 - 0.90)]
+    assert decision.evidence["mnist-b"]["stopped"]["of"] == 3 and decision.evidence["mnist-b"]["beats_reference"] is False
     calls, ranking, decision = run({"mnist-b": far, "digits": far})
-    assert len(calls) == 2 and (decision.method, decision.public) == ("dpsgd", None)
-    assert "is closer than noise" in decision.message
+    assert calls == [one, two] and (decision.method, decision.public) == ("dpsgd", None)
+    assert "is closer than noise" in decision.message and "in 1 of 3 draws" in decision.message
+    assert len(ranking.results) == 0 and set(ranking.stopped) == {"mnist-b", "digits"}

@@ -211,7 +211,7 @@ def _advised(a, cfg, publics: list, cat):
     figures (statistics of the private data) on lines labelled private."""
     from ..ranking.cache import SubspaceCache
     from ..report import print_ranking
-    from ..report.table import not_ranked_line
+    from ..report.table import left_out_lines
     from ..train.advice import reference_line
     from ..train.config import validate
     from ..train.select import RANK_MODEL, plan
@@ -227,10 +227,11 @@ def _advised(a, cfg, publics: list, cat):
                                                catalog=cat, classes=a.classes, notify=warn, progress=pr, **opts),
                       private=True)  # the ranking's time grows with the private set: labelled private
     tell = (lambda text: out.print(text, highlight=False, soft_wrap=True)) if p.public else partial(print_private, out)
-    if len(p.ranking.results) or not p.ranking.not_ranked:
+    if len(p.ranking.results) or not (p.ranking.not_ranked or p.ranking.stopped):
         print_ranking(p.ranking, out if p.public else PrivateConsole(out))
-    else:  # the feature probe went first and no candidate could be chosen: no table, nothing was ranked
-        tell(escape(not_ranked_line(p.ranking)))
+    else:  # the feature probe went first and no candidate could be chosen: no table, nothing was ranked over every draw
+        for line in left_out_lines(p.ranking):
+            tell(escape(line))
     if p.ranking.references:
         tell(escape(reference_line(p.ranking)))
     if p.decision is not None:

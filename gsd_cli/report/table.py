@@ -201,14 +201,27 @@ def not_ranked_line(ranking: Ranking) -> str:
             f"{', '.join(ranking.not_ranked)}.")
 
 
+def stopped_line(ranking: Ranking) -> str:
+    """The line naming the candidates whose draws ``gsd train --auto-select`` stopped (``ranking.stopped``: their test
+    against the noise references was decided to fail before their last draw)."""
+    names = ", ".join(f"{n} (after {st['draws']} of {st['of']} draws)" for n, st in ranking.stopped.items())
+    return f"Not closer than noise, whatever their remaining draws (not drawn): {names}."
+
+
+def left_out_lines(ranking: Ranking) -> list[str]:
+    """The lines on the candidates ``gsd train --auto-select`` left out of its table: not ranked, or stopped."""
+    return ([not_ranked_line(ranking)] if getattr(ranking, "not_ranked", None) else []) + (
+        [stopped_line(ranking)] if getattr(ranking, "stopped", None) else [])
+
+
 def print_ranking(ranking: Ranking, console: Console | None = None) -> None:
     console = console or Console()
     console.print(ranking_table(ranking))
     if getattr(ranking, "not_selected", None):
         console.print(f"Not chosen (nothing released about them: no score, no order): {escape(', '.join(ranking.not_selected))}.",
                       highlight=False)
-    if getattr(ranking, "not_ranked", None):
-        console.print(escape(not_ranked_line(ranking)), highlight=False)
+    for line in left_out_lines(ranking):
+        console.print(escape(line), highlight=False)
     console.print(how_to_read(ranking))
     _validity(ranking, console)
     line = privacy_line(ranking)

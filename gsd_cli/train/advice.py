@@ -127,7 +127,11 @@ def advise(ranking, method: str = "auto", *, candidates: dict[str, Candidate], p
 
     if probe is not None and method in ("auto", "second-phase"):
         unranked = [n for n in getattr(ranking, "not_ranked", None) or () if n in candidates]  # gate="helping" (gsd_cli.train.select)
-        return _advise_by_probe(method, order, tested, rows, ref, evidence, probe, candidates, private_classes, unranked)
+        stopped = {n: v for n, v in (getattr(ranking, "stopped", None) or {}).items() if n in candidates}
+        for n, st in stopped.items():  # their test decided to fail after st["draws"] draws: not closer than noise
+            evidence[n] = {"ranked": False, "stopped": st, "beats_reference": False,
+                           "second_phase": second_phase_usable(candidates[n], private_classes)}
+        return _advise_by_probe(method, order, tested, rows, ref, evidence, probe, candidates, private_classes, unranked, stopped)
 
     def pick(m: str) -> str | None:
         for n in order:  # closest first
@@ -176,15 +180,17 @@ NO_GEP = ("--method auto does not try GEP: with gsd's pick it did not beat tuned
 
 
 def _advise_by_probe(method: str, order: list[str], tested: dict, rows: dict, ref, evidence: dict, probe, candidates: dict,
-                     private_classes: int, unranked: list[str]) -> Decision:
+                     private_classes: int, unranked: list[str], stopped: dict | None = None) -> Decision:
     """``auto`` and ``second-phase`` with the feature probe (:mod:`gsd_cli.train.probe`): among the candidates
     that are closer than noise (:func:`closer_than_reference`) and that the second phase can use
     (:func:`second_phase_usable`), those whose pretrained features beat the untrained model's with
     confidence; the one with the largest gain. None: ``auto`` trains DP-SGD alone, ``second-phase`` is refused.
     ``unranked``: the candidates probed but not ranked (the probe found no gain from them, or the second phase cannot
-    use them: ``gate="helping"``, :func:`gsd_cli.train.select.advised_selection`)."""
+    use them: ``gate="helping"``, :func:`gsd_cli.train.select.advised_selection`); ``stopped``: those whose draws
+    stopped when their test against the references was decided to fail (never chosen)."""
+    stopped = stopped or {}
     evidence["probe"] = probe.to_dict()  # the per-draw figures, beside each candidate's
-    verdict = {n: probe.test(n, ALPHA) for n in [*order, *unranked] if n in probe.gains}  # (helps, p)
+    verdict = {n: probe.test(n, ALPHA) for n in [*order, *unranked, *stopped] if n in probe.gains}  # (helps, p)
     for n in unranked:
         evidence[n] = {"ranked": False, "second_phase": second_phase_usable(candidates[n], private_classes)}
     for n, (helps, p) in verdict.items():
@@ -192,8 +198,8 @@ def _advise_by_probe(method: str, order: list[str], tested: dict, rows: dict, re
     close = [n for n in order if tested[n].closer]
     usable = [n for n in close if n in verdict and second_phase_usable(candidates[n], private_classes) is None]
     helps = [n for n in usable if verdict[n][0]]
-    if unranked and not helps:  # the probe ran first: say what it found, then what the ranking of the helpful ones did
-        return _no_candidate_by_probe(method, order, tested, rows, ref, evidence, probe, verdict, candidates, private_classes)
+    if (unranked or stopped) and not helps:  # the probe ran first: say what it found, then what the ranking of the helpful ones did
+        return _no_candidate_by_probe(method, order, tested, rows, ref, evidence, probe, verdict, candidates, private_classes, stopped)
     if helps:
         best = max(helps, key=probe.mean_gain)
         return Decision("second-phase", best, False,
@@ -219,12 +225,13 @@ def _advise_by_probe(method: str, order: list[str], tested: dict, rows: dict, re
 
 
 def _no_candidate_by_probe(method: str, order: list[str], tested: dict, rows: dict, ref, evidence: dict, probe, verdict: dict,
-                           candidates: dict, private_classes: int) -> Decision:
+                           candidates: dict, private_classes: int, stopped: dict | None = None) -> Decision:
     """:func:`_advise_by_probe` without a choice when the probe ran first (``gate="helping"``): ``order`` holds only
-    the candidates whose pretrained features help (none of them closer than noise), ``verdict`` every probed one."""
-    if order:  # some help, none is closer than noise
+    the candidates whose pretrained features help (none of them closer than noise), ``verdict`` every probed one,
+    ``stopped`` the helpful ones whose test against the references was decided before their last draw."""
+    if order or stopped:  # some help, none is closer than noise
         why = (f"no candidate whose pretrained features beat the untrained model's is closer than noise "
-               f"({tested[order[0]].phrase})")
+               f"({tested[order[0]].phrase if order else stopped_phrase(*next(iter(stopped.items())))})")
     elif verdict:
         top = max(verdict, key=probe.mean_gain)
         why = f"no candidate's pretrained features beat the untrained model's with confidence (the best, {top}: {probe.phrase(top, ALPHA)})"
@@ -237,3 +244,10 @@ def _no_candidate_by_probe(method: str, order: list[str], tested: dict, rows: di
                     f"--method {method}: no candidate the second phase can use helps it ({why}); train with --method dpsgd, "
                     "or add --no-fallback to train with the closest anyway", refused=True,
                     distance=row_distance(rows[order[0]]) if order else None, reference=ref, evidence=evidence)
+
+
+def stopped_phrase(name: str, st: dict) -> str:
+    """How a candidate's draws stopped (``Ranking.stopped``, :func:`gsd_cli.train.gate.draws_until_decided`)."""
+    margins = ", ".join(f"{m:+.4f}" for m in st["margins"])
+    return (f"{name}'s margin to the closest noise reference in {st['draws']} of {st['of']} draws: {margins}; no remaining "
+            f"draw could make the one-sided paired t-test pass at {ALPHA:g}, so they were not drawn")

@@ -146,7 +146,7 @@ def public_selection(selection: dict) -> dict:
     accuracies and gains, p-values, the private examples drawn, the time) goes to ``private-summary.json``."""
     public = {k: selection[k] for k in SELECTION_PUBLIC_FIELDS if k in selection}
     names = [r.get("public") for r in selection.get("results") or () if isinstance(r, dict)] + list(selection.get("not_selected") or ()) + list(
-        selection.get("not_ranked") or ())  # which were ranked is the probe's verdict: only the sorted names stay
+        selection.get("not_ranked") or ()) + list(selection.get("stopped") or ())  # which were ranked is the probe's verdict: only the sorted names stay
     public["candidates"] = sorted(n for n in names if n is not None)
     advice = selection.get("advice")
     if isinstance(advice, dict):

@@ -109,6 +109,7 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
 
     if gate == "helping" and probing and method == "auto" and references:
         from .advice import ALPHA, second_phase_usable
+        from .gate import draws_until_decided, unranked
 
         # the probe first, on every candidate the second phase can use; then the ranking of those it finds helpful
         # alone (with the references): the advice chooses among them (gsd_cli.train.advice._advise_by_probe)
@@ -116,16 +117,22 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
         probe = run_probe([by_name[n] for n, c in facts.items() if second_phase_usable(c, classes) is None])
         helping = sorted((n for n in facts if n in probe.gains and probe.test(n, ALPHA)[0]),
                          key=lambda n: -probe.mean_gain(n))  # stable: ties keep the given order
-        ranking, tried, memo = None, [], {}  # memo: the private sides and the references' subspaces, computed once
+        ranking, tried, ranked, stopped, memo = None, [], [], {}, {}  # memo: the private sides and references, computed once
         for name in helping:  # the largest gain first, until one is closer than noise: the advice's choice
             tried.append(name)
-            with stage("rankings"):
-                ranking = rank(train_part, [*(by_name[n] for n in tried), *references], memo=memo, **options)
+            decided = draws_until_decided(rank, train_part, by_name[name], references, repeats, memo, options)
+            if decided is not None:  # not closer than noise whatever its remaining draws give: none of them drawn
+                stopped[name] = decided
+                continue
+            ranked.append(name)
+            with stage("rankings"):  # every draw is in the memo: this is the repeat ranking of those draws
+                ranking = rank(train_part, [*(by_name[n] for n in ranked), *references], memo=memo, **options)
             if closer_than_reference(ranking, name).closer:
                 break
-        if ranking is None:  # nothing could be chosen: no subspace is computed
-            ranking = _unranked(train_part, options, repeats)
+        if ranking is None:  # nothing could be chosen: no full ranking
+            ranking = unranked(train_part, options, repeats)
         ranking.not_ranked = sorted(set(facts) - set(tried))
+        ranking.stopped = stopped
         decision = advise(ranking, method, candidates=facts, private_classes=classes, probe=probe)
         return split_references(ranking), decision
     with stage("rankings"):
@@ -165,34 +172,6 @@ def dp_advised_selection(private: str, candidates: Sequence[str], method: str = 
 
     return dp_probe_advice(train_part, pubs, settings, method, epsilon=epsilon, delta=delta, seed=seed, device=device,
                            insecure_seed=insecure_seed, book=book, progress=progress)
-
-
-def _unranked(train_part, options: dict, repeats: int):
-    """The ranking of no candidate (``gate="helping"`` when the probe finds no help): the settings a ranking with
-    ``options`` and ``repeats`` draws states (the public ones exactly as :func:`gsd_cli.ranking.rank` would), no rows."""
-    from ..gradients import resolve_device
-    from ..models.peft import build_model
-    from ..models.spec import model_label
-    from ..ranking.config import RankConfig
-    from ..ranking.repeats import repeat_seed
-    from ..ranking.results import TIE_TEST, RepeatRanking
-    from ..subspace import uniform_baseline
-
-    cfg = RankConfig.from_options(**{**{k: v for k, v in options.items() if k not in ("cache", "progress", "memo", "executor")},
-                                     "repeats": repeats})
-    m, g = cfg.model, cfg.gradients
-    _, net, names, _ = build_model(m.model, int(train_part.num_classes), cfg.seed, weights=m.weights, peft=m.peft, params=m.params,
-                                   batchnorm=m.batchnorm)
-    num_params = sum(dict(net.named_parameters())[n].numel() for n in names)
-    m_private = len(train_part) if g.examples is None else min(int(g.examples), len(train_part))
-    return RepeatRanking(
-        private=train_part.name, model=model_label(m.model), k=g.k, examples=g.examples if g.examples is not None else -1,
-        seed=cfg.seed, labels=g.labels, row_norm=g.row_norm,
-        params=None if m.params is None else ([m.params] if isinstance(m.params, str) else list(m.params)),
-        num_params=num_params, device=str(resolve_device(g.device)), engine=g.engine, private_examples=m_private,
-        uniform_baseline=uniform_baseline(g.k, num_params), sketch=None, weights=m.weights, peft=m.peft,
-        subspace_method=g.subspace_method, seconds=0.0, repeats=int(repeats),
-        repeat_seeds=[repeat_seed(cfg.seed, r) for r in range(int(repeats))], tie_test=TIE_TEST)
 
 
 def choosable(ranking, sources: list, facts: dict, private_classes: int) -> list:
