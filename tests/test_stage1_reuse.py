@@ -68,6 +68,7 @@ def test_the_training_starts_from_the_probes_stage_1(tmp_path, capsys, monkeypat
     import gsd_cli.train.select as select
 
     monkeypatch.setattr(select, "choosable", lambda ranking, sources, *a: list(sources))
+    monkeypatch.setattr("gsd_cli.ranking.reference.can_still_pass", lambda *a, **k: True)  # every draw, whatever the gains
     priv = _npz(tmp_path / "priv.npz", 120, 5)
     pub = _npz(tmp_path / "pub.npz", 1000, 6)
     trained = []
