@@ -149,3 +149,23 @@ def test_a_dp_private_side_is_shown_without_its_time():
     p("mnist-a" + DP_PROGRESS, 2000, 2000)
     p("digits", 1797, 1797)
     assert lines[0] == "mnist-a (DP): 2000/2000 done" and "done in" in lines[1]
+
+
+def test_a_name_with_colons_or_brackets_is_printed_as_given(monkeypatch):
+    """A private part's name, "mnist-a:train", followed by the line's colon read as rich's emoji code ":train:" (a
+    tram was printed); brackets would be markup. Plain lines and the bar print names as they are."""
+    buf = io.StringIO()
+    monkeypatch.setattr(common, "err", Console(file=buf, force_terminal=False, width=200))
+    monkeypatch.setattr(common, "PLAIN_AFTER", 0.0)
+    bar, p = common.progress_bar(False, private=True)
+    p("mnist-a:train", 10, 10)
+    bar.stop()
+    assert buf.getvalue().startswith("private: mnist-a:train: 10/10 done in ")
+    clock = Clock()
+    term = io.StringIO()
+    monkeypatch.setattr(common, "err", Console(file=term, force_terminal=True, get_time=clock, width=120))
+    bar, p = common.progress_bar(False, width=30)
+    p("mnist-a:train:[b]x", 1, 10)
+    bar.refresh()
+    bar.stop()
+    assert "mnist-a:train:[b]x" in term.getvalue() and "\U0001f68b" not in term.getvalue()

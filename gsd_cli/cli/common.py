@@ -166,7 +166,7 @@ def progress_bar(quiet: bool, width: int = 24, eta: bool = False, private: bool 
     from rich.progress import TimeRemainingColumn
 
     plain = not quiet and not err.is_terminal
-    cols = [TextColumn(f"{{task.description:<{width}}}"), BarColumn(), MofNCompleteColumn(),
+    cols = [TextColumn(f"{{task.description:<{width}}}", markup=False), BarColumn(), MofNCompleteColumn(),
             *([TextColumn(f"[yellow]{PRIVATE_LABEL}[/]")] if private else []), TimeElapsedColumn()]
     # the rate over every unit since the first (rich's default keeps 30 s of samples: an epoch longer than that
     # never had an estimate)
@@ -174,7 +174,8 @@ def progress_bar(quiet: bool, width: int = 24, eta: bool = False, private: bool 
                    speed_estimate_period=30 * 86400.0)
     if plain:
         label = PRIVATE_LABEL + " " if private else ""
-        return bar, plain_progress(lambda line: err.print(label + line, markup=False, highlight=False, soft_wrap=True), after=PLAIN_AFTER)
+        return bar, plain_progress(lambda line: err.print(label + line, markup=False, emoji=False, highlight=False, soft_wrap=True),
+                                   after=PLAIN_AFTER)  # a name like "mnist-a:train:" is no emoji code
     tasks: dict[str, int] = {}
 
     def progress(name: str, done: int, total: int) -> None:
