@@ -288,3 +288,25 @@ def test_the_shipped_round_6_note_is_the_committed_scores_and_quotes_only_printe
     assert len(quoted) >= 4
     for q in quoted:
         assert q in md, q
+
+
+def test_the_stops_replay_keeps_the_decision_and_counts_the_work():
+    """``python -m validity.heldout stops`` on one synthetic cell: B helps but is farther than noise in its first draw
+    (stopped: one draw), C loses in the probe's first draw (one stage 1), A helps and is closer: chosen either way."""
+    from gsd_cli.train.advice import Candidate
+    from validity.heldout.stops import replay
+
+    refs = {"reference:noise@28": [0.80, 0.79, 0.81], "reference:noise@7": [0.74, 0.73, 0.75]}
+    draws = {"A": [0.40, 0.41, 0.39], "B": [0.90, 0.70, 0.70], "C": [0.50, 0.52, 0.51], **refs}
+    runs = [{"repeat": r, "seed": r, "distances": {n: v[r] for n, v in draws.items()}} for r in range(3)]
+    row = lambda n: {"public": n, "distance": float(np.mean(draws[n])), "distances": draws[n]}  # noqa: E731
+    advised = {"ranking": {"results": [row(n) for n in "ABC"], "runs": runs}, "references": [row(n) for n in refs]}
+    probe = {"baseline": [0.5, 0.5, 0.5], "gains": {"A": [0.10, 0.11, 0.12], "B": [0.30, 0.31, 0.32], "C": [-0.01, 0.2, 0.2]},
+             "examples": 100, "model": "m", "stage1": {}}
+    facts = {n: Candidate(n, 5000, 10) for n in "ABC"}
+    r = replay(advised, probe, facts, 10)
+    assert r["same"] and r["stops"] == ["second-phase", "A"]
+    assert r["stopped"] == {"probe": {"C": 1}, "ranking": {"B": 1}}
+    assert r["stage1"] == {"stops": 7, "every draw": 9}
+    # B: one draw of the private side, the two references and B; then A: all three draws
+    assert r["subspaces"] == {"stops": 3 * 3 + 1 + 3, "probe first, every draw": 3 * 3 + 3 * 2, "every candidate": 6 * 3}

@@ -24,6 +24,7 @@ def main(argv: list[str] | None = None) -> None:
     r = sub.add_parser("run", help="the trainings of a stage (cached, resumable)")
     r.add_argument("--stage", choices=("tune", "selection", "held-out", *ROUND_STAGES), required=True)
     r.add_argument("--methods", nargs="+", choices=("dpsgd", "gep", "second-phase"), help="only these methods' runs")
+    sub.add_parser("stops", help="issue 53's repeat rule replayed on every held-out cell's cached draws (no training)")
     s = sub.add_parser("score", help="tables and figures: benchmarks/results/heldout_*.{json,md}")
     s.add_argument("--partial", action="store_true", help="score whatever cells are complete")
     s.add_argument("--update-package", action="store_true",
@@ -58,6 +59,10 @@ def main(argv: list[str] | None = None) -> None:
         run_stage(a.stage, a.methods)
         if a.stage == "tune":
             print("tuned:", tuned())
+    elif a.cmd == "stops":
+        from .stops import main as stops
+
+        stops([])
     elif a.cmd == "score":
         from .score import main as score
 
