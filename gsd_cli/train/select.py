@@ -65,7 +65,9 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
     advice takes the largest confident gain among those closer than noise, so this is the same decision as
     ``gate="all"`` (each candidate's probe draws and ranking rows do not depend on the other candidates; an
     exact tie of mean gains aside), without the subspaces of candidates that would not be chosen. The
-    ranking's ``not_ranked`` names the others; the decision's evidence keeps their probe figures. ``"all"`` ranks every candidate, then probes those
+    ranking's ``not_ranked`` names the others; the decision's evidence keeps their probe figures. Draws stop where
+    the test is decided (issue 53): the probe's (:func:`gsd_cli.train.probe.probe_second_phase`), and each helpful
+    candidate's ranking draws (:func:`gsd_cli.train.gate.draws_until_decided`; ``ranking.stopped``). ``"all"`` ranks every candidate, then probes those
     the advice could choose (:func:`choosable`)."""
     from ..models.spec import resolve_model
     from ..ranking.reference import closer_than_reference, split_references
