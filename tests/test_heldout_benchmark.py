@@ -310,3 +310,61 @@ def test_the_stops_replay_keeps_the_decision_and_counts_the_work():
     assert r["stage1"] == {"stops": 7, "every draw": 9}
     # B: one draw of the private side, the two references and B; then A: all three draws
     assert r["subspaces"] == {"stops": 3 * 3 + 1 + 3, "probe first, every draw": 3 * 3 + 3 * 2, "every candidate": 6 * 3}
+
+
+def test_the_stops_replay_makes_the_real_gates_decision_on_the_same_draws(monkeypatch):
+    """The replay re-states ``advised_selection(gate="helping")``'s loop on cached numbers; here both run on the same
+    scripted draws (the real gate with its ranking and stage 1 faked, the probe's stop rule real) and must agree on
+    the decision and on what each stopped."""
+    import gsd_cli.train.probe as probe_mod
+    import gsd_cli.train.select as select
+    from gsd_cli.data import resolve
+    from gsd_cli.data.reference import is_reference
+    from gsd_cli.ranking.repeats import repeat_seed
+    from gsd_cli.train import TrainConfig
+    from gsd_cli.train.advice import describe
+    from test_advice import FakeRanking
+    from validity.heldout.stops import replay
+
+    rows = {"mnist-b": [0.90, 0.70, 0.70], "digits": [0.40, 0.41, 0.39], "noise": [0.50, 0.52, 0.51]}
+    gains = {"mnist-b": [0.30, 0.31, 0.32], "digits": [0.10, 0.11, 0.12], "noise": [-0.05, 0.2, 0.2]}
+    refs: dict = {}
+
+    def fake_rank(private, publics, memo=None, **options):
+        names = [getattr(p, "name", str(p)) for p in publics]
+        for n in names:
+            if is_reference(n):
+                refs.setdefault(n, [0.80 - 0.01 * len(refs), 0.79, 0.81])
+        draws = {n: refs[n] if is_reference(n) else rows[n] for n in names}
+        if options.get("repeats") == 1:
+            r = [repeat_seed(0, i) for i in range(3)].index(options["seed"])
+            draws = {n: [v[r]] for n, v in draws.items()}
+        return FakeRanking(draws)
+
+    def fake_stage1(model, names, settings, *a, **k):
+        model._gain = gains[settings.public][settings.seed]
+        return {"head": "shared", "public_examples": 100, "lr": 0.1}
+
+    def fake_features(model, x, chunk=256):
+        fake_accuracy.gain = getattr(model, "_gain", 0.0)
+        return x.flatten(1)[:, :4]
+
+    def fake_accuracy(feats, labels, num_classes, s):
+        return 0.5 + fake_accuracy.gain
+
+    monkeypatch.setattr(select, "rank", fake_rank)
+    monkeypatch.setattr("gsd_cli.train.second_phase.run_second_phase", fake_stage1)
+    monkeypatch.setattr(probe_mod, "head_features", fake_features)
+    monkeypatch.setattr(probe_mod, "linear_probe_accuracy", fake_accuracy)
+    cfg = TrainConfig(private="mnist-a", method="auto", model="fmnist-cnn")
+    ranking, decision = select.advised_selection("mnist-a", list(rows), "auto", gate="helping", train_settings=cfg,
+                                                 model="fmnist-cnn", examples=50, device="cpu")
+    cached = {"ranking": {"results": [{"public": n, "distance": float(np.mean(v))} for n, v in rows.items()],
+                          "runs": [{"repeat": r, "distances": {**{n: v[r] for n, v in rows.items()}, **{n: v[r] for n, v in refs.items()}}}
+                                   for r in range(3)]},
+              "references": [{"public": n, "distance": float(np.mean(v))} for n, v in refs.items()]}
+    probe = {"baseline": [0.5, 0.5, 0.5], "gains": gains, "examples": 50, "model": "fmnist-cnn", "stage1": {}}
+    r = replay(cached, probe, {n: describe(resolve(n)) for n in rows}, 10)
+    assert r["stops"] == [decision.method, decision.public] == ["second-phase", "digits"]
+    assert r["stopped"]["ranking"] == {n: s["draws"] for n, s in ranking.stopped.items()} == {"mnist-b": 1}
+    assert r["stopped"]["probe"] == decision.evidence["probe"]["stopped"] == {"noise": 1}

@@ -30,9 +30,11 @@ from .score import _Ranking, probe_result
 
 def _restricted(doc: dict, names: list[str]) -> dict:
     """The cached ranking document with only ``names`` among its candidates (every reference kept)."""
+    from gsd_cli.ranking.reference import is_reference
+
     keep = set(names)
     return {**doc, "results": [r for r in doc["results"] if r["public"] in keep],
-            "runs": [{**run, "distances": {n: d for n, d in run["distances"].items() if n in keep or n.startswith("reference")}}
+            "runs": [{**run, "distances": {n: d for n, d in run["distances"].items() if n in keep or is_reference(n)}}
                      for run in doc.get("runs") or []]}
 
 
@@ -48,7 +50,7 @@ def _sequential(values: list[float], draws: int) -> int:
 
 def replay(advised: dict, probe_doc: dict, facts: dict, classes: int) -> dict:
     """One cell: the decision with every draw and with the stops, and the work of each (module docstring)."""
-    from gsd_cli.ranking.reference import closer_than_reference, is_reference
+    from gsd_cli.ranking.reference import closer_than_reference
     from gsd_cli.train.advice import ALPHA, advise, second_phase_usable
     from gsd_cli.train.probe import ProbeResult
 
@@ -62,8 +64,7 @@ def replay(advised: dict, probe_doc: dict, facts: dict, classes: int) -> dict:
                         examples=full_probe.examples, model=full_probe.model, stage1=full_probe.stage1,
                         stopped={n: k for n, k in kept.items() if k < draws}, planned=draws)
     helping = sorted((n for n in usable if probe.test(n, ALPHA)[0]), key=lambda n: -probe.mean_gain(n))
-    doc = {**advised["ranking"], "results": [*advised["ranking"]["results"], *(advised.get("references") or [])]}
-    runs = doc.get("runs") or []
+    runs = advised["ranking"].get("runs") or []
     refs = [r["public"] for r in advised.get("references") or []]
     ranked, stopped, tried, ranking = [], {}, [], None
     for name in helping:
@@ -82,7 +83,7 @@ def replay(advised: dict, probe_doc: dict, facts: dict, classes: int) -> dict:
     ranking.not_ranked = sorted(set(facts) - set(tried))
     ranking.stopped = stopped
     gated = advise(ranking, "auto", candidates=facts, private_classes=classes, probe=probe)
-    n_refs = len([r for r in refs if is_reference(r)])
+    n_refs = len(refs)
     drawn = [stopped[n]["draws"] if n in stopped else len(runs) for n in tried]
     return {"every draw": [every.method, every.public], "stops": [gated.method, gated.public],
             "same": (every.method, every.public) == (gated.method, gated.public),
