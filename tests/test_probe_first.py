@@ -157,3 +157,23 @@ def test_the_helpful_candidates_are_ranked_one_at_a_time_largest_gain_first(monk
     assert calls == [one, two] and (decision.method, decision.public) == ("dpsgd", None)
     assert "is closer than noise" in decision.message and "in 1 of 3 draws" in decision.message
     assert len(ranking.results) == 0 and set(ranking.stopped) == {"mnist-b", "digits"}
+
+
+def test_each_draw_of_the_gate_reports_its_sets_under_its_own_tag():
+    """The gate's draws read the private set and the references again: tagged "[r/3]" as `gsd rank --repeats`' draws
+    are, each draw's sets get their own progress lines (untagged, draws 2 and 3 ran half a minute with none)."""
+    from gsd_cli.train.gate import draws_until_decided
+
+    seen: list = []
+
+    class Source:
+        name = "mnist-b"
+
+    def fake_rank(private, publics, memo=None, progress=None, **options):
+        progress("mnist-a:train", 10, 10)
+        return FakeRanking({"mnist-b": [0.4], **{n: [0.8] for n in REFS}})
+
+    refs = [type("R", (), {"name": n})() for n in REFS]
+    assert draws_until_decided(fake_rank, "mnist-a", Source(), refs, 3, {},
+                               {"progress": lambda name, done, total: seen.append(name)}) is None
+    assert seen == ["[1/3] mnist-a:train", "[2/3] mnist-a:train", "[3/3] mnist-a:train"]

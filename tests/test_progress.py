@@ -169,3 +169,40 @@ def test_a_name_with_colons_or_brackets_is_printed_as_given(monkeypatch):
     bar.refresh()
     bar.stop()
     assert "mnist-a:train:[b]x" in term.getvalue() and "\U0001f68b" not in term.getvalue()
+
+
+def test_a_second_pass_over_a_set_is_timed_from_its_own_chunks():
+    """Issue 53, seen in `gsd train --auto-select` off a terminal: the probe read the private set before 15 s
+    (silent), then the ranking read it again, and the estimate mixed the two passes: "mnist-a:train: 128/1991 after
+    18s, about 8m15s left" of a 40 s ranking. A count that goes back starts a pass with its own rate and time."""
+    lines, clock = [], Clock()
+    p = common.plain_progress(lines.append, clock, after=15)
+    for done in (64, 128, 2000):  # the probe's pass: 3 s, before anything is printed
+        clock.t += 1.0
+        p("mnist-a:train", done, 2000)
+    clock.t += 20.0  # the probe's stage 1 and the references
+    p("references", 64, 64)
+    for draw in range(3):  # the ranking's draws: 2 s per 64 examples
+        for done in (64, 128, 192, 2000):
+            clock.t += 2.0 if done < 2000 else 2.0 * 1808 / 64
+            p("mnist-a:train", done, 2000)
+        clock.t += 5.0
+        p("references", 64, 64)
+    mine = [l for l in lines if l.startswith("mnist-a:train")]
+    assert mine == ["mnist-a:train: 128/2000 after 4.0s, about 58s left",  # 1872 x 2 s / 64 (was timed from the probe's chunk: 12m40s)
+                    "mnist-a:train: 2000/2000 done in 1m02s (1m25s elapsed)"]  # the one done line, of the pass that was shown
+
+
+def test_the_bar_restarts_a_set_read_again(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(common, "err", Console(file=io.StringIO(), force_terminal=True, get_time=clock, width=100))
+    bar, p = common.progress_bar(False, width=8, eta=True)
+    try:
+        for draw in range(2):
+            for done in (100, 200, 1000):
+                clock.t += 1.0 + (50.0 if draw == 0 and done == 100 else 0.0)
+                p("digits", done, 1000)
+        task = next(t for t in bar.tasks if t.description == "digits")
+        assert task.elapsed == 2.0 and task.completed == 1000  # from the second pass's first chunk (was 55 s: both passes)
+    finally:
+        bar.stop()

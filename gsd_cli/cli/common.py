@@ -51,7 +51,8 @@ def plain_progress(write: Callable[[str], None], clock: Callable[[], float] = ti
     plain lines, never more than one per finished unit, once the command has run ``after`` seconds. A
     unit count (:data:`UNITS`) prints one line per finished epoch (run) with its time, the elapsed time
     and an estimate of the time left; a dataset prints an estimate once (at its first chunk past
-    ``after`` that is not its first) and one line when done; the steps of an epoch print one estimate,
+    ``after`` that is not its first) and one line when done, over all its passes (a ranking's draws, the probe's
+    then the ranking's read a set again: a count that goes back starts a pass, timed from its own chunks); the steps of an epoch print one estimate,
     after the first step (past ``after``) of the run.
 
     Every estimate is timed from the first finished unit, chunk or step on, once there is a second: what
@@ -64,6 +65,7 @@ def plain_progress(write: Callable[[str], None], clock: Callable[[], float] = ti
     first: dict[str, tuple[float, int]] = {}  # name -> (time, done) of its first progress past the start
     prev: dict[str, tuple[float, int]] = {}  # unit counts: the previous line's (time, done)
     said: set[str] = set()
+    last: dict[str, int] = {}  # a dataset's last count: a smaller one starts a new pass
 
     def progress(name: str, done: int, total: int) -> None:
         now = clock()
@@ -96,13 +98,18 @@ def plain_progress(write: Callable[[str], None], clock: Callable[[], float] = ti
                 write(f"step {done}/{total} of the epoch: {_duration(took)} a step, about {_duration(took * (total - done))} left in it")
             return  # the epoch lines say the rest
         else:
+            if name in last and done < last[name]:  # a new pass over the set (another draw, the probe then the ranking)
+                first.pop(name, None)  # its rate is timed from its own chunks: the last pass's made "about 8m15s left" of 40 s
+                began.pop(name)
+            last[name] = done
             if name not in began:
                 began[name] = (last_event[0], 0)  # a dataset's chunks: it began when the previous thing ended
             if 0 < done and name not in first:
                 first[name] = (now, done)  # the rate is timed from here: before it, reading, decoding, warm-up
             t_start = began[name][0]
             if done >= total and name + "\0done" not in said:
-                said.add(name + "\0done")
+                if write_now is write:  # a pass finished in silence (before ``after``) leaves the line to a later pass
+                    said.add(name + "\0done")
                 if name.endswith(DP_PROGRESS):  # a DP private side: its time would tell the private set's size
                     write_now(f"{name}: {total}/{total} done")
                 else:
@@ -156,7 +163,8 @@ class PrivateConsole:
 def progress_bar(quiet: bool, width: int = 24, eta: bool = False, private: bool = False):
     """A rich progress bar on stderr and its callback ``progress(name, done, total)``: one task per
     name, started on the first call (so input errors print no empty progress line); the total may grow
-    (the Gram path adds passes); a finished ``epoch`` restarts the ``step`` task. Off a terminal (CI
+    (the Gram path adds passes); a finished ``epoch`` restarts the ``step`` task, and a set's count that goes back
+    (a new pass: another draw) restarts its task. Off a terminal (CI
     logs, redirected stderr) the bar would print nothing: plain lines instead (:func:`plain_progress`).
     ``quiet``: neither.
 
@@ -177,12 +185,16 @@ def progress_bar(quiet: bool, width: int = 24, eta: bool = False, private: bool 
         return bar, plain_progress(lambda line: err.print(label + line, markup=False, emoji=False, highlight=False, soft_wrap=True),
                                    after=PLAIN_AFTER)  # a name like "mnist-a:train:" is no emoji code
     tasks: dict[str, int] = {}
+    counts: dict[str, int] = {}
 
     def progress(name: str, done: int, total: int) -> None:
         if not tasks:
             bar.start()
         if name not in tasks:
             tasks[name] = bar.add_task(name, total=total)
+        elif name not in UNITS and name != "step" and done < counts[name]:
+            bar.reset(tasks[name], total=total)  # a new pass over a set (another draw): its own time and rate
+        counts[name] = done
         bar.update(tasks[name], completed=done, total=total)
         if name == "epoch" and "step" in tasks:
             bar.reset(tasks["step"])

@@ -189,10 +189,7 @@ def rank_repeats(
     seeds = [repeat_seed(seed, r) for r in range(int(repeats))]
     runs: list[Ranking] = []
     for r, s in enumerate(seeds):
-        prog = None
-        if progress is not None:
-            tag = f"[{r + 1}/{repeats}] " if repeats > 1 else ""
-            prog = lambda name, done, total, tag=tag: progress(tag + name, done, total)  # noqa: E731
+        prog = tagged(progress, r, int(repeats))
         cfg_r = config.replace(repeats=1, seed=seed if shared else s, engine=engine)
         run = rank_once(priv_source, pub_sources, cfg_r, public_seed=s if shared else None, progress=prog, memo=memo,
                         cache=cache, executor=executor)
@@ -206,6 +203,15 @@ def rank_repeats(
                 memo[keep[0]] = keep[1]
     return summarise(runs, seeds, pv.dp_repeats if dp else None, seconds=None if dp else time.perf_counter() - t0,
                      tie_test=None if fixed else TIE_TEST)
+
+
+def tagged(progress, r: int, repeats: int):
+    """Draw ``r``'s progress callback: each name tagged ``[r+1/repeats]`` (a set read again in each draw gets lines of
+    its own); ``progress`` itself for one draw, None for none."""
+    if progress is None or repeats < 2:
+        return progress
+    tag = f"[{r + 1}/{repeats}] "
+    return lambda name, done, total: progress(tag + name, done, total)
 
 
 #: what a repeated ranking says when its repeats share one release that fixes every distance

@@ -14,7 +14,7 @@ def draws_until_decided(rank, train_part, source, references: list, repeats: int
     the private side's and references' for them, never computed), None when every draw was needed (then the repeat
     ranking tests it). Other metrics than GSD, or fewer than two repeats: None at once (nothing to stop)."""
     from ..ranking.reference import ALPHA, can_still_pass, is_reference
-    from ..ranking.repeats import repeat_seed
+    from ..ranking.repeats import repeat_seed, tagged
     from ..timing import stage
 
     if repeats < 2 or options.get("distance", "gsd") != "gsd":
@@ -22,8 +22,9 @@ def draws_until_decided(rank, train_part, source, references: list, repeats: int
     margins: list[float] = []
     for r in range(repeats):
         with stage("rankings"):
-            one = rank(train_part, [source, *references], memo=memo, **{**options, "repeats": 1,
-                                                                          "seed": repeat_seed(int(options.get("seed", 0)), r)})
+            one = rank(train_part, [source, *references], memo=memo, **{**options, "repeats": 1,  # its lines tagged as the repeat ranking's
+                                                                          "seed": repeat_seed(int(options.get("seed", 0)), r),
+                                                                          "progress": tagged(options.get("progress"), r, repeats)})
         d = {row.public: float(row.distance) for row in one}
         margins.append(min(v for n, v in d.items() if is_reference(n)) - d[source.name])
         if r + 1 < repeats and not can_still_pass(margins, repeats, ALPHA, -1.0, 1.0):
