@@ -153,6 +153,56 @@ def _resumed(ctx, a, fields: dict, publics: list):
     return resumed_config(a.resume, explicit)
 
 
+def _candidates(a, publics: list) -> tuple:
+    """``(catalogue or None, candidates)``: with --auto-select and no --public, the catalogue's candidates for the
+    private set, else gsd rank's default candidates (the built-in public sets)."""
+    cat = None
+    if a.catalog_path is not None:
+        from ..ranking.catalog import load_catalog, select_jobs
+
+        cat = load_catalog(a.catalog_path)
+        if a.auto_select and not publics:
+            publics = list(select_jobs(cat, a.private)[0].candidates)
+    if a.auto_select and len(publics) < 1:
+        from ..defaults import DEFAULT_PUBLIC
+
+        publics = list(DEFAULT_PUBLIC)
+    return cat, publics
+
+
+def _rank_options(a) -> dict:
+    """--auto-select's ranking options. Public subspaces (the candidates' and the noise references') are functions of
+    public data and settings: reused across runs from gsd's cache folder (gsd cache), as gsd rank does."""
+    from ..ranking.cache import SubspaceCache
+    from ..train.select import RANK_MODEL
+
+    opts = dict(k=a.rank_k, examples=a.rank_examples, seed=a.seed, model=a.rank_model or RANK_MODEL, device=a.device.value,
+                cache=SubspaceCache())
+    if (a.weights is not None or a.peft is not None) and a.rank_model is None:
+        opts.update(model=a.model, weights=a.weights, peft=a.peft, batchnorm=a.batchnorm.value)  # GSD on exactly the parameters to be trained
+    return opts
+
+
+def _warm(ctx, a, fields: dict, publics: list) -> None:
+    """--warm-cache: the advice's public work into gsd's cache (:func:`gsd_cli.train.warm.warm_advice`), then stop: no
+    run folder, nothing booked, no private example read."""
+    from ..train import TrainConfig
+    from ..train.config import validate
+    from ..train.warm import warm_advice
+
+    if not a.auto_select or a.resume is not None or a.out_dir is not None:
+        raise GSDError("--warm-cache prepares --auto-select's advice and trains nothing: give it with --auto-select, "
+                       "without --out or --resume")
+    cat, publics = _candidates(a, publics)
+    check_auto_select(ctx, a.method.value, a.rank_k, a.rank_examples, a.rank_repeats, a.select_epsilon)
+    cfg = TrainConfig(**fields, public=publics[0])
+    validate(TrainConfig(**{**fields, "method": "gep"}, public=cfg.public) if cfg.method == "auto" else cfg)
+    report = with_progress(a.quiet, lambda pr: warm_advice(
+        cfg, a.private, publics, probe_repeats=a.probe_repeats, rank_repeats=a.rank_repeats, private_test=a.private_test,
+        catalog=cat, classes=a.classes, progress=pr, dp=a.select_epsilon is not None, **_rank_options(a)))
+    out.print(escape(report.line()), highlight=False, soft_wrap=True)
+
+
 def _new_run(ctx, a, fields: dict, publics: list):
     """A new run: its settings checked, its folder and the ledger ready, then (--auto-select) the advice decided.
     Returns ``(config, run folder, selection record or None)``."""
@@ -163,20 +213,10 @@ def _new_run(ctx, a, fields: dict, publics: list):
     from ..train.config import validate
     from .common import catalog_inputs
 
-    cat = None
-    if a.catalog_path is not None:
-        from ..ranking.catalog import load_catalog, select_jobs
-
-        cat = load_catalog(a.catalog_path)
-        if a.auto_select and not publics:
-            publics = list(select_jobs(cat, a.private)[0].candidates)
+    cat, publics = _candidates(a, publics)
     if not a.auto_select:
         warn_unused_rank(ctx)
     if a.auto_select:
-        if len(publics) < 1:
-            from ..defaults import DEFAULT_PUBLIC
-
-            publics = list(DEFAULT_PUBLIC)  # gsd rank's default candidates, the built-in public sets
         check_auto_select(ctx, a.method.value, a.rank_k, a.rank_examples, a.rank_repeats, a.select_epsilon)
     elif len(publics) > 1:
         raise GSDError("several --public sets: add --auto-select to rank them and train with the closest")
@@ -209,19 +249,13 @@ def _new_run(ctx, a, fields: dict, publics: list):
 def _advised(a, cfg, publics: list, cat):
     """--auto-select's ranking and advice (:func:`gsd_cli.train.select.plan`), printed: a non-private selection's
     figures (statistics of the private data) on lines labelled private."""
-    from ..ranking.cache import SubspaceCache
     from ..report import print_ranking
     from ..report.table import left_out_lines
     from ..train.advice import reference_line
     from ..train.config import validate
-    from ..train.select import RANK_MODEL, plan
+    from ..train.select import plan
 
-    # public subspaces (the candidates' and the noise references') are functions of public data and settings:
-    # reused across runs from gsd's cache folder (gsd cache), as gsd rank does
-    opts = dict(k=a.rank_k, examples=a.rank_examples, seed=a.seed, model=a.rank_model or RANK_MODEL, device=a.device.value,
-                cache=SubspaceCache())
-    if (a.weights is not None or a.peft is not None) and a.rank_model is None:
-        opts.update(model=a.model, weights=a.weights, peft=a.peft, batchnorm=a.batchnorm.value)  # GSD on exactly the parameters to be trained
+    opts = _rank_options(a)
     p = with_progress(a.quiet, lambda pr: plan(cfg, a.private, publics, fallback=a.fallback, select_epsilon=a.select_epsilon,
                                                rank_repeats=a.rank_repeats, probe_repeats=a.probe_repeats, private_test=a.private_test,
                                                catalog=cat, classes=a.classes, notify=warn, progress=pr, **opts),
@@ -283,6 +317,8 @@ def train(ctx: typer.Context, **options) -> None:
     if a.data_root is not None:
         _use_data_root(ctx, a.data_root)
     fields, given = _fields(ctx, a)
+    if a.warm_cache:
+        return _warm(ctx, a, fields, publics)
     if a.resume is not None:
         cfg, run, selection = _resumed(ctx, a, fields, publics), a.resume, None
     else:

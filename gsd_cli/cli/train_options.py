@@ -86,6 +86,7 @@ TRAIN_OPTIONS = {
     "probe_repeats": (int, typer.Option(3, "--probe-repeats", min=0, max=100, help="Draws of the feature probe (0: no probe).", rich_help_panel="Auto-select ranking (--auto-select)")),
     "rank_repeats": (Optional[int], typer.Option(None, "--rank-repeats", help="Ranking draws (default 3; 1 with --select-epsilon).", rich_help_panel="Auto-select ranking (--auto-select)")),
     "fallback": (bool, typer.Option(True, "--fallback/--no-fallback", help="Follow the advice, or the closest candidate anyway.", rich_help_panel="Auto-select ranking (--auto-select)")),
+    "warm_cache": (bool, typer.Option(False, "--warm-cache", help="Compute the advice's public work into gsd's cache and stop (no private example read).", rich_help_panel="Auto-select ranking (--auto-select)")),
     "device": (Device, _panel(device_option(), "Run folder and output")),
     "nproc": (int, typer.Option(1, "--nproc", help="Processes to train with on this machine (not under torchrun).", rich_help_panel="Run folder and output")),
     "quiet": (bool, _panel(quiet_option("No progress bars."), "Run folder and output")),

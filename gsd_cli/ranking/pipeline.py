@@ -75,11 +75,66 @@ def _memo_key(source: gdata.ImageSource) -> tuple:
     return (id(source), source.name)
 
 
+def _draw_setup(config: RankConfig, num_classes: int, dev, distance, pub_samples: list, pseed: int, cache, progress):
+    """What every side of one draw is computed with: the model at w0 (from ``config.seed``) on the device, the sides'
+    context, the memo key of its settings and one task per public sample (cached under
+    :func:`gsd_cli.ranking.cache.public_cache_key`). Returns ``(num_params, sketch, ctx, key, tasks)``."""
+    from ..models.spec import model_label
+    from ..models.peft import build_model
+
+    m, g, seed = config.model, config.gradients, config.seed
+    spec, net, names, _ = build_model(m.model, num_classes, seed, weights=m.weights, peft=m.peft, params=m.params, batchnorm=m.batchnorm)
+    net = net.to(dev)  # every side runs on the device (a baseline's features too, not only the gradients)
+    num_params = sum(dict(net.named_parameters())[n].numel() for n in names)
+    if g.k > num_params:
+        raise GSDError(f"k={g.k} is larger than the {num_params} selected parameters; use a smaller --k")
+    sketch = resolve_dp_sketch(g.dp_sketch, g.k, distance.private)  # None, a Gaussian D, or public[+R] (gsd_cli.subspace.public_basis)
+    gauss = sketch if isinstance(sketch, int) else None
+    ctx = SideContext(net, dims=gauss or num_params, common=dict(
+        sketch_dim=gauss, k=g.k, input_size=spec.input_size, channels=spec.channels, num_classes=num_classes,
+        names=names, labels=g.labels, row_norm=g.row_norm, seed=seed, loss=g.loss, engine=g.engine, device=dev,
+        chunk_size=g.chunk_size, progress=progress, gram=g.gram, memory_budget=g.memory_budget,
+        subspace_method=g.subspace_method,
+    ))
+    # everything a subspace depends on beyond its sample (sources are keyed by identity, kept alive in the memo)
+    key = (model_label(m.model), m.batchnorm, m.weights, m.peft, tuple(names), num_classes, g.k, g.labels, g.row_norm, g.dp_sketch, g.loss,
+           str(dev), g.examples, seed, g.gram, g.subspace_method)
+    tasks = [PublicTask(smp, pseed, key + (_memo_key(smp.source), pseed) + distance.public_key(),
+                        lambda smp=smp: public_cache_key(cache, net, smp, {**ctx.common, "seed": pseed}))
+             for smp in pub_samples]
+    return num_params, sketch, ctx, key, tasks
+
+
+def public_sides(publics: Sequence, config: RankConfig, *, num_classes: int, cache, progress: Progress | None = None) -> list[str]:
+    """One draw's public subspaces alone (``config.seed``; GSD), into the disk ``cache``
+    (:class:`gsd_cli.ranking.cache.SubspaceCache`), exactly as :func:`rank_once` computes and keys them for a private
+    set of ``num_classes`` classes, without one: what ``gsd train --auto-select --warm-cache`` prepares
+    (:mod:`gsd_cli.train.warm`). Returns the names of those computed (the others were in the cache)."""
+    _check(config, publics)
+    if config.distance_name != "gsd":
+        raise GSDError(f"only GSD's public subspaces are cached (--metric {config.distance_name})")
+    g = config.gradients
+    distance = make_distance(config.distance_name, config)
+    pub_samples = [gdata.draw(gdata.resolve(p), g.examples, config.seed) for p in publics]
+    for smp in pub_samples:
+        if g.k > len(smp):
+            raise GSDError(f"k={g.k} is larger than the {len(smp)} examples of {smp.source.name}; use --k <= {len(smp)}")
+    _, _, ctx, _, tasks = _draw_setup(config, int(num_classes), resolve_device(g.device), distance, pub_samples, config.seed,
+                                      cache, progress)
+    side, computed = PublicSide(distance, ctx), []
+
+    def compute(task):
+        computed.append(task.name)
+        return side(task)
+
+    public_subspaces(tasks, compute, cache=cache, consume=lambda i, sub: None)  # kept on disk, not here
+    return computed
+
+
 def rank_once(private, publics: Sequence, config: RankConfig, *, public_seed: int | None = None,
               progress: Progress | None = None, memo: dict | None = None, cache=None, executor=None) -> Ranking:
     """One draw of a ranking (``config.repeats`` is not looked at): see :func:`gsd_cli.ranking.rank`."""
     from ..models.spec import model_label, resolve_model
-    from ..models.peft import build_model
 
     t0 = time.perf_counter()
     _check(config, publics)
@@ -120,26 +175,8 @@ def rank_once(private, publics: Sequence, config: RankConfig, *, public_seed: in
     if num_classes < 2 and not priv_source.multilabel:  # one logit: cross-entropy's gradients are all zero
         raise GSDError(f"{priv_source.name} has one class: a one-class model has no gradients to compare; "
                        f"give a private set with at least 2 classes (or --classes N)")
-    spec, net, names, _ = build_model(m.model, num_classes, seed, weights=m.weights, peft=m.peft, params=m.params, batchnorm=m.batchnorm)
-    net = net.to(dev)  # every side runs on the device (a baseline's features too, not only the gradients)
-    num_params = sum(dict(net.named_parameters())[n].numel() for n in names)
-    if g.k > num_params:
-        raise GSDError(f"k={g.k} is larger than the {num_params} selected parameters; use a smaller --k")
-    sketch = resolve_dp_sketch(g.dp_sketch, g.k, distance.private)  # None, a Gaussian D, or public[+R] (gsd_cli.subspace.public_basis)
-    gauss = sketch if isinstance(sketch, int) else None
-    ctx = SideContext(net, dims=gauss or num_params, common=dict(
-        sketch_dim=gauss, k=g.k, input_size=spec.input_size, channels=spec.channels, num_classes=num_classes,
-        names=names, labels=g.labels, row_norm=g.row_norm, seed=seed, loss=g.loss, engine=g.engine, device=dev,
-        chunk_size=g.chunk_size, progress=progress, gram=g.gram, memory_budget=g.memory_budget,
-        subspace_method=g.subspace_method,
-    ))
-    # everything a subspace depends on beyond its sample (sources are keyed by identity, kept alive in the memo)
-    key = (model_label(m.model), m.batchnorm, m.weights, m.peft, tuple(names), num_classes, g.k, g.labels, g.row_norm, g.dp_sketch, g.loss,
-           str(dev), g.examples, seed, g.gram, g.subspace_method)
+    num_params, sketch, ctx, key, tasks = _draw_setup(config, num_classes, dev, distance, pub_samples, pseed, cache, progress)
     pkey = key + (_memo_key(priv_source), seed, distance.memo_key())
-    tasks = [PublicTask(smp, pseed, key + (_memo_key(smp.source), pseed) + distance.public_key(),
-                        lambda smp=smp: public_cache_key(cache, net, smp, {**ctx.common, "seed": pseed}))
-             for smp in pub_samples]
     subs = None
     priv = recall(memo, pkey)
     if priv is None:

@@ -30,10 +30,6 @@ the training is chosen after the selection), and every output states the split.
 
 from __future__ import annotations
 
-import copy
-import tempfile
-from pathlib import Path
-
 import numpy as np
 import torch
 
@@ -98,13 +94,11 @@ def dp_probe_advice(train_part, candidates: list, settings, method: str, *, epsi
     ``book(epsilon, delta, curve, mechanism)`` books the release before any private computation (the
     privacy ledger); ``insecure_seed``: the private draws from a seed (not DP; for tests)."""
     from ..gradients import resolve_device
-    from ..models.peft import build_model
     from ..privacy import probe_mechanism as pm
     from ..privacy.randomness import private_rng
     from .advice import FALLBACK, Decision, describe, second_phase_usable
-    from .probe import _Named, _Settings
+    from .probe import draw_model, stage1_of
     from ..timing import stage
-    from .second_phase import run_second_phase
 
     num_classes = int(train_part.num_classes)
     named = {getattr(c, "name", str(c)): c for c in candidates}
@@ -136,17 +130,10 @@ def dp_probe_advice(train_part, candidates: list, settings, method: str, *, epsi
     if book is not None:
         book(epsilon, delta, curve, f"{MECHANISM}: {models} Gaussian ridge releases (z={z:.4g}) + permute-and-flip (epsilon {eps_pf:.4g})")
     dev = resolve_device(device)
-    spec, model0, names, _ = build_model(settings.model, num_classes, int(seed), weights=getattr(settings, "weights", None),
-                                         peft=getattr(settings, "peft", None), params=getattr(settings, "params", None),
-                                         batchnorm=getattr(settings, "batchnorm", "freeze") or "freeze")
-    model0 = model0.to(dev)
+    spec, model0, names = draw_model(settings, num_classes, int(seed), dev)
     nets = [model0]
     for i, (name, _) in enumerate(usable.items()):  # public: stage 1 on each usable candidate (cached)
-        m = copy.deepcopy(model0)
-        with tempfile.TemporaryDirectory() as tmp, stage("probe stage 1"):
-            run_second_phase(m, names, _Settings(settings, name, int(seed)), spec, Path(tmp), dev, num_classes=num_classes,
-                             multilabel=False, catalog=_Named(named), private_classes=getattr(train_part, "classes", None), timed=None)
-        nets.append(m)
+        nets.append(stage1_of(model0, names, spec, settings, name, named, int(seed), train_part, dev)[0])
         if progress:
             progress("dp probe", i + 1, len(usable) + 1)
     from ..data.identity import cached_identities

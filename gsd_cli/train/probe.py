@@ -172,6 +172,33 @@ class _Named:
         return self.sources[name]
 
 
+def draw_model(settings, num_classes: int, seed: int, device) -> tuple:
+    """The training model at a probe draw's initialisation (``seed``) on ``device``: ``(spec, model, trained names)``,
+    as :func:`gsd_cli.models.peft.build_model` builds it from ``settings`` (a :class:`gsd_cli.train.TrainConfig`)."""
+    from ..models.peft import build_model
+
+    spec, model, names, _ = build_model(settings.model, num_classes, seed, weights=getattr(settings, "weights", None),
+                                        peft=getattr(settings, "peft", None), params=getattr(settings, "params", None),
+                                        batchnorm=getattr(settings, "batchnorm", "freeze") or "freeze")
+    return spec, model.to(device), names
+
+
+def stage1_of(model0, names: list, spec, settings, name: str, sources: dict, seed: int, private, device) -> tuple:
+    """Stage 1 of the second phase on candidate ``name`` (of ``sources``, by name) from a copy of ``model0``, with
+    ``settings``' stage-1 fields and ``seed``, for the label space ``private`` declares (its class count, names and
+    whether it is multi-label: no example of it is read), read from the stage-1 cache where it was trained before
+    (:mod:`gsd_cli.train.stage1_cache`). Returns ``(model, record)``; ``record["reused"]``: read from the cache."""
+    from ..timing import stage
+    from .second_phase import run_second_phase
+
+    model = copy.deepcopy(model0)
+    with tempfile.TemporaryDirectory() as tmp, stage("probe stage 1"):
+        rec = run_second_phase(model, names, _Settings(settings, name, seed), spec, Path(tmp), device,
+                               num_classes=int(private.num_classes), multilabel=bool(private.multilabel), catalog=_Named(sources),
+                               private_classes=getattr(private, "classes", None), timed=None)
+    return model, rec
+
+
 def probe_second_phase(private, candidates: list, settings, *, examples: int = 2000, repeats: int = DRAWS, seed: int = 0,
                        device: str | torch.device | None = "auto", progress=None, stop_decided: bool = True) -> ProbeResult:
     """The feature probe (module docstring) of each of ``candidates`` (sources) for the second phase on
@@ -185,10 +212,8 @@ def probe_second_phase(private, candidates: list, settings, *, examples: int = 2
     draws stop when no candidate is left. Each candidate's draws do not depend on the others', so the candidates
     that help with confidence, and their gains, are those of the full draws: the same decision. ``False``: every
     draw of every candidate (a benchmark that reads every candidate's mean gain)."""
-    from ..models.peft import build_model
     from ..ranking.reference import can_still_pass
     from ..timing import stage
-    from .second_phase import run_second_phase
 
     from ..gradients import resolve_device
 
@@ -204,10 +229,7 @@ def probe_second_phase(private, candidates: list, settings, *, examples: int = 2
         if named and len(stopped) == len(named):  # every test decided: no draw left decides anything
             break
         s = int(seed) + r
-        spec, model0, names, _ = build_model(settings.model, num_classes, s, weights=getattr(settings, "weights", None),
-                                             peft=getattr(settings, "peft", None), params=getattr(settings, "params", None),
-                                             batchnorm=getattr(settings, "batchnorm", "freeze") or "freeze")
-        model0 = model0.to(dev)
+        spec, model0, names = draw_model(settings, num_classes, s, dev)
         sample = gdata.draw(private, examples, s)
         parts = []
         for i in range(0, len(sample.indices), 256):  # decoded chunk by chunk, held on the CPU
@@ -225,11 +247,7 @@ def probe_second_phase(private, candidates: list, settings, *, examples: int = 2
         for name, src in named.items():
             if name in stopped:
                 continue
-            model = copy.deepcopy(model0)
-            with tempfile.TemporaryDirectory() as tmp, stage("probe stage 1"):
-                rec = run_second_phase(model, names, _Settings(settings, name, s), spec, Path(tmp), dev, num_classes=num_classes,
-                                       multilabel=bool(private.multilabel), catalog=_Named(named),
-                                       private_classes=getattr(private, "classes", None), timed=None)
+            model, rec = stage1_of(model0, names, spec, settings, name, named, s, private, dev)
             stage1.setdefault(name, {"head": rec["head"], "public_examples": rec["public_examples"], "lr": rec["lr"]})
             with stage("probe fits"):
                 gains[name].append(linear_probe_accuracy(head_features(model, x), y, num_classes, s) - base)
