@@ -41,8 +41,9 @@ def cache_info() -> None:
         out.print(escape(f"{i['directory']}: {i['problem']}; set GSD_CACHE_DIR to a folder, or rank with --no-cache"), highlight=False, soft_wrap=True)
         return
     temp = f", {i['temporary']} unfinished temporary file(s)" if i["temporary"] else ""
+    stage1 = f", {i['stage1']} stage-1 model(s) in stage1/ ({_mib(i['stage1_bytes'])})" if i["stage1"] else ""
     text = (f"{i['directory']}: {i['entries']} entries, {_mib(i['bytes'])} of a {_mib(i['max_bytes'])} cap (least "
-            f"recently used entries deleted beyond it; gsd cache limit SIZE){temp}{_calibrations(i['calibrations'])}")
+            f"recently used entries deleted beyond it; gsd cache limit SIZE){temp}{stage1}{_calibrations(i['calibrations'])}")
     out.print(escape(text + _left(i["other"], i["other_names"]).replace("left alone", "also")), highlight=False, soft_wrap=True)
 
 

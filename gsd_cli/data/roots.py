@@ -28,6 +28,8 @@ def data_root(root: str | Path | None = None) -> Path:
 CACHE_ENV = "GSD_CACHE_DIR"
 #: The subfolder where gsd keeps noise calibrations (:mod:`gsd_cli.privacy.calibration_cache`).
 CALIBRATION_SUBFOLDER = "calibration"
+#: the subfolder of the cache folder with the second phase's stage-1 models (:mod:`gsd_cli.train.stage1_cache`)
+STAGE1_SUBFOLDER = "stage1"
 
 
 def cache_dir_or_reason() -> tuple[Path | None, str | None]:

@@ -51,7 +51,7 @@ import torch
 
 from ..data.fingerprint import sample_fingerprint
 from ..models.digest import _tensor_digest, model_digest  # noqa: F401 (the cache keys on them)
-from ..data.roots import CACHE_ENV as ENV, CALIBRATION_SUBFOLDER, cache_dir_or_reason, default_cache_dir  # noqa: F401 (where the cache lives)
+from ..data.roots import CACHE_ENV as ENV, CALIBRATION_SUBFOLDER, STAGE1_SUBFOLDER, cache_dir_or_reason, default_cache_dir  # noqa: F401 (where the cache lives)
 from ..data.transform import TRANSFORM
 from .cache_read import computed_dtype, read_entry
 from ..distance.side import Subspace, sample_labels
@@ -274,10 +274,11 @@ class SubspaceCache:
 
     def scan(self) -> dict:
         """What the folder holds: ``entries`` (gsd's), ``temporary`` (gsd's unfinished writes), ``other``
-        (everything else, never touched), each a list of paths; ``calibrations``: the number of noise
+        (everything else, never touched), ``stage1`` (the second phase's stage-1 models in ``stage1/``), each a list
+        of paths; ``calibrations``: the number of noise
         calibrations in ``calibration/`` (:mod:`gsd_cli.privacy.calibration_cache`; gsd's, kept by
         :meth:`clear`); ``problem`` when it is not a folder."""
-        found: dict = {"entries": [], "temporary": [], "other": [], "calibrations": 0, "problem": None}
+        found: dict = {"entries": [], "temporary": [], "other": [], "calibrations": 0, "stage1": [], "problem": None}
         if self.directory is None:
             found["problem"] = f"no cache folder ({self.unusable})"
             return found
@@ -294,6 +295,8 @@ class SubspaceCache:
         for f in files:
             if f.name == CALIBRATION_SUBFOLDER and f.is_dir() and not f.is_symlink():  # gsd's noise calibrations: kept
                 found["calibrations"] = _count_json(f)
+            elif f.name == STAGE1_SUBFOLDER and f.is_dir() and not f.is_symlink():  # stage-1 models (gsd cache clear: stage1_cache.clear)
+                found["stage1"] = _entries(f)
             elif f.name == SETTINGS_FILE:  # the size cap: kept
                 continue
             elif self.is_entry(f):
@@ -306,13 +309,14 @@ class SubspaceCache:
 
     def info(self) -> dict:
         """Where the cache is; how many gsd entries and bytes it holds, how many noise calibrations
-        (``calibrations``), and how many other files it leaves alone (``other``, ``other_names``: the
+        (``calibrations``) and stage-1 models (``stage1``, ``stage1_bytes``), and how many other files it leaves alone (``other``, ``other_names``: the
         first few)."""
         found = self.scan()
         return {"directory": str(self.directory), "entries": len(found["entries"]), "max_bytes": self.max_bytes() if self.directory else None,
                 "bytes": sum(_size(f) for f in found["entries"]), "temporary": len(found["temporary"]),
                 "other": len(found["other"]), "other_names": [f.name for f in found["other"][:5]],
-                "calibrations": found["calibrations"], "problem": found["problem"]}
+                "calibrations": found["calibrations"], "stage1": len(found["stage1"]),
+                "stage1_bytes": sum(_size(f) for f in found["stage1"]), "problem": found["problem"]}
 
     def clear(self) -> dict:
         """Delete gsd's entries and temporary files, nothing else. Returns ``deleted`` (entries),
@@ -334,6 +338,14 @@ class SubspaceCache:
                 done[kind] += 1
                 done["bytes"] += size if kind == "deleted" else 0
         return done
+
+
+def _entries(folder: Path) -> list[Path]:
+    """The files of ``folder`` named as gsd's entries (``<64 hex>.safetensors``)."""
+    try:
+        return [f for f in sorted(folder.iterdir()) if _ENTRY.fullmatch(f.name) and f.is_file() and not f.is_symlink()]
+    except OSError:
+        return []
 
 
 def _count_json(folder: Path) -> int:

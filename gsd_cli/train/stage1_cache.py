@@ -33,8 +33,9 @@ from pathlib import Path
 
 import torch
 
+from ..data.roots import STAGE1_SUBFOLDER as SUBFOLDER  # noqa: F401 (the cache folder's stage-1 subfolder)
+
 SCHEMA = 1
-SUBFOLDER = "stage1"
 #: entries of this process (key -> (tensors, meta)), whatever the disk allows
 _MEMORY: dict[str, tuple[dict, dict]] = {}
 _MEMORY_MAX = 16
