@@ -198,8 +198,8 @@ def _warm(ctx, a, fields: dict, publics: list) -> None:
     cfg = TrainConfig(**fields, public=publics[0])
     validate(TrainConfig(**{**fields, "method": "gep"}, public=cfg.public) if cfg.method == "auto" else cfg)
     report = with_progress(a.quiet, lambda pr: warm_advice(
-        cfg, a.private, publics, probe_repeats=a.probe_repeats, rank_repeats=a.rank_repeats, private_test=a.private_test,
-        catalog=cat, classes=a.classes, progress=pr, dp=a.select_epsilon is not None, **_rank_options(a)))
+        cfg, a.private, publics, probe_repeats=a.probe_repeats, rank_repeats=a.rank_repeats, catalog=cat, classes=a.classes,
+        progress=pr, dp=a.select_epsilon is not None, **_rank_options(a)))
     out.print(escape(report.line()), highlight=False, soft_wrap=True)
 
 

@@ -44,7 +44,7 @@ def refuse_private_as_public(private: gdata.ImageSource, private_indices, public
             raise GSDError(f"{what} {smp.source.name} is private data: {why}; public data must not hold private examples")
 
 
-def refuse_same_dataset(private: gdata.ImageSource, publics: Sequence[gdata.Sample], what: str = "public candidate") -> None:
+def refuse_same_dataset(private: gdata.ImageSource, publics: Sequence, what: str = "public candidate") -> None:
     """Raise :class:`GSDError` when a public set *is* the private set by its public inputs: the same
     name, or the same file or folder read (:func:`gsd_cli.data.identity.same_dataset` with
     ``by_content=False``). The check of a DP release: it looks at no private example, neither which
@@ -53,10 +53,11 @@ def refuse_same_dataset(private: gdata.ImageSource, publics: Sequence[gdata.Samp
     target is absent); the per-example rule leaves a copy's examples out of the private data."""
     from ..data.identity import same_dataset
 
-    for smp in publics:
-        why = same_dataset(private, smp.source, by_content=False)
+    for smp in publics:  # samples, or sources (gsd_cli.train.warm: no sample drawn yet)
+        src = getattr(smp, "source", smp)
+        why = same_dataset(private, src, by_content=False)
         if why:
-            raise GSDError(f"{what} {smp.source.name} is private data: {why}; public data must not be the private set")
+            raise GSDError(f"{what} {src.name} is private data: {why}; public data must not be the private set")
 
 
 def _check(config: RankConfig, publics) -> None:
@@ -69,6 +70,13 @@ def _check(config: RankConfig, publics) -> None:
     check_method(g.subspace_method)
     if not publics:
         raise GSDError("give at least one public candidate (--public NAME ...)")
+
+
+def _check_fits(k: int, samples) -> None:
+    """Refuse a k larger than a sample's examples (one line saying what to do)."""
+    for smp in samples:
+        if k > len(smp):
+            raise GSDError(f"k={k} is larger than the {len(smp)} examples of {smp.source.name}; use --k <= {len(smp)}")
 
 
 def _memo_key(source: gdata.ImageSource) -> tuple:
@@ -116,9 +124,7 @@ def public_sides(publics: Sequence, config: RankConfig, *, num_classes: int, cac
     g = config.gradients
     distance = make_distance(config.distance_name, config)
     pub_samples = [gdata.draw(gdata.resolve(p), g.examples, config.seed) for p in publics]
-    for smp in pub_samples:
-        if g.k > len(smp):
-            raise GSDError(f"k={g.k} is larger than the {len(smp)} examples of {smp.source.name}; use --k <= {len(smp)}")
+    _check_fits(g.k, pub_samples)
     _, _, ctx, _, tasks = _draw_setup(config, int(num_classes), resolve_device(g.device), distance, pub_samples, config.seed,
                                       cache, progress)
     side, computed = PublicSide(distance, ctx), []
@@ -164,9 +170,7 @@ def rank_once(private, publics: Sequence, config: RankConfig, *, public_seed: in
         priv_sample = distance.private_rows(gdata.draw(priv_source, g.examples, seed))
         refuse_private_as_public(priv_source, priv_sample.indices, pub_samples)
     # under DP the private side is checked against the requested m (min(m, N) would reveal N)
-    for smp in pub_samples if distance.private else [priv_sample, *pub_samples]:
-        if g.k > len(smp):
-            raise GSDError(f"k={g.k} is larger than the {len(smp)} examples of {smp.source.name}; use --k <= {len(smp)}")
+    _check_fits(g.k, pub_samples if distance.private else [priv_sample, *pub_samples])
     if distance.private and g.k > int(g.examples):
         raise GSDError(f"k={g.k} is larger than -m {g.examples}; use --k <= {g.examples}")
     num_classes = priv_source.num_classes

@@ -50,9 +50,10 @@ class WarmReport:
                 f"already cached {self.subspaces_cached}; {self.seconds:.1f}s{left}")
 
 
-def declared_task(private, *, private_test=None, catalog=None, classes=None):
-    """The private set as a label space: the source (its train part's parent, or ``private`` itself with
-    ``private_test``) with ``classes`` declared, refused (one line) where its classes would be read off its labels."""
+def declared_task(private, *, catalog=None, classes=None):
+    """The private set as a label space: the source (its train part's parent, or with ``--private-test`` the training
+    set itself: the same classes) with ``classes`` declared, refused (one line) where its classes would be read off
+    its labels."""
     from ..data import require_declared_classes, resolve, with_classes
 
     source = catalog.resolve(private) if catalog is not None else (resolve(private) if isinstance(private, str) else private)
@@ -63,7 +64,7 @@ def declared_task(private, *, private_test=None, catalog=None, classes=None):
 
 
 def warm_advice(config, private, candidates: Sequence, *, probe_repeats: int | None = None, rank_repeats: int | None = None,
-                private_test=None, catalog=None, classes=None, cache=None, progress=None, dp: bool = False,
+                catalog=None, classes=None, cache=None, progress=None, dp: bool = False,
                 **rank_options) -> WarmReport:
     """The public work of ``gsd train --auto-select`` with ``config`` (a :class:`gsd_cli.train.TrainConfig`: the
     method and the stage-1 settings) on ``candidates`` for the private task ``private`` declares (module docstring),
@@ -73,12 +74,11 @@ def warm_advice(config, private, candidates: Sequence, *, probe_repeats: int | N
     :class:`gsd_cli.ranking.cache.SubspaceCache` (default: gsd's folder). ``dp`` (``--select-epsilon``): the private
     advice's public work, the DP feature probe's stage 1 (one draw, at ``seed``; it ranks nothing). Returns a
     :class:`WarmReport`."""
-    from ..data.identity import same_dataset
     from ..errors import GSDError
     from ..gradients import resolve_device
     from ..ranking.cache import SubspaceCache
     from ..ranking.config import RankConfig
-    from ..ranking.pipeline import public_sides
+    from ..ranking.pipeline import public_sides, refuse_same_dataset
     from ..ranking.repeats import repeat_seed, tagged
     from ..models.spec import resolve_model
     from .advice import REPEATS, describe, reference_sources, second_phase_usable
@@ -86,12 +86,9 @@ def warm_advice(config, private, candidates: Sequence, *, probe_repeats: int | N
     from .select import candidate_sources
 
     t0 = time.perf_counter()
-    task = declared_task(private, private_test=private_test, catalog=catalog, classes=classes)
+    task = declared_task(private, catalog=catalog, classes=classes)
     pubs = candidate_sources(candidates, catalog)
-    for src in pubs:  # by its public inputs: a candidate that is the private set would put private subspaces in the cache
-        why = same_dataset(task, src, by_content=False)
-        if why:
-            raise GSDError(f"public candidate {src.name} is private data: {why}; public data must not be the private set")
+    refuse_same_dataset(task, pubs)  # by its public inputs: the private set as a candidate would put private subspaces in the cache
     n_classes = int(task.num_classes)
     facts = {src.name: describe(src) for src in pubs}
     why_not = {src.name: second_phase_usable(facts[src.name], n_classes) for src in pubs}
