@@ -7,7 +7,8 @@ settings alone, and both are cached across runs (:mod:`gsd_cli.train.stage1_cach
 :class:`gsd_cli.ranking.cache.SubspaceCache`): a second run with the same candidates pays only the private part.
 :func:`warm_advice` computes them ahead, through the same functions and under the same keys, for a private task that
 only declares itself: its class count, class names and whether it is multi-label (the stage-1 head and the ranking
-model's output layer depend on them). No private example is read, nothing is booked in the privacy ledger, and the
+model's output layer depend on them; where ``--classes`` names the classes of a CSV or Hugging Face set, its label
+names are checked against them, as every run checks them). No private example is read, nothing is booked in the privacy ledger, and the
 cache stays public. Then the first advised run on a private set pays what a second run pays: built for a CI image
 or a shared cache folder, where every job would otherwise pay the public part again.
 
