@@ -275,12 +275,17 @@ def test_dpgsd_audit_runs_the_pipeline_and_flags_a_reseeded_draw():
 
 def test_the_pipeline_audit_of_the_default_dp_ranking_flags_a_reseeded_draw():
     """gsd rank --dp's default (the DP energy distance) end to end: with its private generator seeded
-    from --seed the replay test says PRIVACY BUG at epsilon 0.5; the correct pipeline's replays never match."""
+    from --seed the replay test says PRIVACY BUG at epsilon 0.5; the correct pipeline passes at the same
+    number of trials. Its replays match only by chance: the released distance is clamped at 0, and about
+    a quarter of these releases are, so both candidates' distances are 0 in the release and in its replay
+    in about 1 ranking in 130 (measured: 3 of 400). A fixed count of 0 failed CI once; the bound is the test."""
     from gsd_cli.audit import audit_dpgsd_pipeline
 
     bad = audit_dpgsd_pipeline(0.5, trials=14, examples=200, insecure_seed=1, bug="public-seed", distance="dp-energy")
     assert not bad.consistent and bad.method == "dp-energy (pipeline)" and bad.details["equal_to_replay_under_D"] == 14
-    ok = audit_dpgsd_pipeline(0.5, trials=5, examples=200, distance="dp-energy")
-    assert ok.consistent and ok.details["equal_to_replay_under_D"] == 0 and ok.epsilon_lower_bound == 0.0
+    ok = audit_dpgsd_pipeline(0.5, trials=14, examples=200, distance="dp-energy")
+    assert ok.consistent and ok.epsilon_lower_bound == 0.0
+    # chance matches: P(4 or more of 14) is about 3e-6 at the measured rate; a replayed draw gives 14
+    assert ok.details["equal_to_replay_under_D"] <= 3
     with pytest.raises(GSDError, match="dp-gsd, dp-energy or dp-select"):
         audit_dpgsd_pipeline(0.5, distance="gsd")
