@@ -12,6 +12,7 @@ import pytest
 
 from gsd_cli.train.advice import (
     REFERENCE, Candidate, advise, closer_than_reference, is_reference, reference_sources, second_phase_usable,
+    split_usable,
 )
 
 
@@ -77,6 +78,9 @@ def test_a_few_class_candidate_never_gets_the_second_phase():
     assert "fewer than 100 per private class" in second_phase_usable(Candidate("small", 500, 10), 10)
     assert second_phase_usable(Candidate("unlabelled", 5000, None), 10) is not None
     assert second_phase_usable(Candidate("ok", 1000, 10), 10) is None
+    usable, why_not = split_usable({n: f"src-{n}" for n in FACTS}, FACTS, 10)  # in the given order, sources kept
+    assert list(usable.items()) == [("mnist-b", "src-mnist-b"), ("noise", "src-noise"), ("digits", "src-digits")]
+    assert list(why_not) == ["faces"] and "2 classes" in why_not["faces"]
 
 
 def test_noise_like_candidates_fall_back_to_dpsgd():

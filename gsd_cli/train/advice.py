@@ -105,6 +105,14 @@ def second_phase_usable(c: Candidate, private_classes: int) -> str | None:
     return None
 
 
+def split_usable(named: dict, facts: dict[str, Candidate], private_classes: int) -> tuple[dict, dict]:
+    """``(usable, why_not)``: the candidates of ``named`` (name -> source, in order) the second phase can
+    pretrain on for a ``private_classes``-class task (:func:`second_phase_usable` of their public ``facts``), and
+    why each other one cannot. The one rule the probe, the DP probe and ``--warm-cache`` share."""
+    why = {n: second_phase_usable(facts[n], private_classes) for n in named}
+    return {n: c for n, c in named.items() if why[n] is None}, {n: w for n, w in why.items() if w is not None}
+
+
 def advise(ranking, method: str = "auto", *, candidates: dict[str, Candidate], private_classes: int, probe=None) -> Decision:
     """The decision (module docstring) for ``method`` (``auto``, ``gep`` or ``second-phase``) from an
     auto-select ``ranking`` that includes the reference rows (:func:`reference_sources`). ``candidates``: each real

@@ -96,15 +96,14 @@ def dp_probe_advice(train_part, candidates: list, settings, method: str, *, epsi
     from ..gradients import resolve_device
     from ..privacy import probe_mechanism as pm
     from ..privacy.randomness import private_rng
-    from .advice import FALLBACK, Decision, describe, second_phase_usable
+    from .advice import FALLBACK, Decision, describe, split_usable
     from .probe import draw_model, stage1_of
     from ..timing import stage
 
     num_classes = int(train_part.num_classes)
     named = {getattr(c, "name", str(c)): c for c in candidates}
     facts = {n: describe(c) for n, c in named.items()}
-    usable = {n: c for n, c in named.items() if second_phase_usable(facts[n], num_classes) is None}
-    why_not = {n: second_phase_usable(facts[n], num_classes) for n in named if n not in usable}
+    usable, why_not = split_usable(named, facts, num_classes)
     record = {"method": MECHANISM, "candidates": sorted(named), "usable": sorted(usable), "dp": insecure_seed is None,
               "seed": int(seed), "model": str(settings.model)}
     if not usable:

@@ -110,13 +110,13 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
                                   progress=rank_options.get("progress"))
 
     if gate == "helping" and probing and method == "auto" and references:
-        from .advice import ALPHA, second_phase_usable
+        from .advice import ALPHA, split_usable
         from .gate import draws_until_decided, unranked
 
         # the probe first, on every candidate the second phase can use; then the ranking of those it finds helpful
         # alone (with the references): the advice chooses among them (gsd_cli.train.advice._advise_by_probe)
         by_name = dict(zip(facts, pubs))
-        probe = run_probe([by_name[n] for n, c in facts.items() if second_phase_usable(c, classes) is None])
+        probe = run_probe(list(split_usable(by_name, facts, classes)[0].values()))
         helping = sorted((n for n in facts if n in probe.gains and probe.test(n, ALPHA)[0]),
                          key=lambda n: -probe.mean_gain(n))  # stable: ties keep the given order
         ranking, tried, ranked, stopped, memo = None, [], [], {}, {}  # memo: the private sides and references, computed once

@@ -82,7 +82,7 @@ def warm_advice(config, private, candidates: Sequence, *, probe_repeats: int | N
     from ..ranking.pipeline import public_sides, refuse_same_dataset
     from ..ranking.repeats import repeat_seed, tagged
     from ..models.spec import resolve_model
-    from .advice import REPEATS, describe, reference_sources, second_phase_usable
+    from .advice import REPEATS, describe, reference_sources, split_usable
     from .probe import DRAWS, draw_model, stage1_of
     from .select import candidate_sources
 
@@ -92,8 +92,7 @@ def warm_advice(config, private, candidates: Sequence, *, probe_repeats: int | N
     refuse_same_dataset(task, pubs)  # by its public inputs: the private set as a candidate would put private subspaces in the cache
     n_classes = int(task.num_classes)
     facts = {src.name: describe(src) for src in pubs}
-    why_not = {src.name: second_phase_usable(facts[src.name], n_classes) for src in pubs}
-    usable = {src.name: src for src in pubs if why_not[src.name] is None}
+    usable, why_not = split_usable({src.name: src for src in pubs}, facts, n_classes)
     probing = config.method in ("auto", "second-phase") and not task.multilabel and (probe_repeats is None or probe_repeats > 0)
     if dp and not probing:
         raise GSDError("--warm-cache with --select-epsilon prepares the DP feature probe's stage 1 (--method auto or "
@@ -102,7 +101,7 @@ def warm_advice(config, private, candidates: Sequence, *, probe_repeats: int | N
     gate = probing and config.method == "auto"  # the probe first, then only candidates it can find helpful are ranked
     ranked = [] if dp else list(usable.values()) if gate else list(pubs)
     report = WarmReport(candidates=sorted({s.name for s in ranked} | (set(usable) if probing else set())),
-                        left_out={n: w for n, w in why_not.items() if w is not None} if gate else {})
+                        left_out=why_not if gate else {})
     seed = int(rank_options.get("seed", 0))
     if probing and usable:  # the feature probe's draws (the DP probe's stage 1 is the first)
         dev = resolve_device(rank_options.get("device"))
