@@ -43,7 +43,6 @@ import os
 import re
 import sys
 import tempfile
-import weakref
 from pathlib import Path
 from typing import Callable
 
