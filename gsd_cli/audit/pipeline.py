@@ -10,7 +10,9 @@ candidates, with a tiny model, ``trials`` times each, trial i with the public se
 Statistic (fixed in advance): a *replay*. For each trial the auditor runs the pipeline once more on D
 with the same arguments and seed; the test says "D" when the trial's released distances equal that
 replay's to 1e-12. A correct pipeline draws its private randomness from the operating system, so two
-runs never release equal continuous outputs (P = 0 under D and under D': no power, as it should be);
+runs never release equal continuous outputs (P = 0 under D and under D': no power, as it should be;
+the DP energy distance is clamped at 0, so two releases whose distances are all 0 are equal by chance,
+in about 1 ranking in 130 at the tests' settings, at a rate the test bounds like any other);
 a pipeline whose private side is a function of public inputs releases the replay's exact output
 under D and a different one under D' (P = 1 against 0). Clopper-Pearson bounds on both frequencies
 give epsilon >= log(lo / hi) at the stated confidence (:func:`.bound.distinguishing_epsilon`).
