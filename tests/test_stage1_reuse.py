@@ -32,7 +32,7 @@ def _stage1(cfg, out):
     return rec, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def test_a_second_stage_1_with_the_same_public_inputs_is_read_not_trained(tmp_path, monkeypatch):
+def test_a_second_stage_1_with_the_same_public_inputs_is_read_not_trained(tmp_path, monkeypatch, capsys):
     pub = _npz(tmp_path / "pub.npz", 60, 1)
     cfg = TrainConfig(private="mnist-a", public=pub, method="second-phase", model="fmnist-cnn", params=["fc*"], public_epochs=2,
                       public_examples=60, public_batch_size=20, seed=3)
@@ -59,7 +59,10 @@ def test_a_second_stage_1_with_the_same_public_inputs_is_read_not_trained(tmp_pa
     (tmp_path / "d").mkdir()
     rec, w4 = _stage1(cfg, tmp_path / "d")
     assert rec["reused"] is False
-    assert main(["cache", "clear"]) == 0 and not list(stage1_cache.cache_dir().glob("*.safetensors"))
+    mine = stage1_cache.cache_dir() / ("A" * 64 + ".safetensors")  # not a gsd key (lower-case hex): a user's file
+    mine.write_bytes(b"mine")
+    assert main(["cache", "info"]) == 0 and "2 stage-1 model(s) in stage1/" in capsys.readouterr().out  # seeds 3 and 4, not 3
+    assert main(["cache", "clear"]) == 0 and list(stage1_cache.cache_dir().glob("*.safetensors")) == [mine]
 
 
 def test_the_training_starts_from_the_probes_stage_1(tmp_path, capsys, monkeypatch):

@@ -4,6 +4,7 @@ folder ``$XDG_DATA_HOME/gsd`` (``~/.local/share/gsd`` when ``XDG_DATA_HOME`` is 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 ENV = "GSD_DATA_ROOT"
@@ -30,6 +31,9 @@ CACHE_ENV = "GSD_CACHE_DIR"
 CALIBRATION_SUBFOLDER = "calibration"
 #: the subfolder of the cache folder with the second phase's stage-1 models (:mod:`gsd_cli.train.stage1_cache`)
 STAGE1_SUBFOLDER = "stage1"
+#: the name of a gsd cache entry file, a public subspace in the cache folder or a stage-1 model in ``stage1/``: its key
+#: (SHA-256, lower-case hex) and ``.safetensors``; gsd lists, counts and deletes no other file
+ENTRY_NAME = re.compile(r"[0-9a-f]{64}\.safetensors")
 
 
 def cache_dir_or_reason() -> tuple[Path | None, str | None]:

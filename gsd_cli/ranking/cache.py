@@ -50,7 +50,7 @@ import torch
 
 from ..data.fingerprint import sample_fingerprint
 from ..models.digest import _tensor_digest, model_digest  # noqa: F401 (the cache keys on them)
-from ..data.roots import CACHE_ENV as ENV, CALIBRATION_SUBFOLDER, STAGE1_SUBFOLDER, cache_dir_or_reason, default_cache_dir  # noqa: F401 (where the cache lives)
+from ..data.roots import CACHE_ENV as ENV, CALIBRATION_SUBFOLDER, ENTRY_NAME as _ENTRY, STAGE1_SUBFOLDER, cache_dir_or_reason, default_cache_dir  # noqa: F401 (where the cache lives)
 from ..data.transform import TRANSFORM
 from .cache_read import computed_dtype, read_entry
 from ..distance.side import Subspace, sample_labels
@@ -59,7 +59,6 @@ from ..distance.side import Subspace, sample_labels
 SCHEMA = 2
 #: every schema gsd has written: ``clear`` deletes entries of these only
 KNOWN_SCHEMAS = (1, 2)
-_ENTRY = re.compile(r"[0-9a-f]{64}\.safetensors")
 #: gsd's temporary files: ``.gsd-tmp-<the entry's 64-hex key>.<mkstemp's 8 characters>.tmp``, a name a
 #: user's file does not have by chance (``clear`` deletes these and nothing else that is not an entry)
 _TEMP_PREFIX = ".gsd-tmp-"

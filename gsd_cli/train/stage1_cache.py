@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from ..data.roots import STAGE1_SUBFOLDER as SUBFOLDER  # noqa: F401 (the cache folder's stage-1 subfolder)
+from ..data.roots import ENTRY_NAME, STAGE1_SUBFOLDER as SUBFOLDER  # noqa: F401 (the cache folder's stage-1 subfolder)
 
 SCHEMA = 1
 #: entries of this process (key -> (tensors, meta)), whatever the disk allows
@@ -137,7 +137,7 @@ def clear() -> int:
     if folder is None or not folder.is_dir():
         return 0
     for f in folder.iterdir():
-        if f.is_file() and not f.is_symlink() and (f.name.endswith(".safetensors") and len(f.stem) == 64 or f.name.startswith(".gsd-tmp-stage1-")):
+        if f.is_file() and not f.is_symlink() and (ENTRY_NAME.fullmatch(f.name) or f.name.startswith(".gsd-tmp-stage1-")):
             try:
                 f.unlink()
                 n += 1
