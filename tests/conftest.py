@@ -1,18 +1,57 @@
 """Fixtures of the gsd tests: small npz datasets (numpy random generators) and image folders (PNG
-files written with PIL), tiny models and a brute-force per-example gradient, a private cache."""
+files written with PIL), tiny models and a brute-force per-example gradient, a private cache and ledger;
+and, for the whole session, a temporary folder in place of the user's HOME, XDG folders, ledger and caches
+(:data:`SANDBOX`, set when this file is imported)."""
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
-import numpy as np
-import pytest
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-from PIL import Image
+#: The environment variables that stand for the user's folders, each pointed into one temporary folder
+#: (``$GSD_TEST_SANDBOX``) when this file is imported: before any fixture runs (module- and session-scoped
+#: ones too, and the processes the tests start, which inherit it), so no test reaches the user's HOME,
+#: privacy ledger, ledger keys, caches or data root even where a test drops its per-test settings
+#: (``monkeypatch.undo()``). The per-test fixtures below then give every test a fresh ledger and cache.
+SANDBOX_ENV = "GSD_TEST_SANDBOX"
+SANDBOX_DIRS = {"HOME": "home", "XDG_DATA_HOME": "data", "XDG_CONFIG_HOME": "config", "XDG_CACHE_HOME": "cache",
+                "GSD_CACHE_DIR": "gsd-cache"}
+#: the user's own settings that would reach past the sandbox (a ledger key, a data root) or change what the
+#: tests see (tracebacks, a stage-timing file): unset for the session
+UNSET = ("GSD_LEDGER_KEY", "GSD_DATA_ROOT", "GSD_DEBUG", "GSD_STAGE_TIMES", "GSD_TEST_RAY_FAIL_ONCE")
 
-from gsd_cli.gradients import default_loss
+
+def _sandbox() -> Path:
+    """The session's stand-in for the user's folders (:data:`SANDBOX_DIRS`); a process started by a test
+    that imports this file again keeps its parent's."""
+    given = os.environ.get(SANDBOX_ENV)
+    if given and Path(given).is_dir():
+        return Path(given)
+    root = Path(tempfile.mkdtemp(prefix="gsd-tests-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    os.environ[SANDBOX_ENV] = str(root)
+    for var, sub in SANDBOX_DIRS.items():
+        (root / sub).mkdir()
+        os.environ[var] = str(root / sub)
+    os.environ["GSD_LEDGER"] = str(root / "data" / "gsd-ledger.sqlite")
+    for var in UNSET:
+        os.environ.pop(var, None)
+    return root
+
+
+SANDBOX = _sandbox()
+
+import numpy as np  # noqa: E402 - after the sandbox: nothing imported may see the user's folders
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from gsd_cli.gradients import default_loss  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)

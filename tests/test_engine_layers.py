@@ -248,9 +248,9 @@ def test_dp_gsd_private_side_takes_vmap_under_auto_and_the_public_sides_keep_aut
         used.append((engine, info.get("engine") if info is not None else None))
         return G
 
-    monkeypatch.setattr(side, "gradient_matrix", spy)
-    r = rank(private, [public], k=2, examples=30, model="fmnist-cnn", dp=True, epsilon=5.0, device="cpu", distance="dp-gsd")
-    monkeypatch.undo()
+    with monkeypatch.context() as spying:  # the spy alone is undone after it (monkeypatch.undo() would drop conftest's too)
+        spying.setattr(side, "gradient_matrix", spy)
+        r = rank(private, [public], k=2, examples=30, model="fmnist-cnn", dp=True, epsilon=5.0, device="cpu", distance="dp-gsd")
     assert r.dp and r.engine == "vmap"
     assert used[0] == ("vmap", "vmap") and used[1] == ("auto", "layers")
     r = rank(private, [public], k=2, examples=30, model="fmnist-cnn", dp=True, epsilon=5.0, device="cpu")  # DP energy
