@@ -35,7 +35,7 @@ TRAIN_OPTIONS = {
     "method": (Optional[Method], typer.Option(None, "--method", show_default=False, help="Training method (default: auto with --auto-select, else gep).", rich_help_panel="Privacy")),
     "epsilon": (float, typer.Option(2.0, "--epsilon", help="Target epsilon of the run.", rich_help_panel="Privacy")),
     "delta": (float, typer.Option(1e-5, "--delta", help="Target delta, below 1/N.", rich_help_panel="Privacy")),
-    "private_test": (Optional[str], typer.Option(None, "--private-test", help="Test set for evaluation (default: the private dataset's test part).", rich_help_panel="Data")),
+    "private_test": (Optional[str], typer.Option(None, "--private-test", help="Test set for evaluation (default: the private dataset's test part); its classes are matched to the training set's by name.", rich_help_panel="Data")),
     "model": (str, typer.Option("fmnist-cnn", "--model", help="Model to train: fmnist-cnn, resnet20, probe, a torchvision backbone (gsd models list)" + MODEL_FORMS, rich_help_panel="Model")),
     "batchnorm": (BatchNorm, batchnorm_option("refuse", "Model")),
     "params": (Optional[List[str]], typer.Option(None, "--params", help="Glob patterns of the parameters to train (default: all).", rich_help_panel="Model")),

@@ -138,6 +138,30 @@ def with_classes(source: ImageSource, spec: int | str) -> ImageSource:
     return ClassedSource(source, names, None)
 
 
+def align_classes(test: ImageSource, train: ImageSource) -> ImageSource:
+    """``test`` with its labels as ``train``'s class indices, matched by name: a test set named apart from
+    the training set (``--private-test``) may hold a subset of its classes, in any order (a class folder
+    missing shifts every later folder's sorted position, which would score each class as another).
+
+    ``test`` is returned as it is where either's labels are plain integers (no names: an npz without
+    ``classes``; the index is the only mapping), where both name the same classes in the same order, and
+    where the training set's names were read off its labels (not declared: private training refuses it).
+    Refused with one line (:class:`DatasetError`, naming no class: it may be private): a test class that the
+    training set does not have, and a test set that is multi-label where the training set is not, or the
+    other way round."""
+    if bool(test.multilabel) != bool(train.multilabel):
+        kind = lambda s: "multi-label" if s.multilabel else "single-label"  # noqa: E731
+        raise DatasetError(f"--private-test {test.name} is {kind(test)} but the training set {train.name} is {kind(train)}; "
+                           "give a test set of the same task")
+    have, want = _label_names(test), _label_names(train)
+    if have is None or want is None or have == want or not getattr(train, "classes_declared", True):
+        return test
+    if any(c not in want for c in have):
+        raise DatasetError(f"--private-test {test.name} has a class that the training set {train.name} does not have (classes "
+                           "are matched by name); give a test set of the training set's classes (gsd datasets check lists both)")
+    return ClassedSource(test, want, np.asarray([want.index(c) for c in have], dtype=np.int64))
+
+
 def require_declared_classes(source: ImageSource) -> None:
     """Refuse a source whose class list was read off its labels (see the module docstring)."""
     if not getattr(source, "classes_declared", True):

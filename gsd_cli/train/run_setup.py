@@ -135,9 +135,7 @@ def read_private(run: Run) -> None:
 
     cfg, world = run.cfg, run.world
     run.cat = load_catalog(cfg.catalog) if cfg.catalog else None
-    train_src, test_src = private_parts(cfg.private, cfg.private_test, run.cat)
-    if cfg.classes is not None:
-        train_src, test_src = gdata.with_classes(train_src, cfg.classes), gdata.with_classes(test_src, cfg.classes)
+    train_src, test_src = private_parts(cfg.private, cfg.private_test, run.cat, classes=cfg.classes)  # a --private-test's classes by name
     gdata.require_declared_classes(train_src)  # the model's output size must not be read off the private labels
     n_train = len(train_src)
     if n_train < 1:  # an empty set: a documented private output (DESIGN.md, docs/train.md), on a private: line

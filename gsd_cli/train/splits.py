@@ -4,19 +4,34 @@
 has one, HAM10000's lesion grouping, else the per-example hash split (see :mod:`gsd_cli.data.splits`),
 whether ``NAME`` is a dataset name or a catalogue entry (:meth:`gsd_cli.ranking.catalog.Catalog.resolve` with
 ``split``), so a dataset gets the same parts however it is named. A name that already names a split
-(``chestxray:train``) needs the test part named explicitly (``--private-test``).
+(``chestxray:train``) needs the test part named explicitly (``--private-test``); a test set named apart has its
+classes matched to the training set's by name (:func:`private_parts`).
 """
 
 from __future__ import annotations
 
 from ..data import ImageSource, resolve
+from ..data.classes import align_classes, parse_classes, with_classes
 from ..data.splits import EmptyPartError, fixed_split
 from ..errors import DatasetError, GSDError, PrivateError
 
 
-def private_parts(name: str | ImageSource, test: str | ImageSource | None = None, catalog=None) -> tuple[ImageSource, ImageSource]:
+def private_parts(name: str | ImageSource, test: str | ImageSource | None = None, catalog=None,
+                  classes: int | str | None = None) -> tuple[ImageSource, ImageSource]:
     """``(train, test)`` sources for the private dataset ``name`` (see the module docstring).
-    ``catalog`` (a :class:`gsd_cli.ranking.catalog.Catalog`) resolves the names it defines."""
+    ``catalog`` (a :class:`gsd_cli.ranking.catalog.Catalog`) resolves the names it defines; ``classes``
+    (``--classes``: a count or names) is declared on both parts (:func:`gsd_cli.data.with_classes`).
+    A ``test`` set named apart has its labels matched to the training set's classes by name
+    (:func:`gsd_cli.data.classes.align_classes`), or by ``classes``'s names where they are given."""
+    train, held = _parts(name, test, catalog)
+    if test is not None and (classes is None or not isinstance(parse_classes(classes), list)):
+        held = align_classes(held, train)
+    if classes is not None:
+        train, held = with_classes(train, classes), with_classes(held, classes)
+    return train, held
+
+
+def _parts(name: str | ImageSource, test: str | ImageSource | None, catalog) -> tuple[ImageSource, ImageSource]:
     res = catalog.resolve if catalog is not None else resolve
     if test is not None:
         return res(name), res(test)
