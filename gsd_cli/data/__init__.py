@@ -26,7 +26,7 @@ from ..errors import DatasetError
 from .base import ArraySource, ImageSource, read_images
 from .classes import require_declared_classes, with_classes
 from .embedded import DEFAULT_PRIVATE, DEFAULT_PUBLIC
-from .identity import shared_examples
+from .identity import draw_key, shared_examples
 from .listing import describe_dataset, list_datasets
 from .registry import builtin_names, dataset_names, register_dataset, register_kind, resolve, source_kinds
 from .roots import data_root, default_data_root
@@ -83,8 +83,9 @@ def check_examples(m: int | None, name: str = "--examples") -> None:
 def draw(source: ImageSource | str, m: int | None, seed: int) -> Sample:
     """Draw ``min(m, len(source))`` distinct examples uniformly at random (``m=None``: all).
 
-    The draw depends on ``seed`` and the source's name only, so adding candidates to a ranking does
-    not change the examples drawn for the others.
+    The draw depends on ``seed`` and the source's identity only (:func:`gsd_cli.data.identity.draw_key`: its name,
+    a file source's path made real and absolute), so adding candidates to a ranking does not change the examples
+    drawn for the others, and one file draws the same examples however its path is typed.
     """
     source = resolve(source)
     n = len(source)
@@ -92,7 +93,7 @@ def draw(source: ImageSource | str, m: int | None, seed: int) -> Sample:
     if n < 2:
         raise DatasetError(f"{source.name}: has {n} example(s); GSD needs at least 2")
     take = n if m is None else min(m, n)
-    rng = np.random.default_rng([seed, _stable_hash(source.name)])
+    rng = np.random.default_rng([seed, _stable_hash(draw_key(source.name))])
     return Sample(source, rng.choice(n, size=take, replace=False))
 
 

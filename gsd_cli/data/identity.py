@@ -63,6 +63,16 @@ def dataset_identity(name: str) -> tuple[str, str | None]:
     return canonical(base), split
 
 
+def draw_key(name: str) -> str:
+    """The name that keys a dataset's seeded draws (its examples, :func:`gsd_cli.data.draw`, and its random labels,
+    :func:`gsd_cli.distance.side.sample_labels`): :func:`dataset_identity` with its split part, so that one dataset
+    draws the same examples and labels however its path was typed (``npz:x.npz``, ``npz:./x.npz`` and
+    ``npz:/abs/x.npz`` gave three different draws). A built-in name is its own key (an alias is its canonical
+    name's), so the draws of the embedded sets, and ``gsd rank``'s default table, are unchanged."""
+    base, split = dataset_identity(name)
+    return base if split is None else f"{base}:{split}"
+
+
 def _name_overlap(a: str, b: str) -> str | None:
     """'same' (one dataset, overlapping parts), 'parts' (two different parts of one dataset) or None."""
     (base_a, split_a), (base_b, split_b) = dataset_identity(a), dataset_identity(b)

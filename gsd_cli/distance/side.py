@@ -60,13 +60,17 @@ class Subspace:
 
 
 def _label_seed(seed: int, name: str) -> list[int]:
-    return [seed, zlib.crc32(name.encode()), 1]
+    """The random labels' seed: ``seed`` and the dataset's identity, not its name as typed
+    (:func:`gsd_cli.data.identity.draw_key`)."""
+    from ..data.identity import draw_key
+
+    return [seed, zlib.crc32(draw_key(name).encode()), 1]
 
 
 def sample_labels(sample: gdata.Sample, labels: str, num_classes: int, seed: int,
                   rng: np.random.Generator | None = None) -> torch.Tensor:
     """Labels for the gradients: uniformly random in the model's label space (the authors' choice,
-    i.i.d. per row, seeded by ``seed`` and the dataset name, or drawn from ``rng``: the private side
+    i.i.d. per row, seeded by ``seed`` and the dataset's identity, or drawn from ``rng``: the private side
     of DP-GSD passes a secret generator), or the dataset's own."""
     if labels not in LABELS:
         raise GSDError(f"--labels must be one of {', '.join(LABELS)} (got {labels!r})")
