@@ -40,3 +40,28 @@ def test_a_file_draws_the_same_examples_and_labels_however_its_path_is_typed(npz
     for name in ("mnist-a", "mnist-a:train", "digits", "noise", "reference:noise@28"):
         assert draw_key(name) == name
     assert draw_key("fmnist:test") == "fashionmnist:test"
+
+
+@pytest.mark.parametrize("argv", [
+    ["rank", "--public", "digits", "-m", "20", "--model", "fmnist-cnn", "-q", "--seed", str(2**64)],
+    ["rank", "--dp", "--epsilon", "1", "--public", "digits", "-m", "20", "-q", "--insecure-seed", str(2**63)],
+    ["train", "--method", "dpsgd", "--seed", str(2**64), "-q"],
+    ["audit", "--method", "dpsgd", "--epsilon", "1", "--canaries", "10", "--seed", str(2**64)],
+    ["compare", "--methods", "dpsgd", "--seeds", "2", "--seed", str(2**63 - 1), "-q"],
+])
+def test_a_seed_outside_0_to_2_63_is_refused_in_one_line(argv, tmp_path, monkeypatch, capsys):
+    """--seed 2^64 stopped with "Overflow when unpacking long long" (an internal error, exit 3, in gsd audit)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "2^63 - 1" in err[0] and "Overflow" not in err[0], err
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_the_largest_seed_is_accepted():
+    from gsd_cli.privacy.randomness import MAX_SEED, check_seed
+
+    check_seed("--seed", MAX_SEED)
+    check_seed("--seed", 0)
+    with pytest.raises(Exception, match="2\\^63 - 1"):
+        check_seed("--seed", MAX_SEED + 1)

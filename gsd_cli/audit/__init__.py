@@ -41,10 +41,13 @@ def audit(method: str, epsilon: float = 2.0, delta: float = 1e-5, *, canaries: i
     :func:`audit_training` with ``settings`` (TrainConfig fields) and ``kw`` (its options)."""
     from ..errors import GSDError
     from ..privacy import check_delta, check_epsilon
+    from ..privacy.randomness import check_seed
 
     if method not in METHODS:
         raise GSDError(f"unknown --method {method!r}; use one of {', '.join(METHODS)}")
     check_epsilon(epsilon)
+    check_seed("--seed", kw.get("seed", (settings or {}).get("seed")))
+    check_seed("--insecure-seed", insecure_seed)
     if method == "dpgsd":
         return audit_dpgsd_both(epsilon, draws=canaries, insecure_seed=insecure_seed, bug=bug, **kw)
     if method == "dp-energy":

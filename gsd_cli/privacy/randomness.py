@@ -36,13 +36,18 @@ INSECURE_NOTE = (
 )
 
 
+#: the largest seed: torch's generators take a 64-bit seed, and gsd derives further seeds from it in 64-bit
+#: integers (``--seed 2**64`` stopped with "Overflow when unpacking long long")
+MAX_SEED = 2**63 - 1
+
+
 def check_seed(option: str, value) -> None:
-    """A seed (``--seed``, ``--insecure-seed``) is None or a whole number >= 0 (numpy's seed
-    sequences take no negative numbers)."""
+    """A seed (``--seed``, ``--insecure-seed``) is None or a whole number from 0 to :data:`MAX_SEED` (numpy's
+    seed sequences take no negative numbers, torch's generators no more than 64 bits)."""
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise GSDError(f"{option} {value}: give a whole number >= 0")
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= MAX_SEED:
+        raise GSDError(f"{option} {value}: give a whole number from 0 to 2^63 - 1 ({MAX_SEED})")
 
 
 def check_insecure_seed(seed: int | None) -> None:

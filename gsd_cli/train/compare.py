@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..errors import GSDError
+from ..privacy.randomness import MAX_SEED
 from .checkpoint import atomic_write, prepare_run_dir
 from .config import METHODS, SPARSIFIABLE, TrainConfig, validate
 from .methods import method_privacy
@@ -86,9 +87,13 @@ def compare(
     specs = parse_methods(methods)
     if seeds < 1:
         raise GSDError(f"--seeds must be at least 1 (got {seeds})")
+    base = base or TrainConfig()
+    for option, first in (("--seed", base.seed), ("--insecure-seed", base.insecure_seed)):
+        if isinstance(first, int) and first + seeds - 1 > MAX_SEED:  # the runs' seeds are first .. first + seeds - 1
+            raise GSDError(f"{option} {first} with --seeds {seeds} gives seeds up to {first + seeds - 1}, above 2^63 - 1 "
+                           f"({MAX_SEED}); lower {option}")
     if any(rs for *_, rs in specs) and not 0 < sparsify < 1:
         raise GSDError(f"--sparsify must be in (0, 1) for the +rs methods (got {sparsify})")
-    base = base or TrainConfig()
     cfgs = []
     for label, method, rs in specs:
         for i in range(seeds):
