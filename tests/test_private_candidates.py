@@ -118,3 +118,61 @@ def test_the_dp_probe_reads_no_class_count_off_the_private_labels(tmp_path, caps
     code, out, err, files = got[0]
     assert code == 2 and out == "" and "declares no class list" in err and files == ["priv.npz"]
     assert not os.path.exists(os.environ["GSD_LEDGER"])
+
+
+def _label_space_of_the_run(spec, classes=None):
+    from gsd_cli.data import with_classes
+    from gsd_cli.train.splits import private_parts
+
+    train, _ = private_parts(spec)
+    if classes is not None:
+        train = with_classes(train, classes)
+    return int(train.num_classes), list(train.classes) if getattr(train, "classes", None) else None, bool(train.multilabel)
+
+
+def test_warm_cache_reads_the_label_space_alone_and_it_is_the_runs(tmp_path, monkeypatch):
+    """Item 5: --warm-cache's private task is its declared label space, read with no example or label of any kind of
+    source (npz: its classes array and y's header; a folder: its class folders; a CSV: its header and --classes), and
+    it is the label space the advised run trains with (the same stage-1 and subspace keys)."""
+    import csv
+
+    from PIL import Image
+
+    import gsd_cli.data.csvsource as cs
+    import gsd_cli.data.files as files
+    from gsd_cli.data.labelspace import declared_label_space
+    from gsd_cli.train.warm import declared_task
+
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(0)
+    np.savez("named.npz", x=rng.integers(0, 256, (40, 8, 8), dtype=np.uint8), y=np.arange(40) % 4,
+             classes=np.array(["a", "b", "c", "d"]))
+    np.savez("multi.npz", x=rng.integers(0, 256, (40, 8, 8), dtype=np.uint8), y=rng.integers(0, 2, (40, 3)))
+    np.savez("plain.npz", x=rng.integers(0, 256, (40, 8, 8), dtype=np.uint8), y=np.arange(40) % 4)
+    for c in ("cat", "dog"):
+        for i in range(20):
+            (tmp_path / "imgs" / c).mkdir(parents=True, exist_ok=True)
+            Image.fromarray(rng.integers(0, 256, (8, 8), dtype=np.uint8)).save(tmp_path / "imgs" / c / f"{i}.png")
+    with open("t.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["path", "label"])
+        w.writerows([[f"imgs/{c}/{i}.png", c] for c in ("cat", "dog") for i in range(20)])
+    cases = [("npz:named.npz", None), ("npz:multi.npz", None), ("npz:plain.npz", 4), ("npz:plain.npz", "w,x,y,z"),
+             ("folder:imgs", None), ("csv:t.csv", "cat,dog"), ("npz:named.npz", 4)]
+    want = {c: _label_space_of_the_run(*c) for c in cases}
+
+    def read(*a, **k):
+        raise AssertionError("a private example or label was read")
+
+    monkeypatch.setattr(files, "list_image_folder", read)
+    monkeypatch.setattr(files.ArraySource, "__init__", read)  # what an npz's x and y become
+    monkeypatch.setattr(cs, "read_csv_rows", read)
+    for (spec, classes), (count, names, multilabel) in want.items():
+        got = declared_task(spec, classes=classes)
+        assert (got.num_classes, got.classes, got.multilabel) == (count, names, multilabel), (spec, classes)
+    from gsd_cli.errors import DatasetError
+
+    with pytest.raises(DatasetError, match="declares no class list"):
+        declared_label_space("npz:plain.npz")
+    with pytest.raises(DatasetError, match="declares no class list"):
+        declared_label_space("csv:t.csv")

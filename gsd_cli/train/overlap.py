@@ -1,7 +1,8 @@
 """Public data that a training run may not use, and private examples it leaves out.
 
 A public set that *is* one of the private parts by its public inputs (the same name, or the same file
-or folder read) is refused (:func:`refuse_shared_public`). Nothing that looks at the private examples
+or folder read) is refused (:func:`refuse_shared_public`; for the advice's candidates, before any stage 1 is
+trained on them, :func:`refuse_private_candidates`). Nothing that looks at the private examples
 refuses: examples the two share, or the same examples under another path (a copy), would be a membership
 oracle (the run stops if and only if a given image is, or is not, in the private set). Instead :func:`left_out` marks the private training examples whose file or content is among the
 public examples the run uses, and the loop leaves them out of every Poisson subsample: Poisson sampling
@@ -44,6 +45,30 @@ def refuse_shared_public(cfg: TrainConfig, private: Sequence[gdata.ImageSource],
     for part in private:
         refuse_same_dataset(part, [drawn], what=what)
     return drawn
+
+
+def refuse_private_candidates(parts: Sequence, pubs: Sequence, *, dp: bool, examples: int = 2000, seed: int = 0) -> None:
+    """Refuse (:class:`~gsd_cli.errors.GSDError`, one line) a candidate that is private data, before the advice trains
+    anything on it, books anything or caches anything (issue 60): the feature probe and the DP feature probe train
+    stage 1 of the second phase on each candidate *without noise*, and the DP probe's theorem
+    (:mod:`gsd_cli.privacy.probe_mechanism`) holds only where those models are a function of public data.
+
+    ``parts``: the private sources (training part first, then the test part); ``pubs``: the candidate sources. Every
+    part is checked by its public inputs (:func:`gsd_cli.ranking.pipeline.refuse_same_dataset`: the same name, or the
+    same file or folder read); a non-private advice (``dp`` False) also checks the training part by content, on the
+    examples the ranking's first draw compares (``examples`` of each, drawn from ``seed``), as
+    :func:`gsd_cli.ranking.rank` would after the probe. Under DP no private example is looked at (a refusal that
+    turns on the private examples would be a membership oracle): a copy under another path is left out of the
+    private data example by example where it is used (:class:`gsd_cli.data.identity.PublicRows`)."""
+    from ..ranking.pipeline import refuse_private_as_public, refuse_same_dataset
+
+    for part in parts:
+        if part is not None:
+            refuse_same_dataset(part, pubs)
+    if not dp and pubs:
+        train = parts[0]
+        drawn = gdata.draw(train, examples, seed)
+        refuse_private_as_public(train, drawn.indices, [gdata.draw(p, examples, seed) for p in pubs])
 
 
 def left_out(train_src, test_src, pub_sample, notes: list) -> np.ndarray | None:

@@ -28,31 +28,6 @@ def candidate_sources(candidates: Sequence, catalog=None) -> list:
     return [resolve(c) if isinstance(c, str) else c for c in candidates]
 
 
-def refuse_private_candidates(parts: Sequence, pubs: Sequence, *, dp: bool, examples: int = 2000, seed: int = 0) -> None:
-    """Refuse (:class:`~gsd_cli.errors.GSDError`, one line) a candidate that is private data, before the advice trains
-    anything on it, books anything or caches anything (issue 60): the feature probe and the DP feature probe train
-    stage 1 of the second phase on each candidate *without noise*, and the DP probe's theorem
-    (:mod:`gsd_cli.privacy.probe_mechanism`) holds only where those models are a function of public data.
-
-    ``parts``: the private sources (training part first, then the test part); ``pubs``: the candidate sources. Every
-    part is checked by its public inputs (:func:`gsd_cli.ranking.pipeline.refuse_same_dataset`: the same name, or the
-    same file or folder read); a non-private advice (``dp`` False) also checks the training part by content, on the
-    examples the ranking's first draw compares (``examples`` of each, drawn from ``seed``), as
-    :func:`gsd_cli.ranking.rank` would after the probe. Under DP no private example is looked at (a refusal that
-    turns on the private examples would be a membership oracle): a copy under another path is left out of the
-    private data example by example where it is used (:class:`gsd_cli.data.identity.PublicRows`)."""
-    from .. import data as gdata
-    from ..ranking.pipeline import refuse_private_as_public, refuse_same_dataset
-
-    for part in parts:
-        if part is not None:
-            refuse_same_dataset(part, pubs)
-    if not dp and pubs:
-        train = parts[0]
-        drawn = gdata.draw(train, examples, seed)
-        refuse_private_as_public(train, drawn.indices, [gdata.draw(p, examples, seed) for p in pubs])
-
-
 def auto_select(private: str, candidates: Sequence[str], *, private_test: str | None = None, catalog=None, **rank_options) -> Ranking:
     """Rank ``candidates`` by GSD to the private *training* part (the test part is never looked at)
     with :func:`gsd_cli.ranking.rank` and its options (``dp=True, epsilon=...`` for the DP selection,
@@ -115,6 +90,8 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
                                  else train_part)
     pubs = candidate_sources(candidates, catalog)
     # before the probe trains stage 1 on any candidate (issue 60): the ranking's own check came after it
+    from .overlap import refuse_private_candidates
+
     refuse_private_candidates([train_part, test_part], pubs, dp=dp, examples=int(rank_options.get("examples", 2000)),
                               seed=int(rank_options.get("seed", 0)))
     spec = resolve_model(rank_options.get("model", "probe"))
@@ -203,6 +180,8 @@ def dp_advised_selection(private: str, candidates: Sequence[str], method: str = 
     # the private set (stage 1 trains on it without noise, voiding the probe's premise that its features are public)
     require_declared_classes(train_part)
     pubs = candidate_sources(candidates, catalog)
+    from .overlap import refuse_private_candidates
+
     refuse_private_candidates([train_part, test_part], pubs, dp=True)
     if train_part.multilabel:
         return None

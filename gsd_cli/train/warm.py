@@ -7,9 +7,10 @@ settings alone, and both are cached across runs (:mod:`gsd_cli.train.stage1_cach
 :class:`gsd_cli.ranking.cache.SubspaceCache`): a second run with the same candidates pays only the private part.
 :func:`warm_advice` computes them ahead, through the same functions and under the same keys, for a private task that
 only declares itself: its class count, class names and whether it is multi-label (the stage-1 head and the ranking
-model's output layer depend on them; where ``--classes`` names the classes of a CSV or Hugging Face set, its label
-names are checked against them, as every run checks them). No private example is read, nothing is booked in the privacy ledger, and the
-cache stays public. Then the first advised run on a private set pays what a second run pays: built for a CI image
+model's output layer depend on them), read by :func:`gsd_cli.data.labelspace.declared_label_space` from what declares
+them (an npz's ``classes`` array and ``y``'s header, a folder's class folders, a CSV's header, ``--classes``). No
+private example and no private label is read (the run checks ``--classes`` against the labels), nothing is booked in
+the privacy ledger, and the cache stays public. Then the first advised run on a private set pays what a second run pays: built for a CI image
 or a shared cache folder, where every job would otherwise pay the public part again.
 
 It computes what the advice may read, not what it will: the advice probes every candidate the second phase can use,
@@ -52,16 +53,13 @@ class WarmReport:
 
 
 def declared_task(private, *, catalog=None, classes=None):
-    """The private set as a label space: the source (its train part's parent, or with ``--private-test`` the training
-    set itself: the same classes) with ``classes`` declared, refused (one line) where its classes would be read off
-    its labels."""
-    from ..data import require_declared_classes, resolve, with_classes
+    """The private set as a label space (:class:`gsd_cli.data.labelspace.LabelSpace`: its class count, names, whether
+    it is multi-label, and the name and path that identify it), read from what declares it and no example
+    (:func:`gsd_cli.data.labelspace.declared_label_space`: an npz's ``classes`` and ``y``'s header, a folder's class
+    folders, a CSV's header, ``--classes``); refused (one line) where its classes would be read off its labels."""
+    from ..data.labelspace import declared_label_space
 
-    source = catalog.resolve(private) if catalog is not None else (resolve(private) if isinstance(private, str) else private)
-    if classes is not None:
-        source = with_classes(source, classes)
-    require_declared_classes(source)
-    return source
+    return declared_label_space(private, catalog=catalog, classes=classes)
 
 
 def warm_advice(config, private, candidates: Sequence, *, probe_repeats: int | None = None, rank_repeats: int | None = None,
