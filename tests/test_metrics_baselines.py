@@ -251,7 +251,7 @@ def test_the_validity_line_is_printed_from_the_shipped_figures():
                      num_params=10, device="cpu", engine="vmap", private_examples=4, uniform_baseline=0.9, metric=metric,
                      results=[RankResult("a", 0.1, 1, 4, [1.0, 2.0], 0.0, True)] if metric == "gsd" else [RankResult("a", 0.1, 1, 4, [], 0.0, True)])
         console = Console(record=True, width=400)
-        print_ranking(rk, console)
+        print_ranking(rk, console, validity=True)  # gsd rank --validity (issue 64: not by default)
         return console.export_text()
 
     table = shown("gsd")

@@ -65,3 +65,18 @@ def test_the_largest_seed_is_accepted():
     check_seed("--seed", 0)
     with pytest.raises(Exception, match="2\\^63 - 1"):
         check_seed("--seed", MAX_SEED + 1)
+
+
+def test_gsd_rank_prints_the_validity_paragraph_only_when_asked(tmp_path, monkeypatch, capsys):
+    """gsd rank printed a 25-line validity paragraph under its table, also under -q, which the README's output does
+    not show: now only with --validity."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["rank", "--public", "digits", "noise", "-m", "20", "--model", "fmnist-cnn", "-k", "4", "-q"]
+    assert main(argv) == 0
+    plain = capsys.readouterr().out
+    assert "Lower is closer" in plain and "One draw: no interval" in plain
+    assert "Earlier (held-out" not in plain and "Advice (gsd train" not in plain and "round 6" not in plain
+    assert main([*argv, "--validity"]) == 0
+    asked = capsys.readouterr().out
+    assert "Earlier (held-out" in " ".join(asked.split()) and "Advice (gsd train" in " ".join(asked.split())
+    assert asked.index("Lower is closer") < asked.index("Advice") < asked.index("One draw")

@@ -162,7 +162,7 @@ def _show(a, results, checks, verdicts, shown_on, ran) -> list[str]:
 
     failures = []
     for (_, result), job_checks in zip(results, checks):
-        (print_repeats if getattr(result, "repeats", 1) > 1 else print_ranking)(result, shown_on)
+        (print_repeats if getattr(result, "repeats", 1) > 1 else print_ranking)(result, shown_on, validity=a.validity)
         if getattr(result, "references", None):
             shown_on.print(escape(reference_line(result)), highlight=False, soft_wrap=True)
             for name, (closer, how) in verdicts.items():

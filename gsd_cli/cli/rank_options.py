@@ -83,6 +83,7 @@ RANK_OPTIONS = {
         help="Top-k subspaces: exact, randomized (certified) or auto.",
         )),
     "quiet": (bool, quiet_option("No progress bar.")),
+    "validity": (bool, typer.Option(False, "--validity", help="Also print what GSD's order and the advice were worth on held-out tasks (docs/validity.md).")),
     "data_root": (Optional[Path], data_root_option(
         "Folder of the built-in datasets such as cifar10 (default: $GSD_DATA_ROOT, else $XDG_DATA_HOME/gsd).",
         )),

@@ -214,7 +214,9 @@ def left_out_lines(ranking: Ranking) -> list[str]:
         [stopped_line(ranking)] if getattr(ranking, "stopped", None) else [])
 
 
-def print_ranking(ranking: Ranking, console: Console | None = None) -> None:
+def print_ranking(ranking: Ranking, console: Console | None = None, validity: bool = False) -> None:
+    """The ranking's table and the lines that read it; ``validity``: also the measured worth of GSD's order and of
+    the advice (:func:`gsd_cli.report.validity.validity_line`, a paragraph: ``gsd rank --validity``)."""
     console = console or Console()
     console.print(ranking_table(ranking))
     if getattr(ranking, "not_selected", None):
@@ -223,16 +225,19 @@ def print_ranking(ranking: Ranking, console: Console | None = None) -> None:
     for line in left_out_lines(ranking):
         console.print(escape(line), highlight=False)
     console.print(how_to_read(ranking))
-    _validity(ranking, console)
+    if validity:
+        _validity(ranking, console)
     line = privacy_line(ranking)
     _print_notes(ranking, console, [line] if line else [])
 
 
-def print_repeats(ranking: RepeatRanking, console: Console | None = None) -> None:
+def print_repeats(ranking: RepeatRanking, console: Console | None = None, validity: bool = False) -> None:
+    """:func:`print_ranking` of a ranking over repeats: its table, the tie test and (``validity``) the measured worth."""
     console = console or Console()
     console.print(repeats_table(ranking))
     console.print(how_to_read(ranking))
-    _validity(ranking, console)
+    if validity:
+        _validity(ranking, console)
     console.print(escape(tie_line(ranking)))
     line = privacy_line(ranking)
     lines = [line.replace("spent once for all candidates", "per release"), dp_repeats_line(ranking)] if line else []

@@ -1,4 +1,4 @@
-"""What the order of a GSD ranking is worth, as measured: one note under the table, from the figures of
+"""What the order of a GSD ranking is worth, as measured: a note under the table (``gsd rank --validity``), from the figures of
 the held-out benchmark's pre-registered rounds (``benchmarks/validity/heldout``, issues 42 and 52) shipped in
 the package as ``heldout.json`` (written by ``python -m validity.heldout score --update-package``; nothing here
 is hard-coded). ``validity.json`` (``benchmarks/bench_downstream.py score --update-package``, issue 33) still
@@ -117,7 +117,7 @@ def validated_sentence(doc: dict) -> str | None:
 
 
 def advice_sentence(private: bool = False) -> str:
-    """What ``gsd train --auto-select`` does with a ranking (the validity line under every table)."""
+    """What ``gsd train --auto-select`` does with a ranking (the end of ``gsd rank --validity``'s note)."""
     test = ("the private selection chooses it over the in-run noise references and its released energy margin over "
             f"them, beyond the gap between two draws of noise, is above 0 with confidence (alpha {ADVICE.alpha:g})" if private else
             f"it is closer than the in-run noise references with confidence (one-sided paired t-test over "
