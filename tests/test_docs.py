@@ -39,10 +39,16 @@ def _env(tmp: Path) -> dict:
     return env
 
 
+#: a warning about an option (``warning: --k is not used by ...``): a tutorial gives no option it does not need
+_OPTION_WARNING = re.compile(r"warning: --[a-z]")
+
+
 def _run(lang: str, code: str, cwd: Path, env: dict, what: str) -> None:
     cmd = ["bash", "-euo", "pipefail", "-c", code] if lang == "bash" else [sys.executable, "-c", code]
     p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, f"{what} failed (exit {p.returncode}):\n{code}\n--- stdout\n{p.stdout[-4000:]}\n--- stderr\n{p.stderr[-4000:]}"
+    warned = [line for line in (p.stdout + p.stderr).splitlines() if _OPTION_WARNING.search(line)]
+    assert not warned, f"{what} warns about an option (issue 64: a tutorial runs as written, without one):\n" + "\n".join(warned)
 
 
 def test_block_marker_is_found_and_only_before_a_fence():

@@ -80,3 +80,16 @@ def test_gsd_rank_prints_the_validity_paragraph_only_when_asked(tmp_path, monkey
     asked = capsys.readouterr().out
     assert "Earlier (held-out" in " ".join(asked.split()) and "Advice (gsd train" in " ".join(asked.split())
     assert asked.index("Lower is closer") < asked.index("Advice") < asked.index("One draw")
+
+
+def test_gep_says_nothing_about_an_anchor_batch_the_user_never_set():
+    """The DICOM tutorial (100 public examples) warned twice that "--anchor-batch 128 is more than the 100 public
+    examples": 128 is the default, which takes all of fewer. A value the user gave is still said."""
+    from gsd_cli.train.config import DEFAULT_ANCHOR_BATCH, TrainConfig
+    from gsd_cli.train.gep import clamp_notes
+
+    assert TrainConfig().anchor_batch == DEFAULT_ANCHOR_BATCH == 128
+    assert clamp_notes(10, [1000], 100, DEFAULT_ANCHOR_BATCH, 100, [10]) == []
+    told = clamp_notes(10, [1000], 100, 200, 100, [10])
+    assert len(told) == 1 and "--anchor-batch 200 is more than the 100 public examples" in told[0]
+    assert "below --k" in clamp_notes(10, [1000], 100, 5, 10, [10])[0]

@@ -21,6 +21,8 @@ from ..privacy.randomness import check_insecure_seed, check_seed
 METHODS = ("dpsgd", "gep", "rgp", "topagg", "second-phase")
 SPARSIFIABLE = ("dpsgd", "gep")  # --sparsify (random sparsification, paper 003)
 SCHEDULES = ("step", "constant")
+#: GEP's anchors per basis recomputation by default (all of fewer public examples, said nowhere: that is the default)
+DEFAULT_ANCHOR_BATCH = 128
 
 # Paper 000 splits ResNet20 into the input layer, the three stages and the output layer.
 DEFAULT_GROUPS = {
@@ -86,7 +88,7 @@ class TrainConfig:
     residual: bool = True  # release the residual (GEP) or drop it (B-GEP)
     anchor_every: int = 4  # recompute the anchor subspace every N steps and at each epoch's start (1: every step, paper 000)
     anchor_warm: bool = True  # start each recomputation's power iteration from the previous basis (cold at epoch starts)
-    anchor_batch: int | None = 128  # anchors per recomputation (at least k), drawn from the public_examples (None or 0: all)
+    anchor_batch: int | None = DEFAULT_ANCHOR_BATCH  # anchors per recomputation (at least k), drawn from the public_examples (None or 0: all)
 
     # --- RGP (paper 001) ---
     rgp_rank: int = 4  # rank r of the gradient carriers of each Linear/Conv2d weight

@@ -54,7 +54,7 @@ import numpy as np
 import torch
 
 from ..errors import GSDError
-from .config import check_anchor_batch, check_anchor_every, parse_groups
+from .config import DEFAULT_ANCHOR_BATCH, check_anchor_batch, check_anchor_every, parse_groups
 from .transforms import Parts, StepContext, Transform
 
 
@@ -94,10 +94,11 @@ def share_quota(k: int, group_sizes: Sequence[int], m: int) -> list[int]:
 
 def clamp_notes(k: int, group_sizes: Sequence[int], m: int, asked_batch: int | None, batch: int, ks: Sequence[int]) -> list[str]:
     """One line per setting GEP could not take as given (all public numbers): ``--anchor-batch`` above the
-    public examples or below ``--k``, and ``--k`` above what the groups can hold (each group's share at
+    public examples (but for the default, :data:`~gsd_cli.train.config.DEFAULT_ANCHOR_BATCH`, which means "that many,
+    or all of fewer": a run that never set it was warned twice about it) or below ``--k``, and ``--k`` above what the groups can hold (each group's share at
     most the anchors of a recomputation and its parameter count: :func:`share_quota`)."""
     notes = []
-    if asked_batch and int(asked_batch) > m:
+    if asked_batch and int(asked_batch) > m and int(asked_batch) != DEFAULT_ANCHOR_BATCH:  # the default takes all of fewer
         notes.append(f"--anchor-batch {asked_batch} is more than the {m} public examples: every basis recomputation uses all {m}")
     elif asked_batch and int(asked_batch) < batch:
         notes.append(f"--anchor-batch {asked_batch} is below --k {k}: raised to {batch} anchors per basis recomputation")
