@@ -93,3 +93,29 @@ def test_gep_says_nothing_about_an_anchor_batch_the_user_never_set():
     told = clamp_notes(10, [1000], 100, 200, 100, [10])
     assert len(told) == 1 and "--anchor-batch 200 is more than the 100 public examples" in told[0]
     assert "below --k" in clamp_notes(10, [1000], 100, 5, 10, [10])[0]
+
+
+def test_budget_show_marks_a_non_private_selection_not_dp_and_keeps_each_command_on_one_line(tiny, tmp_path, capsys):
+    """gsd budget show listed a run trained after a non-private --auto-select as DP "yes", and its command column
+    wrapped the command a word a line."""
+    import gsd_cli
+    from gsd_cli.cli.budget import dp_cell
+    from gsd_cli.privacy import budget as B
+    from gsd_cli.privacy.budget.hooks import NON_PRIVATE_SELECTION
+    from gsd_cli.train import TrainConfig, train
+
+    ranking = gsd_cli.rank(tiny["private"], [tiny["public"]], model="fmnist-cnn", k=2, examples=30, seed=0)  # not DP
+    cfg = TrainConfig(private=tiny["private"], method="dpsgd", epochs=1, batch_size=30, physical_batch=64)
+    assert train(cfg, tmp_path / "chosen", selection=ranking.to_dict())["dp"] is False
+    argv = ["train", "--private", tiny["private"], "--method", "dpsgd", "--epochs", "1", "--batch-size", "30",
+            "--physical-batch", "64", "--lr", "0.1", "--out", str(tmp_path / "plain"), "-q"]
+    assert main(argv) == 0
+    runs = B.BudgetLedger().status()[0]["runs"]
+    assert [r["dp"] for r in runs] == [False, True] and NON_PRIVATE_SELECTION in runs[0]["what"]
+    assert [dp_cell(r) for r in runs] == ["no (selection)", "yes"]
+    assert dp_cell({"dp": False, "guarantee": True, "what": "training (dpsgd)"}) == "no (seeded)"
+    capsys.readouterr()
+    assert main(["budget", "show"]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert any("no (selection)" in line for line in shown)
+    assert f"  2. gsd {' '.join(argv)}" in shown  # the whole command on one line

@@ -119,6 +119,37 @@ def _f(x, spec: str = ".4g") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def dp_cell(run: dict) -> str:
+    """A booked run's "DP" column: yes, "no proof" (a mechanism without a proven guarantee), "no (selection)" (its public
+    data chosen by a non-private ranking of the private data) or "no (seeded)" (``--insecure-seed``)."""
+    from ..privacy.budget.hooks import NON_PRIVATE_SELECTION
+
+    if not run["guarantee"]:
+        return "no proof"
+    if run["dp"]:
+        return "yes"
+    return "no (selection)" if NON_PRIVATE_SELECTION in run["what"] else "no (seeded)"
+
+
+def _runs(s: dict) -> None:
+    """The runs booked on one data set, numbered, then each one's command on a line of its own (in the table's last
+    column a command was wrapped a word a line)."""
+    from rich.table import Table
+
+    table = Table(title=f"runs on {escape(s['name'])} (data {s['digest'][:12]})", title_justify="left")
+    for c in ("#", "time (UTC)", "what", "epsilon", "delta", "DP", "data"):
+        table.add_column(c, overflow="fold", no_wrap=c not in ("what", "data"))
+    for i, r in enumerate(s["runs"], 1):
+        when = r["time"].replace("T", " ").split("+")[0].split(".")[0]
+        table.add_row(str(i), when, escape(r["what"]), _f(r["epsilon"]), _f(r["delta"], ".3g"), dp_cell(r),
+                      escape(r["name"]) + (" (shares examples)" if r.get("shared") else ""))
+    table.caption = "mechanisms: gsd budget show --json"
+    out.print(table)
+    out.print("commands:", highlight=False)
+    for i, r in enumerate(s["runs"], 1):
+        out.print(f"  {i}. {escape(r['command'])}", highlight=False, soft_wrap=True)
+
+
 def _tables(doc: dict, publishable: bool) -> None:
     from rich.table import Table
 
@@ -144,16 +175,7 @@ def _tables(doc: dict, publishable: bool) -> None:
         out.print(t)
         if publishable:
             continue
-        table = Table(title=f"runs on {escape(s['name'])} (data {s['digest'][:12]})", title_justify="left")
-        for c in ("time (UTC)", "what", "epsilon", "delta", "DP", "data", "command"):
-            table.add_column(c, overflow="fold")
-        for r in s["runs"]:
-            dp = "yes" if r["dp"] and r["guarantee"] else ("no proof" if not r["guarantee"] else "no (seeded)")
-            when = r["time"].replace("T", " ").split("+")[0].split(".")[0]
-            table.add_row(when, escape(r["what"]), _f(r["epsilon"]), _f(r["delta"], ".3g"), dp,
-                          escape(r["name"]) + (" (shares examples)" if r.get("shared") else ""), escape(r["command"]))
-        table.caption = "mechanisms: gsd budget show --json"
-        out.print(table)
+        _runs(s)
         count = f"{s['examples']} distinct examples" if s.get("examples") is not None else f"identified by {s['identified_by']}"
         shares = f"; shares examples with {escape(', '.join(s['shares_examples_with']))}" if s.get("shares_examples_with") else ""
         print_private(out, f"{escape(s['name'])}: {count}{shares}")

@@ -244,8 +244,8 @@ def start_state(run: Run, notify: Callable | None = None) -> None:
     booking_secret = noise_seed if run.booking_nonce is None else f"{noise_seed}:{run.booking_nonce}"
     size = run.size
     world.from_main(lambda: book_training_run(cfg, run.train_src, run.event, run.final_eps, run.method.description, booking_secret,
-                                              run.out, run.resume, pure_epsilon=size.epsilon,
-                                              size_booking=run.size_booking))  # the size estimate: booked apart, or composed here
+                                              run.out, run.resume, pure_epsilon=size.epsilon, size_booking=run.size_booking,  # the
+                                              selection_dp=run.selection is None or run.selection_dp))  # size estimate: booked apart, or composed here
     for note in run.public_notes + [PrivateNote(n) for n in run.private_notes] if notify and world.is_main else ():
         notify(note)  # once the run is booked (N~ is released with it); private facts as PrivateNote
 

@@ -181,20 +181,28 @@ def book_size_estimate(config, private, meta: dict | None = None, *, ledger_loca
                  epsilon=eps_n, delta=0.0, rdp=pure_dp_curve(eps_n), dp=config.private_seed is None)
 
 
+#: how a training after a non-private selection of its public data is booked (``what``; not DP: gsd budget show)
+NON_PRIVATE_SELECTION = "after a non-private selection"
+
+
 def book_training_run(config, private, event, epsilon: float, mechanism: str, secret, out=None, resume: bool = False,
-                      pure_epsilon: float = 0.0, size_booking: dict | None = None) -> dict:
+                      pure_epsilon: float = 0.0, size_booking: dict | None = None, selection_dp: bool = True) -> dict:
     """``gsd train``'s hook (:func:`gsd_cli.train.train`, process 0, after the noise is calibrated and
     before the first step): :func:`book_training` under an id derived from the run's secret seed, so a
     resumed run is booked once. A run with ``--insecure-seed`` is not DP but is booked all the same
     (the safe side: its outputs still depend on the private data). ``epsilon``: the run's total,
     ``pure_epsilon`` its size estimate's part; ``size_booking``: that estimate's own booking
-    (:func:`book_size_estimate`), which this one joins when admitted (one booking per run). Refused:
+    (:func:`book_size_estimate`), which this one joins when admitted (one booking per run). ``selection_dp``
+    False: its public data was chosen by a non-private ranking of the private data (``--auto-select`` without
+    ``--select-epsilon``), so the run as a whole is not DP: booked all the same (its epsilon counts), marked not DP
+    and named :data:`NON_PRIVATE_SELECTION`. Refused:
     the new run's folder, still empty, is removed, and the message says that the size estimate stays
     booked."""
     booked_apart = size_booking is not None and pure_epsilon > 0
     try:
         return book_training(private, event, epsilon=epsilon - pure_epsilon if booked_apart else epsilon, delta=config.delta,
-                             method=config.method, mechanism=mechanism, dp=config.private_seed is None,
+                             method=config.method, mechanism=mechanism, dp=config.private_seed is None and selection_dp,
+                             what=None if selection_dp else f"training ({config.method}) {NON_PRIVATE_SELECTION}",
                              booking_id=booking_id_of_secret(secret), pure_epsilon=0.0 if booked_apart else pure_epsilon,
                              announce_epsilon=epsilon, absorbs=size_booking["id"] if booked_apart else None)
     except BudgetExceeded as e:
