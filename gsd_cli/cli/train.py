@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
@@ -203,14 +204,14 @@ def _warm(ctx, a, fields: dict, publics: list) -> None:
     out.print(escape(report.line()), highlight=False, soft_wrap=True)
 
 
-def _new_run(ctx, a, fields: dict, publics: list):
-    """A new run: its settings checked, its folder and the ledger ready, then (--auto-select) the advice decided.
-    Returns ``(config, run folder, selection record or None)``."""
+def _new_run(ctx, a, fields: dict, publics: list, held: ExitStack):
+    """A new run: its settings checked, its folder locked in ``held`` (for the command's life) and the ledger ready,
+    then (--auto-select) the advice decided. Returns ``(config, run folder, selection record or None)``."""
     from ..privacy.budget import ready_ledger
     from ..report.outputs import check_not_inputs, run_inputs
     from ..train import TrainConfig
-    from ..train.checkpoint import prepare_run_dir
     from ..train.config import validate
+    from ..train.runlock import check_run_dir, lock_run
     from .common import catalog_inputs
 
     cat, publics = _candidates(a, publics)
@@ -227,9 +228,10 @@ def _new_run(ctx, a, fields: dict, publics: list):
     else:
         validate(cfg)
         warn_unused(ctx, cfg.method)  # a setting of another method, given on the command line: said, not silently ignored
-    prepare_run_dir(run, resume=False, create=False)  # fail before the ranking, not after it
-    ready_ledger()  # the privacy ledger this run books into, before any work (exit 2 if unusable)
+    check_run_dir(run)  # in use by another gsd train, or not empty: before the ranking, not after it
     check_not_inputs({"--out": run}, run_inputs([a.private, *publics], a.catalog_path, None, None) + catalog_inputs(a.catalog_path))
+    held.enter_context(lock_run(run))  # created and locked (another gsd train's: exit 2), before the ledger and the ranking
+    ready_ledger()  # the privacy ledger this run books into, before any work (exit 2 if unusable)
     selection = None
     if a.auto_select and a.select_epsilon is not None:  # --epsilon is the run's total: the selection's share comes off it
         from ..train.dp_advice import split_budget
@@ -309,6 +311,7 @@ def train(ctx: typer.Context, **options) -> None:
     option in full: docs/train.md.
     """
     from ..timing import stage
+    from ..train.runlock import lock_run
     from ..train.tuned import fill_defaults
 
     a = SimpleNamespace(**options)
@@ -319,14 +322,16 @@ def train(ctx: typer.Context, **options) -> None:
     fields, given = _fields(ctx, a)
     if a.warm_cache:
         return _warm(ctx, a, fields, publics)
-    if a.resume is not None:
-        cfg, run, selection = _resumed(ctx, a, fields, publics), a.resume, None
-    else:
-        cfg, run, selection = _new_run(ctx, a, fields, publics)
-        fill_defaults(cfg, given)  # the decided method's tuned settings, where the user gave none (gsd_cli.train.tuned)
-    with stage("training"):  # its stage 1 apart: "training's stage 1"
-        summary = with_progress(a.quiet, lambda pr: train_fn(cfg, run, resume=a.resume is not None, device=a.device.value, progress=pr,
-                                                             selection=selection, notify=notify_note, nproc=a.nproc), width=8, eta=True,
-                                private=True)  # an epoch's time grows with N: the progress lines are labelled private
+    with ExitStack() as held:  # the run folder's lock (gsd_cli.train.runlock), from before the ledger to the end
+        if a.resume is not None:
+            cfg, run, selection = _resumed(ctx, a, fields, publics), a.resume, None  # reads the folder, writes nothing
+            held.enter_context(lock_run(run, resume=True))
+        else:
+            cfg, run, selection = _new_run(ctx, a, fields, publics, held)
+            fill_defaults(cfg, given)  # the decided method's tuned settings, where the user gave none (gsd_cli.train.tuned)
+        with stage("training"):  # its stage 1 apart: "training's stage 1"
+            summary = with_progress(a.quiet, lambda pr: train_fn(cfg, run, resume=a.resume is not None, device=a.device.value,
+                                                                 progress=pr, selection=selection, notify=notify_note, nproc=a.nproc),
+                                    width=8, eta=True, private=True)  # an epoch's time grows with N: progress lines are private
     if summary is not None:  # None: a process other than 0 of a distributed run (process 0 writes and reports)
         _report(summary, cfg, run, a)

@@ -40,6 +40,8 @@ CKPT_WEIGHTS = "checkpoint.safetensors"
 CKPT_META = "checkpoint.json"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
+#: the run folder's lock file (:mod:`gsd_cli.train.runlock`): a folder holding nothing else counts as empty
+RUN_LOCK = ".gsd-run.lock"
 
 
 def atomic_write(path: Path, data: bytes | str, private: bool = False) -> None:
@@ -49,8 +51,9 @@ def atomic_write(path: Path, data: bytes | str, private: bool = False) -> None:
 
 
 def prepare_run_dir(path: Path, resume: bool, create: bool = True) -> Path:
-    """A new run needs a folder that does not exist or is empty (its parent must exist); a resumed
-    run needs a folder with a checkpoint. Nothing a user has is overwritten."""
+    """A new run needs a folder that does not exist or is empty (but for the run lock's file,
+    :data:`RUN_LOCK`; its parent must exist); a resumed run needs a folder with a checkpoint. Nothing a
+    user has is overwritten."""
     path = Path(path).expanduser()
     if resume:
         if not path.exists():
@@ -64,7 +67,7 @@ def prepare_run_dir(path: Path, resume: bool, create: bool = True) -> Path:
     if path.exists():
         if not path.is_dir():
             raise GSDError(f"--out {path} is a file; give a folder for the run")
-        if any(path.iterdir()):
+        if any(p.name != RUN_LOCK for p in path.iterdir()):
             raise GSDError(f"--out {path} exists and is not empty; give a new folder, or --resume {path} to continue that run")
     elif not path.parent.exists():
         raise GSDError(f"--out {path}: folder {path.parent} does not exist; create it first")

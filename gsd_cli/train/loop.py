@@ -53,6 +53,7 @@ from .overlap import refuse_shared_public  # noqa: F401 (re-exported)
 from .release import PRIVATE_SUMMARY, not_dp_fields, split_summary
 from .distributed import current_world
 from .run_setup import Run, build_mechanism, open_run, read_private, start_state
+from .runlock import held_by_launcher, lock_run
 from .step import flat_to_grads as _flat_to_grads, private_randomness, private_step  # noqa: F401 (re-exported)
 from .transforms import StepContext
 
@@ -92,6 +93,9 @@ def train(
     torch.distributed process group the run uses that group. Process 0 writes and returns the
     summary; the others write nothing and return None.
 
+    The run folder is locked for the whole run (:mod:`gsd_cli.train.runlock`): another writer to it (a second
+    run with the same ``out``, a ``resume`` of a run still going) is refused with
+    :class:`~gsd_cli.train.runlock.RunInUse` before it reads the ledger, books or writes anything.
     The stages before the first step are :mod:`gsd_cli.train.run_setup`'s; then the epochs
     (:func:`run_epoch`) and the summary (:func:`finish`).
     """
@@ -101,10 +105,22 @@ def train(
         from .launch import check_nproc, spawn
 
         check_nproc(nproc, resolve_device(device))
-        ckpt.prepare_run_dir(Path(out), resume, create=False)
-        return spawn(train, nproc, (cfg, out), dict(resume=resume, device=device, selection=selection),
-                     device=resolve_device(device), progress=progress, notify=notify)
+        with lock_run(out, resume):  # held here for the N processes (runlock.py)
+            return spawn(_launched, nproc, (cfg, out), dict(resume=resume, device=device, selection=selection),
+                         device=resolve_device(device), progress=progress, notify=notify)
     world = current_world(resolve_device(device))  # torchrun's or an initialised process group, else one process
+    with lock_run(out, resume, world):  # one writer per run folder, from before the ledger to the end (runlock.py)
+        return _train(cfg, out, resume, world, progress, selection, notify)
+
+
+def _launched(cfg: TrainConfig, out, **kwargs):
+    """One of the processes of ``train(nproc=N)``, whose caller holds the run folder's lock."""
+    with held_by_launcher(out):
+        return train(cfg, out, **kwargs)
+
+
+def _train(cfg: TrainConfig, out, resume: bool, world, progress, selection, notify) -> dict | None:
+    """:func:`train`'s stages and epochs in this process of ``world``, the run folder locked."""
     run = open_run(cfg, out, resume, selection, world)
     read_private(run)
     build_mechanism(run, progress, notify)
