@@ -208,6 +208,12 @@ def run_epoch(run: Run, epoch: int, progress: Progress | None = None) -> None:
         progress("epoch", epoch + 1, cfg.epochs)
 
 
+#: the note of a run whose public data a non-private ranking chose, with the way to a DP one (issue 64: nothing said it)
+NOT_DP_SELECTION_NOTE = ("the public data was chosen by a non-private ranking of the private data: the end-to-end result is NOT "
+                         "differentially private; --auto-select --select-epsilon E chooses it privately instead (E of the total "
+                         "--epsilon), and the run is then DP")
+
+
 def _notes(run: Run) -> tuple[list[str], bool]:
     """The run's public notes (settings it ignored, the size estimate's, the private randomness's, a non-private
     selection's) and whether the run as a whole is DP."""
@@ -229,7 +235,7 @@ def _notes(run: Run) -> tuple[list[str], bool]:
                      "differentially private; use it for experiments only")
     if run.selection is not None and not run.selection_dp:
         dp = False
-        notes.append("the public data was chosen by a non-private ranking of the private data: the end-to-end result is NOT differentially private")
+        notes.append(NOT_DP_SELECTION_NOTE)
     return notes, dp
 
 
