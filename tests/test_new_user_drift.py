@@ -123,3 +123,19 @@ def test_budget_show_marks_a_non_private_selection_not_dp_and_keeps_each_command
     shown = capsys.readouterr().out.splitlines()
     assert any("no (selection)" in line for line in shown)
     assert f"  2. gsd {' '.join(argv)}" in shown  # the whole command on one line
+
+
+def test_resume_of_a_run_interrupted_before_its_training_says_so(tmp_path, monkeypatch, capsys):
+    """An --auto-select interrupted in its selection, then --resume, said "no such folder": nothing was trained there.
+    A run stopped hard leaves its folder holding only the run's lock file; one stopped by Ctrl-C leaves no folder."""
+    monkeypatch.chdir(tmp_path)
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    (stopped / ".gsd-run.lock").write_text("12345\n")
+    assert main(["train", "--resume", str(stopped)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "interrupted before its training started" in err[0] and f"run it again with --out {stopped}" in err[0]
+    assert main(["train", "--resume", str(tmp_path / "gone")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no such folder" in err[0] and "interrupted before its training started" in err[0], err
+    assert [p.name for p in stopped.iterdir()] == [".gsd-run.lock"] and not (tmp_path / "gone").exists()
