@@ -64,8 +64,8 @@ def prepare_run_dir(path: Path, resume: bool, create: bool = True) -> Path:
             raise GSDError(f"no gsd run in {path}: it is a file; give the --out folder of an interrupted gsd train run")
         if not (path / CKPT_META).is_file() and not (path / "stage1.json").is_file():  # stage1: second phase
             if not any(not p.name.startswith(".") for p in path.iterdir()):  # nothing written but a run's lock file
-                raise GSDError(f"{path}: that run was interrupted before its training started (in --auto-select's selection, or "
-                               f"before its first step): there is nothing to resume; run it again with --out {path}")
+                raise GSDError(f"no gsd run in {path}: nothing was written there (a run interrupted before its training started, "
+                               f"in --auto-select's selection, leaves its folder so): nothing to resume; run it again with --out {path}")
             raise GSDError(f"no gsd run in {path}: no {CKPT_META} (or stage1.json) there; give the --out folder of an "
                            "interrupted gsd train run")
         return path
