@@ -184,7 +184,7 @@ def build_model(model_name, num_classes: int, seed: int = 0, *, weights: str | N
     if weights is not None:
         from .weights import load_weights
 
-        info["stage0"] = {"weights": "pre-trained", **load_weights(model, weights, model_name)}
+        info["stage0"] = {"weights": "pre-trained", **load_weights(model, weights, model_name, spec)}
     model, exact = make_exact(model, batchnorm, model_name)
     if exact is not None:
         info["batchnorm"] = exact

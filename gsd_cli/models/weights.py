@@ -4,7 +4,9 @@
 PyTorch's restricted unpickler, which builds tensors and plain containers and refuses any other
 class *without executing it*, so a checkpoint cannot run code. ``--weights NAME`` (e.g.
 ``IMAGENET1K_V1``) takes torchvision's published weights for the model, which torchvision downloads
-into its cache: only where there is internet, and only when the user asks.
+into its cache: only where there is internet, and only when the user asks. ``--weights BASE`` takes a base that
+``gsd pretrain`` built from public sets (the folder, or its ``weights.safetensors``), checked against its card and the
+model first (:mod:`gsd_cli.models.base`).
 
 The classification head is always new, sized to the private task (paper 004: the pre-trained
 network's head has the pre-training task's classes): the head's keys in the file are dropped and
@@ -47,13 +49,22 @@ def head_prefix(model: nn.Module) -> str:
     return last
 
 
-def read_state_dict(source: str | Path, model_name: str | None = None) -> tuple[dict[str, torch.Tensor], dict]:
-    """The tensors of a weights file (or torchvision weight name) and where they came from."""
+def read_state_dict(source: str | Path, model_name: str | None = None, spec=None) -> tuple[dict[str, torch.Tensor], dict]:
+    """The tensors of a weights file (or torchvision weight name, or a base of ``gsd pretrain``: checked against its
+    card and against the model ``model_name`` of ``spec``, :mod:`gsd_cli.models.base`) and where they came from."""
+    from .base import base_folder, check_base_fits, read_base, read_card
+
+    folder = base_folder(source)
+    if folder is not None:
+        check_base_fits(folder, read_card(folder)[0], model_name, spec)
+        state, _, info = read_base(folder)
+        return state, info
     path = Path(str(source)).expanduser()
     if not path.exists():
         return _torchvision_weights(str(source), model_name)
     if path.is_dir():
-        raise ModelError(f"--weights {path} is a folder; give a .safetensors or .pt file")
+        raise ModelError(f"--weights {path} is a folder without a base's card.json; give a .safetensors or .pt file, "
+                         "or a base folder of gsd pretrain")
     import stat
 
     if not stat.S_ISREG(path.stat().st_mode):  # /dev/zero, a FIFO: read_bytes would never end
@@ -124,12 +135,15 @@ def _torchvision_weights(name: str, model_name: str | None) -> tuple[dict, dict]
     return state, {"source": f"torchvision:{enum_name}.{member}", "url": enum[member].url, "format": "torchvision"}
 
 
-def load_weights(model: nn.Module, source: str | Path, model_name: str | None = None) -> dict:
+def load_weights(model: nn.Module, source: str | Path, model_name: str | None = None, spec=None) -> dict:
     """Load pre-trained weights into ``model`` (before any PEFT change), with a new head.
 
-    Returns what stage 0 saw: source, format, SHA-256 of the file, the head keys dropped. Raises
-    :class:`ModelError` (nothing loaded) when keys are missing or unexpected or shapes differ."""
-    state, info = read_state_dict(source, model_name)
+    ``source``: a weights file, a torchvision weight name, or a base folder of ``gsd pretrain`` (then also checked
+    against its card and against ``spec``, the model's input size and channels: :mod:`gsd_cli.models.base`).
+    Returns what stage 0 saw: source, format, SHA-256 of the file, the head keys dropped (and for a base, ``base``:
+    its path and the SHA-256 of its card). Raises :class:`ModelError` (nothing loaded) when keys are missing or
+    unexpected or shapes differ."""
+    state, info = read_state_dict(source, model_name, spec)
     state = {(_DENSENET_OLD.sub(r"\1\2", k)): v for k, v in state.items()}
     state = {k[len("module."):] if k.startswith("module.") else k: v for k, v in state.items()}
     own = model.state_dict()
