@@ -170,3 +170,27 @@ def test_a_two_process_run_holds_the_lock_once_for_all_its_processes(tiny, tmp_p
     cfg = TrainConfig(private=tiny["private"], method="dpsgd", epochs=1, batch_size=30, epsilon=4.0, insecure_seed=3)
     summary = train(cfg, tmp_path / "run", device="cpu", nproc=2)
     assert summary["processes"] == 2 and (tmp_path / "run" / ".gsd-run.lock").is_file()
+
+
+def test_under_torchrun_process_0_alone_checks_and_locks(tmp_path, monkeypatch):
+    """Every process of a torchrun launch runs the gsd command; process 0 locks the folder, so the others must neither
+    lock it nor find it busy (they would refuse their own run)."""
+    from gsd_cli.train.runlock import RunInUse, check_run_dir, lock_run
+
+    fcntl = pytest.importorskip("fcntl")
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("RANK", "1")
+    with lock_run(tmp_path / "new"):
+        assert not (tmp_path / "new").exists()  # process 0 creates and locks it
+    run = tmp_path / "run"
+    run.mkdir()
+    with open(run / ".gsd-run.lock", "w") as held:  # process 0's lock (another open file: flock tells them apart)
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert check_run_dir(run) == run
+        with lock_run(run):
+            pass
+        monkeypatch.setenv("RANK", "0")
+        with pytest.raises(RunInUse, match="is in use by another gsd train"):
+            check_run_dir(run)

@@ -149,8 +149,11 @@ class _Lock:
 def check_run_dir(out: str | Path, resume: bool = False) -> Path:
     """:func:`lock_run`'s checks without taking the lock or creating anything: :class:`RunInUse` where another
     process holds the folder, then :func:`~gsd_cli.train.checkpoint.prepare_run_dir`'s (``gsd train`` checks an
-    ``--out`` this way before its other checks, then locks it)."""
+    ``--out`` this way before its other checks, then locks it). In a process other than 0 of a ``torchrun``
+    launch, nothing is checked: process 0 checks and locks the folder for them all."""
     path = Path(out).expanduser()
+    if not _main_process():
+        return path
     file = path / ckpt.RUN_LOCK
     if _key(path) not in _HELD and path.is_dir() and file.is_file():
         try:
