@@ -13,6 +13,9 @@ one worse than no public data".
     python benchmarks/bench_validity.py train [--shard 0/2]     # the trainings (cached; resumable)
     python benchmarks/bench_validity.py predict                  # every predictor's values (cached)
     python benchmarks/bench_validity.py score                    # tables, plot, summary JSON
+
+The held-out benchmark's rounds run and score under the same name: ``python -m benchmarks validity --round N
+prepare|freeze|tune|run|status|score`` (``validity/heldout``).
 """
 
 from __future__ import annotations
@@ -61,8 +64,13 @@ def cmd_score(args) -> None:
     print(json.dumps(doc["selection"], indent=1))
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int | None:
+    if argv and argv[0].startswith("--round"):  # the held-out benchmark's rounds (validity/heldout)
+        from .validity.heldout.__main__ import main as rounds
+
+        return rounds(argv)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="python -m benchmarks validity --round N "
+                                 "{prepare,freeze,tune,run,status,score}: the held-out benchmark's rounds (validity/heldout)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train", help="run (or reuse) every downstream training")
     t.add_argument("--shard", default="0/1", help="I/N: this process runs every N-th job from the I-th")

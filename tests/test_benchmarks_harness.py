@@ -48,7 +48,7 @@ def test_help_lists_every_benchmark_with_a_line_from_its_docstring():
         assert name in listed, f"{path.name} is not listed by python -m benchmarks --help"
         doc = " ".join(ast.get_docstring(ast.parse(path.read_text())).split()).replace("`", "")
         assert len(listed[name]) > 15 and doc.startswith(listed[name][:15]), (name, listed[name])
-    for suite in ("validity.heldout", "validity.heldout.round6", "scale_out_training"):
+    for suite in ("validity.heldout", "validity.heldout.stops", "scale_out_training"):
         assert suite in listed, suite
     names = _run("-m", "benchmarks", "--list").stdout.split()
     assert set(names) == set(listed) and len(names) >= len(list(BENCH.glob("bench_*.py"))) + 3

@@ -1,10 +1,14 @@
-"""The held-out benchmark's pure parts (benchmarks/validity/heldout): the split rule and the scoring,
-on synthetic inputs (the benchmark's data lives in benchmark-only packages, absent in CI)."""
+"""The held-out benchmark (benchmarks/validity/heldout): every round a spec and its frozen results, one runner and one
+scorer. Here: the specs against their frozen split files, every round re-scored from its committed results to the
+published figures, and the scorer's and the runner's logic on a synthetic round (the benchmark's data lives in
+benchmark-only packages, absent in CI; nothing here trains or ranks)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,86 +17,112 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
+from validity.heldout import report as R
+from validity.heldout import run as RUN
 from validity.heldout import score as S
-from validity.heldout.cache import run_key
-from validity.heldout.tasks import ROUND1, ROUND2, ROUND3, ROUND4, ROUND5, SPLIT, SPLIT2, SPLIT3, SPLIT4, SPLIT5, TASKS, Task, assign
+from validity.heldout.results import Results, read_lines, run_key
+from validity.heldout.spec import HERE, load, parse, rounds
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_the_committed_split_is_the_rule_s_and_meets_its_constraints():
-    salt, sel, held = assign()
-    doc = json.loads(SPLIT.read_text())
-    assert (doc["salt"], doc["selection"], doc["held_out"]) == (salt, sel, held)
-    assert sorted(sel + held) == sorted(ROUND1) and len(held) >= 4
-    assert len({TASKS[t].kind for t in held}) >= 3 and sum(TASKS[t].realistic for t in held) >= 2
-    # the rule, computed apart: the first four tasks by the salted hash are held out
-    order = sorted(ROUND1, key=lambda t: hashlib.sha256(f"gsd-issue-42:{salt}:{t}".encode()).hexdigest())
-    assert set(order[:4]) == set(held)
+@functools.cache
+def scored(n: int) -> dict:
+    return S.build(load(n))
 
 
-def test_round_two_is_new_held_out_and_realistic():
-    doc = json.loads(SPLIT2.read_text())
-    assert doc["held_out"] == list(ROUND2) and not set(ROUND2) & set(ROUND1) and set(TASKS) == set(ROUND1) | set(ROUND2) | set(ROUND3) | set(ROUND4) | set(ROUND5)
-    assert len({TASKS[t].kind for t in ROUND2}) == 4 and all(TASKS[t].realistic for t in ROUND2)
-    assert all(len(TASKS[t].candidates) >= 6 for t in ROUND2)
+def _split(n: int) -> dict:
+    return json.loads(load(n).frozen_path.read_text())
 
 
-def test_round_three_is_new_held_out_realistic_and_names_the_commit_under_test():
-    doc = json.loads(SPLIT3.read_text())
-    assert doc["held_out"] == list(ROUND3) and not set(ROUND3) & (set(ROUND1) | set(ROUND2))
-    assert len({TASKS[t].kind for t in ROUND3}) == 4 and all(TASKS[t].realistic for t in ROUND3)
-    assert all(len(TASKS[t].candidates) >= 6 for t in ROUND3)
-    assert len(doc["gsd_cli_commit"]) == 40 and "auto:probe-same" in doc["exploratory_arm"]
+# -- the specs ---------------------------------------------------------------------------------------------------
 
 
-def test_round_four_is_new_held_out_realistic_and_offers_same_class_candidates():
-    doc = json.loads(SPLIT4.read_text())
-    assert doc["held_out"] == list(ROUND4) and not set(ROUND4) & (set(ROUND1) | set(ROUND2) | set(ROUND3))
-    assert len({TASKS[t].kind for t in ROUND4}) == 4 and all(TASKS[t].realistic for t in ROUND4)
-    assert all(len(TASKS[t].candidates) >= 6 for t in ROUND4)
-    assert len(doc["gsd_cli_commit"]) == 40 and "auto:probe-same" in doc["exploratory_arm"]
-    assert "pub-fashion" in TASKS["fashion-lowres"].candidates and "pub-mnist" in TASKS["mnist-noisy"].candidates
+def test_every_round_has_a_spec_whose_tasks_are_its_frozen_split_s():
+    assert rounds() == [1, 2, 3, 4, 5, 6]
+    for n in rounds():
+        spec, split = load(n), _split(n)
+        frozen = split["tasks"]
+        assert spec.scored_tasks == list(split["held_out"]), n
+        assert set(frozen) == set(spec.tasks) if n == 1 else set(frozen) == set(spec.scored_tasks), n
+        for name, f in frozen.items():
+            t = spec.tasks[name]
+            assert (t.kind, t.realistic, t.train, list(t.candidates)) == (
+                f["kind"], f["realistic"], f["private_train"], f["candidates"]), (n, name)
+            assert all(f.get(k, v) == v for k, v in (("private_test", t.test), ("model", t.model),
+                                                     ("transformed_source_candidate", t.source))), (n, name)
 
 
-def test_round_five_is_new_held_out_and_pre_registers_the_few_shot_arms():
-    doc = json.loads(SPLIT5.read_text())
-    assert doc["held_out"] == list(ROUND5) and not set(ROUND5) & (set(ROUND1) | set(ROUND2) | set(ROUND3) | set(ROUND4))
-    assert len({TASKS[t].kind for t in ROUND5}) == 4 and all(TASKS[t].realistic for t in ROUND5)
-    assert len(doc["gsd_cli_commit"]) == 40 and "auto:few25" in doc["few_shot_arms"]
+def test_round_one_s_split_follows_its_rule():
+    """split.json: tasks ordered by a salted hash, the first four held out, the smallest salt meeting the constraints."""
+    spec, doc = load(1), _split(1)
+    tasks = spec.tasks
+
+    def ok(held, sel):
+        return (len({tasks[t].kind for t in held}) >= 3 and sum(tasks[t].realistic for t in held) >= 2
+                and sum(tasks[t].realistic for t in sel) >= 1 and len({tasks[t].kind for t in sel}) >= 3)
+
+    orders = [sorted(tasks, key=lambda t, s=s: hashlib.sha256(f"gsd-issue-42:{s}:{t}".encode()).hexdigest()) for s in range(doc["salt"] + 1)]
+    assert ok(orders[-1][:4], orders[-1][4:]) and not any(ok(o[:4], o[4:]) for o in orders[:-1])
+    assert set(orders[-1][:4]) == set(doc["held_out"]) and set(orders[-1][4:]) == set(doc["selection"])
+    assert all(load(n).tuning["tasks"] == doc["selection"] for n in rounds())
 
 
-def _fake_advise(task, advised, probe):
-    """The advice's shape: the second phase with the largest positive mean gain among the probed candidates."""
-    gains = {c: float(np.mean(g)) for c, g in probe["gains"].items()}
-    best = max(gains, key=gains.get, default=None)
-    return ("second-phase", best) if best is not None and gains[best] > 0 else ("dpsgd", None)
+def test_the_later_rounds_are_new_realistic_held_out_tasks_with_what_they_pre_registered():
+    seen: set[str] = set(load(1).tasks)
+    for n in (2, 3, 4, 5):
+        spec, split = load(n), _split(n)
+        assert not set(spec.tasks) & seen and all(t.realistic and len(t.candidates) >= 6 for t in spec.tasks.values())
+        assert len({t.kind for t in spec.tasks.values()}) == 4
+        seen |= set(spec.tasks)
+        if n >= 3:
+            assert len(split["gsd_cli_commit"]) == 40 and "auto:probe-same" in split["exploratory_arm"] and "auto:probe-same" in spec.arms
+    assert "auto:few25" in _split(5)["few_shot_arms"] and {"auto:few10", "auto:few25"} <= set(load(5).arms)
 
 
-def test_the_same_classes_arm_prefers_a_set_that_trains_the_private_head_unless_clearly_worse(monkeypatch):
-    monkeypatch.setattr(S, "decision_advise", _fake_advise)
-    shared, separate = {"head": "shared with the private task"}, {"head": "a separate 10-way head"}
-    probe = {"gains": {"other": [0.10, 0.12, 0.11], "same": [0.09, 0.13, 0.08]}, "stage1": {"other": separate, "same": shared}}
-    assert S.decision_same("t", {}, probe) == ("second-phase", "same")  # not confidently worse: taken
-    probe["gains"]["same"] = [0.02, 0.03, 0.025]  # worse on every repeat by about 0.085: kept out
-    assert S.decision_same("t", {}, probe) == ("second-phase", "other")
-    probe["gains"]["same"] = [-0.01, -0.02, -0.01]  # the restricted advice trains DP-SGD: the full decision stands
-    assert S.decision_same("t", {}, probe) == ("second-phase", "other")
-    probe["gains"] = {"other": [-0.1, -0.1, -0.1], "same": [-0.2, -0.1, -0.1]}
-    assert S.decision_same("t", {}, probe) == ("dpsgd", None)
+def test_round_6_s_spec_is_its_protocol_and_the_protocol_was_frozen_before_its_runs():
+    """split6.json (issue 52): 8 tasks of at least 4 kinds, 6 candidates each, at most a quarter with a transformed copy
+    of the private source, committed before any round-6 result; the spec has its seeds, budget, grid and targets."""
+    spec, doc = load(6), _split(6)
+    tasks = doc["tasks"]
+    assert len(tasks) >= 8 and len({t["kind"] for t in tasks.values()}) >= 4
+    assert sum(t["transformed_source_candidate"] is not None for t in tasks.values()) <= len(tasks) / 4
+    assert all(len(t["candidates"]) >= 6 and t["private_train"] not in t["candidates"] for t in tasks.values())
+    assert (list(spec.seeds), spec.epsilon, spec.delta, spec.select_epsilon) == (doc["seeds"], doc["epsilon"], doc["delta"], doc["select_epsilon"])
+    assert all(spec.tuning["grid"][m] == doc["tuning"]["grid"] for m in doc["tuning"]["methods"])
+    thresholds = {t["name"]: t.get("at_least", t.get("above")) for t in spec.targets}
+    T = doc["targets"]
+    assert thresholds == {"auto:probe no-harm": T["auto:probe"]["no_harm_share"], "auto:probe task gain CI low": T["auto:probe"]["task_gain_ci_low_above"],
+                          "auto:probe oracle share": T["auto:probe"]["oracle_share"], "auto:dp no-harm": T["auto:dp"]["no_harm_share"],
+                          "auto:dp oracle share": T["auto:dp"]["oracle_share"], "auto:dp agreement": T["auto:dp"]["agreement_share"],
+                          "probe pick vs random CI low": T["probe-pick"]["vs_random_ci_low_above"]}
+
+    def first_commit(path):
+        out = subprocess.run(["git", "-C", str(ROOT), "log", "--format=%ct", "--diff-filter=A", "--", str(path)],
+                             capture_output=True, text=True, check=False).stdout.split()
+        return int(out[-1]) if out else None
+
+    frozen = first_commit(spec.frozen_path)
+    if frozen is None:
+        pytest.skip("not a git checkout")
+    for later in (ROOT / "benchmarks/results/heldout6/tuned6.json", ROOT / "benchmarks/results/heldout6/runs.jsonl"):
+        added = first_commit(later)
+        assert added is None or added >= frozen, later
 
 
-def test_the_split_rule_moves_on_to_the_next_salt_when_the_constraints_fail():
-    # all tasks of one kind and none realistic: no salt can pass
-    tasks = {f"t{i}": Task(f"t{i}", "digits", "a", "b", ("c",) * 6, "fmnist-cnn", False) for i in range(8)}
-    with pytest.raises(RuntimeError):
-        assign(tasks)
-    kinds = ["a", "a", "a", "a", "b", "c", "d", "e"]
-    tasks = {f"t{i}": Task(f"t{i}", k, "a", "b", ("c",) * 6, "fmnist-cnn", i in (0, 4, 5)) for i, k in enumerate(kinds)}
-    salt = assign(tasks)[0]
-    for s in range(salt):  # every earlier salt fails the constraints
-        order = sorted(tasks, key=lambda t, s=s: hashlib.sha256(f"gsd-issue-42:{s}:{t}".encode()).hexdigest())
-        h, se = order[:4], order[4:]
-        assert not (len({tasks[t].kind for t in h}) >= 3 and sum(tasks[t].realistic for t in h) >= 2
-                    and sum(tasks[t].realistic for t in se) >= 1 and len({tasks[t].kind for t in se}) >= 3)
+def test_the_runner_s_settings_are_the_keys_of_every_committed_run(monkeypatch):
+    """The runner would find every committed training of rounds 2-6 in its cache (the same settings, the same key)."""
+    for n in (2, 3, 4, 5, 6):
+        spec = load(n)
+        res = Results(spec)
+        runs = [r for r in res.runs.values() if r["task"] in spec.scored_tasks and res._tuned(r)]
+        assert len(runs) >= 20 * len(spec.scored_tasks), n
+        for r in runs:
+            monkeypatch.setattr(RUN, "size", lambda name, r=r: r["settings"]["expected_size"])
+            eps = r["settings"]["epsilon"]
+            budget = () if eps == spec.epsilon else (eps, r["settings"]["delta"])
+            s = RUN.settings(spec, spec.tasks[r["task"]], r["method"], res.tuned[r["method"]], *budget)
+            assert run_key(r["task"], r["method"], r["public"], s, r["seed"]) == r["key"], (n, r["task"], r["method"])
 
 
 def test_run_keys_change_with_every_setting_and_not_with_dict_order():
@@ -104,190 +134,238 @@ def test_run_keys_change_with_every_setting_and_not_with_dict_order():
                 run_key("mnist", "gep", "digits", {"lr": 1.0, "epochs": 3}, 0)}) == 5
 
 
-def test_bootstrap_interval_covers_the_mean_and_shrinks_to_a_point_for_constant_values():
-    rng = np.random.default_rng(0)
-    d = S.boot_mean([1.0, 2.0, 3.0, 4.0, 5.0], rng)
-    assert d["mean"] == 3.0 and d["ci"][0] < 3.0 < d["ci"][1] and 1.0 <= d["ci"][0] and d["ci"][1] <= 5.0
-    assert S.boot_mean([2.0, 2.0, 2.0], rng)["ci"] == [2.0, 2.0]
-    assert S.boot_mean([7.0], rng) == {"mean": 7.0, "ci": None, "n": 1}
+# -- every round re-scored from its committed results -------------------------------------------------------------
 
 
-def _synthetic(task: str, auto: list[float], dpsgd: list[float], oracle: list[float], pick: list[float], cands: dict) -> dict:
-    """A task_scores-shaped dict (what figures() reads)."""
-    rng = np.random.default_rng(1)
-    per_seed = {"dpsgd": dpsgd, "auto:rule": auto, "dpsgd@auto:rule": dpsgd, "oracle": oracle}
-    for m in S.METHODS:
-        per_seed[f"{m}:pick"] = pick
-        per_seed[f"{m}:random"] = list(np.mean([cands[c] for c in TASKS[task].candidates], axis=0))
-        for c in TASKS[task].candidates:
-            per_seed[f"{m}:{c}"] = cands[c]
-    gains = {a: S.boot_mean(np.array(v) - np.array(dpsgd), rng) for a, v in per_seed.items() if a != "dpsgd"}
-    return {"task": task, "per_seed": per_seed, "gains_vs_dpsgd": gains, "auto_seeds": {"auto:rule": [0, 1]},
-            "spearman": {"method": S.VALIDATED, "rho": -1.0, "ci": [-1.0, -1.0]}}
+def _pts(d: dict, dec: int = 1) -> str:
+    return R._pts(d["mean"], dec, d["ci"])
 
 
-def test_figures_count_cells_within_half_a_point_and_the_gain_where_the_oracle_gains():
-    rng = np.random.default_rng(2)
-    cands = dict(zip(TASKS["animal"].candidates, ([60.0, 62.0], [40.0, 40.0], [40.0, 40.0], [40.0, 40.0], [40.0, 40.0], [40.0, 40.0])))
-    a = _synthetic("animal", auto=[60.0, 62.0], dpsgd=[50.0, 50.0], oracle=[60.0, 62.0], pick=[60.0, 62.0], cands=cands)
-    cands_b = {c: [70.0, 70.0] for c in TASKS["medical"].candidates}
-    b = _synthetic("medical", auto=[69.6, 69.0], dpsgd=[70.0, 70.0], oracle=[70.0, 70.0], pick=[70.0, 70.0], cands=cands_b)
-    f = S.figures({"animal": a, "medical": b}, rng)
-    r = f["auto:rule"]
-    assert (r["seed_cells_ok"], r["seed_cells"]) == (3, 4)  # -0.4 passes, -1.0 does not
-    assert (r["tasks_ok"], r["tasks"]) == (1, 2)  # medical's mean -0.7 < -0.5
-    assert (f["oracle_cells"]["seed_cells_ok"], f["oracle_cells"]["seed_cells"]) == (4, 4)
-    b["per_seed"]["oracle"] = [69.4, 70.0]  # one oracle cell 0.6 below DP-SGD
-    assert S.figures({"animal": a, "medical": b}, rng)["oracle_cells"]["seed_cells_ok"] == 3
-    assert r["gain_where_oracle_gains_3"] == {"tasks": ["animal"], "mean": pytest.approx(11.0)}
-    # pick minus random on animal: pick 61 against the candidates' mean (61 + 5 * 40) / 6; on medical 0
-    expected = ((61.0 - (61.0 + 200.0) / 6) + 0.0) / 2
-    assert f["pick_minus_random_gep:pick"]["mean"] == pytest.approx(expected)
-    lo, hi = f["pick_minus_random_gep:pick"]["ci"]
-    assert lo <= expected <= hi
+def test_rounds_2_to_5_rescore_to_the_published_figures():
+    """docs/validity.md's table of rounds 2-3 and 4-5 and the figures of rounds 2-5 pooled (and the native ranking's)."""
+    f = scored(5)["figures"]
+    for key, cells, by_choice, public, gain, median, share, oracle, big, probe, gsd in (
+            ("held_out_23", (34, 40), 19, (15, 21), "+2.6 [+0.4, +5.5]", 0.8, "58% [23%, 76%]", 4.5, (6.4, 3), "-0.51 [-0.79, -0.22]", "-0.16 [-0.49, +0.17]"),
+            ("held_out_45", (40, 40), 15, (25, 25), "+10.9 [+2.1, +22.3]", 3.6, "82% [24%, 109%]", 13.4, (12.5, 7), "-0.73 [-0.93, -0.50]", "-0.39 [-0.63, -0.10]")):
+        a = f[key]["auto:probe"]
+        assert (a["no_harm"], a["cells"], a["chose_no_candidate"], a["used_public_ok"], a["used_public"]) == (*cells, by_choice, *public), key
+        assert _pts(a["task_gain"]) == gain and round(a["task_gain"]["median"], 1) == median and R._share(a["oracle_share"]) == share
+        assert round(a["oracle_share"]["oracle_mean_gain"], 1) == oracle
+        assert (round(a["where_oracle_gains_3"]["mean"], 1), len(a["where_oracle_gains_3"]["tasks"])) == big
+        assert _pts(f[key]["spearman_probe"], 2) == probe and _pts(f[key]["spearman"], 2) == gsd
+    a = f["held_out_23"]["auto:probe"]["task_gain"]
+    assert a["top_two"] == ["fashion-m", "glyphs"] and round(100 * a["top_two_share"]) == 83
+    p, nat = f["held_out_2345"]["auto:probe"], f["held_out_2345"]["auto:probe-native"]
+    assert (p["no_harm"], p["chose_no_candidate"], p["used_public_ok"], p["used_public"]) == (74, 34, 40, 46)
+    assert _pts(p["task_gain"]) == "+6.8 [+1.9, +13.1]" and round(p["task_gain"]["median"], 1) == 1.6
+    assert round(100 * p["task_gain"]["top_two_share"]) == 65 and round(p["where_oracle_gains_3"]["without_top_two"]["mean"], 1) == 4.5
+    b = p["by_source"]
+    assert (len(b["source_tasks"]), round(100 * b["source_share"]), round(b["source_mean"], 1), round(b["other_mean"], 1)) == (9, 84, 10.1, 2.5)
+    assert f["held_out_2345"]["oracle"]["no_harm"] == 70 and f["held_out_2345"]["agreement"]["auto:probe-native~auto:probe"]["cells"] == 73
+    assert (nat["no_harm"], _pts(nat["task_gain"]), R._share(nat["oracle_share"]), R._share(p["oracle_share"])) == (
+        75, "+6.1 [+1.4, +12.2]", "68% [26%, 98%]", "76% [37%, 99%]")
+    assert round(p["oracle_share"]["oracle_mean_gain"], 1) == 8.9 and len(p["where_oracle_gains_3"]["tasks"]) == 10
+    assert (round(p["where_oracle_gains_3"]["mean"], 1), round(nat["where_oracle_gains_3"]["mean"], 1)) == (10.7, 9.5)
+    assert scored(3)["verdicts"] == {"auto:probe no-harm": [0.85, 0.9, False], "auto:probe gain where the oracle gains 3": [
+        pytest.approx(6.41296, abs=1e-5), 2.0, True], "probe order (mean Spearman)": [pytest.approx(-0.50714, abs=1e-5), -0.6, False]}
 
 
-def test_task_figures_split_the_no_harm_count_and_resample_tasks():
-    """Issue 52: the no-harm count split into DP-SGD by choice and cells that used public data, beside always
-    choosing DP-SGD; the mean gain over tasks with an interval resampling tasks; the oracle's share; the top two
-    tasks' share; the tasks whose untransformed source is a candidate against the others."""
-    assert TASKS["mnist-rot"].source == "pub-mnist" and TASKS["fashion-m"].source == "pub-fashion" and TASKS["scenes"].source is None
-    assert all(t.source in t.candidates for t in TASKS.values() if t.source)
-
-    def task(name, auto, oracle, methods):
-        cands = {c: [50.0, 50.0] for c in TASKS[name].candidates}
-        s = _synthetic(name, auto=auto, dpsgd=[50.0, 50.0], oracle=oracle, pick=auto, cands=cands)
-        s["decisions"] = [{"seed": i, "auto:rule": {"method": m, "public": None if m == "dpsgd" else "x"}} for i, m in enumerate(methods)]
-        return s
-
-    sc = {"mnist-rot": task("mnist-rot", [70.0, 70.0], [70.0, 70.0], ["second-phase", "second-phase"]),  # +20
-          "fashion-m": task("fashion-m", [50.0, 49.0], [54.0, 54.0], ["dpsgd", "gep"]),  # 0 by choice, -1.0 with public data
-          "scenes": task("scenes", [54.0, 54.0], [56.0, 56.0], ["gep", "gep"])}  # +4
-    f = S.figures(sc, np.random.default_rng(3), "synthetic")
-    r = f["auto:rule"]
-    assert r["no_harm"] | {"what": None} == {"cells_ok": 5, "cells": 6, "dpsgd_by_choice": 1, "used_public": 5, "used_public_ok": 4,
-                                            "always_dpsgd_ok": 6, "always_dpsgd_cells": 6, "what": None}
-    g = r["task_gain"]
-    assert g["mean"] == pytest.approx((20.0 - 0.5 + 4.0) / 3) and g["median"] == pytest.approx(4.0)
-    assert g["ci"][0] <= g["mean"] <= g["ci"][1] and g["ci"][0] >= -0.5 and g["ci"][1] <= 20.0
-    assert [t for t, _ in g["sorted"]] == ["mnist-rot", "scenes", "fashion-m"] and g["top_two"] == ["mnist-rot", "scenes"]
-    assert g["top_two_share"] == pytest.approx(24.0 / 23.5)
-    o = r["oracle_share"]
-    assert o["mean"] == pytest.approx((23.5 / 3) / ((20.0 + 4.0 + 6.0) / 3)) and o["ci"][0] <= o["mean"] <= o["ci"][1]
-    b = r["by_source"]
-    assert b["source_tasks"] == ["mnist-rot", "fashion-m"] and b["other_tasks"] == ["scenes"]
-    assert b["source_mean"] == pytest.approx(19.5 / 2) and b["other_mean"] == pytest.approx(4.0) and b["source_share"] == pytest.approx(19.5 / 23.5)
-    assert f["spearman"]["ci_tasks"] == [-1.0, -1.0]  # every task's rho is -1
-    # keyed by the set's name, not the generator handed in: the same intervals again
-    again = S.figures(sc, np.random.default_rng(4), "synthetic")["auto:rule"]
-    assert again["task_gain"]["ci"] == g["ci"] and again["oracle_share"]["ci"] == o["ci"]
-    lines = "\n".join(S.task_lines(r))
-    assert "5 of 6 cells within 0.5 points of DP-SGD = 1 where the advice chose DP-SGD itself + 4 of 5 cells that used public data" in lines
-    assert "always choosing DP-SGD: 6 of 6" in lines and "(95% bootstrap over tasks)" in lines
+def test_round_6_rescores_to_the_published_figures_and_splits_the_dp_advice_s_loss():
+    doc = scored(6)
+    f = doc["figures"]["round6"]
+    p, d = f["auto:probe"], f["auto:dp"]
+    assert (p["no_harm"], p["cells"], p["chose_no_candidate"], p["used_public_ok"], p["used_public"]) == (40, 40, 35, 5, 5)
+    assert (_pts(p["task_gain"], 2), p["task_gain"]["median"], R._share(p["oracle_share"])) == ("+0.56 [+0.00, +1.51]", 0.0, "31% [0%, 61%]")
+    assert (d["no_harm"], d["chose_no_candidate"], d["used_public_ok"], d["used_public"]) == (14, 21, 8, 19)
+    assert (_pts(d["task_gain"], 2), R._share(d["oracle_share"])) == ("-1.76 [-2.96, -0.59]", "-96% [-215%, -28%]")
+    assert _pts(f["oracle"]["task_gain"], 2) == "+1.84 [+0.96, +2.89]" and _pts(f["pick_vs_random"], 2) == "+1.05 [-0.06, +2.34]"
+    assert f["agreement"]["auto:dp~auto:probe"] == {"cells": 20, "of": 40, "share": 0.5}
+    assert [k for k, v in doc["verdicts"].items() if v[2]] == ["auto:probe no-harm"]
+    oracle = {t: (round(s["mean"]["reference"], 1), round(s["mean"]["auto:probe"], 1), round(s["mean"]["auto:dp"], 1),
+                  round(s["mean"]["oracle"], 1), s["oracle_choice"]) for t, s in doc["tasks"].items()}
+    assert oracle["planets-grey"] == (51.4, 55.2, 50.5, 55.8, "second-phase:pub-planets") and oracle["planets"][3:] == (66.7, "dpsgd")
+    # issue 62's recomputation: the loss = the budget's part (1.5 against 2) + the choice's part (against DP-SGD at 2)
+    split = {k: (v["cells"], round(v["total"], 2), round(v["budget"], 2), round(v["choice"], 2)) for k, v in d["budget_split"].items()}
+    assert split == {"all": (40, -1.76, -2.26, 0.5), "chose_no_candidate": (21, -1.96, -1.96, 0.0), "used_public": (19, -1.54, -2.6, 1.05)}
 
 
-def test_the_pre_registered_rounds_and_the_later_ones_are_scored_apart():
-    assert S.span_key(*S.PRE_REGISTERED) == S.pooled_key(3) == "held_out_23" and S.span_key(*S.LATER) == "held_out_45"
-    assert list(S.HEADLINE.values()) == ["rounds 2-3 (pre-registered)", "rounds 4-5 (added after a miss)"]
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+def test_rounds_1_to_5_rescore_to_every_figure_their_old_scorer_committed(n):
+    """Every set's figures of the earlier scorer's last output (benchmarks/results/heldout_scores.json), per arm."""
+    old = json.loads((ROOT / "benchmarks/results/heldout_scores.json").read_text())["figures"]
+    for key, f in scored(n)["figures"].items():
+        o = old[key]
+        assert f["spearman"]["mean"] == pytest.approx(o["spearman"]["mean"]) and f["spearman"]["ci"] == pytest.approx(o["spearman"]["ci_tasks"])
+        assert f["oracle"]["no_harm"] == o["oracle_cells"]["seed_cells_ok"]
+        arms = [a for a in o if a.startswith("auto:")]
+        assert arms and all(a in f for a in arms), key
+        for a in arms:
+            x, y = f[a], o[a]
+            assert (x["no_harm"], x["cells"]) == (y["seed_cells_ok"], y["seed_cells"]), (key, a)
+            for k in ("mean", "ci", "median", "top_two_share"):
+                assert x["task_gain"][k] == pytest.approx(y["task_gain"][k]), (key, a, k)
+            assert x["oracle_share"]["ci"] == pytest.approx(y["oracle_share"]["ci"]) and x["by_source"]["source_mean"] == pytest.approx(y["by_source"]["source_mean"])
 
 
-def test_the_shipped_validity_note_is_the_committed_scores_and_quotes_only_printed_figures():
-    """gsd_cli/report/heldout.json is package_note() of the committed heldout_scores.json, and every figure that
-    gsd rank's note quotes is in the scorer's markdown (benchmarks/results/heldout_scores.md)."""
-    import json
+@pytest.mark.parametrize("n, note", [(5, "heldout.json"), (6, "heldout6.json")])
+def test_the_shipped_validity_notes_are_the_rescored_figures_and_quote_only_printed_ones(n, note):
+    """gsd_cli/report/heldout*.json is what ``score --update-package`` writes from the re-scored round, and every
+    figure gsd rank's note quotes is in the round's markdown."""
     import re
 
-    from gsd_cli.report.validity import heldout, heldout_sentence, validity_line
+    from gsd_cli.report.validity import heldout_sentence, round6_sentence
 
-    doc = json.loads(S.OUT_JSON.read_text())
-    shipped = heldout()
-    assert {k: v for k, v in shipped.items() if k != "scored_with"} == {
-        k: v for k, v in S.package_note(doc).items() if k != "scored_with"}
-    md = S.OUT_MD.read_text()
-    assert heldout_sentence(shipped, "Earlier") in validity_line("gsd")
-    note = heldout_sentence(shipped)
-    quoted = re.findall(r"[+-]\d+\.\d+ \[[+-]\d+\.\d+, [+-]\d+\.\d+\]|\d+% \[\d+%, \d+%\]|\d+ of \d+ cells", note)
-    assert len(quoted) >= 6
+    spec, doc = load(n), scored(n)
+    shipped = json.loads((ROOT / "gsd_cli/report" / note).read_text())
+    made = json.loads(json.dumps(R.package_note(spec, doc)))
+    assert spec.package_note["file"] == note and set(made) == set(shipped)
+    for k in set(shipped) - {"scored_with", "source"}:
+        assert made[k] == pytest.approx(shipped[k]) if not isinstance(shipped[k], dict) else _approx(made[k], shipped[k]), k
+    md = R.markdown(spec, doc)
+    sentence = heldout_sentence(shipped) if n == 5 else round6_sentence(shipped)
+    quoted = re.findall(r"[+-]\d+\.\d+ \[[+-]\d+\.\d+, [+-]\d+\.\d+\]|-?\d+% \[-?\d+%, -?\d+%\]|\d+ of \d+ cells", sentence)
+    assert len(quoted) >= 4
     for q in quoted:
         assert q in md, q
-    assert f"carry {100 * shipped['pre_registered']['top_two_share']:.0f}% of the total gain" in md
+
+
+def _approx(a, b) -> bool:
+    if isinstance(b, dict):
+        return set(a) == set(b) and all(_approx(a[k], b[k]) for k in b)
+    if isinstance(b, list):
+        return len(a) == len(b) and all(_approx(x, y) for x, y in zip(a, b))
+    return a == pytest.approx(b) if isinstance(b, float) else a == b
+
+
+# -- the scorer and the runner on a synthetic round ---------------------------------------------------------------
+
+#: accuracy (points) per (task, option, seed): task a gains on p in-sample, but p and q trade places across seeds
+ACC = {"a": {"dpsgd": [50, 50, 50], "second-phase:p": [60, 62, 44], "second-phase:q": [52, 40, 58]},
+       "b": {"dpsgd": [70, 70, 70], "second-phase:p": [60, 60, 60], "second-phase:q": [71, 69, 70.2]}}
+#: the DP arm's decisions (method, public) per task and seed, trained at epsilon 1.5, and what they reached
+DP = {"a": [("second-phase", "p", 57), ("dpsgd", None, 47), ("second-phase", "q", 55)], "b": [("dpsgd", None, 68)] * 3}
+
+
+def synthetic(tmp_path: Path, targets=()) -> tuple:
+    res = tmp_path / "res"
+    spec = parse({"round": 99, "label": "round 99 (synthetic)", "frozen": str(tmp_path / "frozen.json"), "data": "none",
+                  "results": str(res), "out": str(tmp_path / "scores"), "seeds": [0, 1, 2], "epsilon": 2.0, "delta": 1e-5,
+                  "select_epsilon": 0.5, "base": {"epochs": 3}, "methods": {"dpsgd": {}, "second-phase": {}},
+                  "no_candidate": ["dpsgd"], "candidate_methods": ["second-phase"],
+                  "tuning": {"round": 99, "tasks": [], "seeds": [], "grid": {}, "runs": str(res), "out": str(res / "tuned.json")},
+                  "rank": {}, "steps": ["advised", "probe", "dp"], "gsd_ranking": "advised", "arms": {"auto:dp": {"decider": "dp", "what": "x"}},
+                  "validated": "second-phase", "probe_pick": "second-phase", "sets": {"all": {"rounds": [99], "label": "both tasks"}},
+                  "bootstrap": {"draws": 300, "key": "t:{set}:{figure}"}, "targets": list(targets),
+                  "tasks": {t: {"kind": "k", "train": f"{t}-train", "test": f"{t}-test", "model": "m", "candidates": ["p", "q"],
+                                "source": "p" if t == "a" else None} for t in ACC}})
+    res.mkdir()
+    (res / "tuned.json").write_text(json.dumps({"methods": {m: {"chosen": {"lr": 1.0}} for m in spec.methods}}))
+    return spec, res
+
+
+def fake_steps(spec, task, seed, name):
+    gains = {"a": {"p": [0.1], "q": [0.0]}, "b": {"p": [0.0], "q": [0.05]}}[task.name]
+    dist = {"a": {"p": 0.3, "q": 0.5}, "b": {"p": 0.2, "q": 0.6}}[task.name]
+    m, p, _ = DP[task.name][seed]
+    return {"advised": {"ranking": {"results": [{"public": c, "distance": d} for c, d in dist.items()]}},
+            "probe": {"gains": gains},
+            "dp": {"decision": {"method": m, "public": p}, "training": {"epsilon": 1.5, "delta": 9e-6}}}[name]
+
+
+def fake_fit(task, method, public, seed, s):
+    if s["epsilon"] == 1.5:
+        assert (method, public) == DP[task.name][seed][:2]
+        return DP[task.name][seed][2] / 100, 1.5
+    return ACC[task.name][method if public is None else f"{method}:{public}"][seed] / 100, 2.0
+
+
+def run_synthetic(monkeypatch, spec, fit=fake_fit, steps=fake_steps):
+    """What ``run`` does, every cell, on the synthetic round with gsd's training and steps faked."""
+    monkeypatch.setattr(RUN, "fit", fit)
+    monkeypatch.setattr(RUN, "compute_step", steps)
+    monkeypatch.setattr(RUN, "size", lambda name: 100)
+    res = Results(spec)
+    runs = {r["key"]: r for r in read_lines(res.runs_file)}
+    for seed in spec.seeds:
+        for t in spec.tasks.values():
+            RUN.run_cell(spec, res, runs, t, seed)
+    return res
+
+
+def test_the_runner_records_each_cell_once_and_resumes_keyed_by_task_arm_and_seed(tmp_path, monkeypatch):
+    spec, res_dir = synthetic(tmp_path)
+    assert S.status(spec)[0].startswith("round 99 (synthetic): 0 of 6 cells complete")
+    res = run_synthetic(monkeypatch, spec)
+    lines = (res_dir / "runs.jsonl").read_text().splitlines()
+    assert len(lines) == 3 * 6 + 6  # every option of every cell, and each DP decision's training at its share, 1.5
+    decisions = [json.loads(x) for x in (res_dir / "decisions.jsonl").read_text().splitlines()]
+    assert sorted((d["task"], d["seed"]) for d in decisions) == [(t, s) for t in "ab" for s in range(3)]
+    assert all(d["arm"] == "auto:dp" and d["epsilon"] == 1.5 for d in decisions)
+    assert len(list((res_dir / "rankings").glob("*.json"))) == 2 * 3 * 3
+    run_synthetic(monkeypatch, spec, lambda *a: pytest.fail("trained again"), lambda *a: pytest.fail("a step again"))
+    assert len((res_dir / "runs.jsonl").read_text().splitlines()) == len(lines)
+    assert S.status(spec)[0].startswith("round 99 (synthetic): 6 of 6 cells complete")
+
+
+def test_the_scorer_s_oracles_no_harm_budget_split_orders_and_targets(tmp_path, monkeypatch):
+    targets = [{"name": "dp no-harm", "figure": "auto:dp.no_harm_share", "at_least": 0.3},
+               {"name": "loso pays", "figure": "oracle-loso.tasks_gaining_3_share", "at_least": 0.5}]
+    spec, _ = synthetic(tmp_path, targets)
+    run_synthetic(monkeypatch, spec)
+    doc = S.build(spec)
+    a = doc["tasks"]["a"]
+    # in-sample: p (mean 55.3); left out seed 0: p (53 on seeds 1-2), seed 1: q (55), seed 2: p (61)
+    assert a["oracle_choice"] == "second-phase:p" and a["loso_choices"] == ["second-phase:p", "second-phase:q", "second-phase:p"]
+    assert a["gain"]["oracle"] == pytest.approx(16 / 3) and a["gain"]["oracle-loso"] == pytest.approx((10 - 10 - 6) / 3)
+    assert a["cells"][0]["probe_pick"] == "p" and doc["tasks"]["b"]["cells"][0]["probe_pick"] == "q"
+    f = doc["figures"]["all"]
+    dp = f["auto:dp"]
+    assert (dp["no_harm"], dp["cells"], dp["chose_no_candidate"], dp["used_public"], dp["used_public_ok"]) == (2, 6, 4, 2, 2)
+    assert dp["task_gain"]["mean"] == pytest.approx((3 - 2) / 2) and dp["task_gain"]["ci"][0] <= 0.5 <= dp["task_gain"]["ci"][1]
+    assert dp["oracle_share"]["mean"] == pytest.approx(0.5 / ((16 / 3 + (70.2 - 70 + 69 - 70 + 71 - 70) / 3) / 2))
+    s = dp["budget_split"]
+    assert s["used_public"] == {"cells": 2, "total": pytest.approx(6.0), "budget": pytest.approx(-3.0), "choice": pytest.approx(9.0)}
+    assert s["chose_no_candidate"] == {"cells": 4, "total": pytest.approx(-9 / 4), "budget": pytest.approx(-9 / 4), "choice": 0.0}
+    assert f["spearman"]["by_task"] == {"a": pytest.approx(-1.0), "b": pytest.approx(1.0)} and f["spearman"]["mean"] == pytest.approx(0.0)
+    assert f["oracle"]["tasks_gaining_3"] == 1 and f["oracle-loso"]["tasks_gaining_3"] == 0
+    assert dp["by_source"]["source_tasks"] == ["a"] and dp["by_source"]["source_mean"] == pytest.approx(3.0)
+    assert doc["verdicts"] == {"dp no-harm": [pytest.approx(1 / 3), 0.3, True], "loso pays": [0.0, 0.5, False]}
+    text = R.write(spec, doc)
+    assert "2 of 6 cells" in text and (tmp_path / "scores.md").read_text() == text and json.loads((tmp_path / "scores.json").read_text())["round"] == 99
+    again = S.build(spec)["figures"]["all"]["auto:dp"]  # each interval's generator is keyed by its name: the same again
+    assert again["task_gain"]["ci"] == dp["task_gain"]["ci"] and again["oracle_share"]["ci"] == dp["oracle_share"]["ci"]
+
+
+def test_an_incomplete_round_is_refused_unless_partial_and_a_spec_field_must_be_known(tmp_path, monkeypatch):
+    spec, res_dir = synthetic(tmp_path)
+    run_synthetic(monkeypatch, spec)
+    lines = (res_dir / "decisions.jsonl").read_text().splitlines()
+    (res_dir / "decisions.jsonl").write_text("\n".join(lines[1:]) + "\n")  # the first cell's decision is missing
+    with pytest.raises(SystemExit, match="incomplete: a seed 0: auto:dp \\(decision\\)"):
+        S.build(spec)
+    assert S.build(spec, partial=True)["tasks"]["a"]["seeds"] == [1, 2]
+    with pytest.raises(SystemExit, match="unknown spec fields \\['colour'\\]"):
+        parse({**json.loads((HERE / "rounds/round6.json").read_text()), "colour": 1})
+
+
+def test_bootstrap_intervals_cover_the_mean_are_a_point_for_constants_and_keyed_by_name():
+    rng = np.random.default_rng(0)
+    lo, hi = S.task_boot([1.0, 2.0, 3.0, 4.0, 5.0], rng)
+    assert 1.0 <= lo < 3.0 < hi <= 5.0 and S.task_boot([2.0, 2.0, 2.0], rng) == [2.0, 2.0] and S.task_boot([7.0], rng) is None
+    spec = load(6)
+    a = S.rng_for(spec, "round6", "auto:probe:oracle_share").integers(0, 1 << 30, 4)
+    assert (a == np.random.default_rng(int(hashlib.sha256(b"round6:auto:probe:share").hexdigest()[:16], 16)).integers(0, 1 << 30, 4)).all()
+    b = S.rng_for(load(3), "held_out_23", "auto:probe:gain").integers(0, 1 << 30, 4)
+    assert (b == np.random.default_rng(int(hashlib.sha256(b"gsd-heldout:held_out_23:auto:probe:gain").hexdigest()[:16], 16)).integers(0, 1 << 30, 4)).all()
 
 
 def test_spearman_of_a_reversed_order_is_minus_one_and_undefined_for_ties():
     assert S.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert S.spearman([1, 2, 2, 3], [1, 3, 2, 4]) == pytest.approx(0.9486832980505138)  # ties share their mean rank
     assert np.isnan(S.spearman([1, 1, 1], [1, 2, 3]))
 
 
-def test_bootstrap_generators_are_keyed_by_name_so_intervals_do_not_move_when_tasks_are_added():
-    a, b = S.named_rng("glyphs").integers(0, 1 << 30, 4), S.named_rng("glyphs").integers(0, 1 << 30, 4)
-    assert (a == b).all() and not (a == S.named_rng("scans").integers(0, 1 << 30, 4)).all()
-
-
-def test_the_few_shot_probe_separates_separable_classes_and_is_at_chance_on_noise():
-    import torch
-
-    from validity.heldout.variants import few_shot_accuracy
-
-    g = torch.Generator().manual_seed(0)
-    y = torch.arange(300) % 3
-    sep = torch.nn.functional.one_hot(y, 3).double() * 5 + 0.1 * torch.randn(300, 3, generator=g, dtype=torch.float64)
-    assert few_shot_accuracy(sep, y, 3, seed=0, per_class=10) == pytest.approx(1.0)
-    noise = torch.randn(300, 20, generator=g, dtype=torch.float64)
-    assert abs(few_shot_accuracy(noise, y, 3, seed=0, per_class=10) - 1 / 3) < 0.1
-    # fewer fitted examples: a weaker learner on weakly informative features
-    weak = torch.nn.functional.one_hot(y, 3).double() * 0.6 + torch.randn(300, 30, generator=g, dtype=torch.float64)[:, :3]
-    weak = torch.cat([weak, torch.randn(300, 27, generator=g, dtype=torch.float64)], 1)
-    assert few_shot_accuracy(weak, y, 3, seed=0, per_class=5) < few_shot_accuracy(weak, y, 3, seed=0, per_class=60)
-
-
-def test_round_6_was_frozen_before_its_runs_and_meets_the_issue_s_design():
-    """split6.json (issue 52, item 3): 8 tasks of at least 4 kinds, 6 candidates each from other sources, at most a
-    quarter with a transformed copy of the private source, committed in an earlier commit than any round-6 result."""
-    import subprocess
-
-    from validity.heldout.round6.protocol import SPLIT6, TARGETS
-
-    doc = json.loads(SPLIT6.read_text())
-    tasks = doc["tasks"]
-    assert len(tasks) >= 8 and len({t["kind"] for t in tasks.values()}) >= 4
-    assert sum(t["transformed_source_candidate"] is not None for t in tasks.values()) <= len(tasks) / 4
-    assert all(len(t["candidates"]) >= 6 and t["private_train"] not in t["candidates"] for t in tasks.values())
-    assert doc["targets"] == json.loads(json.dumps(TARGETS)) and doc["select_epsilon"] < doc["epsilon"]
-    root = SPLIT6.parents[4]
-
-    def first_commit(path):
-        out = subprocess.run(["git", "-C", str(root), "log", "--format=%ct", "--diff-filter=A", "--", str(path)],
-                             capture_output=True, text=True, check=False).stdout.split()
-        return int(out[-1]) if out else None
-
-    frozen = first_commit(SPLIT6)
-    if frozen is None:
-        pytest.skip("not a git checkout")
-    for later in (root / "benchmarks/results/heldout6/tuned6.json", root / "benchmarks/results/heldout6/runs.jsonl"):
-        added = first_commit(later)
-        assert added is None or added >= frozen, later
-
-
-def test_the_shipped_round_6_note_is_the_committed_scores_and_quotes_only_printed_figures():
-    """gsd_cli/report/heldout6.json is package_note() of the committed heldout6_scores.json, and the figures gsd rank's
-    note quotes of round 6 are in the round's markdown."""
-    import re
-
-    from validity.heldout.round6 import score6
-
-    from gsd_cli.report.validity import heldout6, round6_sentence
-
-    shipped = heldout6()
-    if shipped is None or not score6.OUT_JSON.is_file():
-        pytest.skip("round 6 is not scored in this checkout")
-    doc = json.loads(score6.OUT_JSON.read_text())
-    assert {k: v for k, v in shipped.items() if k != "scored_with"} == {
-        k: v for k, v in json.loads(json.dumps(score6.package_note(doc))).items() if k != "scored_with"}
-    md = score6.OUT_MD.read_text()
-    quoted = re.findall(r"[+-]\d+\.\d+ \[[+-]\d+\.\d+, [+-]\d+\.\d+\]|-?\d+% \[-?\d+%, -?\d+%\]", round6_sentence(shipped))
-    assert len(quoted) >= 4
-    for q in quoted:
-        assert q in md, q
+# -- the repeat rule replayed on the recorded draws (validity.heldout.stops) ---------------------------------------
 
 
 def test_the_stops_replay_keeps_the_decision_and_counts_the_work():

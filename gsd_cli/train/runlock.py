@@ -99,11 +99,15 @@ def _lock_file(path: Path, resume: bool) -> int:
         except OSError:
             same = False
         if same:  # not a file its last holder removed as this process opened it (then again, with the new one)
-            os.ftruncate(fd, 0)
-            os.lseek(fd, 0, os.SEEK_SET)
-            os.write(fd, f"{os.getpid()}\n".encode())
             return fd
         os.close(fd)
+
+
+def _write_pid(fd: int) -> None:
+    """This process's id into the held lock file (for a second writer's message)."""
+    os.ftruncate(fd, 0)
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.write(fd, f"{os.getpid()}\n".encode())
 
 
 class _Lock:
@@ -125,6 +129,7 @@ class _Lock:
                 path.mkdir(exist_ok=True)
                 self.fd = _lock_file(path, self.resume)
                 ckpt.prepare_run_dir(path, self.resume, create=False)  # under the lock: a writer may have begun meanwhile
+            _write_pid(self.fd)  # only once the folder is this run's (a finished run's lock file is left as it was)
         except BaseException:
             self.release()
             raise

@@ -1,85 +1,66 @@
-"""python -m benchmarks validity.heldout (from the repository's root; python -m validity.heldout from benchmarks/):
-prepare | split | rank | run | score | all."""
+"""python -m benchmarks validity --round N prepare | freeze | tune | run | status | score (from the repository's
+root; ``python -m benchmarks validity.heldout --round N ...`` is the same): the held-out benchmark's rounds, each
+run and scored from its spec (``benchmarks/validity/heldout/rounds/round<N>.json``)."""
 
 from __future__ import annotations
 
 import argparse
 
+PROG = "python -m benchmarks validity"
 
-def main(argv: list[str] | None = None) -> None:
-    from .tasks import ROUND_STAGES, ROUNDS
 
-    ap = argparse.ArgumentParser(prog=f"python -m {__package__}", description="the held-out benchmark of issue 42")
+def _part(text: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--part I/N, two integers (got {text})") from None
+    if not 1 <= i <= n:
+        raise argparse.ArgumentTypeError(f"--part I/N with 1 <= I <= N (got {text})")
+    return i, n
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=PROG, description="the held-out benchmark's rounds: one runner and one scorer, "
+                                 "each round a spec (benchmarks/validity/heldout/rounds/round<N>.json) and its frozen results")
+    ap.add_argument("--round", type=int, required=True, help="the round (a spec rounds/round<N>.json)")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("prepare", help="build the npz files (benchmark-only packages)").add_argument("--force", action="store_true")
-    sub.add_parser("split", help="write split.json (once, before any run)")
-    for n in ROUNDS:
-        sub.add_parser(f"split{n}", help=f"write split{n}.json: round {n}'s tasks, all held out (once, before any run on them)")
-    r = sub.add_parser("rank", help="auto-select's ranking of each task's candidates, per seed (cached)")
-    r.add_argument("--stage", choices=("selection", "held-out", *ROUND_STAGES), required=True)
-    r.add_argument("--advised", action="store_true", help="gsd_cli.train.select.advised_selection's ranking and decision (noise reference, repeats)")
-    r.add_argument("--probe", action="store_true", help="the feature probe of the second phase (gsd_cli.train.probe)")
-    r.add_argument("--native", action="store_true", help="with --advised: the probe network at the training model's side "
-                   "(arms.native_model: probe@73 here), not at 224 (issue 53's proposal)")
-    r = sub.add_parser("run", help="the trainings of a stage (cached, resumable)")
-    r.add_argument("--stage", choices=("tune", "selection", "held-out", *ROUND_STAGES), required=True)
-    r.add_argument("--methods", nargs="+", choices=("dpsgd", "gep", "second-phase"), help="only these methods' runs")
-    sub.add_parser("stops", help="issue 53's repeat rule replayed on every held-out cell's cached draws (no training)")
-    s = sub.add_parser("score", help="tables and figures: benchmarks/results/heldout_*.{json,md}")
-    s.add_argument("--partial", action="store_true", help="score whatever cells are complete")
-    s.add_argument("--update-package", action="store_true",
-                   help="also write gsd_cli/report/heldout.json (the validity note under gsd rank's GSD tables)")
-    sub.add_parser("all", help="rank, tune, run and score both stages in order")
-    a = ap.parse_args(argv)
-    import os
+    sub.add_parser("prepare", help="the round's npz files (benchmark-only packages)").add_argument("--force", action="store_true")
+    sub.add_parser("freeze", help="the round's frozen file (once, committed before its first run)")
+    for name, what in (("tune", "the tuning grid, then the tuned file"), ("run", "every cell: trainings, steps, decisions")):
+        sub.add_parser(name, help=what).add_argument("--part", type=_part, default=(1, 1),
+                                                     help="I/N: every N-th job from the I-th (N parallel processes)")
+    sub.add_parser("status", help="the complete and missing cells, from the results alone")
+    s = sub.add_parser("score", help="figures and targets: benchmarks/results/<out>.{json,md}")
+    s.add_argument("--partial", action="store_true", help="score the complete cells of an unfinished round")
+    s.add_argument("--update-package", action="store_true", help="also write the figures gsd rank --validity quotes (gsd_cli/report/)")
+    return ap
 
-    from .prepare import data_dir
 
-    os.environ.setdefault("GSD_LEDGER", str(data_dir() / "ledger.sqlite"))  # the benchmark's bookings, not the user's ledger
-    if a.cmd == "prepare":
-        from .prepare import build, data_dir
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    from . import run
+    from .spec import load
 
-        for n, k in build(a.force).items():
-            print(f"{data_dir() / (n + '.npz')}: {k} examples")
-    elif a.cmd == "split":
-        from .tasks import write_split
+    if a.cmd in ("status", "score"):
+        from . import report, score
 
-        print(write_split())
-    elif a.cmd in {f"split{n}" for n in ROUNDS}:
-        from .tasks import write_round
-
-        print(write_round(int(a.cmd[-1])))
-    elif a.cmd == "rank":
-        from .arms import rank_stage
-
-        rank_stage(a.stage, a.advised, a.probe, a.native)
-    elif a.cmd == "run":
-        from .arms import run_stage, tuned
-
-        run_stage(a.stage, a.methods)
-        if a.stage == "tune":
-            print("tuned:", tuned())
-    elif a.cmd == "stops":
-        from .stops import main as stops
-
-        stops([])
-    elif a.cmd == "score":
-        from .score import main as score
-
-        score(partial=a.partial, update_package=a.update_package)
-    elif a.cmd == "all":
-        from .arms import rank_stage, run_stage, tuned
-        from .score import main as score
-
-        rank_stage("selection")
-        run_stage("tune")
-        print("tuned:", tuned(), flush=True)
-        run_stage("selection")
-        score(partial=True)
-        rank_stage("held-out")
-        run_stage("held-out")
-        score(partial=False)
+        spec = load(a.round)
+        if a.cmd == "status":
+            print("\n".join(score.status(spec)))
+        else:
+            print(report.write(spec, score.build(spec, a.partial), a.update_package))
+    elif a.cmd == "prepare":
+        for name, n in run.prepare(a.round, a.force).items():
+            print(f"{name}: {n} examples")
+    elif a.cmd == "freeze":
+        run.freeze(a.round)
+        print(f"wrote {load(a.round).frozen_path}: commit it before the round's first run")
+    elif a.cmd == "tune":
+        print("tuned:", run.tune(a.round, a.part))
+    else:
+        run.run(a.round, a.part)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -58,7 +58,7 @@ cut to fit the CPU budget of one core):
 * Embedded in gsd: ``digits`` (scikit-learn's 1,797 8x8 digits: another resolution) and ``faces``
   (scikit-image's 200 25x25 LFW faces, 2 classes: small, few-class).
 
-    python -m benchmarks.validity.heldout prepare     # about 30 s; idempotent
+    python -m benchmarks validity --round 5 prepare     # rounds 1-5 (any of them): about 30 s; idempotent
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""Issue 53's repeat rule on the held-out benchmark's own draws: ``python -m validity.heldout stops`` (from
-``benchmarks/``).
+"""Issue 53's repeat rule on the held-out benchmark's own draws: ``python -m benchmarks validity.heldout.stops``.
 
 Every held-out cell of rounds 2-6 has its advised ranking (the candidates and the in-run noise references, three
 draws at 224) and its feature probe (every candidate, three draws) cached. This replays, on those numbers,
@@ -24,8 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .cache import RESULTS, load_ranking
-from .score import _Ranking, probe_result
+from .replay import Ranking, probe_result
+from .results import Results
+from .spec import RESULTS, load
 
 
 def _restricted(doc: dict, names: list[str]) -> dict:
@@ -55,7 +55,7 @@ def replay(advised: dict, probe_doc: dict, facts: dict, classes: int) -> dict:
     from gsd_cli.train.probe import ProbeResult
 
     full_probe = probe_result(probe_doc)
-    every = advise(_Ranking(advised["ranking"], advised.get("references")), "auto", candidates=facts, private_classes=classes,
+    every = advise(Ranking(advised["ranking"], advised.get("references")), "auto", candidates=facts, private_classes=classes,
                    probe=full_probe)
     draws = full_probe.repeats
     usable = [n for n in facts if second_phase_usable(facts[n], classes) is None and n in full_probe.gains]
@@ -75,11 +75,11 @@ def replay(advised: dict, probe_doc: dict, facts: dict, classes: int) -> dict:
             stopped[name] = {"draws": k, "of": len(runs), "margins": margins[:k]}
             continue
         ranked.append(name)
-        ranking = _Ranking(_restricted(advised["ranking"], ranked), advised.get("references"))
+        ranking = Ranking(_restricted(advised["ranking"], ranked), advised.get("references"))
         if closer_than_reference(ranking, name).closer:
             break
     if ranking is None:
-        ranking = _Ranking({**advised["ranking"], "results": [], "runs": []}, [])
+        ranking = Ranking({**advised["ranking"], "results": [], "runs": []}, [])
     ranking.not_ranked = sorted(set(facts) - set(tried))
     ranking.stopped = stopped
     gated = advise(ranking, "auto", candidates=facts, private_classes=classes, probe=probe)
@@ -95,40 +95,33 @@ def replay(advised: dict, probe_doc: dict, facts: dict, classes: int) -> dict:
 
 
 def cells() -> list[tuple[str, str, int, dict, dict, dict, int]]:
-    """(round, task, seed, advised, probe, facts, classes) of every held-out cell with both caches (rounds 2-6)."""
+    """(round, task, seed, advised, probe, facts, classes) of every held-out cell with both steps recorded (rounds 2-6)."""
     from gsd_cli.data import resolve
     from gsd_cli.train.advice import describe
 
-    from .arms import HELD_OUT_SEEDS
-    from .round6 import prepare6
-    from .round6.protocol import SEEDS as SEEDS6
-    from .round6.run6 import RANKINGS6
-    from .tasks import ROUNDS, TASKS, read_round, register
+    from .run import ready
 
-    register()
-    prepare6.register()
     out = []
     for n in ROUNDS:
-        for task in read_round(n)["held_out"]:
-            t = TASKS[task]
+        spec = ready(n)
+        res = Results(spec)
+        for task in spec.scored_tasks:
+            t = spec.tasks[task]
             facts = {c: describe(resolve(c)) for c in t.candidates}
             classes = int(resolve(t.train).num_classes)
-            for seed in HELD_OUT_SEEDS:
-                advised, probe = load_ranking(task, seed, "advised"), load_ranking(task, seed, "probe")
+            for seed in spec.seeds:
+                advised, probe = res.step(task, seed, "advised"), res.step(task, seed, "probe")
                 if advised is not None and probe is not None:
                     out.append((f"round {n}", task, seed, advised, probe, facts, classes))
-    for task, t in prepare6.TASKS.items():
-        facts = {c: describe(resolve(c)) for c in t.candidates}
-        classes = int(resolve(t.train).num_classes)
-        for seed in SEEDS6:
-            files = [RANKINGS6 / f"{task}-s{seed}-{kind}.json" for kind in ("advised", "probe")]
-            if all(f.is_file() for f in files):
-                out.append(("round 6", task, seed, *(json.loads(f.read_text()) for f in files), facts, classes))
     return out
 
 
+#: the rounds replayed
+ROUNDS = (2, 3, 4, 5, 6)
+
+
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m validity.heldout stops", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks validity.heldout.stops", description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path, default=RESULTS.parent / "heldout_stops.json")
     a = ap.parse_args(argv)
     rows = []
@@ -139,7 +132,7 @@ def main(argv: list[str] | None = None) -> dict:
               f"stage 1 {r['stage1']['stops']}/{r['stage1']['every draw']}, subspaces {r['subspaces']['stops']}/"
               f"{r['subspaces']['probe first, every draw']}/{r['subspaces']['every candidate']}", flush=True)
     total = {k: {w: int(np.sum([r[k][w] for r in rows])) for w in rows[0][k]} for k in ("stage1", "subspaces")} if rows else {}
-    doc = {"command": "cd benchmarks && python -m validity.heldout stops", "cells": len(rows),
+    doc = {"command": "python -m benchmarks validity.heldout.stops", "cells": len(rows),
            "same_decision": sum(r["same"] for r in rows), "total": total, "rows": rows}
     a.json.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"{doc['same_decision']} of {len(rows)} cells: the same decision; stage-1 trainings {total.get('stage1')}; "

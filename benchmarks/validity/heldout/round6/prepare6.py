@@ -1,4 +1,4 @@
-"""Round 6 (proposal, issue 52; not pre-registered): npz files built from real images that ship in installable
+"""Round 6's data (issue 52; the tasks and candidates: ``rounds/round6.json``): npz files built from real images that ship in installable
 packages no earlier round used, written to ``$GSD_BENCH_DATA/heldout6`` (default ``~/.cache/gsd-bench/heldout6``).
 Benchmark-only: none of these packages is a dependency of gsd or of CI. SOURCES.md beside this file says what each
 source is, its licence and what was checked.
@@ -22,15 +22,14 @@ pixel; on top of that, an image that is byte for byte the same as one of an earl
 test, then the public part built with it) is left out, and so is every copy of an image that a part holds under two
 labels (:func:`_dedup`). Two public sets are, by the design of SOURCES.md, made of a private task's images and are
 never that task's candidates: ``pub-emoji`` (the Google half of ``emoji-test``) and ``pub-openmoji`` (the alternative
-to the private ``openmoji`` task). :data:`TASKS` lists the tasks and their candidates, :func:`register` makes every
-set resolvable by name through :func:`gsd_cli.data.resolve`.
+to the private ``openmoji`` task). The round's runner makes every set resolvable by name.
 
-    cd benchmarks && python -m validity.heldout.round6.prepare6 [--force] [BUILDER ...]   # default: all; idempotent
+    python -m benchmarks validity --round 6 prepare [--force]                       # every builder; idempotent
+    python -m benchmarks validity.heldout.round6.prepare6 [--force] [BUILDER ...]   # some builders
 """
 
 from __future__ import annotations
 
-import functools
 import gzip
 import hashlib
 import importlib.util
@@ -42,7 +41,6 @@ from pathlib import Path
 import numpy as np
 
 from ..prepare import band_patches  # distinct random patches inside one band
-from ..tasks import Task
 
 INSTALL = ("npm install --prefix ~/.cache/gsd-bench/npm emoji-datasource-twitter@16.0.0 emoji-datasource-google@16.0.0 "
            "material-design-icons@3.0.1 openmoji@17.0.0; apt-get install openuniverse-common xplanet-images "
@@ -99,31 +97,6 @@ SETS = {
     "earth": ("pub-earth",),
 }
 NAMES = tuple(n for names in SETS.values() for n in names)
-
-_RGB, _GREY = "fmnist-cnn@32x3", "fmnist-cnn"
-#: the proposed private tasks and their candidates (SOURCES.md, "Proposed private tasks"). ``realistic`` as SOURCES.md
-#: has it: every task but ``planets-grey``, whose untransformed source ``pub-planets`` (another band of the same maps)
-#: is among its candidates. ``pub-openmoji`` is no task's candidate while ``openmoji`` is a private task.
-TASKS: dict[str, Task] = {t.name: t for t in (
-    Task("emoji", "emoji", "emoji-train", "emoji-test",
-         ("pub-icons", "pub-material", "pub-tiles", "pub-flags", "pub-planets", "pub-earth"), _RGB, True),
-    Task("emoji-tone", "emoji", "emoji-tone-train", "emoji-tone-test",
-         ("pub-icons", "pub-material", "pub-tiles", "pub-flags", "pub-planets", "pub-earth"), _RGB, True),
-    Task("openmoji", "emoji", "openmoji-train", "openmoji-test",
-         ("pub-emoji", "pub-icons", "pub-material", "pub-tiles", "pub-flags", "pub-earth"), _RGB, True),
-    Task("icons", "desktop-icons", "icons-train", "icons-test",
-         ("pub-material", "pub-emoji", "pub-tiles", "pub-flags", "pub-planets", "pub-earth"), _RGB, True),
-    Task("tiles", "game-sprites", "tiles-train", "tiles-test",
-         ("pub-emoji", "pub-icons", "pub-material", "pub-flags", "pub-planets", "pub-earth"), _RGB, True),
-    Task("planets", "planetary", "planets-train", "planets-test",
-         ("pub-earth", "pub-emoji", "pub-icons", "pub-tiles", "pub-flags", "pub-material"), _RGB, True),
-    Task("planets-grey", "planetary", "planets-grey-train", "planets-grey-test",
-         ("pub-planets", "pub-earth", "pub-emoji", "pub-icons", "pub-tiles", "pub-flags"), _GREY, False,
-         source="pub-planets"),
-    Task("brain", "medical-mri", "brain-train", "brain-test",
-         ("pub-planets", "pub-earth", "pub-tiles", "pub-icons", "pub-emoji", "pub-flags"), _GREY, True),
-)}
-
 
 def data_dir() -> Path:
     return Path(os.environ.get("GSD_BENCH_DATA", "~/.cache/gsd-bench")).expanduser() / "heldout6"
@@ -488,17 +461,8 @@ def build(which: list[str] | None = None, force: bool = False) -> dict[str, int]
     return counts
 
 
-@functools.cache
-def register() -> None:
-    """Make every round-6 set (:data:`NAMES`) resolvable by name through :func:`gsd_cli.data.resolve` (an npz source
-    each), as :func:`validity.heldout.tasks.register` does for the earlier rounds."""
-    from ...npz_sets import register_npz
-
-    register_npz(NAMES, data_dir(), "python -m validity.heldout.round6.prepare6")
-
-
 def main(argv: list[str] | None = None) -> None:
-    """``python -m validity.heldout.round6.prepare6 [BUILDER...] [--force]``: build the npz files (every builder's,
+    """``python -m benchmarks validity.heldout.round6.prepare6 [BUILDER...] [--force]``: build the npz files (every builder's,
     or those of the BUILDERs named) and print each set's examples."""
     import argparse
 

@@ -1,0 +1,120 @@
+"""A round of the held-out benchmark as data: its spec (``rounds/round<N>.json``) read into a frozen record.
+
+A spec declares everything a round is: its tasks (private train and test sets, the model, the public candidates,
+the kind, whether a candidate is the untransformed source of a transformed private set), the data builder, the
+seeds and the privacy budget, the training settings of every method, the tuning grid and where its result is,
+the steps run on each cell (rankings, the feature probe, the DP advice), the arms that decide among the
+candidates, the figure sets and their bootstrap, the targets and the frozen file committed before its first run.
+:mod:`.run` runs a spec, :mod:`.score` scores its results; nothing about a round is written in code.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SPECS = HERE / "rounds"
+#: the committed results of every round (``<results>/runs.jsonl``, ``rankings/``, ``decisions.jsonl``)
+RESULTS = HERE.parents[1] / "results"
+
+
+@dataclass(frozen=True)
+class Task:
+    """A private task and its public candidates (``source``: the candidate whose transform the private set is)."""
+
+    name: str
+    kind: str
+    train: str
+    test: str
+    model: str
+    candidates: tuple[str, ...]
+    realistic: bool = True
+    source: str | None = None
+    same: str | None = None
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round's spec (the fields of ``rounds/round<N>.json``; ``what`` is prose)."""
+
+    round: int
+    label: str
+    frozen: str  # the pre-registration file, committed before the round's first run (relative to this folder)
+    data: str  # the data builder's module (under ``benchmarks``): build(), NAMES, data_dir()
+    results: str  # the results folder under benchmarks/results/
+    out: str  # benchmarks/results/<out>.{json,md}: the scores
+    seeds: tuple[int, ...]
+    epsilon: float
+    delta: float
+    base: dict  # the training settings every method shares
+    methods: dict  # each method's own settings
+    no_candidate: tuple[str, ...]  # the methods trained without public data (the baseline: the best of them per task)
+    candidate_methods: tuple[str, ...]  # the methods trained with each candidate
+    tuning: dict  # round (whose tasks), tasks, seeds, grid per method, runs, out (the tuned file)
+    rank: dict  # the ranking's settings (model, k, examples)
+    steps: tuple[str, ...]  # what each cell computes besides the trainings (rank, advised, advised-native, probe, dp)
+    gsd_ranking: str  # the step whose rows give GSD's distances ("" : the plain ranking)
+    arms: dict  # the arms that decide: name -> {decider, ranking, probe, what}
+    validated: str  # the method whose accuracy GSD's and the probe's orders are compared with
+    probe_pick: str  # the method of the probe-pick and random arms
+    sets: dict  # figure sets: name -> {rounds, label}
+    bootstrap: dict  # draws, key (a template of set and figure), names (figure name overrides)
+    tasks: dict[str, Task]
+    decimals: int = 2  # how the markdown writes points
+    tolerance: float = 0.5  # points: "within 0.5 of the baseline"
+    select_epsilon: float | None = None  # the DP advice's share of the total epsilon
+    null: dict | None = None  # GEP with uniform noise: {method, sets: model -> set}
+    agreement: tuple = ()  # pairs of arms whose decisions are compared
+    targets: tuple = ()  # {name, figure, at_least | at_most | above, set}
+    scored: tuple[str, ...] = ()  # the tasks scored (default: every task)
+    package_note: dict | None = None
+    what: str = ""
+    path: Path = field(default=SPECS, compare=False)
+
+    @property
+    def scored_tasks(self) -> list[str]:
+        return list(self.scored or self.tasks)
+
+    @property
+    def frozen_path(self) -> Path:
+        return HERE / self.frozen
+
+    @property
+    def results_dir(self) -> Path:
+        return RESULTS / self.results
+
+    def options(self, task: str) -> list[tuple[str, str | None]]:
+        """Every (method, public set) of a task's oracle, in order: the no-candidate methods, then each method with
+        each candidate."""
+        cands = self.tasks[task].candidates
+        return [(m, None) for m in self.no_candidate] + [(m, c) for m in self.candidate_methods for c in cands]
+
+    def null_set(self, task: str) -> str | None:
+        return self.null["sets"][self.tasks[task].model] if self.null else None
+
+
+def load(n: int, directory: Path = SPECS) -> Round:
+    """Round ``n``'s spec (``rounds/round<n>.json``); an unknown field stops with its name."""
+    path = directory / f"round{n}.json"
+    if not path.is_file():
+        have = sorted(int(p.stem[5:]) for p in directory.glob("round*.json"))
+        raise SystemExit(f"no spec for round {n} ({path}); rounds with a spec: {have}")
+    return parse(json.loads(path.read_text()), path)
+
+
+def parse(doc: dict, path: Path = SPECS) -> Round:
+    known = {f.name for f in fields(Round)}
+    unknown = sorted(set(doc) - known)
+    if unknown:
+        raise SystemExit(f"{path}: unknown spec fields {unknown}")
+    tasks = {n: Task(n, **{k: tuple(v) if isinstance(v, list) else v for k, v in t.items()}) for n, t in doc["tasks"].items()}
+    tup = {k: tuple(tuple(x) if isinstance(x, list) else x for x in v) for k, v in doc.items()
+           if isinstance(v, list) and k != "tasks"}
+    return Round(**{**doc, **tup, "tasks": tasks, "path": path})
+
+
+def rounds(directory: Path = SPECS) -> list[int]:
+    """The rounds that have a spec."""
+    return sorted(int(p.stem[5:]) for p in directory.glob("round*.json"))
