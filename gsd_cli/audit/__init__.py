@@ -8,9 +8,10 @@
 * :func:`audit_dp_energy`, :func:`audit_dp_select`: the DP energy distance's Laplace mechanism and
   the DP selection (permute-and-flip and the chosen score), on a worst-case neighbouring pair with its
   exact privacy loss (:mod:`.dpenergy`, :mod:`.dpselect`).
-* :func:`audit_dp_probe`: the DP feature probe's Gaussian fit releases (``gsd train``'s DP advice), on
-  a worst-case add-one pair with its exact loss in closed form, against the theorem's claim for that
-  part; flags halved noise and noise from a public seed (:mod:`.dpprobe`).
+* :func:`audit_dp_probe`: the DP feature probe (``gsd train``'s DP advice) run end to end (fit, score,
+  permute-and-flip) at M models, each part on its own worst-case add-one pair with its exact loss and
+  against its own claim; flags halved fit noise, a halved z at the call site, permute-and-flip at twice
+  its epsilon and noise from a public seed (:mod:`.dpprobe`).
 * :func:`audit_step`: a many-trial distinguishing audit of one full-batch step of dpsgd or
   second-phase stage 2 (:mod:`.step`), tight enough to flag halved noise, which the one-run audit
   cannot.
@@ -37,7 +38,7 @@ def audit(method: str, epsilon: float = 2.0, delta: float = 1e-5, *, canaries: i
           bug: str | None = None, settings: dict | None = None, **kw) -> AuditResult:
     """Audit ``method`` (one of :data:`METHODS`) at (``epsilon``, ``delta``): DP-GSD by
     :func:`audit_dpgsd` (``canaries`` draws per neighbour; pure DP, delta unused), the DP probe by
-    :func:`audit_dp_probe` (``canaries`` draws per neighbour, at ``delta``), every trainer by
+    :func:`audit_dp_probe` (``canaries`` draws per neighbour and part, at ``delta``; ``models`` in ``kw``), every trainer by
     :func:`audit_training` with ``settings`` (TrainConfig fields) and ``kw`` (its options)."""
     from ..errors import GSDError
     from ..privacy import check_delta, check_epsilon

@@ -1,146 +1,259 @@
-"""Audit of the DP feature probe (:mod:`gsd_cli.privacy.probe_mechanism`, issue 52 item 1): a
-distinguishing test of its Gaussian releases on a worst-case neighbouring pair, and the exact privacy
-loss of that pair in closed form.
+"""Audit of the DP feature probe (:mod:`gsd_cli.privacy.probe_mechanism`, issue 52 item 1; issue 60 item 3):
+the released mechanism run end to end (fit, score, selection) at a user's number of models M, a
+distinguishing test of each of its two parts on a worst-case neighbouring pair, and each pair's exact loss.
 
-What is audited, and against which claim. The probe's theorem adds two curves: the M Gaussian releases
-of the fit part A (proof (c), RDP M alpha / (2 z^2)) and permute-and-flip on the score part B (proof
-(e), epsilon_pf). By proof (a) an added example lands in A or in B, never in both, so one example meets
-only one of the two mechanisms: the whole claim (``--epsilon``) is the sum, but what an add/remove pair
-can lose is at most the larger part. That slack is large: at --epsilon 2 (delta 1e-5, pf_share 0.5)
-the M releases, read as one Gaussian, lose at most 0.91 and permute-and-flip 1, so even with the noise
-halved the whole mechanism stays (2, 1e-5)-DP (the halved releases lose at most 1.97, 1.83 on the pair
-below) and no audit of the whole claim could flag it. The audit therefore tests what the proof claims
-of the part it exercises: the M Gaussian releases' own epsilon, :func:`~gsd_cli.privacy.probe_mechanism.selection_epsilon`
-with epsilon_pf = 0 at the z that :func:`~gsd_cli.privacy.probe_mechanism.calibrate` gives (about half
-of ``--epsilon`` at the default share: 1.00 at --epsilon 2); ``details`` carries the whole claim
-beside it. Permute-and-flip is the one of ``gsd audit --method dp-select`` (the same
-:func:`gsd_cli.privacy.selection.permute_and_flip`, audited there at its exact loss).
+What is run. Every draw is one call of :func:`~gsd_cli.privacy.probe_mechanism.run_dp_probe` with the plan
+of :func:`~gsd_cli.privacy.probe_mechanism.plan_dp_probe` (``calibrate``, then ``dp_probe_at`` at the
+plan's z and epsilon_pf: the normalisation, the M noisy fit statistics through ``noise_std``, the ridge
+solve, the counts on the score half with the untrained model's head start, permute-and-flip), with the
+mechanism's own partition ``split_parts`` (a fixed public salt, :data:`SALT`: the proof holds for every
+salt) and secret randomness (one generator from the OS for the whole audit, or ``insecure_seed``). M is
+``models`` (default :data:`MODELS` = 4: the untrained model and 3 candidates, as in the README's
+``--public mnist-b digits noise``).
 
-Neighbours (add/remove one example, the relation the theorem is for): D = ``examples`` public
-examples with fixed features and labels under each of M models, D' = D plus one canary x whose
-features lie along a coordinate axis (phi = 5 e_1) under every model. Both go through the mechanism's
-own steps 1-3: :func:`~gsd_cli.privacy.probe_mechanism.split_parts` with a fixed public salt (the proof
-holds for every salt; the canary's identity is the first ``canary-i`` the salt puts in the fit part A),
-:func:`~gsd_cli.privacy.probe_mechanism.normalise`, :func:`~gsd_cli.privacy.probe_mechanism.one_hot` and
-:func:`~gsd_cli.privacy.probe_mechanism.noisy_fit_statistics` per model. The canary adds v_c(x) to model
-c's statistic; with f = (e_1 + e_D) / sqrt(2), ||upper(f f^T)||^2 = 3/4 and ||f y^T||^2 = 1, so
-||v_c|| = sqrt(7) / 2: the largest change any normalised feature vector makes (proof (b)'s remark),
-7% below the sqrt(2) the noise is calibrated to. Over the M releases the shift is V = (v_1, .., v_M),
-||V|| = sqrt(7 M) / 2, and the noise is N(0, sigma^2 I) with sigma = z sqrt(2).
+Which claim, part by part. The theorem adds the M Gaussian releases of the fit half A (proof (c)) and
+permute-and-flip on the score half B (proof (e)); by proof (a) an added example lands in A or in B, never
+both, so what one example can lose is at most the larger part, and the whole claim has slack: halved fit
+noise (at most 1.97 at --epsilon 2) or permute-and-flip at twice its epsilon (at most 2 x epsilon_pf / 2 =
+epsilon_pf, below) both stay within the whole (2, 1e-5). No audit of the whole claim could flag either, so
+each part is tested against the part's own claim, with a canary in that part:
 
-Statistic. s = <release - T(D), V> / (||V|| sigma), in units of the *claimed* sigma (z sqrt(2), written
-here, not read from the code under audit): N(0, 1) under D and N(mu, 1) under D', mu = ||V|| / sigma
-= sqrt(7 M) / (2 sqrt(2) z). By Neyman-Pearson this projection is the optimal test between the pair
-(the likelihood ratio is a monotone function of s), and the pair's exact (epsilon, delta) trade-off is
-that of mu-GDP (Dong, Roth, Su 2019, Corollary 2.13; Balle and Wang 2018):
-delta(epsilon) = Phi(-epsilon / mu + mu / 2) - e^epsilon Phi(-epsilon / mu - mu / 2), inverted at the
-claimed delta for ``details["exact_loss"]`` (0.85 at --epsilon 2, M = 2: below the part's claim 1.00,
-as the theorem says; with the noise halved 1.83, above it). Three kinds of tests share the 95%
-(Bonferroni): the threshold tests (no assumption beyond the definition of (epsilon, delta)-DP: for
-every t of :data:`THRESHOLDS`, {s > t} with D' over D and {s <= mu - t} with D over D', Clopper-Pearson
-bounds and epsilon >= log((p_lower - delta) / p_upper), as :mod:`.step`) and a *replay* statistic
-(the release equals the one the code would make from D with the public seed of the block, which
-flags noise drawn from a public seed, ``bug="public-seed"``, and has no power against correct code)
-at half the error probability together; the Gaussian-DP fit of :func:`.bound.gdp_mu_bounds` (Nasr et
-al. 2023: s is Gaussian with one sd under both neighbours, exactly so here) at the other half, its
-lower bound on mu converted to epsilon at delta by :func:`.bound.gdp_epsilon`.
+* **fit** (canary in A): the M releases' own epsilon, :func:`~gsd_cli.privacy.probe_mechanism.selection_epsilon`
+  with epsilon_pf = 0 at the plan's z (1.00 at --epsilon 2). The releases are read as the run makes them
+  (``dp_probe_at``'s ``observe``), and everything after them is post-processing of them.
+* **selection** (canary in B): epsilon_pf / 2, pure. With the fit releases fixed, adding an example of B
+  adds 0 or 1 to *every* count u_c: the counts move one way. Permute-and-flip has the law of report-noisy-max
+  with Exp(rate lambda) noise, lambda = epsilon_pf / (2 Delta), Delta = 1 (Ding et al. 2021; tested in
+  ``tests/test_dp_select.py``). Fix every noise but E_r; r wins iff E_r > t = max_{j != r}(u_j + E_j) - u_r.
+  Adding the example moves t to t' with t - 1 <= t' <= t + 1 (each u_j rises by 0 or 1), and for the
+  exponential tail P[E > t - 1] <= e^lambda P[E > t] and P[E > t + 1] >= e^-lambda P[E > t]; so every index's
+  probability changes by at most e^lambda = e^(epsilon_pf / 2) either way: the general epsilon_pf / (2 Delta)
+  calibration is epsilon_pf / 2-DP on monotone neighbours (McKenna and Sheldon's monotone case; the theorem
+  books the whole epsilon_pf and uses no monotone form). ``tests/test_audit_dp_probe.py`` checks it against
+  the exact law (:func:`gsd_cli.audit.dpselect.pf_law`) on random monotone pairs.
 
-Draws. ``draws`` releases under each neighbour (default :data:`DRAWS` = 1,000,000), through the real
-:func:`~gsd_cli.privacy.probe_mechanism.noisy_fit_statistics` with secret randomness (one generator
-from the OS for the whole audit, or ``insecure_seed``), :data:`BLOCK` at a time: the function is called
-once per model and block with a :class:`TrialsGenerator`, which hands it ``BLOCK`` independent noise
-vectors for the one it asks for (its own ``noise_std(z)``, its own shape), so every draw goes through
-the mechanism's code and a million cost about 3 s on the shared 2-core CPU. ``bug="half-scale"`` calls it at
-z / 2 (the noise halved, the claim unchanged).
+The fit pair (:func:`probe_neighbours`). D = 8 public examples with fixed features under each model, D' =
+D plus a canary with features 5 e_1 under every model, which ``split_parts`` puts in A. Its normalised row
+f = (e_1 + e_D) / sqrt(2) has ||upper(f f^T)||^2 = 3/4 and ||f y^T||^2 = 1, so it moves each model's
+statistic by ||v_c|| = sqrt(7) / 2, the most a normalised example can (proof (b)'s remark; the noise is
+calibrated to sqrt(2)); over the M releases ||V|| = sqrt(7 M) / 2. Statistic: s = <release - T(D), V> /
+(||V|| sigma) in units of the *claimed* sigma = z sqrt(2) (written here, not read from the code): N(0, 1)
+under D and N(mu, 1) under D', mu = ||V|| / sigma, the Neyman-Pearson optimal test, and the pair's exact
+(epsilon, delta) is mu-GDP's (Dong, Roth, Su 2019, Corollary 2.13) in closed form (0.85 at --epsilon 2: below
+the part's claim 1.00; halved noise 1.83, above it). Tests: for every t of :data:`THRESHOLDS`, {s > t} with
+D' over D and {s <= mu - t} with D over D' (Clopper-Pearson, epsilon >= log((p_lower - delta) / p_upper), as
+:mod:`.step`), and a *replay* test (the first :data:`REPLAY_DRAWS` releases equal what the code makes from D
+with draw i's public seed i: flags ``bug="public-seed"``, no power against correct code), together at half the
+part's error probability; the Gaussian-DP fit of :func:`.bound.gdp_mu_bounds` (Nasr et al. 2023) at the other
+half, its lower bound on mu converted at delta by :func:`.bound.gdp_epsilon`.
 
-Power (why the counts suffice). At --epsilon 2, M = 2, the part's claim is 1.00 and mu = 0.231 (0.462
-with the noise halved). The Gaussian-DP fit's standard error is about sqrt(2 / N) = 0.0014 at
-N = 10^6, so its 97.5% lower bound on mu is within 0.003 of the truth: 0.84 for the correct mechanism
-(no false alarm unless mu is overestimated by 0.037, 26 standard errors) and 1.81 with the noise
-halved, 0.8 above the claim: the flag does not depend on luck, and it holds down to N = 1,000 (lower
-bound about 1.7). The assumption-free threshold tests flag halved noise on their own from
-N of about 3 x 10^5 (1.35 at 10^6: 1.1 x 10^-3 of the draws under D fall 1.75 claimed sds into a tail
-against 2.9 x 10^-4 under D'); for the correct mechanism they give 0.55-0.62. A public-seed draw is
-flagged by the replay test from a few dozen draws (every draw equal under D, none under D').
+The selection pair (:func:`selection_neighbours`). One-dimensional features, 2 classes. The fit half A holds
+n examples of each class (feature +1 labelled 1, -1 labelled 0, under every model), n = max(100, 50 sigma):
+every model's ridge probe then predicts the sign, whatever the noise (its effect on the margin is about
+sqrt(2) sigma / n, 1/35 of it). The score half B holds L examples labelled 1 that models 0 and 1 get right
+(feature +1) and the others wrong (-1), L = ceil(60 / epsilon_pf) so the others' coins are below e^-30, and
+k examples only model 1 gets right (k < 0: -k only model 0 gets right), k = floor(h) - 1 for the head start
+h: under D the counts are u = (L + h, L + k, 0, ..), the untrained model ahead by g = h - k in [1, 2); D' adds
+a canary to B that only model 1 gets right. Model 1 wins with probability e^(-epsilon_pf g / 2) / 2 under D
+and e^(-epsilon_pf (g - 1) / 2) / 2 under D': a log ratio of exactly epsilon_pf / 2, the part's claim (and
+epsilon_pf for permute-and-flip at twice its epsilon). Tests: {index = 1} and {index = 0}, each way
+(Clopper-Pearson, pure DP), at half the error probability; the exact loss by enumerating permute-and-flip's
+orders (:func:`exact_selection_loss`, apart from the mechanism's code).
+
+Verdict. The result reports the part whose lower bound is the largest fraction of its claim (so it exceeds
+its claim when either part does: ``consistent`` is false, ``gsd audit`` prints PRIVACY BUG and exits 1);
+``details["parts"]`` has both. Three kinds of errors split the 95% (Bonferroni): each part at half.
+
+Mutants (``bug``; the audit's teeth). Each is applied to the mechanism's own code for the audit's duration
+(:func:`mutant`, restored after): ``half-scale`` halves the fit noise inside ``noise_std``; ``half-z`` makes
+``run_dp_probe`` pass z / 2 to ``dp_probe_at``; ``double-pf-epsilon`` runs permute-and-flip at twice its
+epsilon; ``public-seed`` draws each trial from its public seed i under both neighbours.
+
+Power (--epsilon 2, M = 4, 5,000 draws per neighbour and part, the default :data:`DRAWS`; measured in
+``docs/audit.md``, checked in ``tests/test_audit_dp_probe.py``): the fit part's Gaussian-DP fit has a standard
+error of about sqrt(2 / N) = 0.02 on mu (0.231 correct, 0.462 with the noise halved, 0.268 at the claim), so
+halved noise or a halved z lands far above the claim and a false alarm needs the estimate 4 standard errors
+high; the selection part sees model 1 win with probability 0.206 under D against 0.340 under D' (correct: log
+ratio 0.5, the claim) and 0.085 against 0.231 at twice the epsilon (log ratio 1.0, twice the claim).
 """
 
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import numpy as np
 
 from ..errors import GSDError
 from .bound import AuditResult, clopper_pearson, gdp_epsilon, gdp_mu_bounds
 
-BUGS = ("half-scale", "public-seed")
-#: thresholds of the tail tests, in units of the claimed noise's sd, fixed before any draw
+#: the mutants of :func:`mutant` (applied to the mechanism's code) and what each breaks
+MUTANTS = {"half-scale": "the fit noise halved inside noise_std",
+           "half-z": "run_dp_probe passes z / 2 to dp_probe_at (the probe's z halved at the call site)",
+           "double-pf-epsilon": "permute-and-flip run at twice its epsilon"}
+BUGS = (*MUTANTS, "public-seed")
+#: thresholds of the fit part's tail tests, in units of the claimed noise's sd, fixed before any draw
 THRESHOLDS = (0.5, 1.0, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0)
-#: default releases per neighbour, and how many are drawn per call of the mechanism
-DRAWS, BLOCK = 1_000_000, 50_000
+#: default draws per neighbour (and part); the fit part's replay test uses the first REPLAY_DRAWS of them
+DRAWS, REPLAY_DRAWS = 5_000, 1000
+#: the default number of models M (the untrained one and 3 candidates) and the most the audit takes
+MODELS, MAX_MODELS = 4, 8
 #: the partition's salt: public and fixed (the theorem holds for every salt, proof (a))
 SALT = b"gsd audit dp-probe: a public salt"
-#: the canary's features under every model: along a coordinate axis, where ||v(x)|| is largest
+#: the fit-pair canary's features under every model: along a coordinate axis, where ||v(x)|| is largest
 CANARY_SCALE = 5.0
+#: the selection pair's fit half: n = max(FIT_MIN, FIT_MARGIN sigma) examples of each class
+FIT_MIN, FIT_MARGIN = 100, 50.0
+#: the selection pair's examples every model but 0 and 1 gets wrong: their coins below e^-LOSERS_LOG
+LOSERS_LOG = 30.0
 
 
-class TrialsGenerator:
-    """A generator that answers the mechanism's one request for noise, ``normal(loc, scale, size)``,
-    with ``n`` independent draws of it (shape ``(n, *size)``) from ``rng``: the mechanism's own code
-    then releases ``n`` copies at once. Any other request is refused (the audit must know every draw)."""
+@contextmanager
+def mutant(bug: str | None):
+    """While active, the mechanism's own code carries ``bug`` (one of :data:`MUTANTS`; anything else:
+    unchanged): ``noise_std`` halved, ``dp_probe_at`` called with z / 2, or ``permute_and_flip`` at twice
+    its epsilon, each replaced in its module and restored on exit."""
+    from ..privacy import probe_mechanism as pm
+    from ..privacy import selection
 
-    def __init__(self, rng: np.random.Generator, n: int):
-        self.rng, self.n, self.calls = rng, int(n), 0
+    if bug not in MUTANTS:
+        yield
+        return
+    if bug == "half-scale":
+        module, name, real = pm, "noise_std", pm.noise_std
+        fake = lambda z: real(z) / 2  # noqa: E731
+    elif bug == "half-z":
+        module, name, real = pm, "dp_probe_at", pm.dp_probe_at
+        fake = lambda *a, z, **k: real(*a, z=z / 2, **k)  # noqa: E731
+    else:
+        module, name, real = selection, "permute_and_flip", selection.permute_and_flip
+        fake = lambda u, epsilon, sensitivity, rng: real(u, 2 * epsilon, sensitivity, rng)  # noqa: E731
+    setattr(module, name, fake)
+    try:
+        yield
+    finally:
+        setattr(module, name, real)
 
-    def normal(self, loc=0.0, scale=1.0, size=None):
-        self.calls += 1
-        shape = (self.n,) if size is None else (self.n, *np.atleast_1d(size).astype(int).tolist())
-        return self.rng.normal(loc, scale, size=shape)
 
-    def __getattr__(self, name):
-        raise GSDError(f"the DP probe's noise asked its generator for {name!r}: the audit knows only normal()")
-
-
-def probe_neighbours(models: int = 2, examples: int = 8, num_classes: int = 2, dims: int = 2):
-    """(D, D'), each a dict of ``features`` (one (n, dims) array per model), ``labels`` and ``identities``:
-    ``examples`` public examples (features from a fixed public seed), and the same plus the canary
-    (features 5 e_1 under every model, label 1, the first identity ``canary-i`` in part A of :data:`SALT`)."""
+def _named(prefix: str, count: int, fit: bool, start: int = 0) -> list[str]:
+    """``count`` identities ``prefix-i`` (i from ``start``) that :data:`SALT` puts in the fit half (``fit``) or
+    the score half."""
     from ..privacy import probe_mechanism as pm
 
+    out, i = [], start
+    while len(out) < count:
+        names = [f"{prefix}-{j}" for j in range(i, i + 2 * (count - len(out)) + 16)]
+        out += [n for n, a in zip(names, pm.split_parts(names, SALT)) if bool(a) == fit][:count - len(out)]
+        i += len(names)
+    return out
+
+
+def _with_parts(data: dict) -> dict:
+    from ..privacy import probe_mechanism as pm
+
+    return {**data, "parts": pm.split_parts(data["identities"], SALT)}
+
+
+def probe_neighbours(models: int = MODELS, examples: int = 8, num_classes: int = 2, dims: int = 2):
+    """The fit pair (D, D'), each a dict of ``features`` (one (n, dims) array per model), ``labels``,
+    ``identities``, ``parts`` (by :data:`SALT`) and ``num_classes``: ``examples`` public examples (features
+    from a fixed public seed), and the same plus the canary (features 5 e_1 under every model, label 1, the
+    first identity ``canary-i`` in the fit half)."""
     if models < 2 or examples < 0 or num_classes < 2 or dims < 1:
         raise GSDError("the DP probe audit needs at least 2 models, 2 classes and 1 feature")
     pub = np.random.default_rng(20240052)  # public: the examples of D are known to the auditor
     feats = [pub.normal(size=(examples, dims)) for _ in range(models)]
     labels = pub.integers(0, num_classes, size=examples)
     ids = [f"example-{i}" for i in range(examples)]
-    canary = next(f"canary-{i}" for i in range(1000) if pm.split_parts([f"canary-{i}"], SALT)[0])
+    canary = _named("canary", 1, fit=True)[0]
     x = np.zeros((1, dims))
     x[0, 0] = CANARY_SCALE
-    D = {"features": feats, "labels": labels, "identities": ids}
-    D2 = {"features": [np.vstack([f, x]) for f in feats], "labels": np.append(labels, 1),
-          "identities": [*ids, canary]}
-    return D, D2
+    D = {"features": feats, "labels": labels, "identities": ids, "num_classes": num_classes}
+    D2 = {"features": [np.vstack([f, x]) for f in feats], "labels": np.append(labels, 1), "identities": [*ids, canary],
+          "num_classes": num_classes}
+    return _with_parts(D), _with_parts(D2)
+
+
+def selection_neighbours(models: int, epsilon_pf: float, z: float):
+    """The selection pair (D, D', design) of the module docstring: dicts as :func:`probe_neighbours`', and
+    ``design`` with the counts ``u_D``, ``u_D'`` (head start included) every draw scores, and the sizes."""
+    from ..privacy import probe_mechanism as pm
+
+    if models < 2:
+        raise GSDError("the DP probe audit needs at least 2 models")
+    n = max(FIT_MIN, math.ceil(FIT_MARGIN * z * math.sqrt(2.0)))
+    head = pm.head_start(models, epsilon_pf)
+    k = math.floor(head) - 1
+    L = math.ceil(2 * LOSERS_LOG / epsilon_pf)
+    # rows: (feature under each model, label), fit half first: +1 -> 1 and -1 -> 0 under every model
+    right = {"both": [1, 1], "model-1": [-1, 1], "model-0": [1, -1]}
+    kind, count = ("model-1", k) if k >= 0 else ("model-0", -k)
+    rows = [([1] * models, 1)] * n + [([-1] * models, 0)] * n
+    rows += [(right["both"] + [-1] * (models - 2), 1)] * L + [(right[kind] + [-1] * (models - 2), 1)] * count
+    ids = _named("fit", 2 * n, fit=True) + _named("score", L + count, fit=False)
+    canary_row = (right["model-1"] + [-1] * (models - 2), 1)
+    canary = _named("canary", 1, fit=False)[0]
+
+    def data(rs, names) -> dict:
+        feats = np.array([r[0] for r in rs], dtype=np.float64)
+        return _with_parts({"features": [feats[:, [c]] for c in range(models)], "labels": np.array([r[1] for r in rs]),
+                            "identities": names, "num_classes": 2})
+
+    u = np.zeros(models)
+    u[0], u[1] = L + head + (count if kind == "model-0" else 0), L + (count if kind == "model-1" else 0)
+    u2 = u.copy()
+    u2[1] += 1
+    design = {"u_D": u.tolist(), "u_D'": u2.tolist(), "fit_per_class": n, "score_both": L, "score_" + kind: count,
+              "head_start": head, "lead_under_D": float(u[0] - u[1])}
+    return data(rows, ids), data([*rows, canary_row], [*ids, canary]), design
 
 
 def canary_shift_by_hand(models: int) -> float:
-    """||V||: the canary's change of the M statistics, written apart from the mechanism's code. Its
+    """||V||: the fit canary's change of the M statistics, written apart from the mechanism's code. Its
     normalised row is f = (e_1 + e_D) / sqrt(2): upper(f f^T) has the three entries 1/2 (squares sum to
     3/4) and f y^T has ||f|| ||y|| = 1, so ||v_c||^2 = 7/4 per model."""
     return math.sqrt(models * (0.75 + 1.0))
 
 
 def exact_gaussian_loss(mu: float, delta: float) -> float:
-    """The pair's exact epsilon at ``delta``: mu-GDP's curve (module docstring) at ``mu``."""
+    """The fit pair's exact epsilon at ``delta``: mu-GDP's curve (module docstring) at ``mu``."""
     return gdp_epsilon(mu, delta)
 
 
-def _fit_inputs(data: dict, num_classes: int):
-    """Per model, the fit part's normalised rows and one-hot labels, by the mechanism's steps 1-2."""
+def exact_selection_loss(u, u2, epsilon_pf: float) -> float:
+    """max over indices j of |log P_D[j] / P_D'[j]| for permute-and-flip at ``epsilon_pf`` (sensitivity 1)
+    on the counts ``u`` and ``u2``, its law by enumerating the M! orders (:func:`.dpselect.pf_law`)."""
+    from .dpselect import pf_law
+
+    p, p2 = pf_law(np.asarray(u, float), epsilon_pf / 2), pf_law(np.asarray(u2, float), epsilon_pf / 2)
+    return float(max(abs(math.log(a / b)) for a, b in zip(p, p2) if a > 0 and b > 0))
+
+
+def _run(plan, data: dict, gen, observe=None) -> int:
+    """One release of the mechanism on ``data``: :func:`~gsd_cli.privacy.probe_mechanism.run_dp_probe`, looked
+    up at call time (so a :func:`mutant` in force is the code that runs)."""
     from ..privacy import probe_mechanism as pm
 
-    parts = pm.split_parts(data["identities"], SALT)
-    y = pm.one_hot(np.asarray(data["labels"], dtype=np.int64)[parts], num_classes)
-    return [(pm.normalise(phi)[parts], y) for phi in data["features"]], parts
+    return pm.run_dp_probe(plan, data["features"], data["labels"], data["parts"], data["num_classes"], rng=gen,
+                           observe=observe)
+
+
+def _releases(plan, data: dict, gen) -> np.ndarray:
+    """The M fit releases of one run on ``data``, concatenated (read through ``observe``)."""
+    seen: list[np.ndarray] = []
+    _run(plan, data, gen, lambda c, r: seen.append(np.asarray(r, dtype=np.float64)))
+    if len(seen) != plan.models:
+        raise GSDError(f"the DP probe made {len(seen)} fit releases, not one per model ({plan.models})")
+    return np.concatenate(seen)
+
+
+def _exact_statistics(data: dict) -> np.ndarray:
+    """T(data): the M exact fit statistics, concatenated, by the mechanism's steps 1-3 without noise."""
+    from ..privacy import probe_mechanism as pm
+
+    a = data["parts"]
+    y = pm.one_hot(np.asarray(data["labels"], dtype=np.int64)[a], data["num_classes"])
+    return np.concatenate([pm.fit_statistics(pm.normalise(phi)[a], y) for phi in data["features"]])
 
 
 def _tail_bound(k_in: int, k_out: int, n: int, delta: float, level: float) -> tuple[float, float, float]:
@@ -151,13 +264,100 @@ def _tail_bound(k_in: int, k_out: int, n: int, delta: float, level: float) -> tu
     return (math.log(lo / hi) if lo > 0 and hi > 0 else 0.0), lo + delta, hi
 
 
-def audit_dp_probe(epsilon: float = 2.0, delta: float = 1e-5, *, draws: int = DRAWS, models: int = 2, pf_share: float = 0.5,
-                   insecure_seed: int | None = None, bug: str | None = None, confidence: float = 0.95) -> AuditResult:
-    """Audit the DP feature probe calibrated to (``epsilon``, ``delta``) for ``models`` models (module
-    docstring): ``draws`` releases of its M Gaussian fit statistics under each neighbour. The result's
-    claim is those releases' epsilon (the theorem's part (c) at the calibrated z); ``details`` has the
-    whole claim, ``exact_loss`` (the pair's, in closed form) and the Gaussian-DP fit (``gdp``).
-    ``bug``: ``half-scale`` (the noise halved) or ``public-seed`` (noise from the block's public seed)."""
+def _best_count(tests, n: int, delta: float, level: float, best: float = 0.0, how: dict | None = None):
+    """The best :func:`_tail_bound` over ``tests`` = ``[(how, k_in, k_out)]`` of ``n`` draws each."""
+    how = how or {}
+    for info, k_in, k_out in tests:
+        e, lo, hi = _tail_bound(k_in, k_out, n, delta, level)
+        if e > best:
+            best, how = e, {**info, "p_lower": lo, "p_upper": hi, "correct": k_in + (n - k_out), "trials": 2 * n}
+    return best, how
+
+
+def _fit_part(plan, draws: int, gen_for, delta: float, alpha: float) -> dict:
+    """The fit part (module docstring) at error probability ``alpha``: ``draws`` end-to-end runs under each
+    neighbour of :func:`probe_neighbours`, the M releases read as made; its bound, claim and tests."""
+    from ..privacy import probe_mechanism as pm
+
+    D, D2 = probe_neighbours(plan.models)
+    if not D2["parts"][-1]:  # pragma: no cover - probe_neighbours picks the canary in the fit half
+        raise GSDError("the DP probe audit's fit canary is not in the fit half")
+    centre = _exact_statistics(D)
+    shift = _exact_statistics(D2) - centre  # v(x), by the mechanism's code
+    sigma = plan.z * math.sqrt(2.0)  # the claimed noise, from the docstring (sigma = z sqrt 2), not from the code
+    norm_v = float(np.linalg.norm(shift))
+    direction = shift / (norm_v * sigma)
+    replays = min(draws, REPLAY_DRAWS)
+    s_d, s_d2, eq_d, eq_d2 = np.empty(draws), np.empty(draws), 0, 0
+    tol = 1e-9 * max(1.0, sigma)
+    for i in range(draws):
+        a, b = _releases(plan, D, gen_for(i)), _releases(plan, D2, gen_for(i))
+        s_d[i], s_d2[i] = (a - centre) @ direction, (b - centre) @ direction
+        if i < replays:  # what the code makes from D with draw i's public seed i
+            ref = _releases(plan, D, np.random.default_rng(i))
+            eq_d, eq_d2 = eq_d + int(np.abs(a - ref).sum() <= tol), eq_d2 + int(np.abs(b - ref).sum() <= tol)
+    mu_claimed = norm_v / sigma
+    level = alpha / 2 / (2 * len(THRESHOLDS) + 1)  # half for the counting tests, half for the Gaussian-DP fit
+    tests = []
+    for t in THRESHOLDS:
+        tests.append(({"statistic": "projection", "test": "D' over D", "region": f"s > {t:g}"},
+                      int((s_d2 > t).sum()), int((s_d > t).sum())))
+        tests.append(({"statistic": "projection", "test": "D over D'", "region": f"s <= mu - {t:g}"},
+                      int((s_d <= mu_claimed - t).sum()), int((s_d2 <= mu_claimed - t).sum())))
+    best, how = _best_count(tests, draws, delta, level)
+    best, how = _best_count([({"statistic": "replay", "test": "D over D'",
+                               "region": "release equals the public-seed replay of D"}, eq_d, eq_d2)], replays, delta, level, best, how)
+    counted = how
+    mu_hat, mu_lo, _ = gdp_mu_bounds(s_d, s_d2, 1 - alpha / 2)
+    eps_gdp = gdp_epsilon(mu_lo, delta) if np.isfinite(mu_lo) else 0.0
+    if eps_gdp > best:
+        best, how = eps_gdp, {"statistic": "Gaussian-DP fit (Nasr et al. 2023)", "mu_lower": mu_lo,
+                              "correct": int(counted.get("correct", draws)), "trials": int(counted.get("trials", 2 * draws))}
+    mu_exact = canary_shift_by_hand(plan.models) / sigma
+    claim = pm.selection_epsilon(plan.models, plan.z, 0.0, delta)  # the M Gaussian releases' part of the theorem
+    return {"claim": claim, "delta": delta, "epsilon_lower_bound": best, "best_test": how, "best_counting_test": counted,
+            "exact_loss": exact_gaussian_loss(mu_exact, delta), "mu_exact": mu_exact, "canary_shift": norm_v,
+            "canary_shift_by_hand": canary_shift_by_hand(plan.models), "noise_std_claimed": sigma,
+            "gdp": {"mu_hat": mu_hat, "mu_lower": mu_lo, "mu_claimed": mu_claimed, "epsilon_lower": eps_gdp,
+                    "claimed_mechanism_epsilon_exact": exact_gaussian_loss(mu_claimed, delta),
+                    "noise_below_claim": bool(mu_lo > mu_claimed)},
+            "replay_draws": replays, "replay_equal_under_D": eq_d, "replay_equal_under_D'": eq_d2,
+            "mean_shift_sd": float(s_d2.mean() - s_d.mean()),
+            "neighbours": (f"D = 8 public examples under each of {plan.models} models, D' = D + one canary with features "
+                           "5 e1 in the fit half (add/remove one example)")}
+
+
+def _selection_part(plan, draws: int, gen_for, alpha: float) -> dict:
+    """The selection part (module docstring) at error probability ``alpha``: ``draws`` end-to-end runs under
+    each neighbour of :func:`selection_neighbours`, the released index counted; its bound, claim and tests."""
+    D, D2, design = selection_neighbours(plan.models, plan.epsilon_pf, plan.z)
+    if D2["parts"][-1] or int(D["parts"].sum()) != 2 * design["fit_per_class"]:  # pragma: no cover - by _named
+        raise GSDError("the DP probe audit's selection pair is not split as designed")
+    idx_d = np.array([_run(plan, D, gen_for(i)) for i in range(draws)])
+    idx_d2 = np.array([_run(plan, D2, gen_for(i)) for i in range(draws)])
+    tests = []
+    for j, who in ((1, "model 1 (the canary's)"), (0, "the untrained model")):
+        k, k2 = int((idx_d == j).sum()), int((idx_d2 == j).sum())
+        tests += [({"statistic": "released index", "test": "D' over D", "region": f"index = {j}: {who}"}, k2, k),
+                  ({"statistic": "released index", "test": "D over D'", "region": f"index = {j}: {who}"}, k, k2)]
+    best, how = _best_count(tests, draws, 0.0, alpha / len(tests))
+    return {"claim": plan.epsilon_pf / 2, "delta": 0.0, "epsilon_lower_bound": best, "best_test": how,
+            "exact_loss": exact_selection_loss(design["u_D"], design["u_D'"], plan.epsilon_pf), "design": design,
+            "frequencies_D": np.bincount(idx_d, minlength=plan.models).tolist(),
+            "frequencies_D'": np.bincount(idx_d2, minlength=plan.models).tolist(),
+            "neighbours": (f"D = {2 * design['fit_per_class']} fit and {len(D['labels']) - 2 * design['fit_per_class']} "
+                           "score examples, D' = D + one canary in the score half that only model 1 gets right "
+                           "(add/remove one example)")}
+
+
+def audit_dp_probe(epsilon: float = 2.0, delta: float = 1e-5, *, draws: int = DRAWS, models: int = MODELS,
+                   pf_share: float = 0.5, insecure_seed: int | None = None, bug: str | None = None,
+                   confidence: float = 0.95) -> AuditResult:
+    """Audit the DP feature probe planned for (``epsilon``, ``delta``) and ``models`` models, run end to end
+    (module docstring): ``draws`` runs under each neighbour of each part's pair. The result reports the part
+    whose bound is the largest fraction of its claim (``details["reported_part"]``); ``details["parts"]`` has
+    both, each with its claim, bound, exact loss and tests. ``bug``: a :data:`MUTANTS` key (applied to the
+    mechanism's code while the audit runs) or ``public-seed`` (each draw from its public seed)."""
     from ..privacy import check_delta
     from ..privacy import probe_mechanism as pm
     from ..privacy.randomness import private_rng
@@ -165,92 +365,35 @@ def audit_dp_probe(epsilon: float = 2.0, delta: float = 1e-5, *, draws: int = DR
 
     check_draw_audit(epsilon, draws, insecure_seed, bug, BUGS, "DP probe")
     check_delta(delta)
-    z, eps_pf = pm.calibrate(epsilon, delta, models, pf_share)
-    claim = pm.selection_epsilon(models, z, 0.0, delta)  # the M Gaussian releases' part of the theorem
-    whole = pm.selection_epsilon(models, z, eps_pf, delta)
-    sigma = z * math.sqrt(2.0)  # the claimed noise, from the docstring (sigma = z sqrt 2), not from the code
-    z_used = z / 2 if bug == "half-scale" else z
-    num_classes = 2
-    D, D2 = probe_neighbours(models, num_classes=num_classes)
-    fit_d, _ = _fit_inputs(D, num_classes)
-    fit_d2, parts2 = _fit_inputs(D2, num_classes)
-    if not parts2[-1]:  # pragma: no cover - probe_neighbours picks the canary in part A
-        raise GSDError("the DP probe audit's canary is not in the fit part")
-    centre = [pm.fit_statistics(f, y) for f, y in fit_d]
-    shift = [pm.fit_statistics(f, y) - c for (f, y), c in zip(fit_d2, centre)]  # v_c(x), by the mechanism's code
-    norm_v = math.sqrt(sum(float(v @ v) for v in shift))
-    direction = [v / (norm_v * sigma) for v in shift]
+    if isinstance(models, bool) or not isinstance(models, (int, np.integer)) or not 2 <= models <= MAX_MODELS:
+        raise GSDError(f"--models {models}: the DP probe audit takes 2 to {MAX_MODELS} models (the untrained one and "
+                       "1 to 7 candidates; permute-and-flip's exact law is enumerated over the M! orders)")
+    plan = pm.plan_dp_probe(epsilon, delta, int(models), pf_share)
     rng = private_rng("audit-dp-probe", insecure_seed)
 
-    def release(fit, n: int, gen, zz: float) -> list[np.ndarray]:
-        g = TrialsGenerator(gen, n)
-        out = [pm.noisy_fit_statistics(f, y, zz, g) for f, y in fit]
-        if g.calls != len(fit) or any(o.shape != (n, c.shape[0]) for o, c in zip(out, centre)):
-            raise GSDError("the DP probe's noise was not drawn from the generator it was given (one draw per model)")
-        return out
+    def gen_for(i: int):  # the bug: draw i's generator reproduced from its public seed i, the same under D and D'
+        return np.random.default_rng(i) if bug == "public-seed" else rng
 
-    def stat(rel: list[np.ndarray]) -> np.ndarray:
-        return sum((r - c) @ d for r, c, d in zip(rel, centre, direction))
-
-    sa, sb, ra, rb = [], [], [], []
-    for j, start in enumerate(range(0, draws, BLOCK)):
-        n = min(BLOCK, draws - start)
-        # the bug: the block's generator reproduced from its public seed j, the same under D and D'
-        gens = (np.random.default_rng(j), np.random.default_rng(j)) if bug == "public-seed" else (rng, rng)
-        a, b = release(fit_d, n, gens[0], z_used), release(fit_d2, n, gens[1], z_used)
-        ref = release(fit_d, n, np.random.default_rng(j), z)  # what the code makes from D with block j's public seed
-        sa.append(stat(a))
-        sb.append(stat(b))
-        ra.append(sum(np.abs(x - y).sum(1) for x, y in zip(a, ref)))
-        rb.append(sum(np.abs(x - y).sum(1) for x, y in zip(b, ref)))
-    s_d, s_d2, r_d, r_d2 = (np.concatenate(x) for x in (sa, sb, ra, rb))
-    mu_claimed = norm_v / sigma
-
-    # half of the error for the counting tests (2 per threshold + the replay), half for the Gaussian-DP fit
     alpha = 1.0 - confidence
-    level = alpha / 2 / (2 * len(THRESHOLDS) + 1)
-    best, how = 0.0, {}
-    for t in THRESHOLDS:
-        for name, k_in, k_out, region in (
-            ("D' over D", int((s_d2 > t).sum()), int((s_d > t).sum()), f"s > {t:g}"),
-            ("D over D'", int((s_d <= mu_claimed - t).sum()), int((s_d2 <= mu_claimed - t).sum()), f"s <= mu - {t:g}"),
-        ):
-            e, lo, hi = _tail_bound(k_in, k_out, draws, delta, level)
-            if e > best:
-                best, how = e, {"statistic": "projection", "test": name, "region": region, "threshold_sd": t, "p_lower": lo,
-                                "p_upper": hi, "correct": k_in + (draws - k_out)}
-    tol = 1e-9 * max(1.0, sigma)
-    eq_d, eq_d2 = int((r_d <= tol).sum()), int((r_d2 <= tol).sum())
-    e, lo, hi = _tail_bound(eq_d, eq_d2, draws, delta, level)
-    if e > best:
-        best, how = e, {"statistic": "replay", "test": "D over D'", "region": "release equals the public-seed replay of D",
-                        "p_lower": lo, "p_upper": hi, "correct": eq_d + (draws - eq_d2)}
-    mu_hat, mu_lo, _ = gdp_mu_bounds(s_d, s_d2, 1 - alpha / 2)
-    eps_gdp = gdp_epsilon(mu_lo, delta) if np.isfinite(mu_lo) else 0.0
-    gdp = {"mu_hat": mu_hat, "mu_lower": mu_lo, "mu_claimed": mu_claimed, "epsilon_lower": eps_gdp,
-           "claimed_mechanism_epsilon_exact": exact_gaussian_loss(mu_claimed, delta),
-           "noise_below_claim": bool(mu_lo > mu_claimed)}
-    counted = how
-    if eps_gdp > best:
-        best, how = eps_gdp, {"statistic": "Gaussian-DP fit (Nasr et al. 2023)", "mu_lower": mu_lo,
-                              "correct": int(counted.get("correct", draws))}
-    mu_exact = canary_shift_by_hand(models) / sigma
-    details = {"models": models, "pf_share": pf_share, "noise_multiplier": z, "noise_std": sigma, "epsilon_pf": eps_pf,
-               "epsilon_requested": float(epsilon), "claim_whole_mechanism": whole, "claim_gaussian_releases": claim,
-               "audited": f"the {models} Gaussian fit releases (theorem part (c)); permute-and-flip: gsd audit --method dp-select",
-               "draws_per_neighbour": draws, "exact_loss": exact_gaussian_loss(mu_exact, delta), "mu_exact": mu_exact,
-               "exact_loss_as_run": exact_gaussian_loss(canary_shift_by_hand(models) / (z_used * math.sqrt(2.0)), delta),
-               "canary_shift": norm_v, "canary_shift_by_hand": canary_shift_by_hand(models), "best_test": how,
-               "best_counting_test": counted, "gdp": gdp, "bug": bug,
-               "replay_equal_under_D": eq_d, "replay_equal_under_D'": eq_d2,
-               "mean_shift_sd": float(s_d2.mean() - s_d.mean()),
-               "neighbours": ("D = 8 public examples under each model, D' = D + one canary with features 5 e1 "
-                              "in the fit part (add/remove one example)"),
-               "confidence_split": "counting tests (thresholds and replay) and Gaussian-DP fit at half the error probability each",
+    with mutant(bug):
+        parts = {"fit": _fit_part(plan, draws, gen_for, plan.delta, alpha / 2),
+                 "selection": _selection_part(plan, draws, gen_for, alpha / 2)}
+    name = max(parts, key=lambda p: parts[p]["epsilon_lower_bound"] / parts[p]["claim"])
+    rep = parts[name]
+    details = {"models": plan.models, "pf_share": pf_share, "noise_multiplier": plan.z, "noise_std": plan.z * math.sqrt(2.0),
+               "epsilon_pf": plan.epsilon_pf, "epsilon_requested": float(epsilon), "claim_whole_mechanism": plan.epsilon,
+               "claim_gaussian_releases": parts["fit"]["claim"], "claim_selection": parts["selection"]["claim"],
+               "parts": parts, "reported_part": name, "exact_loss": rep["exact_loss"], "best_test": rep["best_test"],
+               "draws_per_neighbour": draws, "bug": bug, "mutant": MUTANTS.get(bug),
+               "audited": ("the released mechanism end to end (gsd_cli.privacy.probe_mechanism.run_dp_probe: fit, score, "
+                           "permute-and-flip) at M models; each part against its own claim"),
+               "confidence_split": "Bonferroni: the fit part and the selection part at half the error probability each",
                "dp_randomness": "insecure seed" if insecure_seed is not None else "operating system"}
-    return AuditResult("dp-probe", float(claim), float(delta), float(best), 2 * draws, 2 * draws,
-                       int(how.get("correct", draws)), confidence, details)
+    how = rep["best_test"]
+    trials = int(how.get("trials", 2 * draws))
+    return AuditResult("dp-probe", float(rep["claim"]), float(rep["delta"]), float(rep["epsilon_lower_bound"]), trials, trials,
+                       int(how.get("correct", trials // 2)), confidence, details)
 
 
-__all__ = ["BUGS", "DRAWS", "THRESHOLDS", "TrialsGenerator", "audit_dp_probe", "canary_shift_by_hand", "exact_gaussian_loss",
-           "probe_neighbours"]
+__all__ = ["BUGS", "DRAWS", "MODELS", "MUTANTS", "THRESHOLDS", "audit_dp_probe", "canary_shift_by_hand", "exact_gaussian_loss",
+           "exact_selection_loss", "mutant", "probe_neighbours", "selection_neighbours"]

@@ -16,6 +16,8 @@ from .options import force_option, insecure_seed_option
 
 #: upper bounds of the audit's sizes (each is far above what a tight audit needs: README, Privacy audit)
 MAX_STEPS, MAX_EXAMPLES, MAX_STEP_TRIALS = 100_000, 1_000_000, 10_000_000
+#: the most draws per neighbour of ``--method dp-probe`` (each runs the mechanism end to end: 4 x 200,000 is about 15 minutes)
+MAX_PROBE_DRAWS = 200_000
 
 
 def _check_bounds(canaries: int, steps: int, examples: int, step_trials: int | None, synthetic: bool) -> None:
@@ -50,6 +52,8 @@ def _warn_unused(ctx, method: str) -> None:
         note = unused_note(method.removesuffix("+rs"), [n for n in given if n != "sparsify"])
         if "sparsify" in given and not method.endswith("+rs"):
             note = (note + "; " if note else "") + f"--sparsify is not used by --method {method} (a setting of the +rs methods): ignored"
+    if method != "dp-probe" and getattr(ctx.get_parameter_source("models"), "name", None) == "COMMANDLINE":
+        note = (note + "; " if note else "") + f"--models is not used by --method {method} (a setting of dp-probe): ignored"
     if note:
         err.print("[yellow]warning:[/] " + escape(note), highlight=False, soft_wrap=True)
 
@@ -63,10 +67,11 @@ def epsilon_text(epsilon: float, digits: int = 3) -> str:
 @app.command()
 def audit(
     ctx: typer.Context,
-    method: str = typer.Option(..., "--method", help="dpsgd, gep, rgp, topagg, second-phase (its DP-SGD stage 2), dpsgd+rs, gep+rs, dpgsd, dp-select (gsd rank --dp's default: the DP selection), dp-energy (--metric dp-energy's noisy order) or dp-probe (gsd train's DP feature probe: its Gaussian releases)."),
+    method: str = typer.Option(..., "--method", help="dpsgd, gep, rgp, topagg, second-phase (its DP-SGD stage 2), dpsgd+rs, gep+rs, dpgsd, dp-select (gsd rank --dp's default: the DP selection), dp-energy (--metric dp-energy's noisy order) or dp-probe (gsd train's DP feature probe, run end to end: its fit releases and its selection, each against its own claim)."),
     epsilon: float = typer.Option(2.0, "--epsilon", help="Claimed epsilon: the trainer's sigma is calibrated to it (dpgsd, dp-select, dp-energy: the ranking's epsilon; dp-probe: the probe's, as --select-epsilon)."),
     delta: float = typer.Option(1e-5, "--delta", help="Claimed delta (dpgsd, dp-select and dp-energy are pure DP: unused; dp-probe: its delta)."),
-    canaries: int = typer.Option(1000, "--canaries", help="Gradient canaries (dpgsd, dp-select, dp-energy: the mechanism audit's draws under each neighbour; dp-probe: its draws under each neighbour, default 1,000,000)."),
+    canaries: int = typer.Option(1000, "--canaries", help="Gradient canaries (dpgsd, dp-select, dp-energy: the mechanism audit's draws under each neighbour; dp-probe: its end-to-end runs under each neighbour of each of its two pairs, default 5,000)."),
+    models: int = typer.Option(4, "--models", help="dp-probe: the number of models M the probe chooses among (the untrained one and M - 1 candidates; 2 to 8)."),
     trials: Optional[int] = typer.Option(None, "--trials", help="dpgsd, dp-select, dp-energy: rankings per neighbour of the end-to-end audit of gsd rank --dp (3 tiny rankings a trial; default: the fewest that would flag a replayed pipeline at --epsilon, at most 100).", min=5, max=10000),
     steps: int = typer.Option(1, "--steps", help="Training steps of the audited run."),
     sampling_rate: float = typer.Option(1.0, "--sampling-rate", help="Poisson sampling rate q of every step."),
@@ -94,7 +99,7 @@ def audit(
 ) -> None:
     """Audit a private trainer or DP-GSD empirically: a lower bound on epsilon at 95% confidence
     (Steinke, Nasr, Jagielski 2023 one-run canary audit; DP-GSD: a distinguishing test), beside the
-    claimed epsilon. A lower bound above the claim is a privacy bug; one below it proves nothing."""
+    claimed epsilon. A lower bound above the claim is a privacy bug (exit 1); one below it proves nothing."""
     from ..errors import GSDError
     from ..report.outputs import check_not_inputs, check_output_path, run_inputs, write_output
 
@@ -110,7 +115,7 @@ def audit(
         method=method, epsilon=epsilon, delta=delta, canaries=canaries, trials=trials, steps=steps, sampling_rate=sampling_rate,
         examples=examples, model=model, private=private, public=public, clip=clip, clip_embedding=clip_embedding,
         clip_residual=clip_residual, k=k, rgp_rank=rgp_rank, topk_fraction=topk_fraction, sparsify=sparsify,
-        accountant=accountant, seed=seed, insecure_seed=insecure_seed, step_trials=step_trials,
+        accountant=accountant, seed=seed, insecure_seed=insecure_seed, step_trials=step_trials, models=models,
     )
     result = _run_audit(options)
     # a distinguishing test (DP-GSD, the DP energy distance, the DP selection, --step-trials) draws releases under
@@ -121,18 +126,23 @@ def audit(
     if json_file is not None:
         write_output(json_file, json.dumps(result.to_dict(), indent=2, default=float) + "\n")
         err.print(f"wrote {json_file}")
+    if not result.consistent:  # PRIVACY BUG: a failed check, as gsd rank --catalog's (the JSON is written first)
+        from ..ranking.checks import EXIT_CHECK_FAILED
+
+        raise typer.Exit(EXIT_CHECK_FAILED)
 
 
 def _probe_draws(ctx, canaries: int) -> int:
-    """``--method dp-probe``'s draws per neighbour: ``--canaries`` as given, or (not given) a million;
-    at most :data:`MAX_STEP_TRIALS`."""
+    """``--method dp-probe``'s draws per neighbour: ``--canaries`` as given, or (not given)
+    :data:`gsd_cli.audit.dpprobe.DRAWS`; at most :data:`MAX_PROBE_DRAWS` (each draw runs the mechanism)."""
     from ..audit.dpprobe import DRAWS
     from ..errors import GSDError
 
     if getattr(ctx.get_parameter_source("canaries"), "name", None) != "COMMANDLINE":
-        canaries = DRAWS  # its releases are cheap: a million draws per neighbour (a few seconds) by default
-    if canaries > MAX_STEP_TRIALS:
-        raise GSDError(f"--canaries {canaries}: the DP probe audit takes at most {MAX_STEP_TRIALS:,} draws per neighbour")
+        canaries = DRAWS  # each draw runs the whole mechanism (about a millisecond): 5,000 per neighbour and pair
+    if canaries > MAX_PROBE_DRAWS:
+        raise GSDError(f"--canaries {canaries}: the DP probe audit takes at most {MAX_PROBE_DRAWS:,} draws per neighbour "
+                       "(each runs the whole mechanism, about a millisecond; 5,000 flag the three mutants of its docs)")
     return canaries
 
 
@@ -142,8 +152,8 @@ def _dpgsd_kwargs(o: SimpleNamespace) -> dict:
 
 
 def _probe_kwargs(o: SimpleNamespace) -> dict:
-    """``--method dp-probe``: none of the options beyond epsilon, delta, draws and the seed."""
-    return {}
+    """``--method dp-probe``: its number of models (beyond epsilon, delta, draws and the seed)."""
+    return {"models": o.models}
 
 
 def _energy_kwargs(o: SimpleNamespace) -> dict:
@@ -220,16 +230,12 @@ def _print_result(result, method: str, epsilon: float, delta: float, distinguish
 
 
 def _print_details(d: dict, method: str, epsilon: float, delta: float) -> None:
-    """The lines of the details an audit gives: the exact loss of the audited pair, the DP probe's claims,
-    the mechanism and end-to-end audits of gsd rank --dp, the Gaussian-DP fit."""
+    """The lines of the details an audit gives: the exact loss of the audited pair, the DP probe's parts
+    (:func:`_print_probe`), the mechanism and end-to-end audits of gsd rank --dp, the Gaussian-DP fit."""
+    if method == "dp-probe" and "parts" in d:
+        return _print_probe(d, epsilon, delta)
     if "exact_loss" in d:
-        how = "closed form, Gaussian trade-off" if method == "dp-probe" else "numerical integration"
-        out.print(f"exact privacy loss of the audited pair ({how}): {epsilon_text(d['exact_loss'], 4)}")
-    if "claim_whole_mechanism" in d:
-        out.print(f"the DP probe at --epsilon {epsilon:g}, --delta {delta:g} ({d['models']} models): noise multiplier "
-                  f"{d['noise_multiplier']:.4g}, permute-and-flip epsilon {epsilon_text(d['epsilon_pf'])}, whole claim "
-                  f"{epsilon_text(d['claim_whole_mechanism'])}; audited: its {d['models']} Gaussian releases, claim "
-                  f"{epsilon_text(d['claim_gaussian_releases'])} (an example is in the fit part or the score part, never both)")
+        out.print(f"exact privacy loss of the audited pair (numerical integration): {epsilon_text(d['exact_loss'], 4)}")
     if "pipeline" in d:
         sam, pipe = d["sampler"], d["pipeline"]
         mech = {"dpgsd": "sampler", "dp-select": "selection mechanism"}.get(method, "Laplace mechanism")
@@ -244,3 +250,30 @@ def _print_details(d: dict, method: str, epsilon: float, delta: float) -> None:
         g = d["gdp"]
         out.print(f"Gaussian-DP fit: mu {g['mu_hat']:.4f} (95% lower bound {g['mu_lower']:.4f}) against the claimed "
                   f"mechanism's {g['mu_claimed']:.4f}" + ("; the noise is BELOW the claimed sigma" if g["noise_below_claim"] else ""))
+
+
+def _print_probe(d: dict, epsilon: float, delta: float) -> None:
+    """``--method dp-probe``'s lines: the plan, each part's claim, exact loss and bound, the Gaussian-DP fit,
+    and which part the table shows."""
+    fit, sel = d["parts"]["fit"], d["parts"]["selection"]
+
+    def mark(p: dict) -> str:
+        return " ABOVE ITS CLAIM" if p["epsilon_lower_bound"] > p["claim"] else ""
+
+    out.print(f"the DP probe at --epsilon {epsilon:g}, --delta {delta:g}, M = {d['models']} models (--models): noise multiplier "
+              f"{d['noise_multiplier']:.4g}, permute-and-flip epsilon {epsilon_text(d['epsilon_pf'])}, whole claim "
+              f"{epsilon_text(d['claim_whole_mechanism'])}; run end to end (fit, score, selection), each part against its own "
+              "claim (an example is in the fit half or the score half, never both)")
+    out.print(f"fit part (canary in the fit half): claim {epsilon_text(fit['claim'])} (the {d['models']} Gaussian releases), exact "
+              f"loss of the pair {epsilon_text(fit['exact_loss'], 4)} (closed form, Gaussian trade-off), lower bound "
+              f"{epsilon_text(fit['epsilon_lower_bound'])}{mark(fit)}")
+    n, won, won2 = d["draws_per_neighbour"], sel["frequencies_D"][1], sel["frequencies_D'"][1]
+    out.print(f"selection part (canary in the score half): claim {epsilon_text(sel['claim'])} (permute-and-flip on counts that move "
+              f"one way: epsilon_pf / 2), exact loss of the pair {epsilon_text(sel['exact_loss'], 4)} (its law enumerated), lower "
+              f"bound {epsilon_text(sel['epsilon_lower_bound'])}{mark(sel)}; the canary's model won {won} of {n} "
+              f"under D, {won2} under D'")
+    g = fit["gdp"]
+    out.print(f"Gaussian-DP fit (fit part): mu {g['mu_hat']:.4f} (95% lower bound {g['mu_lower']:.4f}) against the claimed "
+              f"mechanism's {g['mu_claimed']:.4f}" + ("; the noise is BELOW the claimed sigma" if g["noise_below_claim"] else ""))
+    out.print(f"the table shows the {d['reported_part']} part (its bound is the larger fraction of its claim)"
+              + (f"; mutant: {d['mutant']}" if d.get("mutant") else ""))

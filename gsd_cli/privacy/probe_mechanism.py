@@ -95,6 +95,10 @@ Refusals. Those that depend on public inputs (epsilon, delta, the number of mode
 that is not a finite number) are :class:`gsd_cli.errors.PrivateError`. An empty part A or B is not
 refused (its size is private): the mechanism runs and stays private.
 
+Entry points: :func:`plan_dp_probe` fixes the public accounting (z, epsilon_pf, the curve) before any private
+computation, so a caller books it first; :func:`run_dp_probe` runs the mechanism at the plan's numbers (the
+call ``gsd audit --method dp-probe`` runs end to end, :mod:`gsd_cli.audit.dpprobe`); :func:`dp_probe` is both.
+
 Randomness: the caller's private generator (:func:`gsd_cli.privacy.randomness.private_rng`), never
 one seeded from a public seed. The module imports only numpy at import time (dp-accounting is loaded
 by the accounting functions when called).
@@ -107,7 +111,8 @@ import hmac
 import math
 import secrets
 from dataclasses import dataclass
-from typing import Sequence
+from functools import lru_cache
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -167,13 +172,23 @@ def one_hot(labels: np.ndarray, num_classes: int) -> np.ndarray:
     return y
 
 
+@lru_cache(maxsize=64)
+def _upper(dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.triu_indices(dim)`` (row-major, with the diagonal), read-only and kept: it is a quarter of a
+    release's time at the small dimensions the probe and its audit use."""
+    rows, cols = np.triu_indices(dim)
+    rows.setflags(write=False)
+    cols.setflags(write=False)
+    return rows, cols
+
+
 def fit_statistics(f: np.ndarray, y: np.ndarray) -> np.ndarray:
     """The exact statistic T = concat(upper(sum f f^T) incl. the diagonal, row-major; vec(sum f y^T))
     of normalised rows ``f`` (n, D) and one-hot ``y`` (n, C)."""
     f = np.asarray(f, dtype=np.float64)
     s = f.T @ f
     b = f.T @ np.asarray(y, dtype=np.float64)
-    return np.concatenate([s[np.triu_indices(f.shape[1])], b.ravel()])
+    return np.concatenate([s[_upper(f.shape[1])], b.ravel()])
 
 
 def noise_std(z: float) -> float:
@@ -197,7 +212,7 @@ def unpack(t: np.ndarray, dim: int, num_classes: int) -> tuple[np.ndarray, np.nd
     """(S, B) from a (noisy) statistic: the upper triangle mirrored to a symmetric S, B as (D, C)."""
     k = dim * (dim + 1) // 2
     s = np.zeros((dim, dim))
-    s[np.triu_indices(dim)] = t[:k]
+    s[_upper(dim)] = t[:k]
     s = s + s.T - np.diag(np.diag(s))
     return s, np.asarray(t[k:], dtype=np.float64).reshape(dim, num_classes)
 
@@ -292,12 +307,15 @@ def head_start(models: int, epsilon_pf: float) -> float:
 
 
 def dp_probe_at(features: Sequence[np.ndarray], labels: np.ndarray, parts: np.ndarray, num_classes: int, *, z: float,
-                epsilon_pf: float, rng: np.random.Generator, ridge: float = 1.0, prefer_untrained: bool = True) -> int:
+                epsilon_pf: float, rng: np.random.Generator, ridge: float = 1.0, prefer_untrained: bool = True,
+                observe: Callable[[int, np.ndarray], None] | None = None) -> int:
     """The mechanism (module docstring, steps 2-6) at a given noise multiplier ``z`` and
     permute-and-flip epsilon ``epsilon_pf``: the winning index. Its cost is
-    :func:`selection_curve` (len(features), z, epsilon_pf); :func:`dp_probe` calibrates both to a
-    target (epsilon, delta) and is what a caller should use. ``prefer_untrained``: the untrained
-    model's score gets :func:`head_start` (public; the same privacy)."""
+    :func:`selection_curve` (len(features), z, epsilon_pf); :func:`plan_dp_probe` calibrates both to a
+    target (epsilon, delta) and :func:`run_dp_probe` runs the plan: what a caller should use.
+    ``prefer_untrained``: the untrained model's score gets :func:`head_start` (public; the same privacy).
+    ``observe(c, release)``: called with each model's Gaussian release of step 3 (what part (c) of the
+    theorem makes DP), for the audit (:mod:`gsd_cli.audit.dpprobe`); None in ``gsd train``."""
     feats, y, parts, num_classes = _validate(features, labels, parts, num_classes)
     z = _check_positive("noise multiplier z", z)
     epsilon_pf = _check_positive("epsilon_pf", epsilon_pf)
@@ -308,6 +326,8 @@ def dp_probe_at(features: Sequence[np.ndarray], labels: np.ndarray, parts: np.nd
     for c, phi in enumerate(feats):
         f = normalise(phi)
         released = noisy_fit_statistics(f[parts], one_hot(y[parts], num_classes), z, rng)
+        if observe is not None:
+            observe(c, released.copy())
         w = ridge_weights(released, f.shape[1], num_classes, z, ridge)
         u[c] += scores(f[~parts], y[~parts], w)
     from .selection import permute_and_flip
@@ -315,11 +335,49 @@ def dp_probe_at(features: Sequence[np.ndarray], labels: np.ndarray, parts: np.nd
     return permute_and_flip(u, epsilon_pf, SCORE_SENSITIVITY, rng)
 
 
+@dataclass(frozen=True)
+class DPProbePlan:
+    """The DP probe's public accounting, fixed from public numbers before any private computation (so a
+    caller books it first): ``models`` (M), the noise multiplier ``z`` and permute-and-flip's ``epsilon_pf``
+    calibrated to the target, the certified ``epsilon`` (<= the target) at ``delta``, and the RDP ``curve``
+    at gsd's orders (for the ledger)."""
+
+    models: int
+    z: float
+    epsilon_pf: float
+    epsilon: float
+    delta: float
+    curve: tuple
+
+
+def plan_dp_probe(epsilon: float, delta: float, models: int, pf_share: float = 0.5) -> DPProbePlan:
+    """The :class:`DPProbePlan` of M = ``models`` models at the target (``epsilon``, ``delta``):
+    :func:`calibrate`, then the curve and the certified epsilon of what it gives."""
+    epsilon = _check_positive("epsilon", epsilon)
+    delta = _check_delta(delta)
+    z, eps_pf = calibrate(epsilon, delta, models, pf_share)
+    return DPProbePlan(models=int(models), z=z, epsilon_pf=eps_pf, epsilon=selection_epsilon(models, z, eps_pf, delta),
+                       delta=delta, curve=tuple(selection_curve(models, z, eps_pf)))
+
+
+def run_dp_probe(plan: DPProbePlan, features: Sequence[np.ndarray], labels: np.ndarray, parts: np.ndarray, num_classes: int, *,
+                 rng: np.random.Generator, ridge: float = 1.0, prefer_untrained: bool = True,
+                 observe: Callable[[int, np.ndarray], None] | None = None) -> int:
+    """The released index of the mechanism run at ``plan``'s noise multiplier and permute-and-flip epsilon
+    (:func:`dp_probe_at` with ``z=plan.z``, ``epsilon_pf=plan.epsilon_pf``): the call that ``gsd audit
+    --method dp-probe`` runs end to end. ``features`` must hold ``plan.models`` models."""
+    if isinstance(features, np.ndarray) or not isinstance(features, Sequence) or len(features) != plan.models:
+        raise GSDError(f"the DP probe was planned for {plan.models} models; give their features as a list of {plan.models} arrays")
+    return dp_probe_at(features, labels, parts, num_classes, z=plan.z, epsilon_pf=plan.epsilon_pf, rng=rng, ridge=ridge,
+                       prefer_untrained=prefer_untrained, observe=observe)
+
+
 def dp_probe(features: Sequence[np.ndarray], labels: np.ndarray, parts: np.ndarray, num_classes: int, *, epsilon: float,
              delta: float, rng: np.random.Generator, ridge: float = 1.0, pf_share: float = 0.5,
              prefer_untrained: bool = True) -> DPProbeRelease:
     """The DP feature probe: which of the M = len(features) models (0 = untrained) gives the best
-    ridge probe of the private examples, (epsilon, delta)-DP under add/remove-one (module docstring).
+    ridge probe of the private examples, (epsilon, delta)-DP under add/remove-one (module docstring):
+    :func:`plan_dp_probe`, then :func:`run_dp_probe`.
 
     ``features``: per model, the (n, d_c) features of the same n private examples; ``labels``: (n,)
     integers in 0..num_classes-1; ``parts``: (n,) booleans from :func:`split_parts` (True = fit);
@@ -327,14 +385,12 @@ def dp_probe(features: Sequence[np.ndarray], labels: np.ndarray, parts: np.ndarr
     epsilon = _check_positive("epsilon", epsilon)
     delta = _check_delta(delta)
     _validate(features, labels, parts, num_classes)
-    models = len(features)
-    z, eps_pf = calibrate(epsilon, delta, models, pf_share)
-    winner = dp_probe_at(features, labels, parts, num_classes, z=z, epsilon_pf=eps_pf, rng=rng, ridge=ridge,
-                         prefer_untrained=prefer_untrained)
-    curve = tuple(selection_curve(models, z, eps_pf))
-    return DPProbeRelease(winner=int(winner), models=models, z=z, epsilon_pf=eps_pf,
-                          epsilon=selection_epsilon(models, z, eps_pf, delta), delta=delta, curve=curve)
+    plan = plan_dp_probe(epsilon, delta, len(features), pf_share)
+    winner = run_dp_probe(plan, features, labels, parts, num_classes, rng=rng, ridge=ridge, prefer_untrained=prefer_untrained)
+    return DPProbeRelease(winner=int(winner), models=plan.models, z=plan.z, epsilon_pf=plan.epsilon_pf, epsilon=plan.epsilon,
+                          delta=plan.delta, curve=plan.curve)
 
 
-__all__ = ["DPProbeRelease", "HEAD_START_T", "head_start", "calibrate", "dp_probe", "dp_probe_at", "fit_statistics", "new_salt", "noisy_fit_statistics",
+__all__ = ["DPProbePlan", "DPProbeRelease", "HEAD_START_T", "head_start", "calibrate", "dp_probe", "dp_probe_at", "plan_dp_probe",
+           "run_dp_probe", "fit_statistics", "new_salt", "noisy_fit_statistics",
            "normalise", "ridge_lambda", "ridge_weights", "scores", "selection_curve", "selection_epsilon", "split_parts"]
