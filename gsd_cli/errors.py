@@ -25,3 +25,10 @@ class PrivateError(GSDError):
     examples with, a private training set left empty): the CLI prints it on a line labelled
     ``private:`` and exits 2, and that exit status is itself a private output (docs/budget.md). Use it
     for any refusal that turns on private examples rather than on public inputs."""
+
+
+class DataWarning(UserWarning):
+    """Something about a dataset's files that the user should look at but that does not stop the work (a class folder
+    holding sub-folders, whose images count as that class; images of mixed sizes or modes). Issued once per dataset
+    with :func:`warnings.warn`; the CLI prints it as one ``private: warning:`` line (labelled private: it describes the
+    files of a set that may be the private one), and ``gsd datasets check`` lists it in its report."""

@@ -12,7 +12,7 @@ import typer
 from .. import __version__
 from ..allocator import keep_freed_memory
 from ..errors import GSDError, PrivateError
-from .common import err, out, print_error
+from .common import err, out, print_error, shown_data_warnings
 from .pipes import closed_pipe, is_devnull, stdout_unflushable
 
 app = typer.Typer(
@@ -142,7 +142,8 @@ def _main(argv: list[str] | None) -> int:
     keep_freed_memory()  # glibc: no page fault per large CPU tensor (gsd_cli.allocator; GSD_MALLOC=system: off)
     try:
         _check_encoding(sys.argv[1:] if argv is None else argv)
-        rc = app(args=argv, prog_name="gsd", standalone_mode=False)  # click returns a typer.Exit's code here
+        with shown_data_warnings():  # a dataset's files worth a look: one labelled line each (common.py)
+            rc = app(args=argv, prog_name="gsd", standalone_mode=False)  # click returns a typer.Exit's code here
         if rc == 130:  # Typer turns Ctrl-C (KeyboardInterrupt) into exit code 130, silently: say so
             err.print("interrupted")
         if isinstance(rc, int) and rc:

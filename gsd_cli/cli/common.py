@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, List, Optional, TypeVar
 
@@ -202,8 +203,36 @@ def progress_bar(quiet: bool, width: int = 24, eta: bool = False, private: bool 
     return bar, progress
 
 
-def with_progress(quiet: bool, fn: Callable[[Callable], T], width: int = 24, eta: bool = False, private: bool = False) -> T:
-    """``fn(progress)`` under a progress bar that is stopped however ``fn`` ends (``private``: :func:`progress_bar`)."""
+@contextmanager
+def shown_data_warnings():
+    """Within: each :class:`gsd_cli.errors.DataWarning` (a dataset's files worth a look: a class folder holding
+    sub-folders, images of mixed sizes or modes) is one line on stderr, ``private: warning: ...`` (it describes the
+    files of a set that may be the private one), once per dataset; other warnings as Python shows them."""
+    import warnings
+
+    from ..errors import DataWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("default", DataWarning)
+        shown = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, DataWarning):
+                print_private(err, "[yellow]warning:[/] " + escape(" ".join(str(message).split())))
+            else:
+                shown(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        yield
+
+
+def with_progress(quiet: bool, fn: Callable[[Callable], T], width: int = 24, eta: bool = False, private: bool = False,
+                  doing: str | None = None) -> T:
+    """``fn(progress)`` under a progress bar that is stopped however ``fn`` ends (``private``: :func:`progress_bar`).
+    ``doing``: what a long phase does, one line on stderr at its start under ``quiet`` (no bar then: ``gsd train
+    --auto-select -q`` printed nothing for minutes); a public line, fixed before any data is read."""
+    if quiet and doing:
+        err.print(escape(doing), highlight=False, soft_wrap=True)
     bar, progress = progress_bar(quiet, width=width, eta=eta, private=private)
     try:
         return fn(progress)

@@ -69,7 +69,8 @@ def datasets_check(
 ) -> None:
     """Before a long run: every dataset a run would use, with missing, unreadable or odd files (absent
     images of CSV rows, empty label cells, macOS ._ files, .DS_Store; every image decoded as gsd rank reads it:
-    truncated, too large, NaN or out-of-range pixels): a count and the first paths of each problem. Exit 0 clean, 1 problems found, 2 bad usage."""
+    truncated, too large, NaN or out-of-range pixels): a count and the first paths of each problem; and warnings (a class
+    folder holding sub-folders, images of mixed sizes or modes), which leave the exit status alone. Exit 0 clean, 1 problems found, 2 bad usage."""
     from ..data.check import check_datasets
 
     from .common import with_progress

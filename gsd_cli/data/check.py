@@ -15,6 +15,12 @@ catalogue's jobs; else the default private and public sets) and reports, per dat
 
 A ``.dcm`` file without the DICOM preamble (``DICM`` at byte 128) is ``unreadable``.
 
+Besides the problems, *warnings* (the data is usable as it is, but may not be what was meant; they do not change
+the exit status): ``sub-folder counted as its class`` (a class folder of a ``folder:`` set holding sub-folders of
+images, which count as that class, as torchvision's ``ImageFolder`` counts them), ``mixed image sizes`` and ``mixed
+image modes`` (grey and colour; found as the images are decoded, so not with ``quick``). A run says the same once,
+as a ``private: warning:`` line, when it opens the folder or first reads such images (:class:`gsd_cli.errors.DataWarning`).
+
 By default every image is then decoded exactly as ``gsd rank`` reads it (:func:`gsd_cli.data.read_images`:
 a truncated file, an image too large to open, NaN pixels or float pixels outside [0, 1] are
 ``unreadable`` with the reason), so a dataset that checks clean is one that ranks; ``quick=True``
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import csv
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,16 +44,20 @@ from .dicom import DICOM_EXTENSIONS
 #: the order problems are reported in
 KINDS = ("cannot be used", "absent image", "unreadable", "hidden file", "empty image cell", "empty label cell",
          "group across splits")
+#: the warnings, in the order reported (the exit status does not change)
+WARNINGS = ("sub-folder counted as its class", "mixed image sizes", "mixed image modes")
 
 
 @dataclass
 class DatasetCheck:
-    """One dataset: ``examples`` (None when it did not resolve), ``files`` checked, ``problems`` by kind."""
+    """One dataset: ``examples`` (None when it did not resolve), ``files`` checked, ``problems`` and ``warnings``
+    (:data:`WARNINGS`) by kind."""
 
     name: str
     examples: int | None = None
     files: int = 0
     problems: dict[str, list[str]] = field(default_factory=dict)
+    warnings: dict[str, list[str]] = field(default_factory=dict)
 
     def add(self, kind: str, what: str) -> None:
         self.problems.setdefault(kind, []).append(what)
@@ -67,12 +78,18 @@ class CheckReport:
         out = []
         for d in self.datasets:
             size = "not resolved" if d.examples is None else f"{d.examples} examples, {d.files} files checked"
-            out.append(f"{d.name}: {size}: " + ("ok" if not d.problems else f"{sum(map(len, d.problems.values()))} problem(s)"))
+            said = "ok" if not d.problems else f"{sum(map(len, d.problems.values()))} problem(s)"
+            out.append(f"{d.name}: {size}: {said}" + (f", {len(d.warnings)} warning(s)" if d.warnings else ""))
             for kind in sorted(d.problems, key=lambda k: KINDS.index(k) if k in KINDS else len(KINDS)):
-                items = d.problems[kind]
-                more = f", ... ({len(items) - first} more)" if len(items) > first else ""
-                out.append(f"  {kind}: {len(items)}: " + "; ".join(items[:first]) + more)
+                out.append(_kind_line(f"  {kind}", d.problems[kind], first))
+            for kind in sorted(d.warnings, key=WARNINGS.index):
+                out.append(_kind_line(f"  warning: {kind}", d.warnings[kind], first))
         return out
+
+
+def _kind_line(head: str, items: list[str], first: int) -> str:
+    more = f", ... ({len(items) - first} more)" if len(items) > first else ""
+    return f"{head}: {len(items)}: " + "; ".join(items[:first]) + more
 
 
 def _targets(names, catalog) -> list[str]:
@@ -181,23 +198,47 @@ def _check_groups(d: DatasetCheck, src) -> None:
         d.add("group across splits", f"{g} ({column}: {', '.join(sorted(parts[g]))})")
 
 
+def _check_nested(d: DatasetCheck, src) -> None:
+    """The class folders of a ``folder:`` set (or of the set a part is taken from) that hold sub-folders of images."""
+    seen = set()
+    while src is not None and id(src) not in seen:
+        seen.add(id(src))
+        for cls, subs in sorted((getattr(src, "nested", None) or {}).items()):
+            d.warnings.setdefault(WARNINGS[0], []).extend(f"{cls}/{sub}/ ({n} images)" for sub, n in subs)
+        src = getattr(src, "parent", None)
+
+
+def _mixed(d: DatasetCheck, shapes: dict) -> None:
+    """``mixed image sizes`` / ``mixed image modes`` from the decoded images' shapes (shape -> count), each size or
+    mode with its count, the most common first."""
+    sizes, modes = Counter(), Counter()
+    for shape, n in shapes.items():
+        sizes[f"{shape[0]}x{shape[1]}"] += n
+        modes["grey" if len(shape) == 2 or shape[2] == 1 else "colour" if shape[2] == 3 else f"{shape[2]} channels"] += n
+    for kind, counts in ((WARNINGS[1], sizes), (WARNINGS[2], modes)):
+        if len(counts) > 1:
+            d.warnings[kind] = [f"{k} ({n} images)" for k, n in counts.most_common()]
+
+
 def _check_decode(d: DatasetCheck, src, progress=None) -> None:
     """Read every example as the ranking does (one at a time, so each failure names its own file);
-    files already reported absent or unreadable are skipped."""
+    files already reported absent or unreadable are skipped. Images of mixed sizes or modes are a warning."""
     from . import read_images
 
     flagged = {p.split(" (")[0] for kind in ("absent image", "unreadable") for p in d.problems.get(kind, [])}
     n = len(src)
+    shapes: Counter = Counter()
     for i in range(n):
         f = src.example_file(i)
         if f is not None and f in flagged:
             continue
         try:
-            read_images(src, [i])
+            shapes.update(tuple(img.shape) for img in read_images(src, [i]))
         except GSDError as e:
             d.add("unreadable", " ".join(str(e).split()))
         if progress is not None and ((i + 1) % 256 == 0 or i + 1 == n):
             progress(src.name, i + 1, n)
+    _mixed(d, shapes)
 
 
 def _check_one(name: str, catalog, data_root, download: bool, quick: bool = False, progress=None) -> DatasetCheck:
@@ -214,6 +255,7 @@ def _check_one(name: str, catalog, data_root, download: bool, quick: bool = Fals
         if d.examples and src.example_file(0) is not None:
             files = {src.example_file(i) for i in range(d.examples)}
         _check_groups(d, src)
+        _check_nested(d, src)
     spec = _csv_of(name, catalog)
     if spec is not None and spec[0].is_file():
         files |= _check_csv(d, *spec)
@@ -234,4 +276,10 @@ def check_datasets(names: list[str] | None = None, catalog=None, data_root: str 
         from ..errors import GSDError
 
         raise GSDError("check_datasets takes a loaded catalogue: catalog=gsd_cli.ranking.catalog.load_catalog(path)")
-    return CheckReport([_check_one(n, catalog, data_root, download, quick, progress) for n in _targets(names, catalog)])
+    import warnings
+
+    from ..errors import DataWarning
+
+    with warnings.catch_warnings():  # what a source says when opened or first read is in the report, as a warning
+        warnings.simplefilter("ignore", DataWarning)
+        return CheckReport([_check_one(n, catalog, data_root, download, quick, progress) for n in _targets(names, catalog)])

@@ -16,17 +16,19 @@ the split then keeps a group's examples together) and ``frame`` (the frame of mu
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from ..errors import DatasetError
+from ..errors import DataWarning, DatasetError
 from .base import ArraySource, ImageSource, non_finite_message
 from .decode import IMAGE_EXTENSIONS, open_image
 from .decode import pil_to_array as _pil_to_array  # noqa: F401 - imported from here by the torch and HF sources
 from .dicom import DICOM_EXTENSIONS, is_dicom_file, pydicom_module
 from .groups import read_groups_file
+from .layout import FirstRead, nested_note
 from .splits import group_summary
 
 
@@ -39,12 +41,14 @@ def is_hidden(name: str) -> bool:
     return name.startswith(".") or name.lower() in HIDDEN_NAMES
 
 
-def list_image_folder(path: Path) -> tuple[list[str], list[tuple[str, int]]]:
+def list_image_folder(path: Path, nested: dict | None = None) -> tuple[list[str], list[tuple[str, int]]]:
     """``(classes, [(file, class index)])`` of ``PATH/<class>/**/<image>`` in torchvision's
     ``ImageFolder`` order (classes sorted, files sorted per folder, links followed), hidden entries
     (:func:`is_hidden`) skipped at every depth; images are files with torchvision's image extensions
     and DICOM files (:func:`gsd_cli.data.dicom.is_dicom_file`). Raises ``FileNotFoundError`` when
-    there is no class folder or a class folder without an image."""
+    there is no class folder or a class folder without an image. ``nested``: filled with each class whose
+    folder holds sub-folders with images (class -> those sub-folders, relative to the class folder, and how
+    many images they hold): as in ``ImageFolder``, those images count as the class (:func:`nested_note`)."""
     IMG_EXTENSIONS = IMAGE_EXTENSIONS  # torchvision's list, without importing it (a broken install is not "no images")
     classes = sorted(e.name for e in os.scandir(path) if e.is_dir() and not is_hidden(e.name))
     if not classes:
@@ -55,8 +59,11 @@ def list_image_folder(path: Path) -> tuple[list[str], list[tuple[str, int]]]:
         for root, _, names in sorted(os.walk(path / cls, followlinks=True)):
             if any(is_hidden(part) for part in Path(os.path.relpath(root, path / cls)).parts if part != "."):
                 continue
-            samples += [(os.path.join(root, n), c) for n in sorted(names) if not is_hidden(n) and (
+            found = [(os.path.join(root, n), c) for n in sorted(names) if not is_hidden(n) and (
                 n.lower().endswith(IMG_EXTENSIONS) or is_dicom_file(os.path.join(root, n), IMG_EXTENSIONS))]
+            samples += found
+            if found and nested is not None and os.path.normpath(root) != os.path.normpath(path / cls):
+                nested.setdefault(cls, []).append((Path(os.path.relpath(root, path / cls)).as_posix(), len(found)))
         if len(samples) == before:  # as ImageFolder: an empty class folder is an error
             raise FileNotFoundError(f"Found no valid file for the class {cls}.")
     return classes, samples
@@ -78,8 +85,9 @@ class FolderSource(ImageSource):
         self.name = name or f"folder:{path}"
         if not path.is_dir():
             raise DatasetError(f"{self.name}: no such folder; give a folder with one sub-folder of images per class")
+        nested: dict = {}
         try:
-            classes, samples = list_image_folder(path)
+            classes, samples = list_image_folder(path, nested=nested)
         except (FileNotFoundError, RuntimeError, OSError) as e:
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise DatasetError(
@@ -96,6 +104,10 @@ class FolderSource(ImageSource):
         if any(not f.lower().endswith(IMAGE_EXTENSIONS) for f, _ in samples):  # DICOM found by the listing
             pydicom_module(self.name)
         self._groups = self.data_split = None
+        self.nested = nested  # class -> sub-folders of images counted as that class (gsd datasets check)
+        self._first_read = FirstRead(self.name)
+        if nested:  # said when the folder is opened: a folder of one class inside another's is a mislabelled class
+            warnings.warn(DataWarning(nested_note(self.name, nested)), stacklevel=2)
         if groups is not None:
             self._groups, self.data_split, self.data_split_column, self.group_label = read_groups_file(
                 groups, self.example_keys(), self.name)
@@ -120,11 +132,12 @@ class FolderSource(ImageSource):
         return self._targets[np.asarray(indices, dtype=np.int64)]
 
     def images(self, indices: Sequence[int]) -> list[np.ndarray]:
-        return [open_image(self._folder.samples[int(i)][0], self.name, self.frame) for i in indices]
+        """The images, decoded; the first read of images of mixed sizes or modes is said once (:class:`~gsd_cli.data.layout.FirstRead`)."""
+        return self._first_read.see([open_image(self._folder.samples[int(i)][0], self.name, self.frame) for i in indices])
 
     def images_at(self, indices: Sequence[int], size: int) -> list[np.ndarray]:
         """:meth:`images`, JPEGs decoded at a reduced scale still >= ``size`` (:mod:`.decode`)."""
-        return [open_image(self._folder.samples[int(i)][0], self.name, self.frame, draft=size) for i in indices]
+        return self._first_read.see([open_image(self._folder.samples[int(i)][0], self.name, self.frame, draft=size) for i in indices])
 
     def describe(self) -> dict:
         d = super().describe()
