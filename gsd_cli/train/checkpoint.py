@@ -4,7 +4,10 @@ A checkpoint is written at the end of every epoch, atomically (temporary file, t
 ``checkpoint.safetensors`` (model state and the optimizer's momentum buffers) and ``checkpoint.json``
 (settings, epoch, step, privacy state). The JSON also holds the run's *secret* seed of the private
 randomness (Poisson sampling and noise): keep a run directory as private as the data; the summary and
-the model weights are what may be released.
+the model weights are what may be released. The private files (``checkpoint.json``, ``metrics.jsonl``,
+``private-summary.json``, ``curves.png``) are written 0600, and a run folder gsd owns is 0700
+(:func:`own_run_dir`: one it created, or one that holds nothing but a run's files; a folder that also holds
+the user's other files keeps its mode).
 
 ``checkpoint.json`` is verified, not trusted: the weights file carries in its safetensors metadata a
 SHA-256 digest (:func:`state_digest`) of the JSON's settings, epoch, step, privacy state, selection,
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -42,12 +46,43 @@ METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 #: the run folder's lock file (:mod:`gsd_cli.train.runlock`): a folder holding nothing else counts as empty
 RUN_LOCK = ".gsd-run.lock"
+#: the mode of a run folder gsd owns (:func:`own_run_dir`): only its owner lists or opens it, since it holds private files
+RUN_DIR_MODE = 0o700
+#: the files a ``gsd train`` run writes in its folder (with its lock file, besides its ``.gsd-*.tmp`` temporaries);
+#: ``checkpoint.json``, ``metrics.jsonl``, ``private-summary.json`` and ``curves.png`` are private (written 0600)
+RUN_FILES = frozenset({CKPT_WEIGHTS, CKPT_META, METRICS, SUMMARY, "private-summary.json", "curves.png", "stage1.json",
+                       "stage1.safetensors", RUN_LOCK})
 
 
 def atomic_write(path: Path, data: bytes | str, private: bool = False) -> None:
     """Write via a temporary file in the same folder and rename: never half a file (the one writer,
     :func:`gsd_cli.report.outputs.write_output`; ``private``: created 0600)."""
     write_output(path, data, private=private)
+
+
+def own_run_dir(path: Path) -> bool:
+    """Make the run folder ``path`` :data:`RUN_DIR_MODE` (0700) when gsd owns it: it holds nothing but a run's files
+    (:data:`RUN_FILES` and gsd's temporaries), as a folder this run created, an empty folder given to a new run, or
+    a run's own folder on ``--resume`` do. A folder that also holds anything else (the user's) keeps its mode: the
+    private files in it are 0600 all the same. Returns whether the folder was made 0700."""
+    try:
+        names = [p.name for p in Path(path).iterdir()]
+        if any(n not in RUN_FILES and not (n.startswith(".gsd-") and n.endswith(".tmp")) for n in names):
+            return False
+        os.chmod(path, RUN_DIR_MODE)
+        return True
+    except OSError:
+        return False  # not ours to change (another owner's folder): the private files are 0600 all the same
+
+
+def make_run_dir(path: Path) -> bool:
+    """Create the run folder ``path`` 0700 if it does not exist (its parent must), then :func:`own_run_dir`. Returns
+    whether this call created it."""
+    path = Path(path)
+    created = not path.exists()
+    path.mkdir(mode=RUN_DIR_MODE, exist_ok=True)
+    own_run_dir(path)
+    return created
 
 
 def prepare_run_dir(path: Path, resume: bool, create: bool = True) -> Path:
@@ -77,7 +112,7 @@ def prepare_run_dir(path: Path, resume: bool, create: bool = True) -> Path:
     elif not path.parent.exists():
         raise GSDError(f"--out {path}: folder {path.parent} does not exist; create it first")
     if create:
-        path.mkdir(exist_ok=True)
+        make_run_dir(path)
     return path
 
 
@@ -243,4 +278,4 @@ def read_metrics(path: Path, epochs: int) -> list[dict]:
 
 
 def write_metrics(path: Path, rows: list[dict]) -> None:
-    atomic_write(Path(path) / METRICS, "".join(json.dumps(r) + "\n" for r in rows))
+    atomic_write(Path(path) / METRICS, "".join(json.dumps(r) + "\n" for r in rows), private=True)  # test metrics: not DP

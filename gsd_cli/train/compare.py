@@ -35,7 +35,7 @@ from typing import Callable, Sequence
 
 from ..errors import GSDError
 from ..privacy.randomness import MAX_SEED
-from .checkpoint import atomic_write, prepare_run_dir
+from .checkpoint import RUN_DIR_MODE, atomic_write, prepare_run_dir
 from .config import METHODS, SPARSIFIABLE, TrainConfig, validate
 from .methods import method_privacy
 
@@ -121,7 +121,7 @@ def compare(
         if progress:
             progress("runs", n, len(cfgs))
         run_dir = out / label.replace("+", "_") / f"seed{cfg.seed}"
-        run_dir.parent.mkdir(exist_ok=True)
+        run_dir.parent.mkdir(mode=RUN_DIR_MODE, exist_ok=True)  # it holds run folders of private files
         s = train(cfg, run_dir, device=device)
         row = {"method": label, "seed": cfg.seed, "accuracy": s["test"]["accuracy"], "macro_auc": s["test"].get("macro_auc"),
                "balanced_accuracy": s["test"].get("balanced_accuracy"), "primary": s["test"].get("primary", "accuracy"),

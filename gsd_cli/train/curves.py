@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 def plot_curves(rows: list[dict], path: Path, title: str = "") -> None:
-    """Three panels against the epoch; written atomically."""
+    """Three panels against the epoch; written atomically, 0600 (test accuracy and loss are not DP: a private output)."""
     import io
 
     from matplotlib.figure import Figure
@@ -37,4 +37,4 @@ def plot_curves(rows: list[dict], path: Path, title: str = "") -> None:
         fig.suptitle(title)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
-    atomic_write(Path(path), buf.getvalue())
+    atomic_write(Path(path), buf.getvalue(), private=True)

@@ -291,7 +291,7 @@ def finish(run: Run) -> dict:
     publishable, private = split_summary({k: v for k, v in summary.items() if k != "private_notes"})
     private["notes"] = run.private_notes
     ckpt.atomic_write(run.out / ckpt.SUMMARY, json.dumps(publishable, indent=2) + "\n")
-    ckpt.atomic_write(run.out / PRIVATE_SUMMARY, json.dumps(private, indent=2) + "\n")
+    ckpt.atomic_write(run.out / PRIVATE_SUMMARY, json.dumps(private, indent=2) + "\n", private=True)
     from .curves import plot_curves
 
     plot_curves(rows, run.out / "curves.png", title=f"{cfg.method} on {run.train_src.name}" + (f" with {cfg.public}" if anchor else ""))

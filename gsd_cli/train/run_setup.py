@@ -168,8 +168,8 @@ def build_mechanism(run: Run, progress=None, notify: Callable | None = None) -> 
     spec, model, names, run.model_info = build_model(cfg.model, train_src.num_classes, cfg.seed, weights=cfg.weights, peft=cfg.peft,
                                                      params=cfg.params, batchnorm=cfg.batchnorm)
     model = model.to(dev)
-    if world.is_main:  # the only process that writes
-        run.out.mkdir(exist_ok=True)
+    if world.is_main:  # the only process that writes: a folder of private files, 0700 when gsd owns it
+        ckpt.make_run_dir(run.out)
     if cfg.method == "second-phase" and world.is_main:  # stage 1 on process 0, its weights to the others
         from .second_phase import run_second_phase
 

@@ -125,8 +125,7 @@ class _Lock:
                 self.fd = _lock_file(path, self.resume)
             ckpt.prepare_run_dir(path, self.resume, create=False)
             if self.fd is None:
-                self.created = not path.exists()
-                path.mkdir(exist_ok=True)
+                self.created = ckpt.make_run_dir(path)  # 0700: it will hold private files (checkpoint.own_run_dir)
                 self.fd = _lock_file(path, self.resume)
                 ckpt.prepare_run_dir(path, self.resume, create=False)  # under the lock: a writer may have begun meanwhile
             _write_pid(self.fd)  # only once the folder is this run's (a finished run's lock file is left as it was)
