@@ -118,8 +118,9 @@ def _trainer(a):
 
 def _fields(ctx, a) -> tuple[dict, set]:
     """The run's settings as given (``--method`` decided: auto with --auto-select, else gep; --lr, --epochs and
-    --batch-size the earlier defaults until the method is decided, gsd_cli.train.tuned) and the tuned names given."""
-    from ..train.tuned import FIELDS, training_defaults
+    --batch-size the earlier defaults until the method is decided, the rate scaled to a given or size-bound batch,
+    gsd_cli.train.tuned) and the tuned names given."""
+    from ..train.tuned import FIELDS, training_settings
 
     if a.method is None:
         a.method = Method.auto if a.auto_select else Method.gep
@@ -128,8 +129,9 @@ def _fields(ctx, a) -> tuple[dict, set]:
     if a.method is Method.auto and not a.auto_select:
         raise GSDError("--method auto picks the method from the ranking: add --auto-select (or name a method: gep, dpsgd, rgp, topagg, second-phase)")
     given = {n for n in FIELDS if _source(ctx, n) in ("COMMANDLINE", "ENVIRONMENT")}
-    first = training_defaults(a.model, a.method.value)  # --method auto: the earlier defaults until the advice decides
-    a.lr, a.epochs, a.batch_size = (first[n] if getattr(a, n) is None else getattr(a, n) for n in ("lr", "epochs", "batch_size"))
+    first = training_settings(a.model, a.method.value, expected_size=a.expected_size,  # --method auto: the earlier defaults
+                              **{n: getattr(a, n) for n in FIELDS})  # until the advice decides (then fill_defaults)
+    a.lr, a.epochs, a.batch_size = (first[n] for n in ("lr", "epochs", "batch_size"))
     names = ("private", "epsilon", "delta", "private_test", "model", "epochs", "batch_size", "lr", "momentum", "expected_size",
              "sampling_rate", "size_epsilon", "max_steps", "weight_decay", "seed", "clip", "clip_engine", "k", "public_examples",
              "power_iters", "groups", "clip_embedding", "clip_residual", "residual", "anchor_every", "anchor_warm", "anchor_batch",
@@ -200,7 +202,8 @@ def _warm(ctx, a, fields: dict, publics: list) -> None:
     validate(TrainConfig(**{**fields, "method": "gep"}, public=cfg.public) if cfg.method == "auto" else cfg)
     report = with_progress(a.quiet, lambda pr: warm_advice(
         cfg, a.private, publics, probe_repeats=a.probe_repeats, rank_repeats=a.rank_repeats, catalog=cat, classes=a.classes,
-        progress=pr, dp=a.select_epsilon is not None, **_rank_options(a)))
+        progress=pr, dp=a.select_epsilon is not None, **_rank_options(a)),
+        doing=f"--warm-cache: stage 1 and the public subspaces of {len(publics)} candidate(s) into gsd's cache (minutes on a CPU)...")
     out.print(escape(report.line()), highlight=False, soft_wrap=True)
 
 
@@ -248,6 +251,12 @@ def _new_run(ctx, a, fields: dict, publics: list, held: ExitStack):
     return cfg, run, selection
 
 
+def advice_line(publics: list) -> str:
+    """What --auto-select's non-private advice is doing (said at its start under -q, which shows no progress)."""
+    return (f"--auto-select: the feature probe and the ranking of {len(publics)} candidate(s) against the private set "
+            "(minutes on a CPU; the decision follows)...")
+
+
 def _advised(a, cfg, publics: list, cat):
     """--auto-select's ranking and advice (:func:`gsd_cli.train.select.plan`), printed: a non-private selection's
     figures (statistics of the private data) on lines labelled private."""
@@ -261,7 +270,7 @@ def _advised(a, cfg, publics: list, cat):
     p = with_progress(a.quiet, lambda pr: plan(cfg, a.private, publics, fallback=a.fallback, select_epsilon=a.select_epsilon,
                                                rank_repeats=a.rank_repeats, probe_repeats=a.probe_repeats, private_test=a.private_test,
                                                catalog=cat, classes=a.classes, notify=warn, progress=pr, **opts),
-                      private=True)  # the ranking's time grows with the private set: labelled private
+                      private=True, doing=advice_line(publics))  # the ranking's time grows with the private set: labelled private
     tell = (lambda text: out.print(text, highlight=False, soft_wrap=True)) if p.public else partial(print_private, out)
     if len(p.ranking.results) or not (p.ranking.not_ranked or p.ranking.stopped):
         print_ranking(p.ranking, out if p.public else PrivateConsole(out))

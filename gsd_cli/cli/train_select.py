@@ -34,7 +34,8 @@ def dp_probe_selection(cfg, private: str, publics: list, *, private_test, catalo
 
     p = with_progress(quiet, lambda pr: dp_plan(cfg, private, publics, select_epsilon=select_epsilon, total=total, fallback=fallback,
                                                 private_test=private_test, catalog=catalog, device=device, progress=pr,
-                                                classes=classes), private=True)
+                                                classes=classes), private=True,
+                      doing=f"--auto-select --select-epsilon: the DP feature probe of {len(publics)} candidate(s) (minutes on a CPU)...")
     if p is None:
         return None
     out.print(escape(p.decision.message), highlight=False, soft_wrap=True)

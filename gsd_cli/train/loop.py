@@ -56,6 +56,7 @@ from .run_setup import Run, build_mechanism, open_run, read_private, start_state
 from .runlock import held_by_launcher, lock_run
 from .step import flat_to_grads as _flat_to_grads, private_randomness, private_step  # noqa: F401 (re-exported)
 from .transforms import StepContext
+from .tuned import small_set_note
 
 Progress = Callable[[str, int, int], None]
 
@@ -226,8 +227,7 @@ def _notes(run: Run) -> tuple[list[str], bool]:
 
     notes = list(notes_unused) + run.public_notes
     if size.how == "dp-estimate" and size.q >= 1:  # N~ is DP (public): saying so reveals nothing more
-        notes.append(f"the DP estimate of the private set's size is at most --batch-size {cfg.batch_size}: every step used all "
-                     "examples (q = 1); lower --batch-size, or declare the size with --expected-size")
+        notes.append(small_set_note(cfg.batch_size))
     dp = cfg.private_seed is None
     if cfg.private_seed is not None:
         notes.append(INSECURE_NOTE.format(seed=cfg.private_seed) if cfg.insecure_seed is not None else

@@ -63,10 +63,11 @@ def estimate_seconds(step_seconds_per_chunk: float, batch_size: int, chunk: int,
 
 
 def plan_line(total_steps: int, epochs: int, steps_per_epoch: int, batch_size: int, q: float, sigma: float,
-              epsilon: float, seconds: float | None) -> str:
-    """The public plan line printed before the first step."""
+              epsilon: float, seconds: float | None, lr: str | None = None) -> str:
+    """The public plan line printed before the first step; ``lr``: the learning rate and where it came from
+    (:func:`gsd_cli.train.tuned.lr_reason`)."""
     s = (f"plan: {total_steps:,} steps ({epochs} epochs x {steps_per_epoch:,}), expected batch {batch_size} "
-         f"(q = {q:.4g}), noise multiplier {sigma:.4g}, epsilon {epsilon:.4g}")
+         f"(q = {q:.4g}), {lr + ', ' if lr else ''}noise multiplier {sigma:.4g}, epsilon {epsilon:.4g}")
     if seconds is not None:
         s += f"; about {duration(seconds)} of steps on this machine (one synthetic chunk timed; evaluation not counted)"
     return s
@@ -82,4 +83,7 @@ def announce(model, names, spec, chunk: int, device, cfg, total_steps: int, step
         seconds = estimate_seconds(per_chunk, cfg.batch_size, chunk, total_steps - done, cfg.method)
     except (RuntimeError, TypeError, ValueError):  # its own input contract (a user's model): the plan without a time
         seconds = None
-    return plan_line(total_steps, cfg.epochs, steps_per_epoch, cfg.batch_size, q, sigma, epsilon, seconds)
+    from .tuned import lr_reason
+
+    return plan_line(total_steps, cfg.epochs, steps_per_epoch, cfg.batch_size, q, sigma, epsilon, seconds,
+                     lr=lr_reason(cfg.model, cfg.method, cfg.lr, cfg.batch_size))
