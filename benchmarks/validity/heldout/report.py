@@ -64,7 +64,7 @@ def set_lines(spec: Round, name: str, f: dict) -> list[str]:
                 for what, p in (("all", s["all"]), ("chose no candidate", s["chose_no_candidate"]), ("used a candidate", s["used_public"]))
                 if p["cells"]))
         b = f[a]["by_source"]
-        if b["source_tasks"]:
+        if b["source_tasks"] and a == next(iter(spec.arms)):  # the round's advice (its first arm)
             L.append(f"- `{a}` on the tasks whose untransformed source is a candidate ({', '.join(b['source_tasks'])}): mean gain "
                      f"{_pts(b['source_mean'], dec)}, {_pct(b['source_share'])} of the total; the others: {_pts(b['other_mean'], dec)}")
     return L + [""]
@@ -105,8 +105,8 @@ def candidate_lines(spec: Round, doc: dict) -> list[str]:
 def markdown(spec: Round, doc: dict) -> str:
     L = [f"# {spec.label[:1].upper()}{spec.label[1:]}", "",
          f"Spec `{doc['spec']}`, frozen in `{spec.frozen}` (commit {doc['frozen_commit']}) before the round's first run. "
-         f"Scored with gsd {doc['scored_with']} from the committed results (`benchmarks/results/{spec.results}/`; runs of "
-         f"{len(doc['run_commits'])} commits). Command: `{doc['command']}`. Tuned: "
+         f"Scored with gsd {doc['scored_with']} from the committed results (`benchmarks/results/{spec.results}/`; the runs "
+         f"were made at {len(doc['run_commits'])} gsd commit{'' if len(doc['run_commits']) == 1 else 's'}). Command: `{doc['command']}`. Tuned: "
          + "; ".join(f"{m} {h}" for m, h in doc["tuned"].items()) + ". The reference is the best arm that uses no candidate "
          f"({', '.join(spec.no_candidate)}); gains in points over it, per task the mean over seeds; intervals: 95% bootstrap "
          f"over tasks ({spec.bootstrap['draws']} draws).", "",
