@@ -369,7 +369,7 @@ def test_spearman_of_a_reversed_order_is_minus_one_and_undefined_for_ties():
 
 
 def test_the_stops_replay_keeps_the_decision_and_counts_the_work():
-    """``python -m validity.heldout stops`` on one synthetic cell: B helps but is farther than noise in its first draw
+    """``python -m benchmarks validity.heldout.stops`` on one synthetic cell: B helps but is farther than noise in its first draw
     (stopped: one draw), C loses in the probe's first draw (one stage 1), A helps and is closer: chosen either way."""
     from gsd_cli.train.advice import Candidate
     from validity.heldout.stops import replay
