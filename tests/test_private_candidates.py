@@ -176,3 +176,30 @@ def test_warm_cache_reads_the_label_space_alone_and_it_is_the_runs(tmp_path, mon
         declared_label_space("npz:plain.npz")
     with pytest.raises(DatasetError, match="declares no class list"):
         declared_label_space("csv:t.csv")
+
+
+def test_gsd_train_runs_the_dp_probe_through_the_audited_call(monkeypatch):
+    """The DP advice draws through gsd_cli.privacy.probe_mechanism.run_dp_probe at the plan it booked (the call that
+    `gsd audit --method dp-probe` runs end to end), so a wrong z or permute-and-flip epsilon there is what the audit sees."""
+    from gsd_cli.data import resolve
+    from gsd_cli.privacy import probe_mechanism as pm
+    from gsd_cli.train import TrainConfig
+    from gsd_cli.train.dp_advice import dp_probe_advice
+    from gsd_cli.train.splits import private_parts
+
+    seen, booked = [], []
+    run = pm.run_dp_probe
+
+    def spy(plan, *a, **k):
+        seen.append(plan)
+        return run(plan, *a, **k)
+
+    monkeypatch.setattr(pm, "run_dp_probe", spy)
+    cfg = TrainConfig(method="auto", private="mnist-a", model="fmnist-cnn", params=["fc*"], public_examples=300, public_epochs=1,
+                      public_batch_size=100)
+    train_part, _ = private_parts("mnist-a")
+    dp_probe_advice(train_part, [resolve("mnist-b")], cfg, "auto", epsilon=1.0, delta=1e-6, seed=0, device="cpu",
+                    insecure_seed=1, book=lambda *a: booked.append(a))
+    want = pm.plan_dp_probe(1.0, 1e-6, 2)
+    assert len(seen) == 1 and seen[0] == want
+    assert booked[0][0] == 1.0 and list(booked[0][2]) == list(want.curve)

@@ -115,9 +115,10 @@ def dp_probe_advice(train_part, candidates: list, settings, method: str, *, epsi
         return Decision(method, None, False, f"--method {method}: no candidate the second phase can use ({why}); train with --method "
                         "dpsgd", refused=True, evidence={"dp_probe": record}), record
     models = 1 + len(usable)
-    z, eps_pf = pm.calibrate(epsilon, delta, models)
-    curve = pm.selection_curve(models, z, eps_pf)
-    achieved = pm.selection_epsilon(models, z, eps_pf, delta)
+    # the plan (calibration, curve, certified epsilon) from public numbers alone; the mechanism runs at it
+    # (pm.run_dp_probe: the call gsd audit --method dp-probe audits end to end)
+    plan = pm.plan_dp_probe(epsilon, delta, models)
+    z, eps_pf, curve, achieved = plan.z, plan.epsilon_pf, list(plan.curve), plan.epsilon
     privacy = {"dp": insecure_seed is None, "exact": True, "release": "dp-probe", "mechanism": MECHANISM,
                "epsilon": float(epsilon), "epsilon_achieved": achieved, "delta": float(delta), "models": models,
                "noise_multiplier": z, "epsilon_select": eps_pf,
@@ -142,7 +143,7 @@ def dp_probe_advice(train_part, candidates: list, settings, method: str, *, epsi
         rng = private_rng("dp-probe", insecure_seed)
         salt = rng.bytes(32) if insecure_seed is not None else pm.new_salt()
         parts = pm.split_parts(cached_identities(train_part, idx), salt)
-        winner = pm.dp_probe_at(features, labels, parts, num_classes, z=z, epsilon_pf=eps_pf, rng=rng)
+        winner = pm.run_dp_probe(plan, features, labels, parts, num_classes, rng=rng)
     if progress:
         progress("dp probe", len(usable) + 1, len(usable) + 1)
     chosen = None if winner == 0 else list(usable)[winner - 1]
