@@ -125,6 +125,22 @@ def test_the_runner_s_settings_are_the_keys_of_every_committed_run(monkeypatch):
             assert run_key(r["task"], r["method"], r["public"], s, r["seed"]) == r["key"], (n, r["task"], r["method"])
 
 
+def test_the_runner_s_tuning_finds_every_committed_tuning_run_and_chooses_the_committed_points(monkeypatch):
+    """The tuning jobs of rounds 2-5 and 6 (each seed's plain-ranking winner as the candidate) are all recorded, and
+    the tuning rule on them gives the tuned files the rounds ran with."""
+    runs = {r["key"]: r for r in read_lines(ROOT / "benchmarks/results/heldout/runs.jsonl")}
+    one = load(1)
+    sizes = {one.tasks[r["task"]].train: r["settings"]["expected_size"] for r in runs.values() if r["task"] in one.tasks}
+    monkeypatch.setattr(RUN, "size", sizes.__getitem__)
+    monkeypatch.setattr(RUN, "compute_step", lambda *a: pytest.fail("the plain rankings are recorded"))
+    for n, methods in ((5, 3), (6, 2)):
+        spec = load(n)
+        jobs = RUN.tune_jobs(spec)
+        assert len(jobs) == 3 * 4 * sum(len(g) for g in spec.tuning["grid"].values()) and len(spec.tuning["grid"]) == methods
+        points = RUN.best_points(spec, jobs, runs)
+        assert points is not None and {m: d["chosen"] for m, d in points.items()} == Results(spec).tuned, n
+
+
 def test_run_keys_change_with_every_setting_and_not_with_dict_order():
     a = run_key("mnist", "gep", "pub-mnist", {"lr": 1.0, "epochs": 3}, 0)
     assert a == run_key("mnist", "gep", "pub-mnist", {"epochs": 3, "lr": 1.0}, 0)

@@ -88,8 +88,8 @@ def tuned(spec: Round) -> dict:
 
 
 def step_file(steps_dir: Path, task: str, seed: int, step: str) -> Path:
-    """A step's record of a cell (``step`` "": the plain ranking)."""
-    return steps_dir / f"{task}-s{seed}{'-' + step if step else ''}.json"
+    """A step's record of a cell (the plain ranking, ``rank``: ``<task>-s<seed>.json``)."""
+    return steps_dir / f"{task}-s{seed}{'' if step in ('', 'rank') else '-' + step}.json"
 
 
 class Results:

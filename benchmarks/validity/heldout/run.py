@@ -238,8 +238,22 @@ def tune_jobs(spec: Round) -> list[tuple]:
     return jobs
 
 
+def best_points(spec: Round, jobs: list[tuple], runs: dict) -> dict | None:
+    """Per method, each grid point's mean accuracy over its tuning runs and the best point (the first on a tie);
+    None while a run is missing."""
+    out = {}
+    for method, grid in spec.tuning["grid"].items():
+        accs = [[runs.get(run_key(t.name, m, c, settings(spec, t, m, hp), s), {}).get("accuracy")
+                 for t, m, c, hp, s in jobs if m == method and hp == point] for point in grid]
+        if any(a is None for x in accs for a in x):
+            return None
+        scores = [{"hp": p, "mean_accuracy": sum(x) / len(x), "runs": len(x)} for p, x in zip(grid, accs)]
+        out[method] = {"chosen": max(scores, key=lambda s: s["mean_accuracy"])["hp"], "grid": scores}
+    return out
+
+
 def tune(n: int, part: tuple[int, int] = (1, 1)) -> dict | None:
-    """Every tuning run (``part`` I/N, as :func:`run`); then, once all are recorded, the tuned file."""
+    """Every tuning run (``part`` I/N, as :func:`run`); then, once all are recorded, the tuned file (kept if it exists)."""
     spec = ready(n)
     _threads()
     runs_file = RESULTS / spec.tuning["runs"] / "runs.jsonl"
@@ -247,16 +261,10 @@ def tune(n: int, part: tuple[int, int] = (1, 1)) -> dict | None:
     jobs = tune_jobs(spec)
     for task, m, c, hp, seed in jobs[part[0] - 1:: part[1]]:
         train(runs_file, runs, task, m, c, seed, settings(spec, task, m, hp))
-    runs = {r["key"]: r for r in read_lines(runs_file)}
-    out = {}
-    for method, grid in spec.tuning["grid"].items():
-        accs = [[runs.get(run_key(t.name, m, c, settings(spec, t, m, hp), s), {}).get("accuracy")
-                 for t, m, c, hp, s in jobs if m == method and hp == point] for point in grid]
-        if any(a is None for x in accs for a in x):
-            print(f"{method}: tuning runs missing (another part still running?)")
-            return None
-        scores = [{"hp": p, "mean_accuracy": sum(x) / len(x), "runs": len(x)} for p, x in zip(grid, accs)]
-        out[method] = {"chosen": max(scores, key=lambda s: s["mean_accuracy"])["hp"], "grid": scores}
+    out = best_points(spec, jobs, {r["key"]: r for r in read_lines(runs_file)})
+    if out is None:
+        print("tuning runs missing (another part still running?)")
+        return None
     path = RESULTS / spec.tuning["out"]
     if not path.is_file():
         save_json(path, {"rule": spec.tuning["rule"], "tasks": spec.tuning["tasks"], "methods": out})

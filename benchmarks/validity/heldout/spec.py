@@ -55,7 +55,7 @@ class Round:
     tuning: dict  # round (whose tasks), tasks, seeds, grid per method, runs, out (the tuned file)
     rank: dict  # the ranking's settings (model, k, examples)
     steps: tuple[str, ...]  # what each cell computes besides the trainings (rank, advised, advised-native, probe, dp)
-    gsd_ranking: str  # the step whose rows give GSD's distances ("" : the plain ranking)
+    gsd_ranking: str  # the step whose rows give GSD's distances (rank: the plain ranking; advised)
     arms: dict  # the arms that decide: name -> {decider, ranking, probe, what}
     validated: str  # the method whose accuracy GSD's and the probe's orders are compared with
     probe_pick: str  # the method of the probe-pick and random arms
