@@ -214,3 +214,14 @@ def test_the_command_builds_a_base_and_says_it_is_not_dp(tmp_path, capsys):
     assert [s["name"] for s in _card(tmp_path / "b")["sets"]] == ["digits", "faces"]
     assert main(["pretrain", "--public", "digits", "--out", str(tmp_path / "b"), "-q"]) == 2  # never overwritten
     assert "exists and is not an empty folder" in capsys.readouterr().err
+
+
+def test_a_catalogue_gives_the_candidates_and_its_private_sets_are_refused(tmp_path):
+    toml = tmp_path / "gsd.toml"
+    toml.write_text('[[jobs]]\nprivate = "mnist-a"\ncandidates = ["digits", "faces"]\n\n'
+                    '[[jobs]]\nprivate = "textures"\ncandidates = ["digits"]\n')
+    card = pretrain_base(None, tmp_path / "b", catalog=toml, **SMALL)
+    assert [s["name"] for s in card["sets"]] == ["digits", "faces"]  # every job's candidates, once each
+    assert any("private set textures" in c for c in card["checked"])
+    with pytest.raises(GSDError, match="--public textures is not public data here"):  # a job's private set
+        pretrain_base(["textures"], tmp_path / "c", catalog=toml, **SMALL)

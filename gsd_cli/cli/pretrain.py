@@ -50,9 +50,10 @@ def pretrain(
                                                          device=device.value, progress=pr, notify=notify), eta=True)
     tr = card["training"]
     acc = tr["validation_accuracy"][tr["best_epoch"] - 1] if tr["best_epoch"] else None
-    out.print(f"base {escape(str(out_dir))} ({PRIVACY_NOTE}): {card['model']} ({card['input_size']}x{card['input_size']}x{card['channels']}), "
+    out.print(f"built the base {escape(str(out_dir))}: {card['model']} ({card['input_size']}x{card['input_size']}x{card['channels']}), "
               f"{sum(s['examples'] for s in card['sets'])} public examples of {len(card['sets'])} set(s), {card['head_classes']} classes; "
               f"epoch {tr['best_epoch']} of {tr['epochs']} kept"
               + (f" (held-out accuracy {acc:.4f})" if acc is not None else "") + f", {tr['seconds']:.0f} s", highlight=False)
+    out.print(f"gsd pretrain {PRIVACY_NOTE}.", highlight=False)
     out.print(f"wrote {escape(str(out_dir))}/weights.safetensors (SHA-256 {card['weights_sha256'][:16]}...) and card.json; "
               f"use it with --weights {escape(str(out_dir))} --model {escape(card['model'])}", highlight=False)

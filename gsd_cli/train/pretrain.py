@@ -256,8 +256,6 @@ def pretrain_base(public, out, *, model: str = "fmnist-cnn", catalog=None, priva
     publics, privates = _sources(public, catalog, private)
     checked = refuse_private_sets(publics, privates, ledger, notify)
     parts = _parts(publics, examples, seed)
-    if notify:
-        notify(f"gsd pretrain {PRIVACY_NOTE}")
     dev = resolve_device(device)
     spec, net = build_spec_model(model, sum(p.classes for p in parts), seed)
     net = net.to(dev)
