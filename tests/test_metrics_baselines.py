@@ -223,7 +223,7 @@ def test_baselines_rank_the_same_distribution_first_and_keep_out_of_the_subspace
 
 
 def test_the_validity_line_is_printed_from_the_shipped_figures():
-    """The note under a GSD table comes from gsd_cli/report/heldout.json (written by python -m validity.heldout
+    """The note under a GSD table comes from gsd_cli/report/heldout.json (written by python -m benchmarks validity --round N
     score --update-package), not from numbers in the printing code: the pre-registered rounds first, the rounds
     designed after their miss apart, the no-harm count beside the cells where the advice chose DP-SGD itself."""
     from rich.console import Console
