@@ -1,6 +1,6 @@
 """What the order of a GSD ranking is worth, as measured: a note under the table (``gsd rank --validity``), from the figures of
 the held-out benchmark's pre-registered rounds (``benchmarks/validity/heldout``, issues 42 and 52) shipped in
-the package as ``heldout.json`` (written by ``python -m validity.heldout score --update-package``; nothing here
+the package as ``heldout.json`` (written by ``python -m benchmarks validity --round 5 score --update-package``; nothing here
 is hard-coded). ``validity.json`` (``benchmarks/bench_downstream.py score --update-package``, issue 33) still
 ships the previous rule's thresholds (:mod:`gsd_cli.train.fallback`); its in-sample figures are no longer printed."""
 
@@ -33,7 +33,7 @@ def heldout() -> dict | None:
 
 
 def heldout6() -> dict | None:
-    """Round 6's shipped figures (``heldout6.json``: ``python -m validity.heldout.round6 score --update-package``)."""
+    """Round 6's shipped figures (``heldout6.json``: ``python -m benchmarks validity --round 6 score --update-package``)."""
     return _shipped("heldout6.json")
 
 
