@@ -225,3 +225,16 @@ def test_a_catalogue_gives_the_candidates_and_its_private_sets_are_refused(tmp_p
     assert any("private set textures" in c for c in card["checked"])
     with pytest.raises(GSDError, match="--public textures is not public data here"):  # a job's private set
         pretrain_base(["textures"], tmp_path / "c", catalog=toml, **SMALL)
+
+
+def test_a_catalogue_job_names_a_base_relative_to_itself(base, tmp_path, monkeypatch):
+    from gsd_cli.ranking.catalog import load_catalog, run_catalog
+
+    shutil.copytree(base, tmp_path / "cat" / "mybase")
+    toml = tmp_path / "cat" / "gsd.toml"
+    toml.write_text('[[jobs]]\nprivate = "mnist-a"\ncandidates = ["digits", "noise"]\n[jobs.options]\n'
+                    'model = "fmnist-cnn"\nweights = "mybase"\nexamples = 30\nk = 2\n')
+    monkeypatch.chdir(tmp_path)  # not the catalogue's folder
+    assert load_catalog(toml).jobs[0].options["weights"] == str(tmp_path / "cat" / "mybase")
+    [(_, ranking)] = run_catalog(toml)
+    assert ranking.weights == str(tmp_path / "cat" / "mybase")

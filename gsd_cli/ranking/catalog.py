@@ -251,9 +251,9 @@ def load_catalog(path: str | Path) -> Catalog:
                         options=opts, checks=checks))
     root = doc.get("data_root")
     cat = Catalog(path, datasets, jobs)
-    for job in jobs:  # a weights file is named relative to the catalogue (a torchvision weight name stays a name)
+    for job in jobs:  # a weights file or base folder is named relative to the catalogue (a torchvision weight name stays a name)
         w = job.options.get("weights")
-        if w and cat._rel(w).is_file():
+        if w and (cat._rel(w).is_file() or (cat._rel(w) / "card.json").is_file()):
             job.options["weights"] = str(cat._rel(w))
         model = split_file_reference(job.options.get("model") or "")  # a user's model file (gsd_cli.models.spec)
         if model and cat._rel(model[0]).is_file():
