@@ -15,7 +15,8 @@ def test_long_auto_select_phases_say_what_they_do_under_quiet(tmp_path, monkeypa
     """gsd train --auto-select -q without --public printed nothing for 4 minutes (400 images): one line at the start."""
     import gsd_cli.train.select as select
 
-    def stopped(*args, **kwargs):
+    def stopped(*args, progress=None, **kwargs):
+        progress("probe", 0, 3)  # the work starts
         raise GSDError("stopped here by the test")
 
     monkeypatch.setattr(select, "plan", stopped)
@@ -33,9 +34,15 @@ def test_long_auto_select_phases_say_what_they_do_under_quiet(tmp_path, monkeypa
 def test_with_progress_says_nothing_more_when_not_quiet(capsys):
     from gsd_cli.cli.common import with_progress
 
-    assert with_progress(True, lambda pr: 3, doing="doing a long thing...") == 3
-    assert capsys.readouterr().err.strip() == "doing a long thing..."
-    assert with_progress(True, lambda pr: 4) == 4 and with_progress(False, lambda pr: 5, doing="x") == 5
+    def work(pr):
+        pr("step", 1, 2)
+        pr("step", 2, 2)
+        return 3
+
+    assert with_progress(True, work, doing="doing a long thing...") == 3
+    assert capsys.readouterr().err.strip() == "doing a long thing..."  # once, when the work starts
+    assert with_progress(True, lambda pr: 4, doing="refused before any work") == 4  # a refusal stays its one line
+    assert with_progress(True, work) == 3 and with_progress(False, lambda pr: 5, doing="x") == 5
     assert capsys.readouterr().err == ""
 
 

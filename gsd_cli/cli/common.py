@@ -226,14 +226,28 @@ def shown_data_warnings():
         yield
 
 
+def _saying(doing: str, progress: Callable) -> Callable:
+    """``progress`` that first prints ``doing`` on stderr, once."""
+    said = []
+
+    def first(*args) -> None:
+        if not said:
+            said.append(True)
+            err.print(escape(doing), highlight=False, soft_wrap=True)
+        progress(*args)
+
+    return first
+
+
 def with_progress(quiet: bool, fn: Callable[[Callable], T], width: int = 24, eta: bool = False, private: bool = False,
                   doing: str | None = None) -> T:
     """``fn(progress)`` under a progress bar that is stopped however ``fn`` ends (``private``: :func:`progress_bar`).
-    ``doing``: what a long phase does, one line on stderr at its start under ``quiet`` (no bar then: ``gsd train
-    --auto-select -q`` printed nothing for minutes); a public line, fixed before any data is read."""
-    if quiet and doing:
-        err.print(escape(doing), highlight=False, soft_wrap=True)
+    ``doing``: what a long phase does, one line on stderr under ``quiet`` (no bar then: ``gsd train --auto-select -q``
+    printed nothing for minutes), when its work starts (its first progress report: a refusal before any work stays
+    the one line it was); a public line, fixed before any data is read."""
     bar, progress = progress_bar(quiet, width=width, eta=eta, private=private)
+    if quiet and doing:
+        progress = _saying(doing, progress)
     try:
         return fn(progress)
     finally:
