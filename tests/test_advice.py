@@ -151,7 +151,9 @@ def _train(main, capsys, tmp_path, name, *args):
 @pytest.mark.parametrize("args", [
     ["--rank-examples", "64", "--rank-k", "4"],
     ["--rank-examples", "100", "--rank-k", "8", "--rank-model", "fmnist-cnn"],
-    ["--rank-examples", "64", "--rank-k", "4", "--select-epsilon", "1", "--insecure-seed", "1"],
+    # the DP probe's draw (from --insecure-seed) with the stage 1 it was written with (before issue 61's validation split)
+    ["--rank-examples", "64", "--rank-k", "4", "--select-epsilon", "1", "--insecure-seed", "1", "--public-examples", "2000",
+     "--public-epochs", "5", "--public-val", "0", "--public-augment", "none"],
 ])
 def test_noise_as_the_only_candidate_trains_dpsgd_and_says_why(capsys, tmp_path, args):
     from gsd_cli.cli import main

@@ -25,7 +25,7 @@ def _summary(run):
 def test_the_dp_probe_run_is_dp_end_to_end_and_its_parts_add_to_the_total(tmp_path, capsys):
     run = tmp_path / "run"
     code = main(["train", "--auto-select", "--public", "mnist-b", "noise", "--select-epsilon", "1", "--epsilon", "3", "--delta", "1e-5",
-                 *SMALL, "--out", str(run)])
+                 *SMALL, "--probe-stage1", "same", "--out", str(run)])
     out, err = capsys.readouterr()
     assert code == 0, err
     s = _summary(run)
@@ -43,7 +43,7 @@ def test_the_dp_probe_run_is_dp_end_to_end_and_its_parts_add_to_the_total(tmp_pa
     assert sum(r["epsilon"] for r in runs) == pytest.approx(3.0, abs=1e-6)
     # what is printed: the decision (a DP release), the split; nothing private on a public line
     assert "the DP feature probe chose" in out and "the run's total is epsilon 3" in out
-    if s["method"] == "second-phase":  # the probe's stage 1 (run's settings and seed) is the training's
+    if s["method"] == "second-phase":  # the probe's stage 1 (run's settings and seed, --probe-stage1 same) is the training's
         assert s["stages"][1]["reused"] is True
     assert all(line.startswith(common.PRIVATE_LABEL) for line in (out + err).splitlines() if "examples)" in line)
 

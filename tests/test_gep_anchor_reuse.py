@@ -232,7 +232,8 @@ def test_a_run_saved_before_anchor_reuse_resumes_with_the_papers_schedule(tiny, 
     from gsd_cli.train import checkpoint as ckpt
     from gsd_cli.train.config import SAVED_BEFORE
 
-    assert SAVED_BEFORE == {"anchor_every": 1, "anchor_warm": False, "anchor_batch": None}
+    assert SAVED_BEFORE == {"anchor_every": 1, "anchor_warm": False, "anchor_batch": None,
+                            "public_val": 0.0, "public_patience": 0, "public_augment": "none"}  # (stage 1's: issue 61)
     assert (TrainConfig().anchor_every, TrainConfig().anchor_warm) != (1, False)  # else this test tests nothing
     old = _cfg(tiny, anchor_every=1, anchor_warm=False)
     run = tmp_path / "old"

@@ -350,17 +350,22 @@ def test_auto_select_for_second_phase_ranks_on_the_trained_parameters(capsys, ti
 
 def test_stage1_default_lr_from_scratch_and_for_pre_trained_weights(tiny, tmp_path, weights_file):
     """--public-lr left out: 3e-3 for a model trained from scratch (gsd's downstream benchmark: paper
-    004's 5e-5 hardly moves it), paper 004's 5e-5 for a pre-trained CNN; a given lr always stands."""
+    004's 5e-5 hardly moves it), paper 004's 5e-5 for a pre-trained CNN, each the middle of the grid stage 1
+    chooses from on its validation split (without one, --public-val 0: the default alone); a given lr always stands."""
     from gsd_cli.train.second_phase import CNN_LR, SCRATCH_LR, run_second_phase
 
     path, _ = weights_file
-    for name, kw, want in (("scratch", {}, SCRATCH_LR), ("pre", {"weights": str(path)}, CNN_LR),
-                           ("given", {"public_lr": 1e-2}, 1e-2)):
+    for name, kw, want in (("scratch", {"public_val": 0.0}, SCRATCH_LR), ("pre", {"weights": str(path), "public_val": 0.0}, CNN_LR),
+                           ("given", {"public_lr": 1e-2}, 1e-2), ("grid", {}, (1e-3, 3e-3, 9e-3)),
+                           ("grid-pre", {"weights": str(path)}, (1.67e-5, 5e-5, 1.5e-4))):
         cfg = _cfg(tiny, **{"public_lr": None, "public_epochs": 1, **kw})
         spec, net, names, _ = build_model("fmnist-cnn", 4, 0, weights=cfg.weights, peft=cfg.peft)
         (tmp_path / name).mkdir()
         rec = run_second_phase(net, names, cfg, spec, tmp_path / name, torch.device("cpu"), num_classes=4, multilabel=False)
-        assert rec["lr"] == want, name
+        if isinstance(want, tuple):
+            assert tuple(rec["search"]["lrs"]) == want and rec["lr"] in want and len(rec["search"]["trials"]) == 3, name
+        else:
+            assert rec["lr"] == want and rec["search"]["lrs"] == [want], name
     assert SCRATCH_LR == 3e-3 and CNN_LR == 5e-5
 
 

@@ -46,7 +46,8 @@ def test_a_second_stage_1_with_the_same_public_inputs_is_read_not_trained(tmp_pa
     assert all(torch.equal(w1[n], w2[n]) for n in w1)
     # the run folder holds what a trained stage 1 leaves: a --resume of it verifies and loads it
     meta = json.loads((tmp_path / "b" / "stage1.json").read_text())
-    assert meta["epochs_done"] == 2 and (tmp_path / "b" / "stage1.safetensors").is_file()
+    assert meta["epochs_done"] == first["search"]["epochs_run"] and meta["search"]["complete"]
+    assert (tmp_path / "b" / "stage1.safetensors").is_file() and meta["record"]["search"] == first["search"]
     # another seed, another public set or other settings: trained again
     stage1_cache._MEMORY.clear()
     cfg.seed = 4
@@ -65,9 +66,11 @@ def test_a_second_stage_1_with_the_same_public_inputs_is_read_not_trained(tmp_pa
     assert main(["cache", "clear"]) == 0 and list(stage1_cache.cache_dir().glob("*.safetensors")) == [mine]
 
 
-def test_the_training_starts_from_the_probes_stage_1(tmp_path, capsys, monkeypatch):
-    """--auto-select with the probe, forced to the second phase on one candidate: the training's stage 1 is
-    the probe's first draw (same settings and seed), read, not trained again."""
+@pytest.mark.parametrize("mode", ["same", "quick"])
+def test_the_training_starts_from_the_probes_stage_1(tmp_path, capsys, monkeypatch, mode):
+    """--auto-select with the probe, forced to the second phase on one candidate: with --probe-stage1 same the
+    training's stage 1 is the probe's first draw (same settings and seed), read, not trained again; with quick (the
+    default, issue 61: one learning rate, not the grid) the probe's are cheaper and the training trains its own."""
     import gsd_cli.train.select as select
 
     monkeypatch.setattr(select, "choosable", lambda ranking, sources, *a: list(sources))
@@ -80,11 +83,15 @@ def test_the_training_starts_from_the_probes_stage_1(tmp_path, capsys, monkeypat
     code = main(["train", "--private", priv, "--auto-select", "--public", pub, "--no-fallback", "--method", "second-phase",
                  "--rank-model", "fmnist-cnn", "--rank-k", "2", "--rank-examples", "30", "--probe-repeats", "2",
                  "--model", "fmnist-cnn", "--params", "fc*", "--epochs", "1", "--batch-size", "30", "--public-examples", "100",
-                 "--public-epochs", "1", "-q", "--out", str(tmp_path / "run")])
+                 "--public-epochs", "1", "--probe-stage1", mode, "-q", "--out", str(tmp_path / "run")])
     assert code == 0, capsys.readouterr().err
-    assert len(trained) == 2, "two probe draws trained stage 1; the training read the first"
     stages = json.loads((tmp_path / "run" / "summary.json").read_text())["stages"]
-    assert stages[1]["reused"] is True
+    if mode == "same":
+        assert len(trained) == 2, "two probe draws trained stage 1; the training read the first"
+        assert stages[1]["reused"] is True and len(stages[1]["search"]["lrs"]) == 3
+    else:
+        assert len(trained) == 3, "two probe draws of one lr, then the training's stage 1 with its grid"
+        assert stages[1]["reused"] is False and len(stages[1]["search"]["lrs"]) == 3
 
 
 def test_the_probe_runs_only_on_candidates_the_advice_could_choose(tmp_path):

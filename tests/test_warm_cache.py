@@ -14,7 +14,8 @@ from gsd_cli.ranking.cache import SubspaceCache
 from gsd_cli.train import TrainConfig, stage1_cache
 from gsd_cli.train.warm import warm_advice
 
-CFG = dict(private="mnist-a", model="fmnist-cnn", params=["fc*"], public_examples=400, public_epochs=2, public_batch_size=100)
+CFG = dict(private="mnist-a", model="fmnist-cnn", params=["fc*"], public_examples=400, public_epochs=2, public_batch_size=100,
+           public_augment="none")  # (2 epochs of augmented batches on 360 examples: no confident probe gain, no second phase)
 RANK = dict(model="fmnist-cnn", k=4, examples=200, device="cpu", seed=0)
 CANDIDATES = ["mnist-b", "faces", "noise"]
 

@@ -18,6 +18,7 @@ def real_setup(cfg, examples: int, insecure_seed: int | None = None, catalog=Non
     from ..models.spec import resolve_model
     from ..models.peft import build_model
     from ..train.splits import private_parts
+    from ..train.config import public_count
     from ..privacy.randomness import private_rng
 
     resolve_model(cfg.model)  # a bad --model fails before any data is read
@@ -37,7 +38,7 @@ def real_setup(cfg, examples: int, insecure_seed: int | None = None, catalog=Non
     if cfg.method == "gep":
         if not cfg.public:
             raise GSDError("--method gep needs --public (the anchor set) with --private")
-        sample = gdata.draw(catalog.resolve(cfg.public) if catalog else gdata.resolve(cfg.public), cfg.public_examples, cfg.seed)
+        sample = gdata.draw(catalog.resolve(cfg.public) if catalog else gdata.resolve(cfg.public), public_count(cfg), cfg.seed)
         from ..ranking.pipeline import refuse_same_dataset
 
         for part in private_parts(cfg.private, cfg.private_test, catalog):  # as gsd train refuses it

@@ -58,7 +58,7 @@ def warn_unused(ctx, method: str) -> None:
 
 #: the options that only --auto-select reads (its ranking, advice and feature probe)
 AUTO_SELECT_OPTIONS = {"rank_model": "--rank-model", "rank_k": "--rank-k", "rank_examples": "--rank-examples",
-                       "select_epsilon": "--select-epsilon", "probe_repeats": "--probe-repeats",
+                       "select_epsilon": "--select-epsilon", "probe_repeats": "--probe-repeats", "probe_stage1": "--probe-stage1",
                        "rank_repeats": "--rank-repeats", "fallback": "--fallback/--no-fallback"}
 
 
@@ -136,7 +136,8 @@ def _fields(ctx, a) -> tuple[dict, set]:
              "sampling_rate", "size_epsilon", "max_steps", "weight_decay", "seed", "clip", "clip_engine", "k", "public_examples",
              "power_iters", "groups", "clip_embedding", "clip_residual", "residual", "anchor_every", "anchor_warm", "anchor_batch",
              "physical_batch", "deterministic_noise", "insecure_seed", "classes", "rgp_rank", "rgp_warmup", "topk_fraction",
-             "sparsify", "weights", "peft", "public_epochs", "public_lr", "public_batch_size")
+             "sparsify", "weights", "peft", "public_epochs", "public_lr", "public_batch_size", "public_val", "public_patience",
+             "public_augment", "probe_stage1")
     fields = {n: getattr(a, n) for n in names}
     fields.update(method=a.method.value, params=list(a.params) if a.params else None, lr_schedule=a.lr_schedule.value,
                   accountant=a.accountant.value, batchnorm=a.batchnorm.value,

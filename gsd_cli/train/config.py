@@ -44,7 +44,7 @@ class TrainConfig:
     classes: str | None = None  # the private set's classes (a count or names) where its source declares none
     catalog: str | None = None  # TOML catalogue whose datasets resolve by name (None: built-in names only)
     public: str | None = None  # public dataset: GEP's anchors, the second phase's stage 1 (unused by the others)
-    public_examples: int = 2000  # public examples drawn: GEP's anchors, the second phase's stage-1 set
+    public_examples: int | None = None  # public examples drawn (None: the method's default, :func:`public_count`): GEP's anchors, stage 1's set
     public_distance: float | None = None  # distance of ``public`` in the ranking that chose it (recorded only)
 
     # --- model and trainable parameters ---
@@ -101,9 +101,13 @@ class TrainConfig:
     sparsify: float = 0.0  # final rate R in [0, 1) of the coordinates dropped (0: off)
 
     # --- second phase (paper 004): stage 1 on public data (gsd_cli.models.peft, gsd_cli.train.second_phase) ---
-    public_epochs: int = 5  # epochs of stage 1
-    public_lr: float | None = None  # Adam learning rate of stage 1 (None: by model)
+    public_epochs: int = 20  # most epochs of stage 1 per learning rate (it stops early on its validation split)
+    public_lr: float | None = None  # Adam learning rate of stage 1 (None: chosen on validation from a grid around the model's default)
     public_batch_size: int = 64  # minibatch size of stage 1
+    public_val: float = 0.1  # fraction of stage 1's public examples held out for validation (0: none, one lr, every epoch)
+    public_patience: int = 3  # stage 1 stops this many epochs after its best validation accuracy (0: never early)
+    public_augment: str = "auto"  # stage 1's augmentation of its training batches (gsd_cli.train.augment.AUGMENTS)
+    probe_stage1: str = "quick"  # the feature probes' stage 1: quick (one lr) or same (the run's; gsd_cli.train.probe)
 
     def to_dict(self) -> dict:
         """The settings as JSON values; a source object given as a dataset (a Python API user's
@@ -126,12 +130,28 @@ class TrainConfig:
 
 # Settings whose default changed after runs were saved without them: a checkpoint that lacks one was
 # made with this value, so --resume goes on with it (not with today's default).
-SAVED_BEFORE = {"anchor_every": 1, "anchor_warm": False, "anchor_batch": None}  # 0.x runs: paper 000's basis at every step, from all anchors
+SAVED_BEFORE = {"anchor_every": 1, "anchor_warm": False, "anchor_batch": None,  # 0.x runs: paper 000's basis at every step, from all anchors
+                "public_val": 0.0, "public_patience": 0, "public_augment": "none"}  # stage 1 before its validation split
+#: the feature probes' stage 1 (gsd_cli.train.probe._Settings): one lr, or the run's own
+PROBE_STAGE1 = ("quick", "same")
+#: GEP's anchors when ``public_examples`` is None
+ANCHOR_EXAMPLES = 2000
+
+
+def public_count(cfg: "TrainConfig") -> int:
+    """The public examples ``cfg``'s method draws (``gdata.draw`` takes at most the set's size): ``--public-examples``
+    where given, else :data:`ANCHOR_EXAMPLES` GEP anchors or all of stage 1's set up to
+    :data:`gsd_cli.train.stage1_fit.STAGE1_CAP` (the second phase)."""
+    from .stage1_fit import STAGE1_CAP
+
+    if cfg.public_examples is not None:
+        return int(cfg.public_examples)
+    return STAGE1_CAP if cfg.method == "second-phase" else ANCHOR_EXAMPLES
 
 
 #: how the clipped sums are computed and how far the run may plan, not what is released (the update
 #: equals the per-example path's to float rounding, tested): a resumed run may change these
-COMPUTE_ONLY = frozenset({"clip_engine", "physical_batch", "max_steps"})
+COMPUTE_ONLY = frozenset({"clip_engine", "physical_batch", "max_steps", "probe_stage1"})  # probe_stage1: the advice's, before the run
 
 
 def check_resume_settings(cfg: "TrainConfig", saved: dict, out) -> None:
@@ -186,6 +206,7 @@ METHOD_SETTINGS = {
     "anchor_every": ("gep",), "anchor_warm": ("gep",), "anchor_batch": ("gep",), "power_iters": ("gep", "rgp"),
     "public_examples": ("gep", "second-phase"), "rgp_rank": ("rgp",), "rgp_warmup": ("rgp",), "topk_fraction": ("topagg",),
     "public_epochs": ("second-phase",), "public_lr": ("second-phase",), "public_batch_size": ("second-phase",),
+    "public_val": ("second-phase",), "public_patience": ("second-phase",), "public_augment": ("second-phase",),
     "clip": ("dpsgd", "rgp", "topagg", "second-phase"),
 }
 
@@ -271,17 +292,35 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.method == "second-phase":
         if not cfg.public:
             raise GSDError("--method second-phase needs public data: --public NAME (or --auto-select with candidates)")
-        if cfg.public_epochs < 1 or cfg.public_batch_size < 1 or cfg.public_examples < 2:
-            raise GSDError("--public-epochs and --public-batch-size must be at least 1, --public-examples at least 2")
-        if cfg.public_lr is not None and not cfg.public_lr > 0:
-            raise GSDError(f"--public-lr must be positive (got {cfg.public_lr})")
+        if public_count(cfg) < 2:
+            raise GSDError("--public-examples must be at least 2 for the second phase's stage 1")
     if cfg.method == "gep":
         if not cfg.public:
             raise GSDError("--method gep needs public data: --public NAME (or --auto-select with candidates)")
-        if cfg.k < 1 or cfg.public_examples < 1 or cfg.power_iters < 1:
+        if cfg.k < 1 or public_count(cfg) < 1 or cfg.power_iters < 1:
             raise GSDError("--k, --public-examples and --power-iters must be at least 1")
     check_anchor_every(cfg.anchor_every)
     check_anchor_batch(cfg.anchor_batch)
+    _check_stage1(cfg)  # for any method: --method auto may train the second phase (checked as gep until decided)
+
+
+def _check_stage1(cfg: TrainConfig) -> None:
+    """The second phase's stage-1 settings and the feature probe's (one line each, exit 2)."""
+    from .augment import AUGMENTS
+
+    if cfg.public_epochs < 1 or cfg.public_batch_size < 1:
+        raise GSDError("--public-epochs and --public-batch-size must be at least 1")
+    if cfg.public_lr is not None and not cfg.public_lr > 0:
+        raise GSDError(f"--public-lr must be positive (got {cfg.public_lr})")
+    if not 0 <= cfg.public_val <= 0.5:
+        raise GSDError(f"--public-val must be in [0, 0.5] (got {cfg.public_val}): the fraction of stage 1's public examples "
+                       "held out for validation (0: none)")
+    if cfg.public_patience < 0:
+        raise GSDError(f"--public-patience must be 0 (never stop early) or more epochs (got {cfg.public_patience})")
+    if cfg.public_augment not in AUGMENTS:
+        raise GSDError(f"unknown --public-augment {cfg.public_augment!r}; use one of {', '.join(AUGMENTS)}")
+    if cfg.probe_stage1 not in PROBE_STAGE1:
+        raise GSDError(f"--probe-stage1 must be one of {', '.join(PROBE_STAGE1)} (got {cfg.probe_stage1!r})")
 
 
 def resumed_config(run: Path, given: dict) -> TrainConfig:

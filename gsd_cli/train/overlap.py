@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import data as gdata
 from ..errors import PrivateError
-from .config import TrainConfig
+from .config import TrainConfig, public_count
 
 
 def refuse_shared_public(cfg: TrainConfig, private: Sequence[gdata.ImageSource], catalog=None) -> gdata.Sample | None:
@@ -40,7 +40,7 @@ def refuse_shared_public(cfg: TrainConfig, private: Sequence[gdata.ImageSource],
     from ..ranking.pipeline import refuse_same_dataset
 
     source = catalog.resolve(cfg.public) if catalog is not None else gdata.resolve(cfg.public)
-    drawn = gdata.draw(source, cfg.public_examples, cfg.seed)  # the examples the method will use
+    drawn = gdata.draw(source, public_count(cfg), cfg.seed)  # the examples the method will use (stage 1: its validation split too)
     what = "GEP anchor set" if cfg.method == "gep" else "second-phase public set"
     for part in private:
         refuse_same_dataset(part, [drawn], what=what)

@@ -150,13 +150,16 @@ def head_features(model: torch.nn.Module, x: torch.Tensor, chunk: int = 256) -> 
 
 
 class _Settings:
-    """The settings :func:`run_second_phase` reads (a :class:`TrainConfig`'s stage-1 fields)."""
+    """The settings :func:`run_second_phase` reads (a :class:`TrainConfig`'s stage-1 fields). ``probe_stage1``
+    ``quick`` (the default): one learning rate (``--public-lr`` or the model's default), not the grid, at a third of
+    the cost; ``same``: the run's stage 1 exactly, which the training that follows then reads from the stage-1 cache."""
 
     def __init__(self, base, public: str, seed: int):
         from .second_phase import STAGE1_KEYS
 
         self._d = {k: getattr(base, k, None) for k in STAGE1_KEYS}
         self._d.update(public=public, seed=seed, private=str(getattr(base, "private", "private")))
+        self._d["public_grid"] = (getattr(base, "probe_stage1", None) or "quick") == "same"
         for k, v in self._d.items():
             setattr(self, k, v)
 

@@ -80,8 +80,9 @@ def print_summary(summary: dict, console: Console) -> None:
         t.add_row("trainable (--peft)", f"{escape(pf['spec'])}: {pf['trainable']:,} of {pf['total']:,} parameters")
     if len(stages) > 1 and stages[1].get("public"):
         s1 = stages[1]
-        t.add_row("second phase", f"{escape(s1['public'])}: {s1['public_examples']} examples, {s1['epochs']} epoch(s) of Adam "
-                  f"lr {s1['lr']:g}, head {escape(s1['head'])} (public data only: no privacy cost)")
+        what = s1.get("line") or (f"{escape(s1['public'])}: {s1['public_examples']} examples, {s1['epochs']} epoch(s) of Adam "
+                                  f"lr {s1['lr']:g} (public data only: no privacy cost)")  # a summary written before issue 61
+        t.add_row("second phase", escape(what) + f"; head {escape(s1['head'])}")
     if summary.get("gep"):
         g = summary["gep"]
         t.add_row("anchor subspace", f"k={g['k']} in {g['groups']} group(s) {g['k_per_group']}, {summary['public_examples']} anchors, "

@@ -176,6 +176,8 @@ def build_mechanism(run: Run, progress=None, notify: Callable | None = None) -> 
         run.stage1 = run_second_phase(model, names, cfg, spec, run.out, dev, num_classes=train_src.num_classes,
                                       multilabel=train_src.multilabel, catalog=run.cat, progress=progress,
                                       private_classes=getattr(train_src, "classes", None))
+        if notify:  # what stage 1 chose: public (it reads public data only)
+            notify(Info(run.stage1["line"]))
     world.broadcast_module(model)
     num_params = sum(dict(model.named_parameters())[n].numel() for n in names)
     chunk = cfg.physical_batch or default_chunk_size(dev, num_params)

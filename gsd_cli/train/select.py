@@ -218,11 +218,17 @@ def probe_plan(repeats: int, candidates: int, examples: int, settings, usable_on
     :mod:`gsd_cli.train.stage1_cache`)."""
     from .size import Info
 
+    from .stage1_fit import LR_FACTORS, STAGE1_CAP
+
     runs = repeats * candidates
     which = "the second phase can use" if usable_only else "the advice could choose"
+    mode = getattr(settings, "probe_stage1", None) or "quick"
+    lrs = 1 if mode == "quick" or settings.public_lr is not None or not getattr(settings, "public_val", 0.1) else len(LR_FACTORS)
+    count = settings.public_examples if settings.public_examples is not None else f"{STAGE1_CAP:,}"
     return Info(f"plan: the feature probe: {repeats} draws, each a linear probe of up to {examples} private examples and, for "
-                f"each candidate {which} (of {candidates}), stage 1 of the second phase ({settings.public_epochs} "
-                f"epoch(s) on up to {settings.public_examples} public examples): at most {runs} stage-1 training(s) (--probe-repeats)")
+                f"each candidate {which} (of {candidates}), stage 1 of the second phase (--probe-stage1 {mode}: {lrs} learning "
+                f"rate(s) x at most {settings.public_epochs} epoch(s), stopping early, on up to {count} public examples): at most "
+                f"{runs} stage-1 training(s) (--probe-repeats)")
 
 
 def _shapes(sources) -> list[tuple[int, int, int]]:

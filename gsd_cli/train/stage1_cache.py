@@ -2,10 +2,10 @@
 
 Stage 1 (:func:`gsd_cli.train.second_phase.run_second_phase`) is a function of public inputs only:
 the model and its initial weights, the drawn public examples and their labels, the stage-1 settings
-(epochs, lr, batch size, examples, seed) and the private task's *declared* label space (its class
-count, names and whether it is multi-label, which decide whether the head is shared). Every random
-draw in it comes from ``--seed`` (the order of the examples; the temporary head; any dropout, under a
-forked generator). So the feature probe of ``gsd train --auto-select``, which trains stage 1 on each
+(examples, epochs, lr or its grid, batch size, validation fraction, patience, augmentation, seed) and the
+private task's *declared* label space (its class count, names and whether it is multi-label, which
+decide whether the head is shared). Every random draw in it comes from ``--seed`` (the validation split;
+the order of the examples; the augmentation; the temporary head; any dropout, under a forked generator). So the feature probe of ``gsd train --auto-select``, which trains stage 1 on each
 candidate with the run's own settings, and the training that follows with the chosen candidate
 compute the same thing: the training reads it here instead of training it again, and a second run
 with the same candidates (a new private set of the same task) reads every candidate's.
@@ -13,9 +13,10 @@ with the same candidates (a new private set of the same task) reads every candid
 An entry is keyed by the SHA-256 of all those inputs: the model's digest before stage 1
 (:func:`gsd_cli.models.digest.model_digest`: its layers and every weight), the trained parameters'
 names, what the drawn public examples are made of (:func:`gsd_cli.data.fingerprint.sample_fingerprint`),
-their labels, the settings, the label space, the device's kind and the library versions. It holds the
-trained parameters and Adam's state after the last epoch (what ``stage1.safetensors`` holds), the
-losses and the lr; its tensors' checksum is verified on read, and an entry that does not load, or has
+their labels, the settings as given and as resolved (the learning rates tried, what ``--public-augment
+auto`` means for the model's input), the validation split's rule, the label space, the device's kind and
+the library versions. It holds the chosen parameters (what ``stage1.safetensors`` holds once stage 1 is
+done), the losses, the lr and what stage 1 chose (its record); its tensors' checksum is verified on read, and an entry that does not load, or has
 another key, is recomputed and replaced, never trusted. Nothing private enters: the cache is public.
 
 Location: ``stage1/`` under gsd's cache folder (``$GSD_CACHE_DIR``, ...; :func:`gsd_cli.data.roots.default_cache_dir`);
@@ -35,7 +36,9 @@ import torch
 
 from ..data.roots import ENTRY_NAME, STAGE1_SUBFOLDER as SUBFOLDER  # noqa: F401 (the cache folder's stage-1 subfolder)
 
-SCHEMA = 1
+SCHEMA = 2  # 2: the validation split, the lr grid, early stopping and augmentation (entries hold what stage 1 chose)
+#: the rule of stage 1's validation split (gsd_cli.train.stage1_fit.validation_mask): bump when it changes
+VALIDATION_RULE = "splitmix64(seed, sha256(draw key), index) < fraction, v1"
 #: entries of this process (key -> (tensors, meta)), whatever the disk allows
 _MEMORY: dict[str, tuple[dict, dict]] = {}
 _MEMORY_MAX = 16
@@ -48,18 +51,23 @@ def cache_dir() -> Path | None:
     return None if base is None else base / SUBFOLDER
 
 
-def stage1_key(model, train_names: list[str], sample, labels: torch.Tensor, settings: dict, lr: float, *, num_classes: int,
+def stage1_key(model, train_names: list[str], sample, labels: torch.Tensor, settings: dict, s, *, num_classes: int,
                multilabel: bool, private_classes, device: torch.device) -> str:
     """The key of a stage 1 (module docstring): ``model`` before stage 1 (its private head already swapped
     for a public one where the public labels are not private classes), the names it trains, the drawn
-    ``sample`` and its ``labels``, the stage-1 ``settings`` and ``lr``, the label space and the device's kind."""
+    ``sample`` and its ``labels``, the stage-1 ``settings`` (every ``public_*`` field, as given) and ``s``, the
+    :class:`~gsd_cli.train.stage1_fit.Stage1Settings` they resolve to (the learning rates tried, the augmentation
+    ``auto`` means, the validation fraction, the patience...), the label space and the device's kind."""
+    import dataclasses
+
     from ..data.fingerprint import sample_fingerprint
     from ..models.digest import _tensor_digest, model_digest
 
     doc = {"schema": SCHEMA, "model": model_digest(model), "train": sorted(train_names),
            "sample": sample_fingerprint(sample.source, sample.indices), "labels": _tensor_digest(labels.detach().cpu()),
-           "settings": {k: v for k, v in settings.items() if k not in ("private", "public")}, "lr": repr(float(lr)),
-           "num_classes": int(num_classes), "multilabel": bool(multilabel),
+           "settings": {k: v for k, v in settings.items() if k not in ("private", "public")},
+           "resolved": {k: [repr(float(x)) for x in v] if k == "lrs" else v for k, v in dataclasses.asdict(s).items()},
+           "split": VALIDATION_RULE, "num_classes": int(num_classes), "multilabel": bool(multilabel),
            "private_classes": list(private_classes) if private_classes is not None else None,
            "device": torch.device(device).type, "torch": torch.__version__}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
@@ -73,7 +81,7 @@ def _checksum(tensors: dict) -> str:
 
 
 def load(key: str) -> tuple[dict, dict] | None:
-    """``(tensors, meta)`` of the entry ``key`` (``meta``: ``losses``, ``lr``), or None."""
+    """``(tensors, meta)`` of the entry ``key`` (``meta``: ``losses``, ``lr``, ``choice``), or None."""
     if key in _MEMORY:
         return _MEMORY[key]
     folder = cache_dir()
@@ -99,10 +107,12 @@ def load(key: str) -> tuple[dict, dict] | None:
     return tensors, meta
 
 
-def store(key: str, tensors: dict, losses: list[float], lr: float) -> None:
-    """Keep a stage 1's result under ``key`` (in memory; on disk when the cache folder can be written)."""
+def store(key: str, tensors: dict, losses: list[float], lr: float, choice: dict | None = None) -> None:
+    """Keep a stage 1's result under ``key`` (in memory; on disk when the cache folder can be written); ``choice``:
+    what it chose (:class:`gsd_cli.train.stage1_fit.Stage1Record` as a dict: lr, epochs, validation accuracy...)."""
     tensors = {n: t.detach().cpu().contiguous() for n, t in tensors.items()}
-    meta = {"schema": SCHEMA, "key": key, "losses": [float(x) for x in losses], "lr": float(lr), "checksum": _checksum(tensors)}
+    meta = {"schema": SCHEMA, "key": key, "losses": [float(x) for x in losses], "lr": float(lr), "choice": choice or {},
+            "checksum": _checksum(tensors)}
     _remember(key, tensors, meta)
     folder = cache_dir()
     if folder is None:
