@@ -203,3 +203,22 @@ def test_gsd_train_runs_the_dp_probe_through_the_audited_call(monkeypatch):
     want = pm.plan_dp_probe(1.0, 1e-6, 2)
     assert len(seen) == 1 and seen[0] == want
     assert booked[0][0] == 1.0 and list(booked[0][2]) == list(want.curve)
+
+
+def test_a_base_that_saw_the_private_set_is_refused_before_training(sets, tmp_path, capsys):
+    """A `gsd pretrain` base built on what is then the private set (pretrain checked another --private) carries its
+    examples, trained without noise, into the released model: `gsd train --weights BASE` refuses it by the identity and
+    the path its card records, in one line, before anything is booked."""
+    from gsd_cli.train.pretrain import pretrain_base
+
+    pretrain_base([sets["pub"], "npz:./priv.npz"], tmp_path / "base", model="fmnist-cnn", examples=40, epochs=1,
+                  batch_size=32, seed=0, device="cpu")
+    common = ["--method", "dpsgd", "--model", "fmnist-cnn", "--weights", str(tmp_path / "base"), "--epochs", "1", "--batch-size", "50",
+              "--expected-size", "400", "--epsilon", "2", "-q"]
+    code = main(["train", "--private", f"npz:{tmp_path / 'priv.npz'}", *common, "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and "the base's public set" in err and "is private data" in err and len(err.strip().splitlines()) == 1
+    _nothing_written(tmp_path)
+    (tmp_path / "other.npz").write_bytes((tmp_path / "pub.npz").read_bytes())
+    code = main(["train", "--private", "npz:other.npz", *common, "--out", str(tmp_path / "run2")])
+    assert code == 0, capsys.readouterr().err  # a base of other sets trains

@@ -35,9 +35,11 @@ def refuse_shared_public(cfg: TrainConfig, private: Sequence[gdata.ImageSource],
     included, are not refused (a refusal that turns on the private examples is a membership oracle):
     :func:`train` leaves those private examples out of the private training set, a per-example rule
     (:class:`gsd_cli.data.identity.PublicRows`)."""
+    from ..ranking.pipeline import refuse_same_dataset
+
+    refuse_private_base(getattr(cfg, "weights", None), private)
     if cfg.method not in ("gep", "second-phase") or not cfg.public:
         return None
-    from ..ranking.pipeline import refuse_same_dataset
 
     source = catalog.resolve(cfg.public) if catalog is not None else gdata.resolve(cfg.public)
     drawn = gdata.draw(source, public_count(cfg), cfg.seed)  # the examples the method will use (stage 1: its validation split too)
@@ -69,6 +71,31 @@ def refuse_private_candidates(parts: Sequence, pubs: Sequence, *, dp: bool, exam
         train = parts[0]
         drawn = gdata.draw(train, examples, seed)
         refuse_private_as_public(train, drawn.indices, [gdata.draw(p, examples, seed) for p in pubs])
+
+
+def refuse_private_base(weights, private: Sequence) -> None:
+    """Refuse (:class:`~gsd_cli.errors.GSDError`, one line) a ``--weights`` base (``gsd pretrain``) that saw one of the
+    ``private`` parts, by the public inputs its card records of each set: its identity (the name, aliases resolved,
+    paths made absolute) and the path it read. Its weights, trained without noise, would carry those examples into the
+    released model. Nothing else is read of the private data (as :func:`refuse_shared_public`); a base that is no
+    gsd base, or whose card cannot be read (refused when it loads, :func:`gsd_cli.models.base.read_base`), passes."""
+    import json
+
+    from ..data.labelspace import LabelSpace
+    from ..models.base import CARD, base_folder
+    from ..ranking.pipeline import refuse_same_dataset
+
+    folder = base_folder(weights) if weights else None
+    if folder is None:
+        return
+    try:
+        sets = json.loads((folder / CARD).read_text()).get("sets") or []
+    except (OSError, ValueError, AttributeError):
+        return
+    for s in sets if isinstance(sets, list) else []:
+        seen = LabelSpace(str(s.get("identity") or s.get("name")), 0, None, origin_path=s.get("origin"))
+        for part in private:
+            refuse_same_dataset(part, [seen], what=f"--weights {folder}: the base's public set")
 
 
 def left_out(train_src, test_src, pub_sample, notes: list) -> np.ndarray | None:

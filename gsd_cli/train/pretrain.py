@@ -293,7 +293,12 @@ def _set_card(p: PublicPart) -> dict:
 
     used = np.concatenate([p.train, p.val])
     names = getattr(p.source, "classes", None)
-    return {"name": p.name, "description": p.source.describe().get("description", ""),
+    from ..data.identity import dataset_identity, origin
+
+    ident, split = dataset_identity(p.name)
+    where = origin(p.source)
+    return {"name": p.name, "identity": ident + (f":{split}" if split else ""), "origin": where[0] if where else None,
+            "description": p.source.describe().get("description", ""),
             "fingerprint": sample_fingerprint(p.source, np.sort(used)), "examples": int(len(used)),
             "train_examples": int(len(p.train)), "validation_examples": int(len(p.val)), "classes": p.classes,
             "class_names": [str(c) for c in names] if names else None, "offset": p.offset}
