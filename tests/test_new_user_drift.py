@@ -105,9 +105,11 @@ def test_budget_show_marks_a_non_private_selection_not_dp_and_keeps_each_command
     from gsd_cli.train import TrainConfig, train
 
     ranking = gsd_cli.rank(tiny["private"], [tiny["public"]], model="fmnist-cnn", k=2, examples=30, seed=0)  # not DP
-    cfg = TrainConfig(private=tiny["private"], method="dpsgd", epochs=1, batch_size=30, physical_batch=64)
+    cfg = TrainConfig(private=tiny["private"], method="dpsgd", epochs=1, batch_size=30, physical_batch=64, public_examples=40)
     chosen = train(cfg, tmp_path / "chosen", selection=ranking.to_dict())
     assert chosen["dp"] is False
+    # the advice's stage 1 read --public-examples: not "unused" when it then chose DP-SGD (the tutorial warned so)
+    assert not any("--public-examples" in n for n in chosen["notes"]), chosen["notes"]
     # the NOT-DP line says how to make the advice DP (nothing told a user of the non-private advice)
     told = [n for n in chosen["notes"] if "NOT differentially private" in n]
     assert len(told) == 1 and "--select-epsilon" in told[0]

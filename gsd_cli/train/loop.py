@@ -47,7 +47,7 @@ from ..gradients import resolve_device
 from ..privacy import epsilon_of, training_event
 from ..privacy.randomness import INSECURE_NOTE
 from . import checkpoint as ckpt
-from .config import TrainConfig, changed_settings, lr_at, unused_note, validate
+from .config import METHOD_SETTINGS, TrainConfig, changed_settings, lr_at, unused_note, validate
 from .evaluate import evaluate, metric_row, summary_block
 from .overlap import refuse_shared_public  # noqa: F401 (re-exported)
 from .release import PRIVATE_SUMMARY, not_dp_fields, split_summary
@@ -223,7 +223,10 @@ def _notes(run: Run) -> tuple[list[str], bool]:
         notes_unused = [f"--public {cfg.public} is not used by --method {cfg.method}"]
     else:
         notes_unused = []
-    notes_unused += [n for n in [unused_note(cfg.method, changed_settings(cfg))] if n]  # another method's settings: ignored, said
+    changed = changed_settings(cfg)
+    if run.selection is not None:  # --auto-select's feature probe ran stage 1 with the second phase's settings: used
+        changed = [n for n in changed if "second-phase" not in METHOD_SETTINGS[n]]
+    notes_unused += [n for n in [unused_note(cfg.method, changed)] if n]  # another method's settings: ignored, said
 
     notes = list(notes_unused) + run.public_notes
     if size.how == "dp-estimate" and size.q >= 1:  # N~ is DP (public): saying so reveals nothing more
