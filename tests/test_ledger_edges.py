@@ -87,6 +87,8 @@ def _unusable_cases(tmp_path, private, monkeypatch):
 
 def test_every_unusable_ledger_is_one_line_exit_2_before_any_work(tmp_path, private, monkeypatch, capsys):
     cases = _unusable_cases(tmp_path, private, monkeypatch)
+    outs = tmp_path / "outs"  # the run folder's parent (the run lock may create and remove the run folder in it): not a case
+    outs.mkdir()
     try:
         before = {what: _fingerprint(loc) for what, (loc, _) in cases.items() if "://" not in loc and os.path.exists(loc)}
         for what, (loc, why) in cases.items():
@@ -101,14 +103,14 @@ def test_every_unusable_ledger_is_one_line_exit_2_before_any_work(tmp_path, priv
             assert "secret" not in text and seconds < 15, (what, seconds)
         # a DP run stops on it before any work (no data read, no run folder), and so does gsd rank --dp
         for loc, _ in (cases["the private npz"], cases["/dev/null"], cases["refused"]):
-            assert main(["--ledger", loc, "train", "--private", "npz:/no/such/private.npz", "--method", "dpsgd", "--out", str(tmp_path / "run"),
+            assert main(["--ledger", loc, "train", "--private", "npz:/no/such/private.npz", "--method", "dpsgd", "--out", str(outs / "run"),
                          "-q"]) == 2
             text = _one_line(capsys.readouterr().err)
-            assert "is unusable" in text and "no/such" not in text.split("is unusable")[0] and not (tmp_path / "run").exists()
+            assert "is unusable" in text and "no/such" not in text.split("is unusable")[0] and not (outs / "run").exists()
             assert main(["--ledger", loc, "rank", "--private", "npz:/no/such/private.npz", "--public", "npz:/no/such/public.npz",
                          "--dp", "--epsilon", "1"]) == 2
             text = _one_line(capsys.readouterr().err)
-            assert "is unusable" in text and "no/such" not in text.split("is unusable")[0] and not (tmp_path / "run").exists()
+            assert "is unusable" in text and "no/such" not in text.split("is unusable")[0] and not (outs / "run").exists()
         # show reads only, and says the same of a file that is not a ledger
         assert main(["budget", "show", "--ledger", str(private)]) == 2 and "is unusable" in capsys.readouterr().err
         after = {what: _fingerprint(loc) for what, (loc, _) in cases.items() if "://" not in loc and os.path.exists(loc)}
