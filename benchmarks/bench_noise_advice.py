@@ -1,7 +1,7 @@
-"""Does ``gsd train --auto-select --public noise`` ever train with noise? The advice (gsd_cli.train.advice)
+"""Does ``gsd train --auto-select --public noise`` ever train with noise? The advice (gsd_cli.advice.decide)
 on a grid of ranking settings: models, k, m, with and without a private selection.
 
-For every cell, ``gsd_cli.train.select.advised_selection(private, ["noise"], "auto", ...)`` (the same call
+For every cell, ``gsd_cli.advice.select.advised_selection(private, ["noise"], "auto", ...)`` (the same call
 ``gsd train --auto-select`` makes, no training) on the embedded private set, and the decision: the
 method and the public set it would train with. Non-private cells are deterministic (a non-private ranking
 draws from ``--seed``); private cells draw from the OS, so each is run ``--dp-draws`` times.
@@ -24,7 +24,7 @@ from .harness import add_json, add_seed, write_json
 
 
 def cell(model: str, k: int, m: int, epsilon: float | None, seed: int, public=("noise",)) -> dict:
-    from gsd_cli.train.select import advised_selection
+    from gsd_cli.advice.select import advised_selection
 
     opts = dict(k=k, examples=m, seed=seed, model=model, device="cpu")
     if epsilon is not None:

@@ -1,5 +1,5 @@
 """What the feature probe adds to gsd train --auto-select's selection (issue 42): the advised selection
-(`gsd_cli.train.advised_selection`: the GSD ranking with its noise references over 3 repeats) with and
+(`gsd_cli.advice.advised_selection`: the GSD ranking with its noise references over 3 repeats) with and
 without the probe (`train_settings`), alternated in one process, on the embedded default data.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_probe_cost.py --repeats 3 --json benchmarks/results/probe_cost_cpu.json
@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     import torch
 
-    from gsd_cli.train import TrainConfig, advised_selection
+    from gsd_cli.advice import advised_selection
+    from gsd_cli.train import TrainConfig
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     cfg = TrainConfig(private=a.private, public=a.public[0], method="auto", model=a.model)

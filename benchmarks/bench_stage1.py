@@ -67,7 +67,7 @@ def stage1_arm(name: str, a) -> dict:
     from gsd_cli.data import resolve
     from gsd_cli.models.peft import build_model
     from gsd_cli.train import TrainConfig, stage1_cache
-    from gsd_cli.train.probe import _Settings
+    from gsd_cli.advice.probe import _Settings
     from gsd_cli.train.second_phase import run_second_phase
 
     stage1_cache.clear()

@@ -71,17 +71,69 @@ MOVED = {
 }
 
 
+#: old module -> new module, moved after 0.2 (issue 63: the advice in a package of its own; the trainers' units
+#: grouped): the old path works for one more release and warns (DeprecationWarning) on its first import
+DEPRECATED = {
+    "gsd_cli.train.select": "gsd_cli.advice.select",
+    "gsd_cli.train.advice": "gsd_cli.advice.decide",
+    "gsd_cli.train.dp_advice": "gsd_cli.advice.dp_probe",
+    "gsd_cli.train.probe": "gsd_cli.advice.probe",
+    "gsd_cli.train.gate": "gsd_cli.advice.gate",
+    "gsd_cli.train.fallback": "gsd_cli.advice.fallback",
+    "gsd_cli.train.warm": "gsd_cli.advice.warm",
+}
+
+#: package -> {old attribute: the module that now defines it}: names a package exported before they moved, served
+#: (with a DeprecationWarning) by :func:`moved_attribute`, which the package's ``__getattr__`` calls
+DEPRECATED_NAMES = {
+    "gsd_cli.train": {"auto_select": "gsd_cli.advice.select", "advised_selection": "gsd_cli.advice.select"},
+}
+
+
+def _warn_moved(old: str, new: str) -> None:
+    """A DeprecationWarning that ``old`` is now ``new``, attributed to the code that named ``old`` (the first frame
+    outside the import system and this module, so that Python's default filters show it where a script imports it)."""
+    import os
+    import sys
+    import warnings
+
+    def shim(path: str) -> bool:  # the import system, or this package's __init__ files (the shims' frames)
+        return (path.startswith("<frozen importlib") or os.path.dirname(path) == os.path.dirname(importlib.__file__)
+                or (path.startswith(os.path.dirname(__file__)) and path.endswith("__init__.py")))
+
+    frame, level = sys._getframe(1), 2
+    while frame is not None and shim(frame.f_code.co_filename):
+        internal = "importlib" in frame.f_code.co_filename and "_bootstrap" in frame.f_code.co_filename
+        frame, level = frame.f_back, level + (not internal)  # warnings.warn skips those itself
+    warnings.warn(f"{old} has moved to {new}; the old name goes in the next release", DeprecationWarning, stacklevel=level)
+
+
+def moved_attribute(package: str, name: str):
+    """``package``'s attribute ``name`` that has moved (:data:`DEPRECATED_NAMES`), or a moved submodule
+    (:data:`DEPRECATED`), with a DeprecationWarning; AttributeError for any other name."""
+    new = DEPRECATED_NAMES.get(package, {}).get(name)
+    if new is not None:
+        _warn_moved(f"{package}.{name}", f"{new}.{name}")
+        return getattr(importlib.import_module(new), name)
+    if f"{package}.{name}" in DEPRECATED:
+        return importlib.import_module(f"{package}.{name}")
+    raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+
 class _MovedFinder:
     """A meta-path finder that answers an old module path with its new module (one module object
     under two names, so ``isinstance`` checks and monkeypatching agree)."""
 
     @staticmethod
     def find_spec(fullname, path=None, target=None):
-        new = next((n + fullname[len(o):] for o, n in MOVED.items() if fullname == o or fullname.startswith(o + ".")), None)
+        moves = {**MOVED, **DEPRECATED}
+        new = next((n + fullname[len(o):] for o, n in moves.items() if fullname == o or fullname.startswith(o + ".")), None)
         if new is None:
             return None
         import importlib.util
 
+        if fullname in DEPRECATED:
+            _warn_moved(fullname, new)
         return importlib.util.spec_from_loader(fullname, _MovedLoader(new))
 
 
@@ -94,10 +146,11 @@ class _MovedLoader:
         import sys
 
         sys.modules[spec.name] = module
+        self.spec = module.__spec__
         return module
 
     def exec_module(self, module):
-        pass
+        module.__spec__ = self.spec  # the import system set the old name's; the module keeps its own
 
 
 def _install_finder() -> None:

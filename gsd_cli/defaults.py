@@ -10,10 +10,10 @@ DEFAULT_PUBLIC = ("mnist-b", "digits", "mnist-inverted", "textures", "faces", "n
 
 @dataclass(frozen=True)
 class AdviceSettings:
-    """The advice's fixed settings (set before any benchmark run; :mod:`gsd_cli.train.advice`): the one-sided
+    """The advice's fixed settings (set before any benchmark run; :mod:`gsd_cli.advice.decide`): the one-sided
     significance level of its tests, the ranking's draws (the paired test against the noise references,
     :func:`gsd_cli.ranking.reference.closer_than_reference`), the feature probe's draws
-    (:mod:`gsd_cli.train.probe`), and the public examples per private class the second phase needs."""
+    (:mod:`gsd_cli.advice.probe`), and the public examples per private class the second phase needs."""
 
     alpha: float = 0.05
     rank_repeats: int = 3

@@ -1,4 +1,4 @@
-"""gsd train --auto-select's advice (gsd_cli.train.advice, issue 42): public data only when a candidate is
+"""gsd train --auto-select's advice (gsd_cli.advice.decide, issue 42): public data only when a candidate is
 closer than the in-run noise references with confidence, the second phase only with a candidate whose labels
 can prepare the model, and no setting without a rule."""
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from gsd_cli.train.advice import (
+from gsd_cli.advice.decide import (
     REFERENCE, Candidate, advise, closer_than_reference, is_reference, reference_sources, second_phase_usable,
     split_usable,
 )
@@ -275,7 +275,7 @@ def test_gsd_rank_with_references_says_which_candidates_are_closer_than_noise(ca
 def test_a_private_selection_adds_noise_of_each_candidates_shape(monkeypatch):
     """Under --select-epsilon (one draw, no paired test) the references also hold noise of each candidate's
     own shape: 28 x 28 noise resized to ResNet20's 32 fell between the 32 and 8 grids and was chosen."""
-    import gsd_cli.train.select as sel
+    import gsd_cli.advice.select as sel
 
     seen = {}
 

@@ -160,8 +160,9 @@ LAYERS = {
     "distance": 5,
     "ranking": 6, "report": 6,
     "train": 7,
-    "audit": 8, "integrations": 8,
-    "cli": 9,
+    "advice": 8,  # issue 63: which public set, which method, or none; it imports the trainers, they never import it
+    "audit": 9, "integrations": 9,
+    "cli": 10,
 }
 
 
@@ -219,3 +220,34 @@ def test_no_import_runs_up_within_a_layer_and_the_packages_form_no_circle():
     for a, b in edges:
         graph.setdefault(a, set()).add(b)
     assert_acyclic(graph, "packages import each other in a circle")
+
+
+# --- the advice, a floor above the trainers (issue 63) ---------------------------------------------------
+def test_train_imports_none_of_the_advice():
+    modules = _modules()
+    up = sorted(f"{m} -> {n}" for m, p in modules.items() if _part(m) == "train" for n in _imports(m, p, modules) if _part(n) == "advice")
+    assert not up, up
+
+
+def test_each_advice_module_says_first_what_it_decides():
+    for path in sorted((ROOT / "advice").glob("*.py")):
+        first = (ast.get_docstring(ast.parse(path.read_text())) or "").splitlines()[:1]
+        assert first and first[0].startswith(("Which ", "Whether ")), f"advice/{path.name}: {first}"
+
+
+def test_the_moved_advice_paths_work_for_one_release_and_warn():
+    """``gsd_cli.train.select`` and the other moved modules are the advice's modules under their old names, and a
+    DeprecationWarning names the new one; so do the names ``gsd_cli.train`` exported (``auto_select``, ...)."""
+    import importlib
+
+    import gsd_cli.train
+
+    for old, new in gsd_cli.DEPRECATED.items():
+        sys.modules.pop(old, None)  # the alias only: the finder answers again
+        with pytest.warns(DeprecationWarning, match=f"{old} has moved to {new}"):
+            assert importlib.import_module(old) is importlib.import_module(new)
+    for name, new in gsd_cli.DEPRECATED_NAMES["gsd_cli.train"].items():
+        with pytest.warns(DeprecationWarning, match=f"gsd_cli.train.{name} has moved to {new}.{name}"):
+            assert getattr(gsd_cli.train, name) is getattr(importlib.import_module(new), name)
+    with pytest.raises(AttributeError):
+        gsd_cli.train.no_such_name  # noqa: B018

@@ -369,7 +369,7 @@ def test_a_refusal_after_a_non_private_selection_gives_its_figures_on_a_private_
     assert [g[0] for g in got] == [2, 2], got[1][2]
     _same_public(got)
     for _, out, err, _ in got:
-        # its figures: a p-value, or the draws after which the probe's test was decided (gsd_cli.train.probe, a stopped
+        # its figures: a p-value, or the draws after which the probe's test was decided (gsd_cli.advice.probe, a stopped
         # candidate: whether the best one stopped depends on the drawn examples)
         assert any(line.startswith("private: --method second-phase: no candidate") and ("p = " in line or "stopped after" in line)
                    for line in out), out

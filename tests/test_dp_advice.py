@@ -1,5 +1,5 @@
 """Issue 52, items 1-2: `gsd train --auto-select --select-epsilon E` private end to end with the DP feature
-probe (gsd_cli.train.dp_advice): booked before it draws, --epsilon the run's total (the selection's share
+probe (gsd_cli.advice.dp_probe): booked before it draws, --epsilon the run's total (the selection's share
 off it), the run "differentially private: yes", and neighbouring private sets print the same public lines."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from gsd_cli.cli import common, main
 from gsd_cli.errors import GSDError
 from gsd_cli.privacy import budget as B
-from gsd_cli.train.dp_advice import SELECTION_DELTA_SHARE, project, split_budget
+from gsd_cli.advice.dp_probe import SELECTION_DELTA_SHARE, project, split_budget
 
 SMALL = ["--model", "fmnist-cnn", "--params", "fc*", "--epochs", "1", "--batch-size", "50", "--expected-size", "400",
          "--public-epochs", "1", "--public-examples", "1000", "-q"]

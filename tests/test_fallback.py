@@ -1,5 +1,5 @@
-"""The previous, in-sample auto-select rule (gsd_cli.train.fallback, issue 33), which ``gsd train`` no longer
-follows (gsd_cli.train.advice does, tests/test_advice.py): kept as a comparison arm of the held-out benchmark."""
+"""The previous, in-sample auto-select rule (gsd_cli.advice.fallback, issue 33), which ``gsd train`` no longer
+follows (gsd_cli.advice.decide does, tests/test_advice.py): kept as a comparison arm of the held-out benchmark."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gsd_cli.train.fallback import decide, rules
+from gsd_cli.advice.fallback import decide, rules
 
 RANK = {"model": "probe", "k": 16, "examples": 2000}
 FIG = {"rank": RANK, "rule": {"gep": {"threshold": 0.3, "errors": 2, "cells": 20, "held_out_errors": 1, "held_out_cells": 10},
@@ -67,7 +67,7 @@ GAINS = {"rank": RANK, "rule": {"gep": {"threshold": 0.3, "errors": 2, "cells": 
 
 
 def test_auto_takes_the_largest_gain_whose_threshold_passes():
-    from gsd_cli.train.fallback import by_gain, choose
+    from gsd_cli.advice.fallback import by_gain, choose
 
     assert by_gain(GAINS["rule"]) == ["second-phase", "gep"]
     d = choose("a", 0.25, rank_settings=RANK, figures=GAINS)  # both pass: the larger gain
@@ -82,7 +82,7 @@ def test_auto_takes_the_largest_gain_whose_threshold_passes():
 
 
 def test_auto_outside_the_calibration_and_without_rules():
-    from gsd_cli.train.fallback import choose
+    from gsd_cli.advice.fallback import choose
 
     d = choose("a", 0.9, rank_settings={**RANK, "k": 8}, figures=GAINS)  # not applied: the largest gain, with the winner
     assert (d.method, d.public, d.applied, d.fell_back) == ("second-phase", "a", False, False) and "not applied" in d.message
@@ -94,7 +94,7 @@ def test_auto_outside_the_calibration_and_without_rules():
 
 def test_shipped_rule_favours_a_method_by_measured_gain():
     """validity.json (written by bench_downstream.py score --update-package) carries each rule's gain."""
-    from gsd_cli.train.fallback import by_gain
+    from gsd_cli.advice.fallback import by_gain
 
     table, _ = rules()
     assert all(isinstance(r.get("gain"), (int, float)) for r in table.values())
@@ -121,7 +121,7 @@ FIG_DP = {**GAINS, "rule_dp": {"rank": RANK_DP, "metric": "dp-energy", "rule": {
 
 
 def test_a_private_selection_applies_its_own_rule_to_the_released_distance():
-    from gsd_cli.train.fallback import choose
+    from gsd_cli.advice.fallback import choose
 
     dp_settings = {**RANK, "epsilon": 1.0}  # metric and clip unset: gsd rank --dp's defaults
     d = choose("a", 0.41, rank_settings=dp_settings, dp=True, figures=FIG_DP)
@@ -140,7 +140,7 @@ def test_a_private_selection_applies_its_own_rule_to_the_released_distance():
 
 @pytest.mark.parametrize("settings", [{**RANK, "clip": 2.0}, {**RANK, "metric": "dp-gsd"}, {**RANK, "k": 8}])
 def test_a_private_selection_outside_its_calibration_is_not_applied(settings):
-    from gsd_cli.train.fallback import choose
+    from gsd_cli.advice.fallback import choose
 
     d = choose("a", 0.9, rank_settings=settings, dp=True, figures=FIG_DP)
     assert (d.method, d.public, d.applied) == ("second-phase", "a", False) and "calibrated for the private ranking" in d.message
@@ -149,7 +149,7 @@ def test_a_private_selection_outside_its_calibration_is_not_applied(settings):
 
 
 def test_without_a_private_rule_the_gsd_gains_order_the_methods_and_nothing_is_applied():
-    from gsd_cli.train.fallback import choose
+    from gsd_cli.advice.fallback import choose
 
     d = choose("a", 0.1, rank_settings=RANK, dp=True, figures=GAINS)
     assert (d.method, d.applied) == ("second-phase", False) and "no rule for a private selection" in d.message

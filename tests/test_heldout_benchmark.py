@@ -387,7 +387,7 @@ def test_spearman_of_a_reversed_order_is_minus_one_and_undefined_for_ties():
 def test_the_stops_replay_keeps_the_decision_and_counts_the_work():
     """``python -m benchmarks validity.heldout.stops`` on one synthetic cell: B helps but is farther than noise in its first draw
     (stopped: one draw), C loses in the probe's first draw (one stage 1), A helps and is closer: chosen either way."""
-    from gsd_cli.train.advice import Candidate
+    from gsd_cli.advice.decide import Candidate
     from validity.heldout.stops import replay
 
     refs = {"reference:noise@28": [0.80, 0.79, 0.81], "reference:noise@7": [0.74, 0.73, 0.75]}
@@ -410,13 +410,13 @@ def test_the_stops_replay_makes_the_real_gates_decision_on_the_same_draws(monkey
     """The replay re-states ``advised_selection(gate="helping")``'s loop on cached numbers; here both run on the same
     scripted draws (the real gate with its ranking and stage 1 faked, the probe's stop rule real) and must agree on
     the decision and on what each stopped."""
-    import gsd_cli.train.probe as probe_mod
-    import gsd_cli.train.select as select
+    import gsd_cli.advice.probe as probe_mod
+    import gsd_cli.advice.select as select
     from gsd_cli.data import resolve
     from gsd_cli.data.reference import is_reference
     from gsd_cli.ranking.repeats import repeat_seed
     from gsd_cli.train import TrainConfig
-    from gsd_cli.train.advice import describe
+    from gsd_cli.advice.decide import describe
     from test_advice import FakeRanking
     from validity.heldout.stops import replay
 

@@ -42,7 +42,7 @@ def sets(tmp_path, monkeypatch):
 @pytest.fixture
 def no_stage1(monkeypatch):
     """Any stage 1 of the second phase (the probes' and --warm-cache's) fails the test."""
-    import gsd_cli.train.probe as probe
+    import gsd_cli.advice.probe as probe
     import gsd_cli.train.second_phase as sp
 
     def trained(*a, **k):
@@ -141,7 +141,7 @@ def test_warm_cache_reads_the_label_space_alone_and_it_is_the_runs(tmp_path, mon
     import gsd_cli.data.csvsource as cs
     import gsd_cli.data.files as files
     from gsd_cli.data.labelspace import declared_label_space
-    from gsd_cli.train.warm import declared_task
+    from gsd_cli.advice.warm import declared_task
 
     monkeypatch.chdir(tmp_path)
     rng = np.random.default_rng(0)
@@ -184,7 +184,7 @@ def test_gsd_train_runs_the_dp_probe_through_the_audited_call(monkeypatch):
     from gsd_cli.data import resolve
     from gsd_cli.privacy import probe_mechanism as pm
     from gsd_cli.train import TrainConfig
-    from gsd_cli.train.dp_advice import dp_probe_advice
+    from gsd_cli.advice.dp_probe import dp_probe_advice
     from gsd_cli.train.splits import private_parts
 
     seen, booked = [], []

@@ -1,4 +1,4 @@
-"""The feature probe (gsd_cli.train.probe, issue 42): --method auto and --method second-phase take the
+"""The feature probe (gsd_cli.advice.probe, issue 42): --method auto and --method second-phase take the
 candidate whose stage-1 features beat the untrained model's with confidence, or none."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from gsd_cli.train.advice import ALPHA, Candidate, advise
-from gsd_cli.train.probe import RIDGE, ProbeResult, linear_probe_accuracy
+from gsd_cli.advice.decide import ALPHA, Candidate, advise
+from gsd_cli.advice.probe import RIDGE, ProbeResult, linear_probe_accuracy
 
 from test_advice import REFS, FakeRanking
 
@@ -89,7 +89,7 @@ def test_the_probe_end_to_end_prefers_real_digits_over_noise():
     the features; Gaussian noise with random labels does not."""
     from gsd_cli import data as gdata
     from gsd_cli.train import TrainConfig
-    from gsd_cli.train.probe import probe_second_phase
+    from gsd_cli.advice.probe import probe_second_phase
 
     cfg = TrainConfig(private="mnist-a", public="mnist-b", method="second-phase", model="fmnist-cnn", public_examples=500,
                       public_epochs=2, public_batch_size=64, public_lr=3e-3)
@@ -119,7 +119,7 @@ def test_probe_repeats_zero_leaves_the_gsd_advice_and_one_is_refused(capsys, tmp
 def test_head_features_are_the_head_input_in_any_float_dtype():
     from probes import get_model_spec
 
-    from gsd_cli.train.probe import head_features
+    from gsd_cli.advice.probe import head_features
 
     net = get_model_spec("fmnist-cnn").build(num_classes=10, seed=0)
     x = torch.rand(300, 1, 28, 28)
@@ -136,7 +136,7 @@ def test_the_probe_runs_stage_one_on_pretrained_weights_with_peft(tmp_path):
 
     from gsd_cli import data as gdata
     from gsd_cli.train import TrainConfig
-    from gsd_cli.train.probe import probe_second_phase
+    from gsd_cli.advice.probe import probe_second_phase
     from probes import get_model_spec
 
     pre = get_model_spec("fmnist-cnn").build(num_classes=3, seed=123)
@@ -159,7 +159,7 @@ def test_auto_select_options_without_auto_select_are_named_as_ignored(capsys, tm
 
 
 def test_the_probe_phrase_says_worse_for_a_loss_and_better_for_a_gain():
-    from gsd_cli.train.probe import ProbeResult
+    from gsd_cli.advice.probe import ProbeResult
 
     r = ProbeResult([0.6, 0.6, 0.6], {"loss": [-0.09, -0.1, -0.08], "gain": [0.05, 0.06, 0.04]}, examples=100, model="probe")
     assert "9.0 points worse than" in r.phrase("loss", 0.05) and "-9.0" not in r.phrase("loss", 0.05)

@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import gsd_cli.train.select as select
+import gsd_cli.advice.select as select
 from gsd_cli.data.fingerprint import content_digest, sample_fingerprint
 from gsd_cli.data.reference import NoiseSource, reference_sources
 from gsd_cli.train import TrainConfig
-from gsd_cli.train.advice import Candidate, advise
+from gsd_cli.advice.decide import Candidate, advise
 
 from test_advice import REFS, FakeRanking
 from test_probe import _probe
@@ -113,7 +113,7 @@ def test_a_noise_reference_is_keyed_by_what_it_is_drawn_from_not_by_its_images(m
 def test_the_helpful_candidates_are_ranked_one_at_a_time_largest_gain_first(monkeypatch):
     """Two helpful candidates: the larger gain is ranked first, and the second only when the first is not closer than
     noise (the private side and the references come from the memo, computed once)."""
-    import gsd_cli.train.probe as probe_mod
+    import gsd_cli.advice.probe as probe_mod
     from gsd_cli.data.reference import is_reference
     from gsd_cli.ranking.repeats import repeat_seed
 
@@ -162,7 +162,7 @@ def test_the_helpful_candidates_are_ranked_one_at_a_time_largest_gain_first(monk
 def test_each_draw_of_the_gate_reports_its_sets_under_its_own_tag():
     """The gate's draws read the private set and the references again: tagged "[r/3]" as `gsd rank --repeats`' draws
     are, each draw's sets get their own progress lines (untagged, draws 2 and 3 ran half a minute with none)."""
-    from gsd_cli.train.gate import draws_until_decided
+    from gsd_cli.advice.gate import draws_until_decided
 
     seen: list = []
 

@@ -9,9 +9,9 @@ import itertools
 import numpy as np
 import pytest
 
-import gsd_cli.train.probe as probe_mod
+import gsd_cli.advice.probe as probe_mod
 from gsd_cli.ranking.reference import can_still_pass
-from gsd_cli.train.probe import ProbeResult
+from gsd_cli.advice.probe import ProbeResult
 
 
 def _brute_passes(observed, draws, alpha=0.05, low=-1.0, high=1.0, rng=None, tries=4000) -> bool:

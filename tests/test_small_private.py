@@ -13,7 +13,7 @@ from gsd_cli.errors import GSDError
 
 def test_long_auto_select_phases_say_what_they_do_under_quiet(tmp_path, monkeypatch, capsys):
     """gsd train --auto-select -q without --public printed nothing for 4 minutes (400 images): one line at the start."""
-    import gsd_cli.train.select as select
+    import gsd_cli.advice.select as select
 
     def stopped(*args, progress=None, **kwargs):
         progress("probe", 0, 3)  # the work starts

@@ -220,7 +220,7 @@ def _key(cfg, model, names, spec):
 
 
 def test_the_cache_key_changes_with_every_stage1_setting(pub):
-    from gsd_cli.train.probe import _Settings
+    from gsd_cli.advice.probe import _Settings
 
     spec, model, names, _ = build_model("fmnist-cnn", 3, 0, params=["fc*"])
     base = dict(private="mnist-a", public=pub, method="second-phase", model="fmnist-cnn", params=["fc*"])
@@ -235,7 +235,7 @@ def test_the_cache_key_changes_with_every_stage1_setting(pub):
 
 
 def test_the_probes_stage_1_is_quick_unless_asked_otherwise(pub):
-    from gsd_cli.train.probe import _Settings
+    from gsd_cli.advice.probe import _Settings
     from gsd_cli.train.second_phase import stage1_settings
 
     spec, model, _, _ = build_model("fmnist-cnn", 3, 0)

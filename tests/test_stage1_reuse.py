@@ -71,7 +71,7 @@ def test_the_training_starts_from_the_probes_stage_1(tmp_path, capsys, monkeypat
     """--auto-select with the probe, forced to the second phase on one candidate: with --probe-stage1 same the
     training's stage 1 is the probe's first draw (same settings and seed), read, not trained again; with quick (the
     default, issue 61: one learning rate, not the grid) the probe's are cheaper and the training trains its own."""
-    import gsd_cli.train.select as select
+    import gsd_cli.advice.select as select
 
     monkeypatch.setattr(select, "choosable", lambda ranking, sources, *a: list(sources))
     monkeypatch.setattr("gsd_cli.ranking.reference.can_still_pass", lambda *a, **k: True)  # every draw, whatever the gains
@@ -96,7 +96,7 @@ def test_the_training_starts_from_the_probes_stage_1(tmp_path, capsys, monkeypat
 
 def test_the_probe_runs_only_on_candidates_the_advice_could_choose(tmp_path):
     """A candidate that is not closer than noise is not probed, and the decision is the advice's all the same."""
-    from gsd_cli.train.select import advised_selection
+    from gsd_cli.advice.select import advised_selection
 
     priv = _npz(tmp_path / "priv.npz", 120, 7)
     far = _npz(tmp_path / "far.npz", 1000, 8)

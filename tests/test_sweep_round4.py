@@ -175,8 +175,8 @@ def test_no_fallback_under_dp_warns_of_a_one_class_public_set(sets, tmp_path, ca
 def test_no_fallback_warns_when_the_advice_refused_the_same_candidate(sets):
     """A refused decision that names the same candidate and method as the closest (the non-private
     probe's refusal of a one-class set) warned of nothing before."""
-    from gsd_cli.train.advice import Decision
-    from gsd_cli.train.select import forced_note
+    from gsd_cli.advice.decide import Decision
+    from gsd_cli.advice.select import forced_note
 
     refused = Decision("second-phase", sets["oneclass"], False, "--method second-phase: no candidate ... helps it",
                        refused=True)
@@ -278,13 +278,13 @@ def test_probe_repeats_that_do_not_apply_are_said(sets, tmp_path, capsys, extra,
 
 def test_a_long_probe_says_its_plan_under_quiet(sets, tmp_path, capsys, monkeypatch):
     """--probe-repeats 100 ran for minutes with no word under -q: a public plan line comes first."""
-    import gsd_cli.train.probe as probe
-    import gsd_cli.train.select as select
+    import gsd_cli.advice.probe as probe
+    import gsd_cli.advice.select as select
 
     def stop(*args, **kwargs):
         raise GSDError("stopped by the test")
 
-    import gsd_cli.train.advice as advice
+    import gsd_cli.advice.decide as advice
 
     monkeypatch.setattr(probe, "probe_second_phase", stop)
     monkeypatch.setattr(select, "choosable", lambda ranking, sources, *a: list(sources))  # probe every candidate

@@ -16,9 +16,9 @@ from gsd_cli.distance.dpselect import ReleasedMargin, ReleasedWinner, SelectionB
 from gsd_cli.privacy.accountant import Charge, Ledger
 from gsd_cli.ranking.reference import ReferenceTest, closer_than_reference
 from gsd_cli.ranking.results import Ranking
-from gsd_cli.train.advice import Decision
+from gsd_cli.advice.decide import Decision
 from gsd_cli.train.config import TrainConfig
-from gsd_cli.train.select import Plan, plan
+from gsd_cli.advice.select import Plan, plan
 
 
 def method_of(p: Plan) -> str:

@@ -1,4 +1,4 @@
-"""Issue 53, the cache for a CI job: ``gsd train --auto-select --warm-cache`` (:mod:`gsd_cli.train.warm`) does the
+"""Issue 53, the cache for a CI job: ``gsd train --auto-select --warm-cache`` (:mod:`gsd_cli.advice.warm`) does the
 advice's public work ahead, under the keys the advice reads, from the private task's declared label space alone."""
 
 from __future__ import annotations
@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import gsd_cli.train.select as select
+import gsd_cli.advice.select as select
 from gsd_cli.cli import main
 from gsd_cli.data import resolve
 from gsd_cli.data.base import ImageSource
 from gsd_cli.ranking.cache import SubspaceCache
 from gsd_cli.train import TrainConfig, stage1_cache
-from gsd_cli.train.warm import warm_advice
+from gsd_cli.advice.warm import warm_advice
 
 CFG = dict(private="mnist-a", model="fmnist-cnn", params=["fc*"], public_examples=400, public_epochs=2, public_batch_size=100,
            public_augment="none")  # (2 epochs of augmented batches on 360 examples: no confident probe gain, no second phase)
@@ -106,7 +106,7 @@ def test_warming_reads_no_private_example_and_refuses_the_private_set_as_a_candi
 def test_the_private_advice_reads_its_warmed_stage_1(cache_dir, monkeypatch):
     """--select-epsilon: the DP feature probe's stage 1 (one draw, at --seed) is all it prepares; the DP probe then
     trains none."""
-    from gsd_cli.train.dp_advice import dp_probe_advice
+    from gsd_cli.advice.dp_probe import dp_probe_advice
     from gsd_cli.train.splits import private_parts
 
     cfg = TrainConfig(method="auto", **CFG)

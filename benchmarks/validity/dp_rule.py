@@ -130,7 +130,7 @@ def build_dp(doc: dict) -> dict:
 
 
 def package_rule(dp: dict) -> dict:
-    """What ``validity.json`` ships under ``rule_dp`` (read by :mod:`gsd_cli.train.fallback` when the
+    """What ``validity.json`` ships under ``rule_dp`` (read by :mod:`gsd_cli.advice.fallback` when the
     selection is private)."""
     rule = {}
     for m, r in dp["rule"].items():

@@ -2,7 +2,7 @@
 ``gsd train --auto-select`` runs: probe network, k=16, 2,000 examples, random labels), the accuracy
 of every method with gsd's pick, the oracle pick and the worst candidate against DP-SGD without public
 data, Spearman with bootstrap intervals, and the calibration of the auto-select fallback rule
-(:mod:`gsd_cli.train.fallback`).
+(:mod:`gsd_cli.advice.fallback`).
 
 The rule: train with the winner by method M when the winner's GSD is at most a threshold t_M, else
 fall back to DP-SGD without public data. t_M is chosen on the *selection* tasks' cells (every

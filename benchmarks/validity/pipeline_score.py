@@ -3,7 +3,7 @@
 For each task and each *scenario* (the candidates a user might have: all of them; without the
 same-distribution set; only unrelated and harmful sets), the winner of gsd's default ranking (mean
 distance over the ranking seeds, as in :mod:`.large_score`), the decision of ``--method auto``
-(:func:`gsd_cli.train.fallback.choose` with the rule this benchmark calibrates and ships), and the
+(:func:`gsd_cli.advice.fallback.choose` with the rule this benchmark calibrates and ships), and the
 accuracy of that decision against DP-SGD alone, from the cached trainings (no new training): the
 paired gain over the seeds with its 95% t-interval, and whether the decision was right (public data
 used and it beat DP-SGD alone; or DP-SGD chosen and the favoured method with the winner would not
@@ -34,7 +34,7 @@ def scenarios(doc: dict, runs: list[dict], figures: dict, dp: bool = False) -> l
     selection (``--select-epsilon``), decided on the noise-free DP energy distance by the ``rule_dp``
     thresholds; ``same_decision_eps1`` is the probability that the released distance at selection
     epsilon 1 gives the same decision for that winner (:func:`.dp_rule.use_probability`)."""
-    from gsd_cli.train.fallback import by_gain, choose
+    from gsd_cli.advice.fallback import by_gain, choose
 
     rank = {**figures["rule_dp"]["rank"], "epsilon": 1.0} if dp else figures["rank"]
     favoured = (by_gain((figures.get("rule_dp") or {}).get("rule") if dp else figures.get("rule") or {}) or ["gep"])[0]

@@ -178,7 +178,7 @@ def _rank_options(a) -> dict:
     """--auto-select's ranking options. Public subspaces (the candidates' and the noise references') are functions of
     public data and settings: reused across runs from gsd's cache folder (gsd cache), as gsd rank does."""
     from ..ranking.cache import SubspaceCache
-    from ..train.select import RANK_MODEL
+    from ..advice.select import RANK_MODEL
 
     opts = dict(k=a.rank_k, examples=a.rank_examples, seed=a.seed, model=a.rank_model or RANK_MODEL, device=a.device.value,
                 cache=SubspaceCache())
@@ -188,11 +188,11 @@ def _rank_options(a) -> dict:
 
 
 def _warm(ctx, a, fields: dict, publics: list) -> None:
-    """--warm-cache: the advice's public work into gsd's cache (:func:`gsd_cli.train.warm.warm_advice`), then stop: no
+    """--warm-cache: the advice's public work into gsd's cache (:func:`gsd_cli.advice.warm.warm_advice`), then stop: no
     run folder, nothing booked, no private example read."""
     from ..train import TrainConfig
     from ..train.config import validate
-    from ..train.warm import warm_advice
+    from ..advice.warm import warm_advice
 
     if not a.auto_select or a.resume is not None or a.out_dir is not None:
         raise GSDError("--warm-cache prepares --auto-select's advice and trains nothing: give it with --auto-select, "
@@ -238,7 +238,7 @@ def _new_run(ctx, a, fields: dict, publics: list, held: ExitStack):
     ready_ledger()  # the privacy ledger this run books into, before any work (exit 2 if unusable)
     selection = None
     if a.auto_select and a.select_epsilon is not None:  # --epsilon is the run's total: the selection's share comes off it
-        from ..train.dp_advice import split_budget
+        from ..advice.dp_probe import split_budget
 
         cfg.epsilon = split_budget(a.epsilon, a.delta, a.select_epsilon)[0]  # the DP selection on GSD: pure, delta 0
         if uses_dp_probe(cfg.method, a.probe_repeats):
@@ -259,13 +259,13 @@ def advice_line(publics: list) -> str:
 
 
 def _advised(a, cfg, publics: list, cat):
-    """--auto-select's ranking and advice (:func:`gsd_cli.train.select.plan`), printed: a non-private selection's
+    """--auto-select's ranking and advice (:func:`gsd_cli.advice.select.plan`), printed: a non-private selection's
     figures (statistics of the private data) on lines labelled private."""
     from ..report import print_ranking
     from ..report.table import left_out_lines
-    from ..train.advice import reference_line
+    from ..advice.decide import reference_line
     from ..train.config import validate
-    from ..train.select import plan
+    from ..advice.select import plan
 
     opts = _rank_options(a)
     p = with_progress(a.quiet, lambda pr: plan(cfg, a.private, publics, fallback=a.fallback, select_epsilon=a.select_epsilon,

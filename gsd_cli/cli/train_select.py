@@ -1,6 +1,6 @@
 """``gsd train --auto-select --select-epsilon``'s private advice on the console: the budget's split, the
 choice between the DP feature probe and the DP selection on GSD, and the probe's call and lines
-(:mod:`gsd_cli.train.dp_advice`). The command itself is :mod:`gsd_cli.cli.train`."""
+(:mod:`gsd_cli.advice.dp_probe`). The command itself is :mod:`gsd_cli.cli.train`."""
 
 from __future__ import annotations
 
@@ -26,11 +26,11 @@ def uses_dp_probe(method: str, probe_repeats: int) -> bool:
 
 def dp_probe_selection(cfg, private: str, publics: list, *, private_test, catalog, select_epsilon: float, total: tuple,
                        fallback: bool, device: str, quiet: bool, classes=None):
-    """``--auto-select --select-epsilon`` with the DP feature probe (:func:`gsd_cli.train.select.dp_plan`), printed:
+    """``--auto-select --select-epsilon`` with the DP feature probe (:func:`gsd_cli.advice.select.dp_plan`), printed:
     its (public) decision, the split of the run's total, what it trains. Returns ``(config, selection record)``, or
     None for a multi-label task (then the DP selection on GSD decides)."""
     from ..train.config import validate
-    from ..train.select import dp_plan
+    from ..advice.select import dp_plan
 
     p = with_progress(quiet, lambda pr: dp_plan(cfg, private, publics, select_epsilon=select_epsilon, total=total, fallback=fallback,
                                                 private_test=private_test, catalog=catalog, device=device, progress=pr,

@@ -359,7 +359,7 @@ class Ledger:
         ``epsilon``; delta 0 (pure DP). A release without a proven guarantee (the matrix mechanism's
         Gibbs sampler) is refused: it cannot be booked, since no epsilon is true of it. (One drawn
         with ``--insecure-seed`` is booked; the run that books it is then marked not DP.)"""
-        dp_probe = privacy.get("release") == "dp-probe"  # the DP feature probe: (epsilon, delta)-DP, gsd_cli.train.dp_advice
+        dp_probe = privacy.get("release") == "dp-probe"  # the DP feature probe: (epsilon, delta)-DP, gsd_cli.advice.dp_probe
         if not privacy.get("exact") or (privacy.get("delta") not in (0, 0.0) and not dp_probe):
             raise GSDError(
                 f"the selection's DP-GSD mechanism ({privacy.get('mechanism')}) has no proven guarantee, so its "

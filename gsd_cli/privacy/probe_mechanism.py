@@ -1,7 +1,7 @@
 """The private part of the DP feature probe (issue 52, item 1): which of M feature maps lets a linear
 probe separate the private classes best, released as one index under differential privacy.
 
-The non-private probe (:mod:`gsd_cli.train.probe`) fits a ridge probe of the private examples on each
+The non-private probe (:mod:`gsd_cli.advice.probe`) fits a ridge probe of the private examples on each
 model's features and compares accuracies. Here the caller has already computed, by public functions
 (stage 1 of the second phase on public data, then the input of the head), the feature matrix of the
 same n private examples under each of M models: index 0 is the untrained model, 1..M-1 the

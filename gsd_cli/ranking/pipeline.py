@@ -53,7 +53,7 @@ def refuse_same_dataset(private: gdata.ImageSource, publics: Sequence, what: str
     target is absent); the per-example rule leaves a copy's examples out of the private data."""
     from ..data.identity import same_dataset
 
-    for smp in publics:  # samples, or sources (gsd_cli.train.warm: no sample drawn yet)
+    for smp in publics:  # samples, or sources (gsd_cli.advice.warm: no sample drawn yet)
         src = getattr(smp, "source", smp)
         why = same_dataset(private, src, by_content=False)
         if why:
@@ -117,7 +117,7 @@ def public_sides(publics: Sequence, config: RankConfig, *, num_classes: int, cac
     """One draw's public subspaces alone (``config.seed``; GSD), into the disk ``cache``
     (:class:`gsd_cli.ranking.cache.SubspaceCache`), exactly as :func:`rank_once` computes and keys them for a private
     set of ``num_classes`` classes, without one: what ``gsd train --auto-select --warm-cache`` prepares
-    (:mod:`gsd_cli.train.warm`). Returns the names of those computed (the others were in the cache)."""
+    (:mod:`gsd_cli.advice.warm`). Returns the names of those computed (the others were in the cache)."""
     _check(config, publics)
     if config.distance_name != "gsd":
         raise GSDError(f"only GSD's public subspaces are cached (--metric {config.distance_name})")

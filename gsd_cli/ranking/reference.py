@@ -1,6 +1,6 @@
 """The in-run noise references of a ranking, and whether a candidate is closer than them.
 
-``gsd train --auto-select`` (:mod:`gsd_cli.train.advice`) ranks its candidates beside noise references
+``gsd train --auto-select`` (:mod:`gsd_cli.advice.decide`) ranks its candidates beside noise references
 (:func:`reference_sources`) and uses a candidate only when it is closer than them with confidence
 (:func:`closer_than_reference`): a bar measured in the same run, at the same model, k, m and metric,
 which needs no calibration on any benchmark.

@@ -64,10 +64,10 @@ class Ranking:
     metric: str = "gsd"  # the registered distance that produced it (gsd, dp-gsd, otdd, frechet, task2vec, logme)
     subspace_method: str = "auto"  # --subspace-method: how the non-private top-k subspaces were found
     not_selected: list[str] = field(default_factory=list)  # a DP selection: the candidates not chosen (nothing released about them)
-    references: list = field(default_factory=list)  # gsd train --auto-select: the in-run noise references' rows (gsd_cli.train.advice)
-    not_ranked: list[str] = field(default_factory=list)  # gsd train --auto-select: candidates left out, none could be chosen (gsd_cli.train.select)
+    references: list = field(default_factory=list)  # gsd train --auto-select: the in-run noise references' rows (gsd_cli.advice.decide)
+    not_ranked: list[str] = field(default_factory=list)  # gsd train --auto-select: candidates left out, none could be chosen (gsd_cli.advice.select)
     #: gsd train --auto-select: candidates whose draws stopped when their test against the noise references was decided
-    #: to fail (name: draws, of, margins; gsd_cli.train.gate.draws_until_decided)
+    #: to fail (name: draws, of, margins; gsd_cli.advice.gate.draws_until_decided)
     stopped: dict = field(default_factory=dict)
 
     def __len__(self) -> int:

@@ -2,7 +2,7 @@
 the held-out benchmark's pre-registered rounds (``benchmarks/validity/heldout``, issues 42 and 52) shipped in
 the package as ``heldout.json`` (written by ``python -m benchmarks validity --round 5 score --update-package``; nothing here
 is hard-coded). ``validity.json`` (``benchmarks/bench_downstream.py score --update-package``, issue 33) still
-ships the previous rule's thresholds (:mod:`gsd_cli.train.fallback`); its in-sample figures are no longer printed."""
+ships the previous rule's thresholds (:mod:`gsd_cli.advice.fallback`); its in-sample figures are no longer printed."""
 
 from __future__ import annotations
 

@@ -107,7 +107,7 @@ class TrainConfig:
     public_val: float = 0.1  # fraction of stage 1's public examples held out for validation (0: none, one lr, every epoch)
     public_patience: int = 3  # stage 1 stops this many epochs after its best validation accuracy (0: never early)
     public_augment: str = "auto"  # stage 1's augmentation of its training batches (gsd_cli.train.augment.AUGMENTS)
-    probe_stage1: str = "quick"  # the feature probes' stage 1: quick (one lr) or same (the run's; gsd_cli.train.probe)
+    probe_stage1: str = "quick"  # the feature probes' stage 1: quick (one lr) or same (the run's; gsd_cli.advice.probe)
 
     def to_dict(self) -> dict:
         """The settings as JSON values; a source object given as a dataset (a Python API user's
@@ -132,7 +132,7 @@ class TrainConfig:
 # made with this value, so --resume goes on with it (not with today's default).
 SAVED_BEFORE = {"anchor_every": 1, "anchor_warm": False, "anchor_batch": None,  # 0.x runs: paper 000's basis at every step, from all anchors
                 "public_val": 0.0, "public_patience": 0, "public_augment": "none"}  # stage 1 before its validation split
-#: the feature probes' stage 1 (gsd_cli.train.probe._Settings): one lr, or the run's own
+#: the feature probes' stage 1 (gsd_cli.advice.probe._Settings): one lr, or the run's own
 PROBE_STAGE1 = ("quick", "same")
 #: GEP's anchors when ``public_examples`` is None
 ANCHOR_EXAMPLES = 2000

@@ -1,5 +1,5 @@
 """gsd's advice re-applied to a cell's recorded draws: the cached advised ranking and feature probe read back as
-:func:`gsd_cli.train.advice.advise` reads them (the runner's deciders, :mod:`.stops`)."""
+:func:`gsd_cli.advice.decide.advise` reads them (the runner's deciders, :mod:`.stops`)."""
 
 from __future__ import annotations
 
@@ -26,20 +26,20 @@ class Ranking(list):
 
 
 def probe_result(doc: dict | None):
-    """A cached feature probe (``<task>-s<seed>-probe.json``) as :class:`gsd_cli.train.probe.ProbeResult`."""
+    """A cached feature probe (``<task>-s<seed>-probe.json``) as :class:`gsd_cli.advice.probe.ProbeResult`."""
     if doc is None:
         return None
-    from gsd_cli.train.probe import ProbeResult
+    from gsd_cli.advice.probe import ProbeResult
 
     return ProbeResult(list(doc["baseline"]), {k: list(v) for k, v in doc["gains"].items()}, examples=doc["examples"],
                        model=doc["model"], stage1=doc.get("stage1", {}))
 
 
 def advise(advised: dict, probe: dict | None, facts: dict, classes: int) -> tuple[str, str | None]:
-    """``gsd train --auto-select``'s decision (``gsd_cli.train.advice.advise(ranking, "auto", ...)``) on a cached
+    """``gsd train --auto-select``'s decision (``gsd_cli.advice.decide.advise(ranking, "auto", ...)``) on a cached
     advised ranking (the candidates and the in-run noise references, over its repeats), the candidates' public
     ``facts`` and, given one, the cached feature probe."""
-    from gsd_cli.train.advice import advise as gsd_advise
+    from gsd_cli.advice.decide import advise as gsd_advise
 
     a = gsd_advise(Ranking(advised["ranking"], advised.get("references")), method="auto", candidates=facts,
                    private_classes=classes, probe=probe_result(probe))

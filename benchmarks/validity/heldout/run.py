@@ -117,10 +117,10 @@ def compute_step(spec: Round, task: Task, seed: int, step: str) -> dict:
     """One step of a cell through gsd's library (the spec's ranking settings; the probe with the second phase's)."""
     from gsd_cli.data import resolve
     from gsd_cli.ranking.cache import SubspaceCache
-    from gsd_cli.train import TrainConfig, auto_select
-    from gsd_cli.train.dp_advice import split_budget
-    from gsd_cli.train.probe import probe_second_phase
-    from gsd_cli.train.select import advised_selection, dp_advised_selection
+    from gsd_cli.advice.dp_probe import split_budget
+    from gsd_cli.advice.probe import probe_second_phase
+    from gsd_cli.advice.select import advised_selection, auto_select, dp_advised_selection
+    from gsd_cli.train import TrainConfig
 
     cache, cands = SubspaceCache(data(spec).data_dir() / "subspaces"), list(task.candidates)
     sp = spec.validated
@@ -169,7 +169,7 @@ def decide(spec: Round, res: Results, task: Task, seed: int, arm: str) -> dict |
     if a.get("decider") != "advise":
         return None
     from gsd_cli.data import resolve
-    from gsd_cli.train.advice import describe
+    from gsd_cli.advice.decide import describe
 
     from .replay import advise
 

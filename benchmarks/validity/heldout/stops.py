@@ -3,9 +3,9 @@
 Every held-out cell of rounds 2-6 has its advised ranking (the candidates and the in-run noise references, three
 draws at 224) and its feature probe (every candidate, three draws) cached. This replays, on those numbers,
 
-* ``every draw``: the advice as the benchmark scored it (``gsd_cli.train.advice.advise`` on the whole ranking and
+* ``every draw``: the advice as the benchmark scored it (``gsd_cli.advice.decide.advise`` on the whole ranking and
   the whole probe: ``auto:probe``), and
-* ``stops``: what ``gsd train --auto-select`` now does (``gsd_cli.train.select.advised_selection(gate="helping")``):
+* ``stops``: what ``gsd train --auto-select`` now does (``gsd_cli.advice.select.advised_selection(gate="helping")``):
   the probe on the candidates the second phase can use, each stopped once its test is decided
   (``gsd_cli.ranking.reference.can_still_pass``); then the helpful ones ranked one at a time, the largest gain first,
   each candidate's draws stopped once its test against the references is decided, until one is closer than noise,
@@ -51,8 +51,8 @@ def _sequential(values: list[float], draws: int) -> int:
 def replay(advised: dict, probe_doc: dict, facts: dict, classes: int) -> dict:
     """One cell: the decision with every draw and with the stops, and the work of each (module docstring)."""
     from gsd_cli.ranking.reference import closer_than_reference
-    from gsd_cli.train.advice import ALPHA, advise, second_phase_usable
-    from gsd_cli.train.probe import ProbeResult
+    from gsd_cli.advice.decide import ALPHA, advise, second_phase_usable
+    from gsd_cli.advice.probe import ProbeResult
 
     full_probe = probe_result(probe_doc)
     every = advise(Ranking(advised["ranking"], advised.get("references")), "auto", candidates=facts, private_classes=classes,
@@ -97,7 +97,7 @@ def replay(advised: dict, probe_doc: dict, facts: dict, classes: int) -> dict:
 def cells() -> list[tuple[str, str, int, dict, dict, dict, int]]:
     """(round, task, seed, advised, probe, facts, classes) of every held-out cell with both steps recorded (rounds 2-6)."""
     from gsd_cli.data import resolve
-    from gsd_cli.train.advice import describe
+    from gsd_cli.advice.decide import describe
 
     from .run import ready
 

@@ -121,7 +121,7 @@ def book_dpgsd(private, epsilon: float, *, releases: int = 1, mechanism: str = "
 def book_selection(private, epsilon: float, delta: float, curve, mechanism: str, *, what: str = "DP feature probe", dp: bool = True,
                    ledger_location=None) -> dict | None:
     """Book a DP selection of the public data (``gsd train --auto-select --select-epsilon``'s DP feature
-    probe, :mod:`gsd_cli.train.dp_advice`) on ``private`` before it draws anything: (``epsilon``,
+    probe, :mod:`gsd_cli.advice.dp_probe`) on ``private`` before it draws anything: (``epsilon``,
     ``delta``) and its RDP ``curve`` at :data:`ORDERS`. Drawn with ``--insecure-seed``: booked, marked not DP."""
     if _booking_off():
         return None

@@ -1,16 +1,18 @@
-"""The private advice of ``gsd train --auto-select --select-epsilon E`` (issue 52): the DP feature probe.
+"""Which candidate the second phase starts from, or none, decided under DP: the DP feature probe (issue 52).
 
-The non-private advice (:mod:`gsd_cli.train.advice` with :mod:`gsd_cli.train.probe`) reads the private
+The private advice of ``gsd train --auto-select --select-epsilon E``.
+
+The non-private advice (:mod:`gsd_cli.advice.decide` with :mod:`gsd_cli.advice.probe`) reads the private
 examples without noise. This one releases a single index under differential privacy and nothing else
 computed from the private data:
 
-1. **Public part, no privacy cost.** The candidates the second phase can use (:func:`gsd_cli.train.advice.second_phase_usable`:
+1. **Public part, no privacy cost.** The candidates the second phase can use (:func:`gsd_cli.advice.decide.second_phase_usable`:
    the private task's declared classes and 100 examples per class, public facts) each get stage 1 of the
    second phase with the run's own settings and ``--seed`` (:func:`gsd_cli.train.second_phase.run_second_phase`,
    trained once: :mod:`gsd_cli.train.stage1_cache`, so the training that follows reads it); the untrained
    model (``--seed``) is the other contestant.
 2. **Private part.** Every private training example's features under each of these M models (the input of the
-   head, :func:`gsd_cli.train.probe.head_features`, projected to :data:`PROBE_DIM` numbers by a public random
+   head, :func:`gsd_cli.advice.probe.head_features`, projected to :data:`PROBE_DIM` numbers by a public random
    matrix, :func:`project`: a public function of the example), its label, and its
    part (fit or score) by a keyed hash of the example's identity (:func:`gsd_cli.data.identity.cached_identities`,
    a salt from the operating system): :func:`gsd_cli.privacy.probe_mechanism.dp_probe_at` fits a ridge probe per
@@ -58,7 +60,7 @@ def project(features: np.ndarray, seed: int, dim: int = PROBE_DIM) -> np.ndarray
 
 def private_features(train_part, nets: list, spec, seed: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
     """``(features per model, labels, indices)`` of every private training example: the head's input under each
-    of ``nets`` (:func:`gsd_cli.train.probe.head_features`), projected (:func:`project`); decoded chunk by chunk."""
+    of ``nets`` (:func:`gsd_cli.advice.probe.head_features`), projected (:func:`project`); decoded chunk by chunk."""
     from .probe import head_features
 
     n = len(train_part)
@@ -89,14 +91,14 @@ def dp_probe_advice(train_part, candidates: list, settings, method: str, *, epsi
                     device: str | torch.device | None = "cpu", insecure_seed: int | None = None, book=None, progress=None):
     """The DP advice (module docstring) for ``method`` (``auto`` or ``second-phase``) on the private training
     source ``train_part`` among ``candidates`` (sources) with the run's :class:`~gsd_cli.train.TrainConfig`
-    ``settings``: ``(decision, selection)``, a :class:`gsd_cli.train.advice.Decision` and the selection's record
+    ``settings``: ``(decision, selection)``, a :class:`gsd_cli.advice.decide.Decision` and the selection's record
     for the run's summary (public: settings, the candidates, the released winner, the privacy statement).
     ``book(epsilon, delta, curve, mechanism)`` books the release before any private computation (the
     privacy ledger); ``insecure_seed``: the private draws from a seed (not DP; for tests)."""
     from ..gradients import resolve_device
     from ..privacy import probe_mechanism as pm
     from ..privacy.randomness import private_rng
-    from .advice import FALLBACK, Decision, describe, split_usable
+    from .decide import FALLBACK, Decision, describe, split_usable
     from .probe import draw_model, stage1_of
     from ..timing import stage
 

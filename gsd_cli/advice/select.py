@@ -1,4 +1,9 @@
-"""``gsd train --auto-select``: rank the candidates first, train with the closest."""
+"""Which public set and which method ``gsd train --auto-select`` trains with, or none: the advice as one call per mode.
+
+:func:`plan` is the non-private advice (the GSD ranking with its noise references and the feature probe) and the DP
+selection on GSD (``--select-epsilon`` with another method); :func:`dp_plan` is the DP feature probe's. Both rank
+the candidates first (:func:`auto_select`, :func:`advised_selection`), then train with the one the advice keeps.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +13,9 @@ from typing import Sequence
 import numpy as np
 
 from ..ranking import Ranking, rank
-from .advice import Decision
-from .config import TrainConfig
-from .splits import private_parts
+from ..train.config import TrainConfig
+from ..train.splits import private_parts
+from .decide import Decision
 
 #: ``gsd train --auto-select``'s ranking model: paper 004's probe network at 224. At the training model's own side
 #: (``probe@73`` for 28 and 32 pixel models: about a ninth of the pixels) the held-out benchmark's decisions got
@@ -46,14 +51,14 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
     """``gsd train --auto-select``'s ranking and decision: ``(ranking, decision)``.
 
     The ranking (:func:`auto_select`) carries the in-run noise references
-    (:func:`gsd_cli.train.advice.reference_sources`, at the ranking model's input shape, from the public
-    ``seed``) and ``repeats`` draws (default :data:`gsd_cli.train.advice.REPEATS`; one under DP, where each
-    fresh draw would spend the selection's epsilon again); :func:`gsd_cli.train.advice.advise` decides from it,
+    (:func:`gsd_cli.advice.decide.reference_sources`, at the ranking model's input shape, from the public
+    ``seed``) and ``repeats`` draws (default :data:`gsd_cli.advice.decide.REPEATS`; one under DP, where each
+    fresh draw would spend the selection's epsilon again); :func:`gsd_cli.advice.decide.advise` decides from it,
     the candidates' sizes and label counts, and the private task's declared class count. With
     ``train_settings`` (the run's :class:`gsd_cli.train.TrainConfig`: its model and stage-1 settings), a
     non-private selection for ``auto`` or ``second-phase`` also runs the feature probe
-    (:func:`gsd_cli.train.probe.probe_second_phase`, ``probe_repeats`` draws, default
-    :data:`gsd_cli.train.probe.DRAWS`), which then decides which candidate the second phase takes, or
+    (:func:`gsd_cli.advice.probe.probe_second_phase`, ``probe_repeats`` draws, default
+    :data:`gsd_cli.advice.probe.DRAWS`), which then decides which candidate the second phase takes, or
     none (the decision's ``evidence["probe"]``). ``references=False``
     (``--no-fallback`` under DP, where the references would compete in the private selection): no
     references, no decision (``None``). ``notify(line)`` gets the probe's plan (:func:`probe_plan`, public
@@ -66,12 +71,12 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
     ``gate="all"`` (each candidate's probe draws and ranking rows do not depend on the other candidates; an
     exact tie of mean gains aside), without the subspaces of candidates that would not be chosen. The
     ranking's ``not_ranked`` names the others; the decision's evidence keeps their probe figures. Draws stop where
-    the test is decided (issue 53): the probe's (:func:`gsd_cli.train.probe.probe_second_phase`), and each helpful
-    candidate's ranking draws (:func:`gsd_cli.train.gate.draws_until_decided`; ``ranking.stopped``). ``"all"`` ranks every candidate, then probes those
+    the test is decided (issue 53): the probe's (:func:`gsd_cli.advice.probe.probe_second_phase`), and each helpful
+    candidate's ranking draws (:func:`gsd_cli.advice.gate.draws_until_decided`; ``ranking.stopped``). ``"all"`` ranks every candidate, then probes those
     the advice could choose (:func:`choosable`)."""
     from ..models.spec import resolve_model
     from ..ranking.reference import closer_than_reference, split_references
-    from .advice import REFERENCE, REPEATS, advise, describe, is_reference, reference_sources
+    from .decide import REFERENCE, REPEATS, advise, describe, is_reference, reference_sources
 
     if any(is_reference(getattr(c, "name", c)) for c in candidates):
         from ..errors import GSDError
@@ -90,7 +95,7 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
                                  else train_part)
     pubs = candidate_sources(candidates, catalog)
     # before the probe trains stage 1 on any candidate (issue 60): the ranking's own check came after it
-    from .overlap import refuse_private_candidates
+    from ..train.overlap import refuse_private_candidates
 
     refuse_private_candidates([train_part, test_part], pubs, dp=dp, examples=int(rank_options.get("examples", 2000)),
                               seed=int(rank_options.get("seed", 0)))
@@ -120,11 +125,11 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
                                   progress=rank_options.get("progress"))
 
     if gate == "helping" and probing and method == "auto" and references:
-        from .advice import ALPHA, split_usable
+        from .decide import ALPHA, split_usable
         from .gate import draws_until_decided, unranked
 
         # the probe first, on every candidate the second phase can use; then the ranking of those it finds helpful
-        # alone (with the references): the advice chooses among them (gsd_cli.train.advice._advise_by_probe)
+        # alone (with the references): the advice chooses among them (gsd_cli.advice.decide._advise_by_probe)
         by_name = dict(zip(facts, pubs))
         probe = run_probe(list(split_usable(by_name, facts, classes)[0].values()))
         helping = sorted((n for n in facts if n in probe.gains and probe.test(n, ALPHA)[0]),
@@ -152,7 +157,7 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
     if not references:  # --no-fallback under DP: the winner among the candidates alone, no advice
         return ranking, None
     # only the candidates the advice could choose are probed: closer than noise and usable by the second phase
-    # (the probe decides among those alone, gsd_cli.train.advice._advise_by_probe, so the decision is the same)
+    # (the probe decides among those alone, gsd_cli.advice.decide._advise_by_probe, so the decision is the same)
     probe = run_probe(choosable(ranking, pubs, facts, classes)) if probing else None
     decision = advise(ranking, method, candidates=facts, private_classes=classes, probe=probe)
     return split_references(ranking), decision  # the table and the winner are the candidates'; the references apart
@@ -162,13 +167,13 @@ def dp_advised_selection(private: str, candidates: Sequence[str], method: str = 
                          private_test: str | None = None, catalog=None, seed: int = 0, device=None, insecure_seed: int | None = None,
                          progress=None, classes=None):
     """``gsd train --auto-select --select-epsilon``'s private advice for ``auto`` and ``second-phase``: the DP
-    feature probe (:mod:`gsd_cli.train.dp_advice`) on the private *training* part, booked in the privacy
+    feature probe (:mod:`gsd_cli.advice.dp_probe`) on the private *training* part, booked in the privacy
     ledger (before it draws) at (``epsilon``, ``delta``), the selection's own share of the run's total
-    (:func:`gsd_cli.train.dp_advice.split_budget`). Returns ``(decision, selection)``: the decision and the
+    (:func:`gsd_cli.advice.dp_probe.split_budget`). Returns ``(decision, selection)``: the decision and the
     selection's public record (for the run's summary); None for a multi-label task (declared: public), which the
     DP probe does not score (the DP selection on GSD decides there). ``classes``: the run's ``--classes``."""
     from ..privacy.budget import book_selection
-    from .dp_advice import dp_probe_advice
+    from .dp_probe import dp_probe_advice
 
     from ..data import require_declared_classes, with_classes
 
@@ -180,7 +185,7 @@ def dp_advised_selection(private: str, candidates: Sequence[str], method: str = 
     # the private set (stage 1 trains on it without noise, voiding the probe's premise that its features are public)
     require_declared_classes(train_part)
     pubs = candidate_sources(candidates, catalog)
-    from .overlap import refuse_private_candidates
+    from ..train.overlap import refuse_private_candidates
 
     refuse_private_candidates([train_part, test_part], pubs, dp=True)
     if train_part.multilabel:
@@ -196,10 +201,10 @@ def dp_advised_selection(private: str, candidates: Sequence[str], method: str = 
 def choosable(ranking, sources: list, facts: dict, private_classes: int) -> list:
     """The candidate ``sources`` the probe-based advice could choose: closer than the in-run noise
     references with confidence (:func:`gsd_cli.ranking.reference.closer_than_reference`) and usable by
-    the second phase (:func:`gsd_cli.train.advice.second_phase_usable`: the private task's classes, 100
+    the second phase (:func:`gsd_cli.advice.decide.second_phase_usable`: the private task's classes, 100
     examples per class). Probing any other candidate cannot change the decision."""
     from ..ranking.reference import closer_than_reference
-    from .advice import second_phase_usable
+    from .decide import second_phase_usable
 
     names = {r.public for r in ranking}
     out = []
@@ -216,9 +221,9 @@ def probe_plan(repeats: int, candidates: int, examples: int, settings, usable_on
     probed, :func:`choosable`, a private fact not in the line; with ``usable_only``, every candidate the
     second phase can use, a public fact; a stage 1 trained before with the same settings is read from
     :mod:`gsd_cli.train.stage1_cache`)."""
-    from .size import Info
+    from ..train.size import Info
 
-    from .stage1_fit import LR_FACTORS, STAGE1_CAP
+    from ..train.stage1_fit import LR_FACTORS, STAGE1_CAP
 
     runs = repeats * candidates
     which = "the second phase can use" if usable_only else "the advice could choose"
@@ -248,14 +253,14 @@ def _shapes(sources) -> list[tuple[int, int, int]]:
 def forced_note(private: str, public: str, method: str, decision, *, private_test: str | None = None, catalog=None,
                 classes=None, advice: str | None = None) -> str | None:
     """The warning of ``gsd train --auto-select --no-fallback``, which trains ``method`` with ``public`` (the
-    closest candidate) whatever the advice (:mod:`gsd_cli.train.advice`); None when the advice made the same
+    closest candidate) whatever the advice (:mod:`gsd_cli.advice.decide`); None when the advice made the same
     choice. ``decision`` None (under ``--select-epsilon`` ``--no-fallback`` ranks without the noise references,
     so there is no advice): said, and for the second phase whether it can use the candidate at all (its own
     label count and size against the private task's declared classes: public facts). ``classes``: the
     run's ``--classes``; ``advice``: how the line names the advice (default its message; a non-private
     selection's advice holds statistics of the private data and is shown on a ``private:`` line instead)."""
     from .. import data as gdata
-    from .advice import describe, second_phase_usable
+    from .decide import describe, second_phase_usable
 
     reasons = []
     if decision is None:
@@ -315,7 +320,7 @@ def plan(config, private: str, candidates: Sequence[str], *, fallback: bool = Tr
     the DP selection on GSD at that epsilon (``rank_options`` gets ``dp``, ``epsilon``); the DP feature probe is
     :func:`dp_advised_selection`. ``rank_options``: :func:`gsd_cli.ranking.rank`'s (model, k, examples, seed, device,
     cache, progress...). The returned ``config`` is checked when it trains (:func:`gsd_cli.train.config.validate`)."""
-    from .advice import is_reference
+    from .decide import is_reference
 
     dp = select_epsilon is not None
     if dp:
@@ -356,11 +361,11 @@ def dp_plan(config: TrainConfig, private: str, candidates: Sequence[str], *, sel
             classes=None) -> Plan | None:
     """``gsd train --auto-select --select-epsilon`` with the DP feature probe (:func:`dp_advised_selection`): the run's
     ``total`` (epsilon, delta) split between the selection and the training
-    (:func:`gsd_cli.train.dp_advice.split_budget`), the probe booked and drawn, its decision applied (an explicit
+    (:func:`gsd_cli.advice.dp_probe.split_budget`), the probe booked and drawn, its decision applied (an explicit
     method it refuses: ``error`` with ``fallback``, else the second phase with the first candidate it can use and a
     ``warning``). Nothing to choose (public facts): nothing spent, the training gets the whole total. None for a
     multi-label task (then the DP selection on GSD decides, :func:`plan`)."""
-    from .dp_advice import split_budget
+    from .dp_probe import split_budget
 
     train_epsilon, train_delta, selection_delta = split_budget(total[0], total[1], select_epsilon)
     advised = dp_advised_selection(private, candidates, config.method, settings=config, epsilon=select_epsilon, delta=selection_delta,

@@ -1,4 +1,6 @@
-"""What the second phase would give the private model, measured before training: the feature probe.
+"""Whether the second phase helps and from which candidate: the feature probe, measured before training.
+
+What the second phase would give the private model, measured on private examples without noise.
 
 The second phase (paper 004, Section 5.1, equation 13) pretrains the model on the public set's own
 labels; stage 2 then fine-tunes it with DP-SGD on the private set. What stage 2 receives from stage 1
@@ -21,12 +23,12 @@ uses:
    :data:`RIDGE` times the number of fitted examples, fixed before any benchmark run.
 
 A candidate *helps the second phase* when its gain is above 0 with confidence: a one-sided paired
-t-test over the repeats at the advice's ``ALPHA`` (:mod:`gsd_cli.train.advice`). No threshold is
+t-test over the repeats at the advice's ``ALPHA`` (:mod:`gsd_cli.advice.decide`). No threshold is
 calibrated: the bar is the untrained model, measured in the same run.
 
 The probe reads private data without noise: it is part of the non-private advice, like the non-private
 ranking (``gsd train --auto-select`` without ``--select-epsilon``). A private selection
-(``--select-epsilon``) does not run it (:func:`gsd_cli.train.select.advised_selection`).
+(``--select-epsilon``) does not run it (:func:`gsd_cli.advice.select.advised_selection`).
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ class ProbeResult:
 
     def to_dict(self) -> dict:
         return {"what": "linear-probe accuracy of the untrained model's features (baseline) and each candidate's gain after "
-                        "the second phase's stage 1 (gsd_cli.train.probe)",
+                        "the second phase's stage 1 (gsd_cli.advice.probe)",
                 "model": self.model, "examples": self.examples, "repeats": self.repeats, "ridge": RIDGE,
                 "baseline": self.baseline, "gains": self.gains, "stage1": self.stage1, "stopped": self.stopped}
 
@@ -155,7 +157,7 @@ class _Settings:
     the cost; ``same``: the run's stage 1 exactly, which the training that follows then reads from the stage-1 cache."""
 
     def __init__(self, base, public: str, seed: int):
-        from .second_phase import STAGE1_KEYS
+        from ..train.second_phase import STAGE1_KEYS
 
         self._d = {k: getattr(base, k, None) for k in STAGE1_KEYS}
         self._d.update(public=public, seed=seed, private=str(getattr(base, "private", "private")))
@@ -192,7 +194,7 @@ def stage1_of(model0, names: list, spec, settings, name: str, sources: dict, see
     whether it is multi-label: no example of it is read), read from the stage-1 cache where it was trained before
     (:mod:`gsd_cli.train.stage1_cache`). Returns ``(model, record)``; ``record["reused"]``: read from the cache."""
     from ..timing import stage
-    from .second_phase import run_second_phase
+    from ..train.second_phase import run_second_phase
 
     model = copy.deepcopy(model0)
     with tempfile.TemporaryDirectory() as tmp, stage("probe stage 1"):

@@ -1,4 +1,4 @@
-"""``gsd train --auto-select --warm-cache``: the advice's public work, done before any private run (issue 53).
+"""Which public work the advice will need, done before any private run (issue 53): ``--auto-select --warm-cache``.
 
 Most of what ``gsd train --auto-select`` costs is public: stage 1 of the second phase on each candidate (the feature
 probe's draws; the DP feature probe's is the first of them) and the public sides of its GSD ranking (each
@@ -67,8 +67,8 @@ def warm_advice(config, private, candidates: Sequence, *, probe_repeats: int | N
                 **rank_options) -> WarmReport:
     """The public work of ``gsd train --auto-select`` with ``config`` (a :class:`gsd_cli.train.TrainConfig`: the
     method and the stage-1 settings) on ``candidates`` for the private task ``private`` declares (module docstring),
-    into gsd's cache folder. ``probe_repeats`` (default :data:`gsd_cli.train.probe.DRAWS`; 0: no probe) and
-    ``rank_repeats`` (default :data:`gsd_cli.train.advice.REPEATS`) as the advised run's; ``rank_options``: the
+    into gsd's cache folder. ``probe_repeats`` (default :data:`gsd_cli.advice.probe.DRAWS`; 0: no probe) and
+    ``rank_repeats`` (default :data:`gsd_cli.advice.decide.REPEATS`) as the advised run's; ``rank_options``: the
     ranking's (:func:`gsd_cli.ranking.rank`'s ``model``, ``k``, ``examples``, ``seed``, ``device``...), ``cache`` a
     :class:`gsd_cli.ranking.cache.SubspaceCache` (default: gsd's folder). ``dp`` (``--select-epsilon``): the private
     advice's public work, the DP feature probe's stage 1 (one draw, at ``seed``; it ranks nothing). Returns a
@@ -80,7 +80,7 @@ def warm_advice(config, private, candidates: Sequence, *, probe_repeats: int | N
     from ..ranking.pipeline import public_sides, refuse_same_dataset
     from ..ranking.repeats import repeat_seed, tagged
     from ..models.spec import resolve_model
-    from .advice import REPEATS, describe, reference_sources, split_usable
+    from .decide import REPEATS, describe, reference_sources, split_usable
     from .probe import DRAWS, draw_model, stage1_of
     from .select import candidate_sources
 

@@ -1,4 +1,4 @@
-"""``gsd train --auto-select``'s advice: which method, with which public set, or none, and why.
+"""Which method, with which public set, or none, and why: the advice's rules (``gsd train --auto-select``).
 
 Two questions decide it, neither calibrated on any benchmark:
 
@@ -19,7 +19,7 @@ Two questions decide it, neither calibrated on any benchmark:
    are public), set before any benchmark run (docs/validity.md, held-out benchmark).
 
 3. **Does the method gain from it?** (non-private selections, with the run's settings) The feature
-   probe (:mod:`gsd_cli.train.probe`): stage 1 of the second phase as ``gsd train`` runs it, then a
+   probe (:mod:`gsd_cli.advice.probe`): stage 1 of the second phase as ``gsd train`` runs it, then a
    linear probe of the private examples on the pretrained features against the untrained model's,
    paired over 3 draws. GSD compares gradient subspaces at the untrained model and did not predict the
    second phase's accuracy on the held-out benchmark's realistic tasks; the probe scores what the
@@ -117,7 +117,7 @@ def advise(ranking, method: str = "auto", *, candidates: dict[str, Candidate], p
     """The decision (module docstring) for ``method`` (``auto``, ``gep`` or ``second-phase``) from an
     auto-select ``ranking`` that includes the reference rows (:func:`reference_sources`). ``candidates``: each real
     candidate's public facts (:func:`describe`); ``private_classes``: the private task's class count.
-    ``probe``: the feature probe (:class:`gsd_cli.train.probe.ProbeResult`; the non-private advice), which
+    ``probe``: the feature probe (:class:`gsd_cli.advice.probe.ProbeResult`; the non-private advice), which
     decides ``auto`` and ``second-phase`` (:func:`_advise_by_probe`)."""
     order = [r.public for r in ranking if not is_reference(r.public)]
     if not order and probe is None:  # a private selection that chose a noise reference: nothing released about the candidates
@@ -134,7 +134,7 @@ def advise(ranking, method: str = "auto", *, candidates: dict[str, Candidate], p
                 for n, t in tested.items()}
 
     if probe is not None and method in ("auto", "second-phase"):
-        unranked = [n for n in getattr(ranking, "not_ranked", None) or () if n in candidates]  # gate="helping" (gsd_cli.train.select)
+        unranked = [n for n in getattr(ranking, "not_ranked", None) or () if n in candidates]  # gate="helping" (gsd_cli.advice.select)
         stopped = {n: v for n, v in (getattr(ranking, "stopped", None) or {}).items() if n in candidates}
         for n, st in stopped.items():  # their test decided to fail after st["draws"] draws: not closer than noise
             evidence[n] = {"ranked": False, "stopped": st, "beats_reference": False,
@@ -189,12 +189,12 @@ NO_GEP = ("--method auto does not try GEP: with gsd's pick it did not beat tuned
 
 def _advise_by_probe(method: str, order: list[str], tested: dict, rows: dict, ref, evidence: dict, probe, candidates: dict,
                      private_classes: int, unranked: list[str], stopped: dict | None = None) -> Decision:
-    """``auto`` and ``second-phase`` with the feature probe (:mod:`gsd_cli.train.probe`): among the candidates
+    """``auto`` and ``second-phase`` with the feature probe (:mod:`gsd_cli.advice.probe`): among the candidates
     that are closer than noise (:func:`closer_than_reference`) and that the second phase can use
     (:func:`second_phase_usable`), those whose pretrained features beat the untrained model's with
     confidence; the one with the largest gain. None: ``auto`` trains DP-SGD alone, ``second-phase`` is refused.
     ``unranked``: the candidates probed but not ranked (the probe found no gain from them, or the second phase cannot
-    use them: ``gate="helping"``, :func:`gsd_cli.train.select.advised_selection`); ``stopped``: those whose draws
+    use them: ``gate="helping"``, :func:`gsd_cli.advice.select.advised_selection`); ``stopped``: those whose draws
     stopped when their test against the references was decided to fail (never chosen)."""
     stopped = stopped or {}
     evidence["probe"] = probe.to_dict()  # the per-draw figures, beside each candidate's
@@ -255,7 +255,7 @@ def _no_candidate_by_probe(method: str, order: list[str], tested: dict, rows: di
 
 
 def stopped_phrase(name: str, st: dict) -> str:
-    """How a candidate's draws stopped (``Ranking.stopped``, :func:`gsd_cli.train.gate.draws_until_decided`)."""
+    """How a candidate's draws stopped (``Ranking.stopped``, :func:`gsd_cli.advice.gate.draws_until_decided`)."""
     margins = ", ".join(f"{m:+.4f}" for m in st["margins"])
     return (f"{name}'s margin to the closest noise reference in {st['draws']} of {st['of']} draws: {margins}; no remaining "
             f"draw could make the one-sided paired t-test pass at {ALPHA:g}, so they were not drawn")

@@ -1,4 +1,6 @@
-"""The probe-first gate's ranking (``gsd train --auto-select``, :func:`gsd_cli.train.select.advised_selection` with
+"""Which candidates the probe-first gate ranks, and when a candidate's ranking draws stop.
+
+The probe-first gate's ranking (``gsd train --auto-select``, :func:`gsd_cli.advice.select.advised_selection` with
 ``gate="helping"``): a helpful candidate's draws one at a time until its test against the noise references is decided,
 and the ranking of no candidate."""
 

@@ -1,4 +1,6 @@
-"""``gsd train --auto-select``'s fallback: train with the ranking's winner only where the measured
+"""Whether to train with the ranking's winner or without public data: the previous in-sample rule (a benchmark arm).
+
+``gsd train --auto-select``'s fallback: train with the ranking's winner only where the measured
 evidence says public data that close helps; otherwise say so and train without public data.
 
 The rule is calibrated by the downstream benchmark (``benchmarks/bench_downstream.py score
