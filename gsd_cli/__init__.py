@@ -81,6 +81,10 @@ DEPRECATED = {
     "gsd_cli.train.gate": "gsd_cli.advice.gate",
     "gsd_cli.train.fallback": "gsd_cli.advice.fallback",
     "gsd_cli.train.warm": "gsd_cli.advice.warm",
+    "gsd_cli.train.clipsum_rules": "gsd_cli.train.clipsum.rules",
+    "gsd_cli.train.clipsum_step": "gsd_cli.train.clipsum.step",
+    "gsd_cli.train.clipsum_tune": "gsd_cli.train.clipsum.tune",
+    "gsd_cli.train.gep_sum": "gsd_cli.train.gep.sums",
 }
 
 #: package -> {old attribute: the module that now defines it}: names a package exported before they moved, served

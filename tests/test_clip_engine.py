@@ -15,7 +15,7 @@ from gsd_cli.errors import GSDError
 from gsd_cli.gradients import _only_trainable
 from gsd_cli.train import StepContext, TrainConfig, build_method, private_step
 from gsd_cli.train.clipsum import ClippedSum
-from gsd_cli.train.clipsum_step import LazyClipSum, fusable
+from gsd_cli.train.clipsum.step import LazyClipSum, fusable
 
 
 def _clipped_brute(brute_force, model, x, y, names, C):
@@ -369,7 +369,7 @@ def test_methods_that_need_every_vector_take_the_rows_of_the_layer_rules(method)
         assert not fusable(m.chain) and (m.clip_sum is None) == (engine == "materialise")
         ctx = StepContext(step=0, model=model, names=names, generator=torch.Generator().manual_seed(9))
         out[engine] = private_step(m.chain, model, names, chunks, p, ctx, m.per_sample, clip_sum=m.clip_sum)["grad"]
-        if engine == "auto":  # GEP: "GEP residual by the orthogonal split; rows: layers ..." (gep_sum)
+        if engine == "auto":  # GEP: "GEP residual by the orthogonal split; rows: layers ..." (gep.sums)
             assert m.clip_sum.reason.startswith("layers") or m.clip_sum.reason.startswith("GEP residual by the orthogonal split; rows: layers")
     torch.testing.assert_close(out["auto"], out["materialise"], rtol=1e-4, atol=1e-6)
 

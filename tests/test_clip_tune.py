@@ -1,4 +1,4 @@
-"""The measured per-layer choice of ghost clipping (:mod:`gsd_cli.train.clipsum_tune`): which layers it
+"""The measured per-layer choice of ghost clipping (:mod:`gsd_cli.train.clipsum.tune`): which layers it
 decides, that it reads only the private chunk's shape, and that either path it may pick gives the same
 clipped sum as a brute-force per-example loop (so the choice moves speed, never the release)."""
 
@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-import gsd_cli.train.clipsum_tune as tune
+import gsd_cli.train.clipsum.tune as tune
 from gsd_cli.gradients import _only_trainable
 from gsd_cli.train.clipsum import ClippedSum
-from gsd_cli.train.clipsum_step import LazyClipSum
+from gsd_cli.train.clipsum.step import LazyClipSum
 
 
 def _net():

@@ -97,10 +97,10 @@ def _jobs(jobs, record: Path, root: Path):
 
 def _same_paths() -> None:
     """Every open layer of ghost clipping on its ghost path, in every process of these runs: the path of a
-    layer is chosen by timing (gsd_cli.train.clipsum_tune), each process times its own, and the two paths
+    layer is chosen by timing (gsd_cli.train.clipsum.tune), each process times its own, and the two paths
     agree only to float rounding, which GEP's 2 epochs at lr 0.5 grew past the tolerance (2.3e-5) when one
     run timed a path the other did not. The comparison here is of the processes, not of the paths."""
-    import gsd_cli.train.clipsum_tune as tune
+    import gsd_cli.train.clipsum.tune as tune
 
     tune.FASTER_BY = 1.0  # the materialised path would have to take no time
 
@@ -134,7 +134,7 @@ def runs(tmp_path_factory):
     os.environ["GSD_CACHE_DIR"] = str(cache)  # the workers inherit it: sigma calibrated once, never the user's cache
     saved_threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    import gsd_cli.train.clipsum_tune as tune
+    import gsd_cli.train.clipsum.tune as tune
 
     saved_faster_by = tune.FASTER_BY
     _same_paths()

@@ -1,4 +1,4 @@
-"""GEP's clipped sums without the residual vectors (issue 37, :mod:`gsd_cli.train.gep_sum`): the same
+"""GEP's clipped sums without the residual vectors (issue 37, :mod:`gsd_cli.train.gep.sums`): the same
 embedding and residual sums as the chain's per-example path (GEPProject, then the two clips), near
 B's span too (cancellation), with non-finite rows, for B-GEP, through ``private_step`` with the same
 noise, on a frozen BatchNorm and a LoRA model; and each example moves the residual sum by at most S2."""
@@ -11,7 +11,7 @@ import torch.nn as nn
 
 from gsd_cli.train import Anchor, StepContext, TrainConfig, build_method, private_step
 from gsd_cli.train.gep import GEPProject, power_basis, split_groups
-from gsd_cli.train.gep_sum import EXACT_BELOW, GEPClipSum, gep_clipped_sums
+from gsd_cli.train.gep.sums import EXACT_BELOW, GEPClipSum, gep_clipped_sums
 from gsd_cli.train.transforms import Chain, clip
 
 

@@ -158,7 +158,7 @@ def test_a_resumed_run_reproduces_the_uninterrupted_one_bit_for_bit(tiny, tmp_pa
     prefer = {"path": "materialised"}
     tuned = []
 
-    def fake_timed(fn, device):  # the closures of clipsum_tune.tune_paths are named for their path
+    def fake_timed(fn, device):  # the closures of clipsum.tune.tune_paths are named for their path
         fn()
         tuned.append(fn.__name__)
         return 1.0 if fn.__name__ == prefer["path"] else 2.0

@@ -12,7 +12,7 @@ the user's other files keeps its mode).
 ``checkpoint.json`` is verified, not trusted: the weights file carries in its safetensors metadata a
 SHA-256 digest (:func:`state_digest`) of the JSON's settings, epoch, step, privacy state, selection,
 clipping paths and secret seed, plus the epoch and step in clear. ``clip_paths`` holds each layer's
-path of DP-SGD's clipped sums as the run's first step measured it (:mod:`gsd_cli.train.clipsum_tune`):
+path of DP-SGD's clipped sums as the run's first step measured it (:mod:`gsd_cli.train.clipsum.tune`):
 ``--resume`` reuses them instead of timing again, so an interrupted and resumed run computes the same
 bits as an uninterrupted one (with the same private randomness: ``--insecure-seed``). A resume
 (:func:`load_meta`) refuses a folder whose two files disagree (an edited epoch, epsilon or seed, or

@@ -66,7 +66,7 @@ class Method:
     # gradients {"grad": G} (RGP computes the gradients of its carriers instead); ``.width`` is the
     # row width of its parts (for an empty subsample)
     per_sample: Callable | None = None
-    # DP-SGD's clipped sums by ghost norms and book-keeping (a :class:`~gsd_cli.train.clipsum_step.LazyClipSum`;
+    # DP-SGD's clipped sums by ghost norms and book-keeping (a :class:`~gsd_cli.train.clipsum.step.LazyClipSum`;
     # None: the per-sample gradient matrix); the path is chosen on the first chunk (``--clip-engine``)
     clip_sum: object | None = None
 
@@ -82,7 +82,7 @@ def build_method(cfg: TrainConfig, sigma: float, anchor: Anchor | None = None, *
         ch = Chain(clip(cfg.clip), gaussian_noise(sigma * cfg.clip, "grad", sensitivity=cfg.clip))
         fused = None
         if getattr(cfg, "clip_engine", "auto") != "materialise":
-            from .clipsum_step import LazyClipSum, fusable
+            from .clipsum.step import LazyClipSum, fusable
 
             assert fusable(ch)
             fused = LazyClipSum(cfg.clip_engine, cfg.clip)
@@ -102,8 +102,8 @@ def build_method(cfg: TrainConfig, sigma: float, anchor: Anchor | None = None, *
                    "GEP: embedding (clip S1, noise sigma S1) and residual (clip S2, noise sigma S2) of one subsample")
     else:
         m = Method(Chain(*parts), lambda z: gep_step_event(z, None), "B-GEP: embedding only (clip S1, noise sigma S1)")
-    if getattr(cfg, "clip_engine", "auto") != "materialise":  # the residual's clipped sum without R (gep_sum)
-        from .gep_sum import GEPClipSum
+    if getattr(cfg, "clip_engine", "auto") != "materialise":  # the residual's clipped sum without R (gep.sums)
+        from .gep.sums import GEPClipSum
 
         m.clip_sum = GEPClipSum(cfg.clip_engine, anchor, s1, s2 if cfg.residual else None)
         return m
@@ -113,10 +113,10 @@ def build_method(cfg: TrainConfig, sigma: float, anchor: Anchor | None = None, *
 def _with_rows(cfg, method: Method) -> Method:
     """A method whose chain needs every example's vector (GEP, TopAgg, random sparsification): its
     per-sample gradients by the per-layer rules where the model allows them
-    (:meth:`~gsd_cli.train.clipsum_step.LazyClipSum.rows`; ``--clip-engine materialise``: torch.func's vmap).
+    (:meth:`~gsd_cli.train.clipsum.step.LazyClipSum.rows`; ``--clip-engine materialise``: torch.func's vmap).
     RGP computes its own (carrier) gradients."""
     if method.per_sample is None and getattr(cfg, "clip_engine", "auto") != "materialise":
-        from .clipsum_step import LazyClipSum
+        from .clipsum.step import LazyClipSum
 
         method.clip_sum = LazyClipSum(cfg.clip_engine, None)
     return method
@@ -150,7 +150,7 @@ def build_other(cfg, sigma: float, *, model=None, names=None, rgp: RGP | None = 
                "N(0, (sigma C)^2 I) on their sum, update reconstructed by Eq. 3", details)
     m.per_sample = _PerSample(per_sample, rgp)
     if getattr(cfg, "clip_engine", "auto") != "materialise":  # the clipped sums of the carriers by ghost clipping
-        from .clipsum_step import RGPClipSum, fusable
+        from .clipsum.step import RGPClipSum, fusable
 
         assert fusable(ch)
         m.clip_sum = RGPClipSum(cfg.clip_engine, C, rgp)

@@ -51,8 +51,8 @@ def private_step(chain: Chain, model: torch.nn.Module, names: Sequence[str], bat
     process's shard of the subsample; the sums are all-reduced, process 0 alone runs
     :meth:`Chain.aggregated` (adds the noise) and every process returns its ``"grad"``.
 
-    ``clip_sum`` (a :class:`~gsd_cli.train.clipsum_step.LazyClipSum`, for a chain whose per-example pass is
-    one clip of ``"grad"``: :func:`~gsd_cli.train.clipsum_step.fusable`): each chunk's clipped sum by ghost
+    ``clip_sum`` (a :class:`~gsd_cli.train.clipsum.step.LazyClipSum`, for a chain whose per-example pass is
+    one clip of ``"grad"``: :func:`~gsd_cli.train.clipsum.step.fusable`): each chunk's clipped sum by ghost
     norms and book-keeping instead of the per-sample gradient matrix, where the model allows it
     (the same sum to float rounding; :mod:`gsd_cli.train.clipsum`)."""
     chain.begin_step(ctx)
@@ -68,7 +68,7 @@ def private_step(chain: Chain, model: torch.nn.Module, names: Sequence[str], bat
         if per_sample is not None:
             parts = chain.per_example(per_sample(model, names, x, y, ctx), ctx)
         else:
-            from .clipsum_step import gradient_rows  # the per-layer rules where the model allows them, else vmap
+            from .clipsum.step import gradient_rows  # the per-layer rules where the model allows them, else vmap
 
             parts = chain.per_example({"grad": gradient_rows(clip_sum, model, names, x, y, num_params, ctx.device)}, ctx)
         chunk_sums = {k: v.sum(0, dtype=torch.float64) for k, v in parts.items()}

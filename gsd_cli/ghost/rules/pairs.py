@@ -40,7 +40,7 @@ def add_pairs(unit, f: Factors, A: torch.Tensor, B: torch.Tensor) -> None:
         # Gram work per pair: ghost T^2 (D + C), per-sample gradients D C. Storage per example:
         # factors T (D + C), gradients D C. Kept as factors whenever they are the smaller; the Gram
         # then materialises the layer's gradients from them (by output-channel blocks) if cheaper.
-        # Not ghost clipping's 2 T^2 < D C (gsd_cli.train.clipsum_rules.ghost_cheaper): that one
+        # Not ghost clipping's 2 T^2 < D C (gsd_cli.train.clipsum.rules.ghost_cheaper): that one
         # prices each example's own norm, this one every pair <g_i, g_j> of the Gram (issue 51).
         ghost = T * T * (D + C) < D * C
         compact = T * (D + C) <= D * C

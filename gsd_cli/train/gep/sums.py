@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-from .transforms import Clip
+from ..transforms import Clip
 
 #: residual share of ||g_i||^2 below which an example's residual is formed (cancellation; docstring)
 EXACT_BELOW = 0.1
@@ -82,11 +82,11 @@ def gep_clipped_sums(G: torch.Tensor, anchor, s1: float, s2: float | None, ctx) 
 class GEPClipSum:
     """The loop's hook for GEP's chain (:func:`~gsd_cli.train.step.private_step`'s ``clip_sum``): each
     chunk's gradient rows by the per-layer rules where the model allows them (``rows``: a
-    :class:`~gsd_cli.train.clipsum_step.LazyClipSum` without a clip norm, vmap otherwise), then
+    :class:`~gsd_cli.train.clipsum.step.LazyClipSum` without a clip norm, vmap otherwise), then
     :func:`gep_clipped_sums`. ``reason`` says how the rows are computed."""
 
     def __init__(self, mode: str, anchor, s1: float, s2: float | None, loss=None):
-        from .clipsum_step import LazyClipSum
+        from ..clipsum.step import LazyClipSum
 
         self.rows_engine = LazyClipSum(mode, None, loss)
         self.anchor, self.s1, self.s2 = anchor, float(s1), None if s2 is None else float(s2)
@@ -102,7 +102,7 @@ class GEPClipSum:
         return self
 
     def __call__(self, model, names, x, y, ctx) -> dict:
-        from .clipsum_step import gradient_rows
+        from ..clipsum.step import gradient_rows
 
         wanted = set(names)
         p = sum(q.numel() for n, q in model.named_parameters() if n in wanted)

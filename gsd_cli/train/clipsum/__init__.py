@@ -22,7 +22,7 @@ backward pass; what it computes is, for every example, the same function clip_C(
      for step 4;
    * fastDP's rule compares memory; where it says ghost for a Linear/Conv2d with T > 1, the first use
      times both paths on a synthetic chunk and keeps the faster (:meth:`ClippedSum.tune`,
-     :mod:`gsd_cli.train.clipsum_tune`: the ghost path also pays the book-keeping product, which the
+     :mod:`gsd_cli.train.clipsum.tune`: the ghost path also pays the book-keeping product, which the
      materialised path does not need);
 
 3. ||g_i||^2 = the sum over layers, and the clip weights w_i = min(1, C / ||g_i||) exactly as
@@ -54,11 +54,11 @@ Where it applies (:func:`fusable`): a chain whose only per-example transform is 
 :class:`~gsd_cli.train.transforms.Clip` of ``"grad"`` -- DP-SGD and the second phase's stage 2. It does
 not apply where each example's vector itself is needed: GEP's embedding W_i = g_i B^T (k projections
 per example: k times the per-sample gradients' cost by factors; its residual's clipped sum then needs
-no residual vectors: :mod:`gsd_cli.train.gep_sum`), TopAgg's NormTopK (a top-k of each g_i's
+no residual vectors: :mod:`gsd_cli.train.gep.sums`), TopAgg's NormTopK (a top-k of each g_i's
 coordinates), random sparsification's mask before the clip (a masked norm does not factor). Those
 chains take their per-example rows from the same per-layer rules
-(:meth:`~gsd_cli.train.clipsum_step.LazyClipSum.rows`). RGP's carrier gradients take this engine on
-the model with its carriers as leaf layers (:class:`~gsd_cli.train.clipsum_step.RGPClipSum`).
+(:meth:`~gsd_cli.train.clipsum.step.LazyClipSum.rows`). RGP's carrier gradients take this engine on
+the model with its carriers as leaf layers (:class:`~gsd_cli.train.clipsum.step.RGPClipSum`).
 """
 
 from __future__ import annotations
@@ -70,11 +70,11 @@ from typing import Callable, Sequence
 import torch
 import torch.nn as nn
 
-from ..errors import GSDError
-from .clipsum_rules import (  # noqa: F401 (the per-layer rules)
+from ...errors import GSDError
+from .rules import (  # noqa: F401 (the per-layer rules)
     ghost_cheaper, _patches, _conv_ghost_by_pixels, _pixels_cheaper, _group_columns, _positions, synthetic,
 )
-from ..gradients.layers import broadcast_tap, conv2d_plain, input_tap, linear_plain
+from ...gradients.layers import broadcast_tap, conv2d_plain, input_tap, linear_plain
 
 CLIP_ENGINES = ("auto", "ghost", "materialise")
 #: relative tolerance of the first-use check against the materialised path (float32 products)
@@ -103,8 +103,8 @@ class ClippedSum:
     a model it cannot treat; :meth:`check` refuses one whose examples interact."""
 
     def __init__(self, model: nn.Module, names: Sequence[str], loss: Callable | None = None):
-        from ..gradients.layers import _rule, frozen_batchnorm, parameter_owners
-        from ..gradients import default_loss
+        from ...gradients.layers import _rule, frozen_batchnorm, parameter_owners
+        from ...gradients import default_loss
 
         self.model, self.names = model, list(names)
         self.loss = loss or default_loss
@@ -164,7 +164,7 @@ class ClippedSum:
 
         try:
             if self.channels_last:
-                from ..gradients.layers import maxpool_channels_last
+                from ...gradients.layers import maxpool_channels_last
 
                 handles += maxpool_channels_last(self.model)
             for i, layer in enumerate(self.layers):
@@ -198,7 +198,7 @@ class ClippedSum:
             elif layer.kind in ("conv2d", "linear", "rule"):
                 d = self._rules[id(layer.module)](layer.module, args, g)
             else:
-                from ..ghost.rules.materialised import per_sample
+                from ...ghost.rules.materialised import per_sample
 
                 unit = SimpleNamespace(module=layer.module, params=layer.params)
                 by_local = per_sample(unit, args, kwargs, g)
@@ -330,8 +330,8 @@ class ClippedSum:
 
     def tune(self, x: torch.Tensor, y: torch.Tensor, examples: int | None = None) -> dict[str, str]:
         """Choose each layer's path by measuring both on a synthetic batch of ``examples`` (None: ``x``'s
-        number) shaped like ``x`` (:func:`gsd_cli.train.clipsum_tune.tune_paths`); the paths chosen."""
-        from .clipsum_tune import tune_paths
+        number) shaped like ``x`` (:func:`gsd_cli.train.clipsum.tune.tune_paths`); the paths chosen."""
+        from .tune import tune_paths
 
         return tune_paths(self, x, y, examples)
 
@@ -339,7 +339,7 @@ class ClippedSum:
     def check(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Refuse (``NotImplementedError``) unless the engine equals the materialised path on a synthetic
         batch shaped like ``(x, y)`` (public: seeded inputs, label 0), example 0 alone and among others."""
-        from ..gradients.engines import VmapEngine
+        from ...gradients.engines import VmapEngine
 
         xs, ys = synthetic(x, y, CHECK_EXAMPLES)
         out = torch.empty(CHECK_EXAMPLES, sum(p.numel() for p in self.params), device=x.device)

@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..gradients.layers import conv2d_input_patches
+from ...gradients.layers import conv2d_input_patches
 
 
 def ghost_cheaper(T: int, D: int, C: int) -> bool:

@@ -1,6 +1,6 @@
 """Each layer's path of the ghost clipped sum chosen by measurement (:meth:`ClippedSum.tune`).
 
-fastDP's rule (ghost when 2 T^2 < D C, :func:`~gsd_cli.train.clipsum_rules.ghost_cheaper`) compares
+fastDP's rule (ghost when 2 T^2 < D C, :func:`~gsd_cli.train.clipsum.rules.ghost_cheaper`) compares
 the *memory* of a layer's ghost norm (two T x T Grams per example) with that of its per-example
 gradient (D x C). In *time* the two paths are not what that compares. The ghost path costs the Grams
 (2 T^2 (D + C) per example, or the pixel Gram of a stride-1 convolution) **plus** the book-keeping
@@ -13,7 +13,7 @@ convolution at 224, 16 examples, 17 ms against 30 ms; its 512-channel ones 59 ms
 other way), and which side wins depends on the machine.
 
 :func:`tune_paths` therefore times both paths of every layer where the choice is open, once per
-engine, on a **synthetic** chunk (:func:`~gsd_cli.train.clipsum_rules.synthetic`: seeded inputs,
+engine, on a **synthetic** chunk (:func:`~gsd_cli.train.clipsum.rules.synthetic`: seeded inputs,
 label 0; of the private chunk only the shape of one example is read, and ``gsd train`` gives the number
 of examples from its public settings), interleaved, the least of
 :data:`ROUNDS` kept, and keeps the materialised path only where it is faster by :data:`FASTER_BY`
@@ -45,7 +45,7 @@ MATERIALISE_MAX_BYTES = 256 << 20
 
 def open_layers(engine, by_layer: dict, n: int) -> list[tuple[int, object, torch.Tensor, torch.Tensor]]:
     """(index, layer, input, output gradient) of the layers whose path the measurement decides."""
-    from .clipsum_rules import ghost_cheaper
+    from .rules import ghost_cheaper
 
     out = []
     for i, layer in enumerate(engine.layers):
@@ -65,8 +65,8 @@ def tune_paths(engine, x: torch.Tensor, y: torch.Tensor, examples: int | None = 
     (ghost s, materialised s)) from one synthetic chunk of ``examples`` shaped like ``(x, y)``; return the
     paths. ``gsd train`` passes min(physical batch, expected batch): public numbers, where the first
     Poisson chunk's own size would let the paths (written in ``summary.json``) depend on the private set."""
-    from ..gradients.engines import timed
-    from .clipsum_rules import synthetic
+    from ...gradients.engines import timed
+    from .rules import synthetic
 
     n = int(examples) if examples else x.shape[0]
     xs, ys = synthetic(x, y, n)

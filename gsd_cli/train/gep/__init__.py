@@ -15,7 +15,7 @@ W = G B^T (the groups' embeddings concatenated, n x sum k_g) and the residual R 
 from the *unclipped* W; both are clipped and noised by the generic transforms, and the noisy sums are
 mapped back, v = w~ B + r~ (line 8; the residual is dropped for B-GEP). Under ``--clip-engine`` auto
 or ghost the residual's clipped sum comes from B's orthonormal rows without forming R
-(:mod:`gsd_cli.train.gep_sum`: ||r_i||^2 = ||g_i||^2 - ||w_i||^2, the same clips and noise).
+(:mod:`gsd_cli.train.gep.sums`: ||r_i||^2 = ||g_i||^2 - ||w_i||^2, the same clips and noise).
 
 Reusing the basis (``every`` > 1, ``warm``; issue 21). Paper 000 recomputes the anchor gradients and
 B at every step (Algorithm 2, line 4), which makes a GEP step many times a DP-SGD step: per-sample
@@ -53,9 +53,9 @@ import fnmatch
 import numpy as np
 import torch
 
-from ..errors import GSDError
-from .config import DEFAULT_ANCHOR_BATCH, check_anchor_batch, check_anchor_every, parse_groups
-from .transforms import Parts, StepContext, Transform
+from ...errors import GSDError
+from ..config import DEFAULT_ANCHOR_BATCH, check_anchor_batch, check_anchor_every, parse_groups
+from ..transforms import Parts, StepContext, Transform
 
 
 def split_groups(names: Sequence[str], sizes: Sequence[int], groups: Sequence[Sequence[str]] | None) -> list[list[int]]:
@@ -303,13 +303,13 @@ def anchor_for(cfg, public_x: torch.Tensor, model: torch.nn.Module, names: Seque
     the public examples ``public_x`` (on ``device``), the groups of ``cfg.groups``, per-sample anchor
     gradients in chunks of ``chunk`` on ``device`` (the basis then lives there too), and
     ``cfg.anchor_every`` / ``cfg.anchor_warm`` / ``cfg.anchor_batch``. The anchor gradients come from the
-    per-layer rules of the private rows (:meth:`~gsd_cli.train.clipsum_step.LazyClipSum.rows`: checked once,
+    per-layer rules of the private rows (:meth:`~gsd_cli.train.clipsum.step.LazyClipSum.rows`: checked once,
     on a synthetic batch, and the engine kept across recomputations, instead of a fresh engine whose
     independence check recomputes a chunk at every recomputation), else the ``auto`` per-sample engine
     (:mod:`gsd_cli.gradients.engines`: vmap where the rules refuse the model); ``cfg.clip_engine ==
     "materialise"`` keeps vmap."""
-    from ..gradients import gradient_matrix
-    from .clipsum_step import LazyClipSum
+    from ...gradients import gradient_matrix
+    from ..clipsum.step import LazyClipSum
 
     params = dict(model.named_parameters())
     groups = split_groups(names, [params[n].numel() for n in names], parse_groups(cfg.groups, cfg.model))

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import GSDError
-from .clipsum import ClippedSum
+from ...errors import GSDError
+from . import ClippedSum
 
 
 def fusable(chain) -> bool:
     """Whether ``chain``'s per-example pass is exactly one clip of ``"grad"`` (DP-SGD): then the sum of
     its per-example outputs is a clipped sum this engine computes."""
-    from .transforms import Clip, Transform
+    from ..transforms import Clip, Transform
 
     per = [t for t in chain.transforms if type(t).per_example is not Transform.per_example]
     return len(per) == 1 and isinstance(per[0], Clip) and per[0].part == "grad"
@@ -28,7 +28,7 @@ class ClipSumStep:
         self.engine, self.max_norm = engine, float(max_norm)
 
     def __call__(self, model, names, x, y, ctx) -> dict:
-        from ..gradients import _full_precision, _only_trainable
+        from ...gradients import _full_precision, _only_trainable
 
         was = model.training
         try:
@@ -66,10 +66,10 @@ class LazyClipSum:
     def rows(self, model, names, x, y, out: torch.Tensor) -> bool:
         """Fill ``out`` (n x p) with the chunk's per-sample gradients by the layers rules and return True,
         or return False (the caller takes vmap)."""
-        from ..gradients import _full_precision, _only_trainable
+        from ...gradients import _full_precision, _only_trainable
 
         if not self.decided:
-            from ..gradients.layers import LayersEngine
+            from ...gradients.layers import LayersEngine
 
             was = model.training
             try:
@@ -101,7 +101,7 @@ class LazyClipSum:
         if self.max_norm is None:
             return None
         if not self.decided:
-            from ..gradients import _only_trainable
+            from ...gradients import _only_trainable
 
             eng, self.reason = _first_use(self.mode, model, lambda: _only_trainable(model, names),
                                           lambda m, n: ClippedSum(m, n, self.loss), (model, names), x, y, "ghost",
@@ -169,7 +169,7 @@ def gradient_rows(rows_engine, model, names, x, y, num_params: int, device) -> t
         G = torch.empty(x.shape[0], num_params, device=device)
         if rows_engine.rows(model, names, x.to(device), y.to(device), G):
             return G
-    from ..gradients import gradient_matrix
+    from ...gradients import gradient_matrix
 
     return gradient_matrix(model, [(x, y)], x.shape[0], names, None, "vmap", device, "none")
 
@@ -184,7 +184,7 @@ def _first_use(mode: str, model, context, make, fixed, x, y, label: str, tune_ex
     synthetic chunk each layer's path is timed on (:meth:`ClippedSum.tune`; None: ``x``'s). ``fixed_paths``:
     paths chosen before (``gsd train --resume``: the checkpoint's), kept instead of timing again, so that
     the resumed run computes the bits the uninterrupted one would have."""
-    from ..gradients import _full_precision, _only_trainable
+    from ...gradients import _full_precision, _only_trainable
 
     was = model.training
     try:
@@ -214,7 +214,7 @@ def _nullcontext():
 
 
 def _default_loss():
-    from ..gradients import default_loss
+    from ...gradients import default_loss
 
     return default_loss
 
