@@ -66,7 +66,8 @@ def stage1_arm(name: str, a) -> dict:
     """One stage 1 in setting ``name`` (:data:`SETTINGS`) on a fresh model, the stage-1 cache empty."""
     from gsd_cli.data import resolve
     from gsd_cli.models.peft import build_model
-    from gsd_cli.train import TrainConfig, stage1_cache
+    from gsd_cli.train import TrainConfig
+    from gsd_cli.train.second_phase import stage1_cache
     from gsd_cli.advice.probe import _Settings
     from gsd_cli.train.second_phase import run_second_phase
 
@@ -91,7 +92,8 @@ def stage1_arm(name: str, a) -> dict:
 
 def target_arm(method: str, seed: int, a, out: Path) -> dict:
     """``gsd train --private PRIVATE --method METHOD --public PUBLIC --epsilon E`` with the tuned defaults."""
-    from gsd_cli.train import TrainConfig, stage1_cache, train
+    from gsd_cli.train import TrainConfig, train
+    from gsd_cli.train.second_phase import stage1_cache
     from gsd_cli.train.tuned import fill_defaults
 
     stage1_cache.clear()

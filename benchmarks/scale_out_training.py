@@ -2,7 +2,7 @@
 
 For each method (DP-SGD, GEP) and each process count, one ``gsd train`` run (one epoch of the
 embedded mnist-a private set, mnist-b as GEP's public anchors, ``--insecure-seed`` so that every run
-draws the same subsamples and noise) is started through :func:`gsd_cli.train.launch.spawn` (the
+draws the same subsamples and noise) is started through :func:`gsd_cli.train.distributed.launch.spawn` (the
 1-process run too, so start-up is alike), with ``--threads`` intra-op threads per process. Process 0
 stamps the end of every step; the step time is the median gap between consecutive steps of the epoch
 (the first step, which pays for warm-up, and the epoch end's evaluation and checkpoint are outside
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace | None = None) -> dict:
     import torch
 
     from gsd_cli.train import TrainConfig
-    from gsd_cli.train.launch import spawn
+    from gsd_cli.train.distributed.launch import spawn
 
     args = args if args is not None else parser().parse_args([])
     load_start = os.getloadavg()

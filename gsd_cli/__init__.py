@@ -85,6 +85,10 @@ DEPRECATED = {
     "gsd_cli.train.clipsum_step": "gsd_cli.train.clipsum.step",
     "gsd_cli.train.clipsum_tune": "gsd_cli.train.clipsum.tune",
     "gsd_cli.train.gep_sum": "gsd_cli.train.gep.sums",
+    "gsd_cli.train.stage1_fit": "gsd_cli.train.second_phase.stage1_fit",
+    "gsd_cli.train.stage1_cache": "gsd_cli.train.second_phase.stage1_cache",
+    "gsd_cli.train.augment": "gsd_cli.train.second_phase.augment",
+    "gsd_cli.train.launch": "gsd_cli.train.distributed.launch",
 }
 
 #: package -> {old attribute: the module that now defines it}: names a package exported before they moved, served

@@ -95,7 +95,7 @@ def test_training_processes_take_the_parents_setting(monkeypatch):
     """``gsd train --nproc N`` spawns its processes from the gsd command: they keep freed memory when
     the command does, and not otherwise."""
     from gsd_cli import allocator
-    from gsd_cli.train.launch import spawn
+    from gsd_cli.train.distributed.launch import spawn
 
     monkeypatch.setitem(allocator._STATE, "applied", True)  # as after the gsd command's start-up
     assert spawn(_worker_state, 2, device="cpu") is True

@@ -127,7 +127,7 @@ def _close(a: dict, b: dict, tol: float = ATOL) -> None:
 def runs(tmp_path_factory):
     """The 1-process runs, the 2-process runs (one launch) and the interrupted 2-process run resumed
     with 1 process."""
-    from gsd_cli.train.launch import spawn
+    from gsd_cli.train.distributed.launch import spawn
 
     root = tmp_path_factory.mktemp("dist")
     cache, old = root / "cache", os.environ.get("GSD_CACHE_DIR")

@@ -255,7 +255,7 @@ def test_second_phase_changes_only_the_trainable_parameters(tiny, tmp_path, weig
 def test_resume_across_stages_equals_a_straight_run(tiny, tmp_path, interrupt):
     from safetensors.torch import load_file
 
-    from gsd_cli.train import stage1_cache
+    from gsd_cli.train.second_phase import stage1_cache
 
     # one clipping path for every layer: two separate runs that *time* their paths (clip_engine auto) may choose
     # differently on a loaded machine and differ by float rounding; reuse on resume is tested in test_resume_verify

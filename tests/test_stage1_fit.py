@@ -14,9 +14,9 @@ from gsd_cli import data as gdata
 from gsd_cli.cli import main
 from gsd_cli.errors import GSDError
 from gsd_cli.models.peft import build_model
-from gsd_cli.train import TrainConfig, stage1_cache
-from gsd_cli.train import stage1_fit
-from gsd_cli.train.stage1_fit import Stage1Settings, fit_public, params_of, validation_mask
+from gsd_cli.train import TrainConfig
+from gsd_cli.train.second_phase import stage1_cache, stage1_fit
+from gsd_cli.train.second_phase.stage1_fit import Stage1Settings, fit_public, params_of, validation_mask
 
 CPU = torch.device("cpu")
 
@@ -122,7 +122,7 @@ def test_the_learning_rate_is_chosen_on_validation(pub, monkeypatch):
 
 
 def test_ties_go_to_the_lower_loss_then_to_the_default_lr():
-    from gsd_cli.train.stage1_fit import _better
+    from gsd_cli.train.second_phase.stage1_fit import _better
 
     assert _better({"acc": 0.8, "loss": 0.5, "lr": 1e-3}, {"acc": 0.8, "loss": 0.6, "lr": 3e-3}, 3e-3)
     assert not _better({"acc": 0.8, "loss": 0.6, "lr": 9e-3}, {"acc": 0.8, "loss": 0.6, "lr": 3e-3}, 3e-3)
@@ -140,7 +140,7 @@ def test_without_validation_one_lr_every_epoch_the_last_kept(pub):
 def test_the_augmentation_is_torchvisions_map_per_example():
     from torchvision.transforms.v2 import InterpolationMode, functional as TF
 
-    from gsd_cli.train.augment import apply_params
+    from gsd_cli.train.second_phase.augment import apply_params
 
     x = torch.rand(4, 1, 20, 28) * 2 - 1
     p = {"shift": torch.tensor([[2, -1], [0, 3], [-3, -3], [1, 0]]), "flip": torch.tensor([True, False, True, False]),
@@ -159,7 +159,7 @@ def test_the_augmentation_is_torchvisions_map_per_example():
 
 
 def test_only_training_batches_are_augmented(pub, monkeypatch):
-    from gsd_cli.train import augment as aug
+    from gsd_cli.train.second_phase import augment as aug
 
     seen = []
     real = aug.augment

@@ -1,5 +1,5 @@
 """Issue 53, "no work done twice": stage 1 of the second phase is a function of public inputs, trained
-once (gsd_cli.train.stage1_cache); the feature probe's stage 1 with the run's own settings and seed is
+once (gsd_cli.train.second_phase.stage1_cache); the feature probe's stage 1 with the run's own settings and seed is
 the training's starting point; the probe runs only on candidates the advice could choose."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import torch
 from gsd_cli import data as gdata
 from gsd_cli.cli import main
 from gsd_cli.models.peft import build_model
-from gsd_cli.train import TrainConfig, stage1_cache
+from gsd_cli.train import TrainConfig
+from gsd_cli.train.second_phase import stage1_cache
 from gsd_cli.train.second_phase import run_second_phase
 
 CLASSES = np.array([str(i) for i in range(10)])

@@ -11,7 +11,8 @@ from gsd_cli.cli import main
 from gsd_cli.data import resolve
 from gsd_cli.data.base import ImageSource
 from gsd_cli.ranking.cache import SubspaceCache
-from gsd_cli.train import TrainConfig, stage1_cache
+from gsd_cli.train import TrainConfig
+from gsd_cli.train.second_phase import stage1_cache
 from gsd_cli.advice.warm import warm_advice
 
 CFG = dict(private="mnist-a", model="fmnist-cnn", params=["fc*"], public_examples=400, public_epochs=2, public_batch_size=100,

@@ -9,7 +9,7 @@ computed from the private data:
 1. **Public part, no privacy cost.** The candidates the second phase can use (:func:`gsd_cli.advice.decide.second_phase_usable`:
    the private task's declared classes and 100 examples per class, public facts) each get stage 1 of the
    second phase with the run's own settings and ``--seed`` (:func:`gsd_cli.train.second_phase.run_second_phase`,
-   trained once: :mod:`gsd_cli.train.stage1_cache`, so the training that follows reads it); the untrained
+   trained once: :mod:`gsd_cli.train.second_phase.stage1_cache`, so the training that follows reads it); the untrained
    model (``--seed``) is the other contestant.
 2. **Private part.** Every private training example's features under each of these M models (the input of the
    head, :func:`gsd_cli.advice.probe.head_features`, projected to :data:`PROBE_DIM` numbers by a public random

@@ -192,7 +192,7 @@ def stage1_of(model0, names: list, spec, settings, name: str, sources: dict, see
     """Stage 1 of the second phase on candidate ``name`` (of ``sources``, by name) from a copy of ``model0``, with
     ``settings``' stage-1 fields and ``seed``, for the label space ``private`` declares (its class count, names and
     whether it is multi-label: no example of it is read), read from the stage-1 cache where it was trained before
-    (:mod:`gsd_cli.train.stage1_cache`). Returns ``(model, record)``; ``record["reused"]``: read from the cache."""
+    (:mod:`gsd_cli.train.second_phase.stage1_cache`). Returns ``(model, record)``; ``record["reused"]``: read from the cache."""
     from ..timing import stage
     from ..train.second_phase import run_second_phase
 

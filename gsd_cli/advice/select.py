@@ -220,10 +220,10 @@ def probe_plan(repeats: int, candidates: int, examples: int, settings, usable_on
     draws and, at most, the stage-1 trainings they run (only the candidates the advice could choose are
     probed, :func:`choosable`, a private fact not in the line; with ``usable_only``, every candidate the
     second phase can use, a public fact; a stage 1 trained before with the same settings is read from
-    :mod:`gsd_cli.train.stage1_cache`)."""
+    :mod:`gsd_cli.train.second_phase.stage1_cache`)."""
     from ..train.size import Info
 
-    from ..train.stage1_fit import LR_FACTORS, STAGE1_CAP
+    from ..train.second_phase.stage1_fit import LR_FACTORS, STAGE1_CAP
 
     runs = repeats * candidates
     which = "the second phase can use" if usable_only else "the advice could choose"

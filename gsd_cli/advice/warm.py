@@ -3,7 +3,7 @@
 Most of what ``gsd train --auto-select`` costs is public: stage 1 of the second phase on each candidate (the feature
 probe's draws; the DP feature probe's is the first of them) and the public sides of its GSD ranking (each
 candidate's and each noise reference's subspace, in each draw). They are functions of public data and public
-settings alone, and both are cached across runs (:mod:`gsd_cli.train.stage1_cache`,
+settings alone, and both are cached across runs (:mod:`gsd_cli.train.second_phase.stage1_cache`,
 :class:`gsd_cli.ranking.cache.SubspaceCache`): a second run with the same candidates pays only the private part.
 :func:`warm_advice` computes them ahead, through the same functions and under the same keys, for a private task that
 only declares itself: its class count, class names and whether it is multi-label (the stage-1 head and the ranking

@@ -52,7 +52,7 @@ def cache_clear() -> None:
     """Delete gsd's cached public subspaces and second-phase stage-1 models (and its unfinished temporary files); noise calibrations and other files in the folder are left alone."""
     from ..ranking.cache import SubspaceCache
     from ..errors import GSDError
-    from ..train import stage1_cache
+    from ..train.second_phase import stage1_cache
 
     c = SubspaceCache().clear()
     stage1 = stage1_cache.clear() if not c["problem"] else 0

@@ -29,7 +29,7 @@ def data_root(root: str | Path | None = None) -> Path:
 CACHE_ENV = "GSD_CACHE_DIR"
 #: The subfolder where gsd keeps noise calibrations (:mod:`gsd_cli.privacy.calibration_cache`).
 CALIBRATION_SUBFOLDER = "calibration"
-#: the subfolder of the cache folder with the second phase's stage-1 models (:mod:`gsd_cli.train.stage1_cache`)
+#: the subfolder of the cache folder with the second phase's stage-1 models (:mod:`gsd_cli.train.second_phase.stage1_cache`)
 STAGE1_SUBFOLDER = "stage1"
 #: the name of a gsd cache entry file, a public subspace in the cache folder or a stage-1 model in ``stage1/``: its key
 #: (SHA-256, lower-case hex) and ``.safetensors``; gsd lists, counts and deletes no other file

@@ -106,7 +106,7 @@ class TrainConfig:
     public_batch_size: int = 64  # minibatch size of stage 1
     public_val: float = 0.1  # fraction of stage 1's public examples held out for validation (0: none, one lr, every epoch)
     public_patience: int = 3  # stage 1 stops this many epochs after its best validation accuracy (0: never early)
-    public_augment: str = "auto"  # stage 1's augmentation of its training batches (gsd_cli.train.augment.AUGMENTS)
+    public_augment: str = "auto"  # stage 1's augmentation of its training batches (gsd_cli.train.second_phase.augment.AUGMENTS)
     probe_stage1: str = "quick"  # the feature probes' stage 1: quick (one lr) or same (the run's; gsd_cli.advice.probe)
 
     def to_dict(self) -> dict:
@@ -141,8 +141,8 @@ ANCHOR_EXAMPLES = 2000
 def public_count(cfg: "TrainConfig") -> int:
     """The public examples ``cfg``'s method draws (``gdata.draw`` takes at most the set's size): ``--public-examples``
     where given, else :data:`ANCHOR_EXAMPLES` GEP anchors or all of stage 1's set up to
-    :data:`gsd_cli.train.stage1_fit.STAGE1_CAP` (the second phase)."""
-    from .stage1_fit import STAGE1_CAP
+    :data:`gsd_cli.train.second_phase.stage1_fit.STAGE1_CAP` (the second phase)."""
+    from .second_phase.stage1_fit import STAGE1_CAP
 
     if cfg.public_examples is not None:
         return int(cfg.public_examples)
@@ -306,7 +306,7 @@ def validate(cfg: TrainConfig) -> None:
 
 def _check_stage1(cfg: TrainConfig) -> None:
     """The second phase's stage-1 settings and the feature probe's (one line each, exit 2)."""
-    from .augment import AUGMENTS
+    from .second_phase.augment import AUGMENTS
 
     if cfg.public_epochs < 1 or cfg.public_batch_size < 1:
         raise GSDError("--public-epochs and --public-batch-size must be at least 1")

@@ -103,7 +103,7 @@ def train(
     cfg = config
     validate(cfg)
     if nproc != 1:  # N processes of one process group, each running this function (launch.py)
-        from .launch import check_nproc, spawn
+        from .distributed.launch import check_nproc, spawn
 
         check_nproc(nproc, resolve_device(device))
         with lock_run(out, resume):  # held here for the N processes (runlock.py)

@@ -38,7 +38,7 @@ MAX_DEGREES, SCALE = 10.0, (0.9, 1.1)
 def resolve_augment(name: str, input_size: int) -> str:
     """The augmentation ``name`` means for inputs of ``input_size`` pixels a side (``auto``: module docstring)."""
     if name not in AUGMENTS:
-        from ..errors import GSDError
+        from ...errors import GSDError
 
         raise GSDError(f"unknown --public-augment {name!r}; use one of {', '.join(AUGMENTS)}")
     if name == "auto":

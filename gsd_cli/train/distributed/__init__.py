@@ -41,9 +41,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..errors import GSDError, PrivateError
-from .gep import GEPProject
-from .transforms import StepContext, Transform
+from ...errors import GSDError, PrivateError
+from ..gep import GEPProject
+from ..transforms import StepContext, Transform
 
 #: how long a process waits for the others at a collective (process 0 evaluates and checkpoints
 #: while the others wait; the second phase's stage 1 runs on process 0 alone)
@@ -170,7 +170,7 @@ class World:
     def load_state(self, path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """:func:`gsd_cli.train.checkpoint.load_state` on process 0, its weights and momentum
         buffers broadcast to the others."""
-        from .checkpoint import load_state
+        from ..checkpoint import load_state
 
         if self.is_main:
             load_state(path, model, optimizer)

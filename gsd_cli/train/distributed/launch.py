@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from ..errors import GSDError, PrivateError
+from ...errors import GSDError, PrivateError
 
 
 def check_nproc(nproc, device: torch.device) -> None:
@@ -35,7 +35,7 @@ def check_nproc(nproc, device: torch.device) -> None:
         return
     import torch.distributed as dist
 
-    from .distributed import launched_by_torchrun
+    from . import launched_by_torchrun
 
     if not dist.is_available():
         raise GSDError("--nproc needs torch.distributed, which this torch build lacks; train with --nproc 1")
@@ -50,7 +50,7 @@ def _worker(rank, nproc, init_file, backend, threads, fn, args, kwargs, forward,
     import torch.distributed as dist
 
     if malloc:  # the parent (the gsd command) keeps freed memory: so do its training processes
-        from ..allocator import keep_freed_memory
+        from ...allocator import keep_freed_memory
 
         keep_freed_memory()
 
@@ -58,7 +58,7 @@ def _worker(rank, nproc, init_file, backend, threads, fn, args, kwargs, forward,
     if backend == "nccl":
         os.environ.setdefault("LOCAL_RANK", str(rank))
         torch.cuda.set_device(rank)
-    from .distributed import TIMEOUT
+    from . import TIMEOUT
 
     dist.init_process_group(backend, init_method="file://" + init_file, rank=rank, world_size=nproc, timeout=TIMEOUT)
     if rank == 0:
@@ -86,13 +86,13 @@ def spawn(fn: Callable, nproc: int, args: tuple = (), kwargs: dict | None = None
     kwargs = dict(kwargs or {})
     import torch.multiprocessing as mp
 
-    from .distributed import backend_for
+    from . import backend_for
 
     dev = torch.device(device)
     backend = backend_for(dev)
     forward = {k for k, v in (("progress", progress), ("notify", notify)) if v is not None}
     threads = max(1, torch.get_num_threads() // nproc) if dev.type == "cpu" else 1
-    from ..allocator import applied
+    from ...allocator import applied
     ctx = mp.get_context("spawn")
     messages = ctx.Queue()
     folder = tempfile.mkdtemp(prefix="gsd-rendezvous-")

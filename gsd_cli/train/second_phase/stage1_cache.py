@@ -34,10 +34,10 @@ from pathlib import Path
 
 import torch
 
-from ..data.roots import ENTRY_NAME, STAGE1_SUBFOLDER as SUBFOLDER  # noqa: F401 (the cache folder's stage-1 subfolder)
+from ...data.roots import ENTRY_NAME, STAGE1_SUBFOLDER as SUBFOLDER  # noqa: F401 (the cache folder's stage-1 subfolder)
 
 SCHEMA = 2  # 2: the validation split, the lr grid, early stopping and augmentation (entries hold what stage 1 chose)
-#: the rule of stage 1's validation split (gsd_cli.train.stage1_fit.validation_mask): bump when it changes
+#: the rule of stage 1's validation split (gsd_cli.train.second_phase.stage1_fit.validation_mask): bump when it changes
 VALIDATION_RULE = "splitmix64(seed, sha256(draw key), index) < fraction, v1"
 #: entries of this process (key -> (tensors, meta)), whatever the disk allows
 _MEMORY: dict[str, tuple[dict, dict]] = {}
@@ -45,7 +45,7 @@ _MEMORY_MAX = 16
 
 
 def cache_dir() -> Path | None:
-    from ..data.roots import default_cache_dir
+    from ...data.roots import default_cache_dir
 
     base = default_cache_dir()
     return None if base is None else base / SUBFOLDER
@@ -56,12 +56,12 @@ def stage1_key(model, train_names: list[str], sample, labels: torch.Tensor, sett
     """The key of a stage 1 (module docstring): ``model`` before stage 1 (its private head already swapped
     for a public one where the public labels are not private classes), the names it trains, the drawn
     ``sample`` and its ``labels``, the stage-1 ``settings`` (every ``public_*`` field, as given) and ``s``, the
-    :class:`~gsd_cli.train.stage1_fit.Stage1Settings` they resolve to (the learning rates tried, the augmentation
+    :class:`~gsd_cli.train.second_phase.stage1_fit.Stage1Settings` they resolve to (the learning rates tried, the augmentation
     ``auto`` means, the validation fraction, the patience...), the label space and the device's kind."""
     import dataclasses
 
-    from ..data.fingerprint import sample_fingerprint
-    from ..models.digest import _tensor_digest, model_digest
+    from ...data.fingerprint import sample_fingerprint
+    from ...models.digest import _tensor_digest, model_digest
 
     doc = {"schema": SCHEMA, "model": model_digest(model), "train": sorted(train_names),
            "sample": sample_fingerprint(sample.source, sample.indices), "labels": _tensor_digest(labels.detach().cpu()),
@@ -74,7 +74,7 @@ def stage1_key(model, train_names: list[str], sample, labels: torch.Tensor, sett
 
 
 def _checksum(tensors: dict) -> str:
-    from ..models.digest import _tensor_digest
+    from ...models.digest import _tensor_digest
 
     names = sorted(tensors)
     return hashlib.sha256((json.dumps(names) + _tensor_digest(*[tensors[n] for n in names])).encode()).hexdigest()
@@ -109,7 +109,7 @@ def load(key: str) -> tuple[dict, dict] | None:
 
 def store(key: str, tensors: dict, losses: list[float], lr: float, choice: dict | None = None) -> None:
     """Keep a stage 1's result under ``key`` (in memory; on disk when the cache folder can be written); ``choice``:
-    what it chose (:class:`gsd_cli.train.stage1_fit.Stage1Record` as a dict: lr, epochs, validation accuracy...)."""
+    what it chose (:class:`gsd_cli.train.second_phase.stage1_fit.Stage1Record` as a dict: lr, epochs, validation accuracy...)."""
     tensors = {n: t.detach().cpu().contiguous() for n, t in tensors.items()}
     meta = {"schema": SCHEMA, "key": key, "losses": [float(x) for x in losses], "lr": float(lr), "choice": choice or {},
             "checksum": _checksum(tensors)}

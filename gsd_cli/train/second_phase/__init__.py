@@ -2,12 +2,12 @@
 
 Stage 1 of ``gsd train --method second-phase``: the trainable parameters theta (the ``--peft``
 choice; everything else frozen) are trained on the public set with its own labels by Adam
-(:func:`gsd_cli.train.stage1_fit.fit_public`): all of its examples (at most :data:`STAGE1_CAP`, or
+(:func:`gsd_cli.train.second_phase.stage1_fit.fit_public`): all of its examples (at most :data:`STAGE1_CAP`, or
 ``--public-examples``), less a seeded validation split (``--public-val``, 10%) on which stage 1 picks its
 learning rate from a grid around the model's default (paper 004 Appendix B: 5e-5 for pre-trained CNNs,
 3e-3 for transformers; 3e-3 from scratch; ``--public-lr`` fixes one) and its length (up to
 ``--public-epochs``, stopping ``--public-patience`` epochs after the best, whose weights are kept), its
-training batches augmented (``--public-augment``, :mod:`gsd_cli.train.augment`). It sees public data only
+training batches augmented (``--public-augment``, :mod:`gsd_cli.train.second_phase.augment`). It sees public data only
 and costs no privacy budget; what it chose is one public line (:func:`stage1_line`) and ``stage1.json``.
 Stage 2 (equation 14) is DP-SGD on the private set from theta_0, accounted exactly as ``--method dpsgd``.
 
@@ -41,10 +41,10 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .. import data as gdata
-from ..errors import GSDError
-from ..models.weights import head_prefix
-from . import checkpoint as ckpt
+from ... import data as gdata
+from ...errors import GSDError
+from ...models.weights import head_prefix
+from .. import checkpoint as ckpt
 from .augment import resolve_augment
 from .stage1_fit import LR_FACTORS, PATIENCE, STAGE1_CAP, VAL_FRACTION, Stage1Settings, fit_public, params_of, set_params
 
@@ -114,7 +114,7 @@ def _swap(model: nn.Module, name: str, new: nn.Module) -> nn.Module:
 
 
 def stage1_settings(cfg, model: nn.Module, spec, saved: dict | None = None) -> Stage1Settings:
-    """Stage 1's resolved settings (:class:`gsd_cli.train.stage1_fit.Stage1Settings`) from ``cfg``'s ``public_*``
+    """Stage 1's resolved settings (:class:`gsd_cli.train.second_phase.stage1_fit.Stage1Settings`) from ``cfg``'s ``public_*``
     fields (None: their defaults): ``--public-lr`` alone where given, else the grid around the model's default
     (:func:`default_public_lr` times :data:`LR_FACTORS`), or the default alone without validation (or with
     ``cfg.public_grid`` False: the feature probe's quick stage 1); a resumed stage 1
@@ -171,7 +171,7 @@ def run_second_phase(model: nn.Module, names: list[str], cfg, spec, out: Path, d
     one public line that says what it chose). ``timed``: the stage name under which :mod:`gsd_cli.timing`
     counts it (None: the caller does). ``private_classes``: the private task's class names (its declared label
     space, public); the head is shared only where every public class is one of them (:func:`label_map`)."""
-    from ..timing import stage
+    from ...timing import stage
 
     if timed is not None:
         with stage(timed):

@@ -2,7 +2,7 @@
 examples, a learning rate chosen on it from a small grid, early stopping, the best epoch's weights kept.
 
 Everything here reads public data only and draws every random number from the public ``seed``, so the
-result is a function of public data and public settings (cached: :mod:`gsd_cli.train.stage1_cache`).
+result is a function of public data and public settings (cached: :mod:`gsd_cli.train.second_phase.stage1_cache`).
 
 - **Validation split** (:func:`validation_mask`): each drawn public example is held out with probability
   ``val`` by a rule on that example alone, a hash of (``seed``, its dataset's draw key, its index in the
@@ -10,7 +10,7 @@ result is a function of public data and public settings (cached: :mod:`gsd_cli.t
   example: no validation (the record says so).
 - **Learning rate and length**: for each learning rate of the grid (the model's default lr times
   :data:`LR_FACTORS`; one given lr alone), Adam from the same starting weights, up to ``epochs`` epochs of
-  shuffled minibatches (augmented: :mod:`gsd_cli.train.augment`); after each epoch the validation accuracy
+  shuffled minibatches (augmented: :mod:`gsd_cli.train.second_phase.augment`); after each epoch the validation accuracy
   (ties: the lower validation loss); a trial stops ``patience`` epochs after its best (0: never early).
   The weights kept are those of the best epoch of the best trial (ties between learning rates: the one
   nearer the default). Without validation (``val`` 0): one lr, every epoch, the last epoch's weights
@@ -29,8 +29,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .. import data as gdata
-from ..gradients import default_loss
+from ... import data as gdata
+from ...gradients import default_loss
 from .augment import augment
 
 #: the most public examples stage 1 draws when ``--public-examples`` is not given. Measured (benchmarks/bench_stage1.py,
@@ -48,7 +48,7 @@ _M1, _M2, _GOLD = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), 
 @dataclass(frozen=True)
 class Stage1Settings:
     """Stage 1's settings, resolved: ``lrs`` the learning rates tried (one: no choice), ``augment`` a resolved
-    name of :data:`gsd_cli.train.augment.AUGMENTS` (not ``auto``); the others as their ``--public-*`` options."""
+    name of :data:`gsd_cli.train.second_phase.augment.AUGMENTS` (not ``auto``); the others as their ``--public-*`` options."""
 
     lrs: tuple[float, ...]
     epochs: int = EPOCHS
@@ -90,7 +90,7 @@ def _mix(z: np.ndarray) -> np.ndarray:
 def validation_mask(samples: Sequence, fraction: float, seed: int) -> np.ndarray:
     """True for the examples of ``samples`` (:class:`gsd_cli.data.Sample` s, in order) held out for validation:
     a per-example rule, ``u < fraction`` with ``u`` in [0, 1) a hash of (``seed``, the dataset's draw key, the index)."""
-    from ..data.identity import draw_key
+    from ...data.identity import draw_key
 
     out = []
     with np.errstate(over="ignore"):
