@@ -241,18 +241,26 @@ def scores(f: np.ndarray, labels: np.ndarray, weights: np.ndarray) -> int:
 # ------------------------------------------------------------------------------------------ the mechanism
 
 @dataclass(frozen=True)
-class DPProbeRelease:
-    """What the DP probe releases: the winner (0 = the untrained model, "no candidate helps") and its
-    public accounting: the noise multiplier, permute-and-flip's epsilon, the certified (epsilon,
-    delta) (epsilon <= the requested one) and the RDP curve at gsd's orders (for the ledger)."""
+class DPProbePlan:
+    """The DP probe's public accounting, fixed from public numbers before any private computation (so a
+    caller books it first): ``models`` (M), the noise multiplier ``z`` and permute-and-flip's ``epsilon_pf``
+    calibrated to the target, the certified ``epsilon`` (<= the target) at ``delta``, and the RDP ``curve``
+    at gsd's orders (for the ledger)."""
 
-    winner: int
     models: int
     z: float
     epsilon_pf: float
     epsilon: float
     delta: float
     curve: tuple
+
+
+@dataclass(frozen=True)
+class DPProbeRelease(DPProbePlan):
+    """What the DP probe releases: the ``winner`` (0 = the untrained model, "no candidate helps") and the public
+    accounting of its :class:`DPProbePlan`."""
+
+    winner: int
 
 
 def _validate(features, labels, parts, num_classes) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, int]:
@@ -333,21 +341,6 @@ def dp_probe_at(features: Sequence[np.ndarray], labels: np.ndarray, parts: np.nd
     from .selection import permute_and_flip
 
     return permute_and_flip(u, epsilon_pf, SCORE_SENSITIVITY, rng)
-
-
-@dataclass(frozen=True)
-class DPProbePlan:
-    """The DP probe's public accounting, fixed from public numbers before any private computation (so a
-    caller books it first): ``models`` (M), the noise multiplier ``z`` and permute-and-flip's ``epsilon_pf``
-    calibrated to the target, the certified ``epsilon`` (<= the target) at ``delta``, and the RDP ``curve``
-    at gsd's orders (for the ledger)."""
-
-    models: int
-    z: float
-    epsilon_pf: float
-    epsilon: float
-    delta: float
-    curve: tuple
 
 
 def plan_dp_probe(epsilon: float, delta: float, models: int, pf_share: float = 0.5) -> DPProbePlan:
