@@ -1,0 +1,300 @@
+"""Issue 61's pilot: where public data pays (a pilot on seen tasks, never a held-out claim). What it runs is declared
+in ``plan61.json`` beside this file (tasks, bases, arms, the tuning grid, sizes, epsilons, seeds, metrics, targets),
+committed before the first result; every result is appended to ``benchmarks/results/pilot61/runs.jsonl`` as soon as it
+exists, keyed by its settings, so that a stopped run resumes where it stopped.
+
+    python -m benchmarks validity --round 1 prepare; python -m benchmarks validity --round 6 prepare   # the data
+    python -m benchmarks validity.pilot.run61 base              # the two bases (gsd pretrain, public data only)
+    python -m benchmarks validity.pilot.run61 tune [--part I/N] # the from-base grid, then tuned.json
+    python -m benchmarks validity.pilot.run61 run [--part I/N]  # every arm, size, epsilon and seed
+    python -m benchmarks validity.pilot.run61 table             # the tables (from the results alone)
+
+Each training goes through gsd's library (:func:`gsd_cli.train.train`) with its private randomness from
+``insecure_seed`` (reproducible, not DP); the ledger is the benchmark's own (in the data folder). ``--part I/N`` runs
+every N-th job from the I-th: N processes in parallel share the results file (each line is appended whole).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PLAN = HERE / "plan61.json"
+OUT = HERE.parents[1] / "results" / "pilot61"
+RUNS = OUT / "runs.jsonl"
+TUNED = OUT / "tuned.json"
+
+
+def plan() -> dict:
+    return json.loads(PLAN.read_text())
+
+
+def base_dir() -> Path:
+    return Path(os.environ.get("GSD_BENCH_DATA", Path.home() / ".cache" / "gsd-bench")) / "pilot61"
+
+
+# -- data ---------------------------------------------------------------------------------------------------------
+
+
+def ready() -> dict:
+    """Every set of the pilot's data rounds resolvable by name, and each task's seeded subsets (``<train>~<n>``)."""
+    from gsd_cli.data import register_dataset, resolve
+    from gsd_cli.data.splits import SubsetSource
+
+    from ..heldout.run import ready as round_ready
+
+    p = plan()
+    for r in p["data_rounds"]:
+        round_ready(r)
+    os.environ["GSD_LEDGER"] = str(base_dir() / "ledger.sqlite")
+    base_dir().mkdir(parents=True, exist_ok=True)
+
+    import numpy as np
+
+    for task in p["tasks"].values():
+        for n in p["sizes"]:
+            def make(train=task["train"], n=n):
+                src = resolve(train)
+                order = np.random.default_rng(0).permutation(len(src))[: max(p["sizes"])]
+                return SubsetSource(src, np.sort(order[:n]), f"{train}~{n}")
+            register_dataset(f"{task['train']}~{n}", make)
+    return p
+
+
+def build_bases() -> dict:
+    """The plan's bases (:func:`gsd_cli.train.pretrain.pretrain_base`), each built once; every task's private sets are
+    named as private, so a base that saw one is refused."""
+    from gsd_cli.train.pretrain import pretrain_base
+
+    p = ready()
+    privates = [t[k] for t in p["tasks"].values() for k in ("train", "test")]
+    out = {}
+    for name, b in p["bases"].items():
+        folder = base_dir() / name
+        if not (folder / "card.json").is_file():
+            t0 = time.perf_counter()
+            pretrain_base(b["public"], folder, model=b["model"], private=privates, epochs=b["epochs"], device="cpu")
+            print(f"{name}: built in {time.perf_counter() - t0:.0f} s", flush=True)
+        card = json.loads((folder / "card.json").read_text())
+        out[name] = {"best_epoch": card["training"]["best_epoch"], "sets": [s["name"] for s in card["sets"]]}
+    return out
+
+
+# -- trainings ------------------------------------------------------------------------------------------------------
+
+
+def read_runs() -> dict:
+    runs = {}
+    if RUNS.is_file():
+        for line in RUNS.read_text().splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                runs[rec["key"]] = rec
+    return runs
+
+
+def key(job: dict) -> str:
+    return hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def fit(job: dict) -> dict:
+    """One training through gsd's library; its record."""
+    from gsd_cli.train import TrainConfig
+    from gsd_cli.train import train as gsd_train
+    from gsd_cli.train.tuned import training_settings
+
+    p = plan()
+    task = p["tasks"][job["task"]]
+    arm, n = job["arm"], job["size"]
+    from_base = arm != "dpsgd"
+    method = {"dpsgd": "dpsgd", "ft-base": "dpsgd", "sp-base": "second-phase", "gep-base": "gep"}[arm]
+    hp = {"lr": job.get("lr"), "epochs": job.get("epochs")}
+    s = training_settings(task["model"], "dpsgd", expected_size=n, lr=None, epochs=hp["epochs"], batch_size=None)
+    if hp["lr"] is not None:  # the grid's rates are at batch 500: scaled with the batch as gsd train's defaults
+        s["lr"] = hp["lr"] * s["batch_size"] / 500
+    peft = job.get("peft")
+    cfg = TrainConfig(private=f"{task['train']}~{n}", private_test=task["test"], public=job.get("public"), method=method,
+                      model=task["model"], seed=job["seed"], insecure_seed=job["seed"], epsilon=job["epsilon"],
+                      delta=p["delta"], expected_size=n, lr=s["lr"], epochs=s["epochs"], batch_size=s["batch_size"],
+                      weights=str(base_dir() / task["base"]) if from_base else None,
+                      peft=None if peft in (None, "all") else peft)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        summ = gsd_train(cfg, os.path.join(tmp, "run"), device="cpu")
+    return {**job, "accuracy": summ["test"]["accuracy"], "epsilon_spent": summ["epsilon"],
+            "settings": {"lr": s["lr"], "epochs": s["epochs"], "batch_size": s["batch_size"]},
+            "seconds": round(time.perf_counter() - t0, 2), "loadavg": [round(x, 2) for x in os.getloadavg()]}
+
+
+def do(jobs: list[dict], part: tuple[int, int]) -> None:
+    ready()
+    OUT.mkdir(parents=True, exist_ok=True)
+    i, n = part
+    mine = [j for k, j in enumerate(jobs) if k % n == i - 1]
+    for job in mine:
+        k = key(job)
+        if k in read_runs():
+            continue
+        rec = {"key": k, **fit(job)}
+        with open(RUNS, "a") as f:  # one whole line per write: parallel parts share the file
+            f.write(json.dumps(rec) + "\n")
+        print(f"  {job['task']} {job['arm']} {job.get('public') or '-'} n={job['size']} eps={job['epsilon']:g} "
+              f"seed {job['seed']}: {100 * rec['accuracy']:.1f}% ({rec['seconds']:.0f} s)", flush=True)
+
+
+def tune_jobs() -> list[dict]:
+    t = plan()["tuning"]
+    g = t["grid"]
+    return [{"task": task, "arm": "ft-base", "size": t["size"], "epsilon": t["epsilon"], "seed": seed, "lr": lr, "epochs": ep,
+             "peft": pf} for task in t["tasks"] for seed in t["seeds"] for pf in g["peft"] for ep in g["epochs"] for lr in g["lr"]]
+
+
+def tuned() -> dict:
+    """The from-base point: the grid point of best mean accuracy over the tuning tasks and seeds (the first on a tie),
+    overall and per PEFT choice; written to tuned.json once every grid run exists."""
+    runs = read_runs()
+    jobs = tune_jobs()
+    missing = [j for j in jobs if key(j) not in runs]
+    if missing:
+        raise SystemExit(f"{len(missing)} of {len(jobs)} tuning runs missing: python -m benchmarks validity.pilot.run61 tune")
+    by = {}
+    for j in jobs:
+        by.setdefault((j["peft"], j["lr"], j["epochs"]), []).append(runs[key(j)]["accuracy"])
+    means = {k: statistics.fmean(v) for k, v in by.items()}
+    best = max(means, key=lambda k: means[k])
+    per_peft = {pf: max((k for k in means if k[0] == pf), key=lambda k: means[k]) for pf in plan()["tuning"]["grid"]["peft"]}
+    out = {"point": {"peft": best[0], "lr": best[1], "epochs": best[2], "mean_accuracy": round(means[best], 4)},
+           "per_peft": {pf: {"lr": k[1], "epochs": k[2], "mean_accuracy": round(means[k], 4)} for pf, k in per_peft.items()},
+           "grid": [{"peft": k[0], "lr": k[1], "epochs": k[2], "mean_accuracy": round(v, 4)} for k, v in means.items()],
+           "rule": plan()["tuning"]["rule"]}
+    TUNED.write_text(json.dumps(out, indent=1) + "\n")
+    return out
+
+
+def run_jobs() -> list[dict]:
+    p = plan()
+    pt = json.loads(TUNED.read_text())["point"] if TUNED.is_file() else None
+    if pt is None:
+        raise SystemExit(f"no {TUNED}: python -m benchmarks validity.pilot.run61 tune first")
+    fb = {"lr": pt["lr"], "epochs": pt["epochs"], "peft": pt["peft"]}
+    jobs = []
+    # epsilon 2 first (the targets' regime), then 1 and 8; the small size first within each
+    for eps in sorted(p["epsilons"], key=lambda e: (e != 2, e)):
+        for n in p["sizes"]:
+            for seed in p["seeds"]:
+                for name, task in p["tasks"].items():
+                    cell = {"task": name, "size": n, "epsilon": eps, "seed": seed}
+                    jobs.append({**cell, "arm": "dpsgd"})
+                    jobs.append({**cell, "arm": "ft-base", **fb})
+                    for c in task["candidates"]:
+                        jobs.append({**cell, "arm": "sp-base", "public": c, **fb})
+                    first = next(iter(task["candidates"]))
+                    jobs.append({**cell, "arm": "gep-base", "public": first, **fb})
+    return jobs
+
+
+# -- tables ---------------------------------------------------------------------------------------------------------
+
+
+def table() -> str:
+    """Per regime (size, epsilon): each task's no-candidate arms, the candidate arms, the oracle's gain (in-sample and
+    leave-one-seed-out), the related candidate's gain and the worst harm; from the results alone."""
+    p = plan()
+    runs = read_runs()
+    jobs = run_jobs()
+    have = [runs[key(j)] for j in jobs if key(j) in runs]
+    lines = [f"# {p['label']}", "", f"{len(have)} of {len(jobs)} trainings done.", ""]
+    if TUNED.is_file():
+        t = json.loads(TUNED.read_text())
+        lines.append(f"From-base point (tuned on {', '.join(p['tuning']['tasks'])}): peft {t['point']['peft']}, lr {t['point']['lr']} "
+                     f"at batch 500, {t['point']['epochs']} epochs (mean {100 * t['point']['mean_accuracy']:.1f}%); per PEFT: "
+                     + "; ".join(f"{k} lr {v['lr']} x {v['epochs']} ep ({100 * v['mean_accuracy']:.1f}%)" for k, v in t["per_peft"].items()))
+        lines.append("")
+    acc: dict = {}
+    for r in have:
+        arm = r["arm"] if r.get("public") is None else f"{r['arm']}:{r['public']}"
+        acc.setdefault((r["size"], r["epsilon"], r["task"]), {}).setdefault(arm, {})[r["seed"]] = 100 * r["accuracy"]
+    summary = []
+    for n in p["sizes"]:
+        for eps in p["epsilons"]:
+            cells = {t: acc.get((n, eps, t)) for t in p["tasks"]}
+            if not any(cells.values()):
+                continue
+            lines += [f"## {n} private examples, epsilon {eps:g}", "",
+                      "| task | DP-SGD scratch | FT base | best candidate arm | oracle gain | oracle gain (LOSO) | related (sp-base) | worst harm |",
+                      "|---|---:|---:|---|---:|---:|---:|---:|"]
+            for t, arms in cells.items():
+                if not arms:
+                    continue
+                complete = {a: v for a, v in arms.items() if len(v) == len(p["seeds"])}
+                mean = {a: statistics.fmean(v.values()) for a, v in complete.items()}
+                none = {a: m for a, m in mean.items() if a in ("dpsgd", "ft-base")}
+                cand = {a: m for a, m in mean.items() if a not in none}
+                if len(none) < 2 or not cand:
+                    lines.append(f"| {t} | (incomplete) | | | | | | |")
+                    continue
+                base = max(none.values())
+                best = max(cand, key=lambda a: cand[a])
+                related = f"sp-base:{next(iter(p['tasks'][t]['candidates']))}"
+                loso = []
+                for s in p["seeds"]:
+                    others = {a: statistics.fmean(v[o] for o in v if o != s) for a, v in complete.items()}
+                    ch_none = max((a for a in others if a in none), key=lambda a: others[a])
+                    ch_c = max((a for a in others if a not in none), key=lambda a: others[a])
+                    loso.append(complete[ch_c][s] - complete[ch_none][s])
+                gain, lgain = cand[best] - base, statistics.fmean(loso)
+                harm = min(cand.values()) - base
+                rel = cand.get(related, float("nan")) - base
+                summary.append({"size": n, "epsilon": eps, "task": t, "oracle": gain, "loso": lgain, "related": rel, "harm": harm,
+                                "ft_over_scratch": mean["ft-base"] - mean["dpsgd"]})
+                lines.append(f"| {t} | {mean['dpsgd']:.1f} | {mean['ft-base']:.1f} | {best} {cand[best]:.1f} | {gain:+.1f} | {lgain:+.1f} | "
+                             f"{rel:+.1f} | {harm:+.1f} |")
+            lines.append("")
+    if summary:
+        lines += ["## By regime", "", "| size | epsilon | tasks | FT base over scratch (mean) | oracle gain (mean) | LOSO (mean) | "
+                  "tasks with oracle >= +3 | related (mean) | worst harm (mean) |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for n in p["sizes"]:
+            for eps in p["epsilons"]:
+                rows = [s for s in summary if s["size"] == n and s["epsilon"] == eps]
+                if rows:
+                    f = lambda k: statistics.fmean(r[k] for r in rows)  # noqa: E731
+                    lines.append(f"| {n} | {eps:g} | {len(rows)} | {f('ft_over_scratch'):+.1f} | {f('oracle'):+.1f} | {f('loso'):+.1f} | "
+                                 f"{sum(r['oracle'] >= 3 for r in rows)}/{len(rows)} | {f('related'):+.1f} | {f('harm'):+.1f} |")
+        lines.append("")
+    (OUT / "tables.md").write_text("\n".join(lines) + "\n") if OUT.is_dir() else None
+    (OUT / "summary.json").write_text(json.dumps(summary, indent=1) + "\n") if OUT.is_dir() else None
+    return "\n".join(lines)
+
+
+def _part(text: str) -> tuple[int, int]:
+    i, n = (int(x) for x in text.split("/"))
+    return i, n
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks validity.pilot.run61", description=__doc__.split("\n\n")[0])
+    ap.add_argument("cmd", choices=["base", "tune", "tuned", "run", "table"])
+    ap.add_argument("--part", type=_part, default=(1, 1), help="I/N: every N-th job from the I-th")
+    a = ap.parse_args(argv)
+    if a.cmd == "base":
+        print(json.dumps(build_bases(), indent=1))
+    elif a.cmd == "tune":
+        do(tune_jobs(), a.part)
+    elif a.cmd == "tuned":
+        print(json.dumps(tuned(), indent=1))
+    elif a.cmd == "run":
+        do(run_jobs(), a.part)
+    else:
+        print(table())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
