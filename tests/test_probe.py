@@ -62,12 +62,33 @@ def test_the_probe_picks_the_largest_confident_gain_not_the_closest():
     assert "21.0 points better" in d.message and d.evidence["digits"]["probe_helps"]
 
 
+def test_from_a_base_the_contestant_without_a_candidate_is_the_base_alone():
+    """Issue 61: with --weights the probe's baseline is the base's features, and the advice says so (never "untrained")."""
+    from types import SimpleNamespace
+
+    from gsd_cli.advice.probe import start_of
+
+    assert start_of(SimpleNamespace(weights=None)) == "the untrained model"
+    start = start_of(SimpleNamespace(weights="base"))
+    assert start == "the base alone (--weights base)"
+    r = FakeRanking({"mnist-b": [0.50, 0.51, 0.49], "digits": [0.40, 0.41, 0.39], **REFS})
+    p = ProbeResult([0.6, 0.62, 0.61], {"mnist-b": [0.03, -0.02, 0.01], "digits": [-0.05, -0.06, -0.04]}, examples=2000,
+                    model="fmnist-cnn", start=start)
+    d = advise(r, "auto", candidates=FACTS, private_classes=10, probe=p)
+    assert (d.method, d.public) == ("dpsgd", None)
+    assert "training DP-SGD from the base alone (--weights base), with no candidate" in d.message
+    assert "beat those of the base alone" in d.message and "untrained" not in d.message
+    assert p.to_dict()["start"] == start
+    p = ProbeResult([0.6, 0.62, 0.61], {"mnist-b": [0.20, 0.22, 0.21]}, examples=2000, model="fmnist-cnn", start=start)
+    assert "better than those of the base alone" in p.phrase("mnist-b", ALPHA)
+
+
 def test_no_confident_gain_trains_dpsgd_and_an_explicit_second_phase_is_refused():
     r = FakeRanking({"mnist-b": [0.50, 0.51, 0.49], "digits": [0.40, 0.41, 0.39], **REFS})
     p = _probe(**{"mnist-b": [0.03, -0.02, 0.01], "digits": [-0.05, -0.06, -0.04]})  # mnist-b: p > 0.05
     d = advise(r, "auto", candidates=FACTS, private_classes=10, probe=p)
     assert (d.method, d.public, d.fell_back) == ("dpsgd", None, True)
-    assert "features beat the untrained model's" in d.message and "does not try GEP" in d.message
+    assert "features beat those of the untrained model" in d.message and "does not try GEP" in d.message
     assert not p.test("mnist-b", ALPHA)[0]
     d = advise(r, "second-phase", candidates=FACTS, private_classes=10, probe=p)
     assert d.refused and "--no-fallback" in d.message

@@ -48,10 +48,10 @@ def test_advice_from_the_helpful_candidates_alone_is_the_advice_from_all():
             assert lazy.evidence[n]["ranked"] is False and lazy.evidence[n]["probe_helps"] is False
     # none helps: the line says what the probe found; some help but none is closer than noise: that
     lazy = advise(_ranked_only({}, sorted(rows)), "auto", candidates=facts, private_classes=10, probe=probes[1])
-    assert "no candidate's pretrained features beat the untrained model's" in lazy.message and "the best, mnist-b" in lazy.message
+    assert "no candidate's pretrained features beat those of the untrained model" in lazy.message and "the best, mnist-b" in lazy.message
     lazy = advise(_ranked_only({"noise": rows["noise"]}, ["digits", "mnist-b"]), "auto", candidates=facts, private_classes=10,
                   probe=probes[2])
-    assert "no candidate whose pretrained features beat the untrained model's is closer than noise" in lazy.message
+    assert "no candidate whose pretrained features beat those of the untrained model is closer than noise" in lazy.message
     assert (lazy.method, lazy.public) == ("dpsgd", None)
 
 

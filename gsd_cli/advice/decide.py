@@ -93,6 +93,12 @@ def describe(source) -> Candidate:
     return Candidate(getattr(source, "name", str(source)), n, classes)
 
 
+def without(start: str) -> str:
+    """How the fallback trains, in words: without public data (from scratch), or from the base alone with no candidate
+    (``start``: :func:`gsd_cli.advice.probe.start_of`)."""
+    return "without public data" if start == "the untrained model" else f"from {start}, with no candidate"
+
+
 def second_phase_usable(c: Candidate, private_classes: int) -> str | None:
     """None when the second phase can pretrain on ``c`` for a ``private_classes``-class task, else why not."""
     if c.classes is None or c.classes < 2:
@@ -222,9 +228,9 @@ def _advise_by_probe(method: str, order: list[str], tested: dict, rows: dict, re
             f"; not closer than noise: {', '.join(far)}" if far else "")
     else:
         top = max(usable, key=probe.mean_gain)
-        why = f"no candidate's pretrained features beat the untrained model's with confidence (the best, {top}: {probe.phrase(top, ALPHA)})"
+        why = f"no candidate's pretrained features beat those of {probe.start} with confidence (the best, {top}: {probe.phrase(top, ALPHA)})"
     if method == "auto":
-        return Decision(FALLBACK, None, True, f"--method auto: training DP-SGD without public data: {why}; {NO_GEP}",
+        return Decision(FALLBACK, None, True, f"--method auto: training DP-SGD {without(probe.start)}: {why}; {NO_GEP}",
                         reference=ref, evidence=evidence)
     return Decision(method, order[0], False,
                     f"--method {method}: no candidate the second phase can use helps it ({why}); train with --method dpsgd, "
@@ -238,15 +244,15 @@ def _no_candidate_by_probe(method: str, order: list[str], tested: dict, rows: di
     the candidates whose pretrained features help (none of them closer than noise), ``verdict`` every probed one,
     ``stopped`` the helpful ones whose test against the references was decided before their last draw."""
     if order or stopped:  # some help, none is closer than noise
-        why = (f"no candidate whose pretrained features beat the untrained model's is closer than noise "
+        why = (f"no candidate whose pretrained features beat those of {probe.start} is closer than noise "
                f"({tested[order[0]].phrase if order else stopped_phrase(*next(iter(stopped.items())))})")
     elif verdict:
         top = max(verdict, key=probe.mean_gain)
-        why = f"no candidate's pretrained features beat the untrained model's with confidence (the best, {top}: {probe.phrase(top, ALPHA)})"
+        why = f"no candidate's pretrained features beat those of {probe.start} with confidence (the best, {top}: {probe.phrase(top, ALPHA)})"
     else:
         why = "; ".join(second_phase_usable(c, private_classes) or f"{n}: not probed" for n, c in candidates.items()) or "no candidates"
     if method == "auto":
-        return Decision(FALLBACK, None, True, f"--method auto: training DP-SGD without public data: {why}; {NO_GEP}",
+        return Decision(FALLBACK, None, True, f"--method auto: training DP-SGD {without(probe.start)}: {why}; {NO_GEP}",
                         reference=ref, evidence=evidence)
     return Decision(method, order[0] if order else None, False,
                     f"--method {method}: no candidate the second phase can use helps it ({why}); train with --method dpsgd, "

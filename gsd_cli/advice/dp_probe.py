@@ -21,7 +21,8 @@ computed from the private data:
    (epsilon, delta_S)-DP under add/remove-one neighbours, epsilon = ``--select-epsilon`` and
    delta_S = :data:`SELECTION_DELTA_SHARE` x ``--delta``, with the noise calibrated from public numbers only
    (M, epsilon, delta_S), so the booking comes before any private computation.
-3. **Decision.** Index 0 (the untrained model): ``--method auto`` trains DP-SGD without public data,
+3. **Decision.** Index 0 (the untrained model, or the base alone where the run starts from ``--weights``: issue 61):
+   ``--method auto`` trains DP-SGD without a candidate (from the base where one is given),
    ``--method second-phase`` is refused (exit 2) unless ``--no-fallback``; index c: the second phase with
    candidate c. With no candidate the second phase can use, nothing is spent and ``auto`` trains DP-SGD.
 
@@ -98,11 +99,12 @@ def dp_probe_advice(train_part, candidates: list, settings, method: str, *, epsi
     from ..gradients import resolve_device
     from ..privacy import probe_mechanism as pm
     from ..privacy.randomness import private_rng
-    from .decide import FALLBACK, Decision, describe, split_usable
-    from .probe import draw_model, stage1_of
+    from .decide import FALLBACK, Decision, describe, split_usable, without
+    from .probe import draw_model, stage1_of, start_of
     from ..timing import stage
 
     num_classes = int(train_part.num_classes)
+    start = start_of(settings)  # index 0: the untrained model, or the base alone (--weights)
     named = {getattr(c, "name", str(c)): c for c in candidates}
     facts = {n: describe(c) for n, c in named.items()}
     usable, why_not = split_usable(named, facts, num_classes)
@@ -112,7 +114,7 @@ def dp_probe_advice(train_part, candidates: list, settings, method: str, *, epsi
         why = "; ".join(why_not.values()) or "no candidates"
         record.update(winner=None, privacy=None, spent="nothing: no candidate the second phase can use, so nothing to choose")
         if method == "auto":
-            return Decision(FALLBACK, None, True, f"--method auto: training DP-SGD without public data: {why}",
+            return Decision(FALLBACK, None, True, f"--method auto: training DP-SGD {without(start)}: {why}",
                             evidence={"dp_probe": record}), record
         return Decision(method, None, False, f"--method {method}: no candidate the second phase can use ({why}); train with --method "
                         "dpsgd", refused=True, evidence={"dp_probe": record}), record
@@ -124,7 +126,7 @@ def dp_probe_advice(train_part, candidates: list, settings, method: str, *, epsi
     privacy = {"dp": insecure_seed is None, "exact": True, "release": "dp-probe", "mechanism": MECHANISM,
                "epsilon": float(epsilon), "epsilon_achieved": achieved, "delta": float(delta), "models": models,
                "noise_multiplier": z, "epsilon_select": eps_pf,
-               "guarantee": (f"the released index (the winner among the untrained model and {len(usable)} candidate(s)) is "
+               "guarantee": (f"the released index (the winner among {start} and {len(usable)} candidate(s)) is "
                              f"({achieved:.4g}, {delta:.3g})-DP under add/remove-one neighbours: {models} Gaussian releases of "
                              f"ridge statistics (noise multiplier {z:.4g}, L2 sensitivity sqrt(2)) and permute-and-flip at epsilon "
                              f"{eps_pf:.4g}, RDP curves added (gsd_cli.privacy.probe_mechanism)")}
@@ -153,10 +155,10 @@ def dp_probe_advice(train_part, candidates: list, settings, method: str, *, epsi
     evidence = {"dp_probe": record}
     if chosen is not None:
         return Decision("second-phase", chosen, False,
-                        f"--method {method}: second-phase with {chosen} (the DP feature probe chose it over the untrained model and "
+                        f"--method {method}: second-phase with {chosen} (the DP feature probe chose it over {start} and "
                         f"{len(usable) - 1} other candidate(s); epsilon {epsilon:g}, delta {delta:.3g})", evidence=evidence), record
-    what = f"the DP feature probe chose the untrained model over {len(usable)} candidate(s) (epsilon {epsilon:g}, delta {delta:.3g})"
+    what = f"the DP feature probe chose {start} over {len(usable)} candidate(s) (epsilon {epsilon:g}, delta {delta:.3g})"
     if method == "auto":
-        return Decision(FALLBACK, None, True, f"--method auto: training DP-SGD without public data: {what}", evidence=evidence), record
+        return Decision(FALLBACK, None, True, f"--method auto: training DP-SGD {without(start)}: {what}", evidence=evidence), record
     return Decision(method, list(usable)[0], False, f"--method {method}: {what}; train with --method dpsgd, or add --no-fallback to "
                     "train the second phase anyway", refused=True, evidence=evidence), record

@@ -52,7 +52,8 @@ RIDGE = 0.1
 
 @dataclass
 class ProbeResult:
-    """Per repeat: the untrained model's probe accuracy (``baseline``) and each candidate's gain over it."""
+    """Per repeat: the starting model's probe accuracy (``baseline``: the untrained model, or the base alone where the run
+    starts from ``--weights``) and each candidate's gain over it; ``start`` names it (:func:`start_of`)."""
 
     baseline: list[float]
     gains: dict[str, list[float]]
@@ -64,6 +65,8 @@ class ProbeResult:
     stopped: dict = field(default_factory=dict)
     #: the draws planned (0: as many as ``baseline`` has); fewer are run when every candidate's test is decided
     planned: int = 0
+    #: the contestant without a candidate, in words (:func:`start_of`)
+    start: str = "the untrained model"
 
     @property
     def repeats(self) -> int:
@@ -93,13 +96,21 @@ class ProbeResult:
         how = (f"{draws} repeats, one-sided paired t-test p = {p:.3g}{' <' if helps else ' >='} {alpha:g}" if name not in self.stopped else
                f"stopped after {draws} of {self.repeats} draws: no later draw could make the one-sided paired t-test pass at {alpha:g}")
         return (f"its pretrained features separate the private classes {abs(gain):.1f} points {'better' if gain >= 0 else 'worse'} "
-                f"than the untrained model's ({100 * float(np.mean(self.baseline[:draws])):.1f}%; linear probe, {how})")
+                f"than those of {self.start} ({100 * float(np.mean(self.baseline[:draws])):.1f}%; linear probe, {how})")
 
     def to_dict(self) -> dict:
-        return {"what": "linear-probe accuracy of the untrained model's features (baseline) and each candidate's gain after "
-                        "the second phase's stage 1 (gsd_cli.advice.probe)",
+        return {"what": f"linear-probe accuracy of the features of {self.start} (baseline) and each candidate's gain after "
+                        "the second phase's stage 1 (gsd_cli.advice.probe)", "start": self.start,
                 "model": self.model, "examples": self.examples, "repeats": self.repeats, "ridge": RIDGE,
                 "baseline": self.baseline, "gains": self.gains, "stage1": self.stage1, "stopped": self.stopped}
+
+
+def start_of(settings) -> str:
+    """The contestant that uses no candidate, in words: the base alone where the run starts from ``--weights`` (issue 61:
+    the advice chooses among the candidates and the base alone; the probe's baseline is then the base's features, and
+    stage 1 starts from the base), else the untrained model (DP-SGD from scratch)."""
+    weights = getattr(settings, "weights", None)
+    return f"the base alone (--weights {weights})" if weights else "the untrained model"
 
 
 def linear_probe_accuracy(feats: torch.Tensor, labels: torch.Tensor, num_classes: int, seed: int) -> float:
@@ -265,4 +276,4 @@ def probe_second_phase(private, candidates: list, settings, *, examples: int = 2
         if named and len(stopped) == len(named):
             total = done  # the baselines of the draws not run
     return ProbeResult(baseline, gains, examples=min(int(examples), len(private)), model=str(settings.model), stage1=stage1,
-                       stopped=stopped, planned=int(repeats))
+                       stopped=stopped, planned=int(repeats), start=start_of(settings))

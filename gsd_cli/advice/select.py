@@ -119,7 +119,10 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
         if notify is not None:  # public: not which candidates are probed
             notify(probe_plan(probe_repeats or PROBE_REPEATS, len(pubs), examples, train_settings, usable_only=gate == "helping"))
         if not sources:
-            return ProbeResult([], {}, examples=min(examples, len(train_part)), model=str(train_settings.model))
+            from .probe import start_of
+
+            return ProbeResult([], {}, examples=min(examples, len(train_part)), model=str(train_settings.model),
+                               start=start_of(train_settings))
         return probe_second_phase(train_part, sources, train_settings, examples=examples, repeats=probe_repeats or PROBE_REPEATS,
                                   seed=int(rank_options.get("seed", 0)), device=rank_options.get("device"),
                                   progress=rank_options.get("progress"))
