@@ -56,3 +56,23 @@ def test_the_help_says_where_the_defaults_come_from():
 
     text = " ".join(CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "200"}).output.split())
     assert "tuned on the held-out benchmark's selection tasks" in text
+
+
+def test_the_from_base_table_is_the_pilots_committed_tuning():
+    """Issue 61: DP fine-tuning from pre-trained weights has its own tuned point per PEFT choice, the pilot's
+    (benchmarks/results/pilot61/tuned.json), and only a run with --weights gets it."""
+    from pathlib import Path
+
+    from gsd_cli.train.tuned import FROM_BASE, is_tuned, lr_reason, training_settings
+
+    tuned = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/results/pilot61/tuned.json").read_text())["per_peft"]
+    for (fam, method, peft), v in FROM_BASE.items():
+        assert (fam, method) == ("fmnist-cnn", "dpsgd") and {k: v[k] for k in ("lr", "epochs")} == \
+            {k: tuned[peft][k] for k in ("lr", "epochs")} and v["batch_size"] == 500
+    assert training_defaults("fmnist-cnn", "dpsgd", "base", "head") == FROM_BASE[("fmnist-cnn", "dpsgd", "head")]
+    assert training_defaults("fmnist-cnn", "dpsgd", "base", "lora") == TUNED[("fmnist-cnn", "dpsgd")], "an untuned PEFT: the scratch point"
+    assert is_tuned("fmnist-cnn", "dpsgd", "base", None) and not is_tuned("resnet20", "dpsgd", "base", "head")
+    s = training_settings("fmnist-cnn@32x3", "dpsgd", expected_size=500, weights="base", peft="head")
+    assert s == {"lr": 0.5 * 125 / 500, "epochs": 12, "batch_size": 125}
+    assert "tuned for dpsgd from a base on fmnist-cnn (--peft head)" in lr_reason("fmnist-cnn", "dpsgd", 0.5, 500, "base", "head")
+    assert "from a base" not in lr_reason("fmnist-cnn", "dpsgd", 0.5, 500)

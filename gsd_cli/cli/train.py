@@ -129,7 +129,7 @@ def _fields(ctx, a) -> tuple[dict, set]:
     if a.method is Method.auto and not a.auto_select:
         raise GSDError("--method auto picks the method from the ranking: add --auto-select (or name a method: gep, dpsgd, rgp, topagg, second-phase)")
     given = {n for n in FIELDS if _source(ctx, n) in ("COMMANDLINE", "ENVIRONMENT")}
-    first = training_settings(a.model, a.method.value, expected_size=a.expected_size,  # --method auto: the earlier defaults
+    first = training_settings(a.model, a.method.value, expected_size=a.expected_size, weights=a.weights, peft=a.peft,  # auto: earlier
                               **{n: getattr(a, n) for n in FIELDS})  # until the advice decides (then fill_defaults)
     a.lr, a.epochs, a.batch_size = (first[n] for n in ("lr", "epochs", "batch_size"))
     names = ("private", "epsilon", "delta", "private_test", "model", "epochs", "batch_size", "lr", "momentum", "expected_size",

@@ -86,4 +86,4 @@ def announce(model, names, spec, chunk: int, device, cfg, total_steps: int, step
     from .tuned import lr_reason
 
     return plan_line(total_steps, cfg.epochs, steps_per_epoch, cfg.batch_size, q, sigma, epsilon, seconds,
-                     lr=lr_reason(cfg.model, cfg.method, cfg.lr, cfg.batch_size))
+                     lr=lr_reason(cfg.model, cfg.method, cfg.lr, cfg.batch_size, cfg.weights, cfg.peft))

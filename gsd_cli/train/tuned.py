@@ -35,6 +35,20 @@ TUNED = {
     ("fmnist-cnn", "second-phase"): {"lr": 0.5, "epochs": 12, "batch_size": 500},
 }
 SOURCE = "benchmarks/results/heldout6/tuned6.json (the held-out benchmark's round-6 tuning; docs/validity.md)"
+#: (model family, method, PEFT choice) -> the tuned settings of a run that starts from pre-trained weights (``--weights``:
+#: a base of ``gsd pretrain`` or published weights); PEFT ``all`` is no ``--peft``. Tuned by issue 61's pilot
+#: (``benchmarks/validity/pilot/plan61.json``, committed before it ran): DP fine-tuning from a base built of public
+#: sets that hold none of the task's source (``ft-base``), learning rate 0.125, 0.25, 0.5 x 6, 12 epochs x PEFT all,
+#: last, head, on the selection tasks mnist (28 x 28 x 1) and mnist-m (32 x 32 x 3), 2,000 private examples, epsilon 2,
+#: seeds 0-1; the point of best mean accuracy per PEFT choice (``benchmarks/results/pilot61/tuned.json``). Every choice
+#: chose lr 0.5 and 12 epochs, a corner of that grid, as round 6's from-scratch tuning did; all parameters (52.3% mean)
+#: beat ``last`` and ``head`` (40.3%; on the FMNIST CNN both train the last layer alone).
+FROM_BASE = {
+    ("fmnist-cnn", "dpsgd", "all"): {"lr": 0.5, "epochs": 12, "batch_size": 500},
+    ("fmnist-cnn", "dpsgd", "last"): {"lr": 0.5, "epochs": 12, "batch_size": 500},
+    ("fmnist-cnn", "dpsgd", "head"): {"lr": 0.5, "epochs": 12, "batch_size": 500},
+}
+SOURCE_BASE = "benchmarks/results/pilot61/tuned.json (issue 61's pilot: DP fine-tuning from a base; docs/validity.md)"
 #: the settings this module decides
 FIELDS = tuple(UNTUNED)
 
@@ -47,50 +61,70 @@ def family(model) -> str | None:
     return model.split("@", 1)[0].strip()
 
 
-def training_defaults(model, method: str) -> dict:
-    """``lr``, ``epochs`` and ``batch_size`` for a training of ``model`` by ``method``: the tuned point where the
-    benchmark tuned that pair (:data:`TUNED`), else :data:`UNTUNED`."""
+def _from_base_key(model, method: str, weights, peft) -> tuple | None:
+    """The :data:`FROM_BASE` key of a run from pre-trained ``weights`` (None: from scratch, or a PEFT choice not tuned)."""
+    if weights is None:
+        return None
+    return family(model), method, "all" if peft is None else str(peft)
+
+
+def training_defaults(model, method: str, weights=None, peft=None) -> dict:
+    """``lr``, ``epochs`` and ``batch_size`` for a training of ``model`` by ``method``: from pre-trained ``weights``
+    with ``peft``, the tuned from-base point where issue 61's pilot tuned it (:data:`FROM_BASE`); else the tuned point
+    where the benchmark tuned that pair (:data:`TUNED`), else :data:`UNTUNED`."""
+    key = _from_base_key(model, method, weights, peft)
+    if key in FROM_BASE:
+        return dict(FROM_BASE[key])
     return dict(TUNED.get((family(model), method), UNTUNED))
 
 
-def is_tuned(model, method: str) -> bool:
-    return (family(model), method) in TUNED
+def is_tuned(model, method: str, weights=None, peft=None) -> bool:
+    return _from_base_key(model, method, weights, peft) in FROM_BASE or (family(model), method) in TUNED
+
+
+def tuned_where(model, method: str, weights=None, peft=None) -> str:
+    """Where the default point of a run came from, in words (its plan line)."""
+    if _from_base_key(model, method, weights, peft) in FROM_BASE:
+        return f"tuned for {method} from a base on {family(model)}{'' if peft is None else f' (--peft {peft})'}"
+    if (family(model), method) in TUNED:
+        return f"tuned for {method} on {family(model)}"
+    return "gsd's default"
 
 
 #: with a declared size N and no --batch-size, an epoch takes at least this many steps (the batch at most N / 4)
 SMALL_SET_STEPS = 4
 
 
-def scaled_lr(model, method: str, batch_size: int) -> float:
+def scaled_lr(model, method: str, batch_size: int, weights=None, peft=None) -> float:
     """The default learning rate at ``batch_size``: the default point's rate times ``batch_size`` over its batch
     (module docstring: the linear scaling rule)."""
-    d = training_defaults(model, method)
+    d = training_defaults(model, method, weights, peft)
     return d["lr"] * int(batch_size) / d["batch_size"]
 
 
-def training_settings(model, method: str, *, expected_size: int | None = None, **given) -> dict:
+def training_settings(model, method: str, *, expected_size: int | None = None, weights=None, peft=None, **given) -> dict:
     """``lr``, ``epochs`` and ``batch_size`` of a run of ``model`` by ``method``: those in ``given`` (the user's) as
     given; the others the defaults (:func:`training_defaults`), but for the batch, at most ``expected_size //``
     :data:`SMALL_SET_STEPS` when a size is declared, and the learning rate, scaled to the batch when that is not the
     default's (:func:`scaled_lr`)."""
-    values = training_defaults(model, method)
+    values = training_defaults(model, method, weights, peft)
     default_batch = values["batch_size"]
     values.update({k: v for k, v in given.items() if k in FIELDS and v is not None})
     if given.get("batch_size") is None and isinstance(expected_size, int) and expected_size >= 2:
         values["batch_size"] = max(1, min(default_batch, expected_size // SMALL_SET_STEPS))
     if given.get("lr") is None and values["batch_size"] != default_batch:
-        values["lr"] = scaled_lr(model, method, values["batch_size"])
+        values["lr"] = scaled_lr(model, method, values["batch_size"], weights, peft)
     return values
 
 
-def lr_reason(model, method: str, lr: float, batch_size: int) -> str:
+def lr_reason(model, method: str, lr: float, batch_size: int, weights=None, peft=None) -> str:
     """Where a run's learning rate came from, for its plan line: the default at its batch (tuned or not), that default
     scaled to another batch, or given."""
-    d = training_defaults(model, method)
-    what = (f"tuned for {method} on {family(model)}" if is_tuned(model, method) else "gsd's default") + f" at batch {d['batch_size']}"
+    d = training_defaults(model, method, weights, peft)
+    what = tuned_where(model, method, weights, peft) + f" at batch {d['batch_size']}"
     if math.isclose(lr, d["lr"]) and int(batch_size) == d["batch_size"]:
         return f"lr {lr:g} ({what})"
-    if math.isclose(lr, scaled_lr(model, method, batch_size), rel_tol=1e-9):
+    if math.isclose(lr, scaled_lr(model, method, batch_size, weights, peft), rel_tol=1e-9):
         return f"lr {lr:.4g} ({d['lr']:g}, {what}, scaled to batch {batch_size}: lr / batch kept)"
     return f"lr {lr:g} (as given)"
 
@@ -108,7 +142,8 @@ def fill_defaults(cfg, given) -> list[str]:
     :func:`training_settings` of ``cfg``'s model, (decided) method and declared size, keeping those given (the learning
     rate scaled to a given batch); returns the names it changed."""
     changed = []
-    values = training_settings(cfg.model, cfg.method, expected_size=cfg.expected_size, **{n: getattr(cfg, n) for n in given})
+    values = training_settings(cfg.model, cfg.method, expected_size=cfg.expected_size, weights=cfg.weights, peft=cfg.peft,
+                               **{n: getattr(cfg, n) for n in given})
     for name, value in values.items():
         if name not in given and getattr(cfg, name) != value:
             setattr(cfg, name, value)
