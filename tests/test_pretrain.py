@@ -238,3 +238,30 @@ def test_a_catalogue_job_names_a_base_relative_to_itself(base, tmp_path, monkeyp
     assert load_catalog(toml).jobs[0].options["weights"] == str(tmp_path / "cat" / "mybase")
     [(_, ranking)] = run_catalog(toml)
     assert ranking.weights == str(tmp_path / "cat" / "mybase")
+
+
+def test_the_second_phase_from_a_base_trains_stage_1_and_2_on_the_peft_choice_alone(base, tmp_path):
+    """Paper 004's Figure 2 from a base (issue 61, item 2): stage 1 on the candidate and then DP fine-tuning both start
+    from the base's weights and train the --peft parameters alone: every frozen tensor of the final model is the base's."""
+    from gsd_cli.train import TrainConfig, train
+
+    cfg = TrainConfig(private="mnist-a", method="second-phase", public="mnist-b", model="fmnist-cnn", weights=str(base),
+                      peft="head", epochs=1, batch_size=250, lr=0.5, epsilon=2.0, public_examples=200, public_epochs=1,
+                      public_val=0.0, public_lr=3e-3)
+    train(cfg, tmp_path / "run", device="cpu")
+    trained = load_file(str(tmp_path / "run" / "checkpoint.safetensors"))
+    stage1 = load_file(str(tmp_path / "run" / "stage1.safetensors"))
+    start = load_file(str(base / "weights.safetensors"))
+    frozen = [n for n in start if not n.startswith("fc2.")]
+    assert frozen and all(torch.equal(_tensor(trained, n), start[n]) for n in frozen), "frozen layers are the base's"
+    assert sorted(stage1) == ["param.fc2.bias", "param.fc2.weight"], "stage 1 trained the --peft choice alone"
+    assert json.loads((tmp_path / "run" / "stage1.json").read_text())["settings"]["weights"] == str(base)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["stages"][0]["format"] == "gsd base" and summary["settings"]["peft"] == "head"
+
+
+def _tensor(tensors: dict, name: str) -> torch.Tensor:
+    """``name`` in a saved file whose keys may carry a prefix (a checkpoint's ``model.``)."""
+    hits = [k for k in tensors if k == name or k.endswith("." + name)]
+    assert len(hits) == 1, (name, sorted(tensors)[:8])
+    return tensors[hits[0]]

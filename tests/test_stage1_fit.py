@@ -121,6 +121,24 @@ def test_the_learning_rate_is_chosen_on_validation(pub, monkeypatch):
     assert _same(alone[0], seen[4])
 
 
+def test_a_best_rate_at_the_grids_edge_extends_the_grid_at_most_twice(pub, monkeypatch):
+    """Issue 61's pilot: the best at the top of the grid tries 3x more, while it stays there, at most EXTEND times."""
+    assert stage1_fit.EXTEND == 2
+    _scripted(monkeypatch, [0.3, 0.4, 0.5, 0.6, 0.7])  # one epoch each: every new trial is the best
+    rec, _, _ = _fit(pub, Stage1Settings(lrs=(1e-3, 3e-3, 9e-3), epochs=1, val=0.2, patience=0))
+    assert [t["lr"] for t in rec.trials] == [1e-3, 3e-3, 9e-3, 0.027, 0.081] and rec.lr == 0.081
+    assert rec.lrs == [1e-3, 3e-3, 9e-3, 0.027, 0.081]
+    _scripted(monkeypatch, [0.6, 0.4, 0.3, 0.2])  # the best at the bottom: a third of it, then no more (worse)
+    rec, _, _ = _fit(pub, Stage1Settings(lrs=(1e-3, 3e-3, 9e-3), epochs=1, val=0.2, patience=0))
+    assert [t["lr"] for t in rec.trials] == [1e-3, 3e-3, 9e-3, 0.000333] and rec.lr == 1e-3
+    _scripted(monkeypatch, [0.3, 0.6, 0.4])  # an inner best: the grid alone
+    rec, _, _ = _fit(pub, Stage1Settings(lrs=(1e-3, 3e-3, 9e-3), epochs=1, val=0.2, patience=0))
+    assert len(rec.trials) == 3 and rec.lr == 3e-3
+    _scripted(monkeypatch, [0.3])  # one rate (given, or the probe's quick stage 1): nothing to extend
+    rec, _, _ = _fit(pub, Stage1Settings(lrs=(1e-3,), epochs=1, val=0.2, patience=0))
+    assert len(rec.trials) == 1
+
+
 def test_ties_go_to_the_lower_loss_then_to_the_default_lr():
     from gsd_cli.train.second_phase.stage1_fit import _better
 

@@ -89,10 +89,10 @@ def test_the_training_starts_from_the_probes_stage_1(tmp_path, capsys, monkeypat
     stages = json.loads((tmp_path / "run" / "summary.json").read_text())["stages"]
     if mode == "same":
         assert len(trained) == 2, "two probe draws trained stage 1; the training read the first"
-        assert stages[1]["reused"] is True and len(stages[1]["search"]["lrs"]) == 3
+        assert stages[1]["reused"] is True and 3 <= len(stages[1]["search"]["lrs"]) <= 5  # the grid (extended at its edge)
     else:
         assert len(trained) == 3, "two probe draws of one lr, then the training's stage 1 with its grid"
-        assert stages[1]["reused"] is False and len(stages[1]["search"]["lrs"]) == 3
+        assert stages[1]["reused"] is False and 3 <= len(stages[1]["search"]["lrs"]) <= 5
 
 
 def test_the_probe_runs_only_on_candidates_the_advice_could_choose(tmp_path):

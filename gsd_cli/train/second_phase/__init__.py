@@ -123,7 +123,7 @@ def stage1_settings(cfg, model: nn.Module, spec, saved: dict | None = None) -> S
     if cfg.public_lr is not None:
         lrs = (float(cfg.public_lr),)
     elif saved is not None and (saved.get("search") or {}).get("lrs"):
-        lrs = tuple(saved["search"]["lrs"])
+        lrs = tuple(saved["search"].get("grid") or saved["search"]["lrs"])  # the grid it began with (lrs: also its extension)
     elif saved is not None and not val:
         lrs = (float(saved.get("lr", default_public_lr(model))),)
     else:
@@ -249,7 +249,8 @@ def _stage1(model, train_names, sample, y_all, s: Stage1Settings, spec, device, 
 
     def checkpoint(state: dict, tensors: dict) -> None:
         meta = {"settings": settings, "run_settings": cfg.to_dict(), "epochs_done": state["epochs_run"],
-                "losses": state["trials"][state["trial"]]["train_loss"], "lr": s.lrs[state["trial"]], "search": {**state, "lrs": list(s.lrs)}}
+                "losses": state["trials"][state["trial"]]["train_loss"], "lr": state["trials"][state["trial"]]["lr"],
+                "search": {**state, "lrs": list(state.get("lrs") or s.lrs), "grid": list(s.lrs)}}  # lrs: tried (the grid extended)
         meta = json.loads(json.dumps(meta))
         meta["weights_sha256"] = _save(weights_file, tensors, meta)  # verified on --resume
         ckpt.atomic_write(out / STAGE1_META, json.dumps(meta, indent=2) + "\n")

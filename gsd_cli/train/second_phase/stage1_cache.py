@@ -36,7 +36,7 @@ import torch
 
 from ...data.roots import ENTRY_NAME, STAGE1_SUBFOLDER as SUBFOLDER  # noqa: F401 (the cache folder's stage-1 subfolder)
 
-SCHEMA = 2  # 2: the validation split, the lr grid, early stopping and augmentation (entries hold what stage 1 chose)
+SCHEMA = 3  # 2: the validation split, the lr grid, early stopping and augmentation (entries hold what stage 1 chose); 3: the grid extends at its edge
 #: the rule of stage 1's validation split (gsd_cli.train.second_phase.stage1_fit.validation_mask): bump when it changes
 VALIDATION_RULE = "splitmix64(seed, sha256(draw key), index) < fraction, v1"
 #: entries of this process (key -> (tensors, meta)), whatever the disk allows

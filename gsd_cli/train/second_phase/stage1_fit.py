@@ -13,7 +13,10 @@ result is a function of public data and public settings (cached: :mod:`gsd_cli.t
   shuffled minibatches (augmented: :mod:`gsd_cli.train.second_phase.augment`); after each epoch the validation accuracy
   (ties: the lower validation loss); a trial stops ``patience`` epochs after its best (0: never early).
   The weights kept are those of the best epoch of the best trial (ties between learning rates: the one
-  nearer the default). Without validation (``val`` 0): one lr, every epoch, the last epoch's weights
+  nearer the default). **A best rate at the grid's edge extends the grid** (issue 61's pilot: from a base, the
+  pre-trained default 5e-5 put every candidate's best at the grid's top, 1.5e-4, most at their last epoch): while the
+  best trial's rate is the largest (smallest) tried, one more trial at 3 times (a third of) it, at most
+  :data:`EXTEND` more trials, so the choice is never a corner unless the extension is spent. Without validation (``val`` 0): one lr, every epoch, the last epoch's weights
   (the stage 1 before issue 61, bit for bit).
 """
 
@@ -40,6 +43,8 @@ STAGE1_CAP = 50_000
 EPOCHS, VAL_FRACTION, PATIENCE = 20, 0.1, 3
 #: the learning-rate grid: the model's default stage-1 lr (gsd_cli.train.second_phase.default_public_lr) times these
 LR_FACTORS = (1 / 3, 1.0, 3.0)
+#: the most trials added beyond the grid while its best rate is at an edge (module docstring), each a factor of 3 further
+EXTEND = 2
 #: inputs up to this many bytes (float32) are decoded once and held; larger sets are read batch by batch
 HOLD_BYTES = 768 * 2**20
 _M1, _M2, _GOLD = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
@@ -234,7 +239,7 @@ def fit_public(model: nn.Module, names: Sequence[str], samples, labels: torch.Te
     if best is not None:  # the best epoch's weights, not the last's
         set_params(model, names, tensors, "best.")
     chosen = state["trials"][best["trial"]] if best is not None else state["trials"][-1]
-    return Stage1Record(lr=chosen["lr"], lrs=list(s.lrs), best_epoch=best["epoch"] if best else len(chosen["train_loss"]),
+    return Stage1Record(lr=chosen["lr"], lrs=list(state.get("lrs") or s.lrs), best_epoch=best["epoch"] if best else len(chosen["train_loss"]),
                         epochs=s.epochs, epochs_run=state["epochs_run"], train_examples=len(train_pos), val_examples=len(val_pos),
                         val_acc=best["acc"] if best else None, augment=s.augment, patience=s.patience, trials=state["trials"],
                         train_loss=list(chosen["train_loss"]), seconds=round(time.perf_counter() - t0, 2))
@@ -244,15 +249,17 @@ def _search(model, names, inputs, train_pos, val_pos, labels, s: Stage1Settings,
     """The trials of :func:`fit_public`, from ``state`` (updated in place, with ``tensors``)."""
     params = dict(model.named_parameters())
     default_lr = s.lrs[len(s.lrs) // 2]
-    total = len(s.lrs) * s.epochs
-    for ti in range(state["trial"], len(s.lrs)):
-        opt = torch.optim.Adam([params[n] for n in names], lr=s.lrs[ti])
+    lrs = state.setdefault("lrs", list(s.lrs))  # the grid, and the trials that extend it (module docstring)
+    total = len(lrs) * s.epochs
+    while state["trial"] < len(lrs):
+        ti = state["trial"]
+        opt = torch.optim.Adam([params[n] for n in names], lr=lrs[ti])
         if ti == state["trial"] and state["epoch"] > 0:  # resumed within this trial
             set_params(model, names, tensors, "param.", opt)
         else:
             set_params(model, names, start, "start.")
             state.update(trial=ti, epoch=0)
-            state["trials"].append({"lr": s.lrs[ti], "train_loss": [], "val_acc": [], "val_loss": [], "best_epoch": None, "stopped_early": False})
+            state["trials"].append({"lr": lrs[ti], "train_loss": [], "val_acc": [], "val_loss": [], "best_epoch": None, "stopped_early": False})
         trial = state["trials"][ti]
         first = state["epoch"] if not trial["stopped_early"] else s.epochs  # a trial resumed after it stopped: done
         for epoch in range(first, s.epochs):
@@ -262,12 +269,12 @@ def _search(model, names, inputs, train_pos, val_pos, labels, s: Stage1Settings,
                 acc, loss = _evaluate(model, inputs, val_pos, labels, device)
                 trial["val_acc"].append(acc)
                 trial["val_loss"].append(loss)
-                mine, b = {"acc": acc, "loss": loss, "lr": s.lrs[ti]}, trial["best_epoch"]
-                kept = None if b is None else {"acc": trial["val_acc"][b - 1], "loss": trial["val_loss"][b - 1], "lr": s.lrs[ti]}
+                mine, b = {"acc": acc, "loss": loss, "lr": lrs[ti]}, trial["best_epoch"]
+                kept = None if b is None else {"acc": trial["val_acc"][b - 1], "loss": trial["val_loss"][b - 1], "lr": lrs[ti]}
                 if _better(mine, kept, default_lr):
                     trial["best_epoch"] = epoch + 1
                 if _better(mine, state["best"], default_lr):
-                    state["best"] = {"trial": ti, "epoch": epoch + 1, "acc": acc, "loss": loss, "lr": s.lrs[ti]}
+                    state["best"] = {"trial": ti, "epoch": epoch + 1, "acc": acc, "loss": loss, "lr": lrs[ti]}
                     tensors.update(params_of(model, names, "best."))
             stop = bool(len(val_pos)) and s.patience > 0 and epoch + 1 - trial["best_epoch"] >= s.patience and epoch + 1 < s.epochs
             trial["stopped_early"] = stop
@@ -280,3 +287,19 @@ def _search(model, names, inputs, train_pos, val_pos, labels, s: Stage1Settings,
                 break
         state["epoch"] = 0
         state["trial"] = ti + 1
+        nxt = _extension(lrs, state["best"], len(s.lrs)) if state["trial"] == len(lrs) and len(val_pos) else None
+        if nxt is not None:
+            lrs.append(nxt)
+            total += s.epochs
+
+
+def _extension(lrs: list, best: dict | None, grid: int) -> float | None:
+    """The next rate when the best trial's is at an edge of those tried (module docstring), else None: a grid of one
+    rate (given, or the probe's quick stage 1) and a spent :data:`EXTEND` extend nothing."""
+    if best is None or grid < 2 or len(lrs) - grid >= EXTEND:
+        return None
+    if best["lr"] >= max(lrs):
+        return float(f"{max(lrs) * 3:.3g}")
+    if best["lr"] <= min(lrs):
+        return float(f"{min(lrs) / 3:.3g}")
+    return None
