@@ -8,6 +8,7 @@ exists, keyed by its settings, so that a stopped run resumes where it stopped.
     python -m benchmarks validity.pilot.run61 tune [--part I/N] # the from-base grid, then tuned.json
     python -m benchmarks validity.pilot.run61 run [--part I/N]  # every arm, size, epsilon and seed
     python -m benchmarks validity.pilot.run61 table             # the tables (from the results alone)
+    python -m benchmarks validity.pilot.run61 tune2 | tuned2 | run2 | table2   # pass 2 (plan61b.json), the same way
 
 Each training goes through gsd's library (:func:`gsd_cli.train.train`) with its private randomness from
 ``insecure_seed`` (reproducible, not DP); the ledger is the benchmark's own (in the data folder). ``--part I/N`` runs
@@ -27,9 +28,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PLAN = HERE / "plan61.json"
+PLAN2 = HERE / "plan61b.json"
 OUT = HERE.parents[1] / "results" / "pilot61"
 RUNS = OUT / "runs.jsonl"
 TUNED = OUT / "tuned.json"
+TUNED2 = OUT / "tuned2.json"
 
 
 def plan() -> dict:
@@ -126,9 +129,16 @@ def fit(job: dict) -> dict:
                       weights=str(base_dir() / task["base"]) if from_base else None,
                       peft=None if peft in (None, "all") else peft)
     t0 = time.perf_counter()
+    stage1 = None
     with tempfile.TemporaryDirectory() as tmp:
         summ = gsd_train(cfg, os.path.join(tmp, "run"), device="cpu")
-    return {**job, "accuracy": summ["test"]["accuracy"], "epsilon_spent": summ["epsilon"],
+        s1 = Path(tmp) / "run" / "stage1.json"
+        if s1.is_file():  # what stage 1 chose (public data only)
+            c = (json.loads(s1.read_text()).get("record") or {}).get("search") or {}
+            stage1 = {k: c.get(k) for k in ("lr", "lrs", "best_epoch", "epochs_run", "val_acc")}
+    from ..heldout.results import gsd_commit
+
+    return {**job, "accuracy": summ["test"]["accuracy"], "epsilon_spent": summ["epsilon"], "stage1": stage1, "commit": gsd_commit(),
             "settings": {"lr": s["lr"], "epochs": s["epochs"], "batch_size": s["batch_size"]},
             "seconds": round(time.perf_counter() - t0, 2), "loadavg": [round(x, 2) for x in os.getloadavg()]}
 
@@ -156,11 +166,12 @@ def tune_jobs() -> list[dict]:
              "peft": pf} for task in t["tasks"] for seed in t["seeds"] for pf in g["peft"] for ep in g["epochs"] for lr in g["lr"]]
 
 
-def tuned() -> dict:
+def tuned(second: bool = False) -> dict:
     """The from-base point: the grid point of best mean accuracy over the tuning tasks and seeds (the first on a tie),
-    overall and per PEFT choice; written to tuned.json once every grid run exists."""
+    overall and per PEFT choice; written to tuned.json (pass 2: tuned2.json) once every grid run exists."""
     runs = read_runs()
-    jobs = tune_jobs()
+    jobs = tune2_jobs() if second else tune_jobs()
+    t = (json.loads(PLAN2.read_text()) if second else plan())["tuning"]
     missing = [j for j in jobs if key(j) not in runs]
     if missing:
         raise SystemExit(f"{len(missing)} of {len(jobs)} tuning runs missing: python -m benchmarks validity.pilot.run61 tune")
@@ -169,13 +180,35 @@ def tuned() -> dict:
         by.setdefault((j["peft"], j["lr"], j["epochs"]), []).append(runs[key(j)]["accuracy"])
     means = {k: statistics.fmean(v) for k, v in by.items()}
     best = max(means, key=lambda k: means[k])
-    per_peft = {pf: max((k for k in means if k[0] == pf), key=lambda k: means[k]) for pf in plan()["tuning"]["grid"]["peft"]}
+    per_peft = {pf: max((k for k in means if k[0] == pf), key=lambda k: means[k]) for pf in t["grid"]["peft"]}
+    corner = best[1] in (min(t["grid"]["lr"]), max(t["grid"]["lr"])) or best[2] in (min(t["grid"]["epochs"]), max(t["grid"]["epochs"]))
     out = {"point": {"peft": best[0], "lr": best[1], "epochs": best[2], "mean_accuracy": round(means[best], 4)},
            "per_peft": {pf: {"lr": k[1], "epochs": k[2], "mean_accuracy": round(means[k], 4)} for pf, k in per_peft.items()},
            "grid": [{"peft": k[0], "lr": k[1], "epochs": k[2], "mean_accuracy": round(v, 4)} for k, v in means.items()],
-           "rule": plan()["tuning"]["rule"]}
-    TUNED.write_text(json.dumps(out, indent=1) + "\n")
+           "corner": corner, "rule": t["rule"]}
+    (TUNED2 if second else TUNED).write_text(json.dumps(out, indent=1) + "\n")
     return out
+
+
+def tune2_jobs() -> list[dict]:
+    """Pass 2's grid: the second phase from the base with each tuning task's first candidate (plan61b.json)."""
+    t = json.loads(PLAN2.read_text())["tuning"]
+    g, tasks = t["grid"], plan()["tasks"]
+    return [{"task": task, "arm": "sp-base", "pass": 2, "public": next(iter(tasks[task]["candidates"])), "size": t["size"],
+             "epsilon": t["epsilon"], "seed": seed, "lr": lr, "epochs": ep, "peft": pf}
+            for task in t["tasks"] for seed in t["seeds"] for pf in g["peft"] for ep in g["epochs"] for lr in g["lr"]]
+
+
+def run2_jobs() -> list[dict]:
+    """Pass 2's trainings: the second phase from the base with every candidate at pass 2's tuned point."""
+    if not TUNED2.is_file():
+        raise SystemExit(f"no {TUNED2}: python -m benchmarks validity.pilot.run61 tune2, then tuned2")
+    pt = json.loads(TUNED2.read_text())["point"]
+    p = plan()
+    return [{"task": name, "size": n, "epsilon": eps, "seed": seed, "arm": "sp-base", "pass": 2, "public": c, "lr": pt["lr"],
+             "epochs": pt["epochs"], "peft": pt["peft"]}
+            for eps in sorted(p["epsilons"], key=lambda e: (e != 2, e)) for n in p["sizes"] for seed in p["seeds"]
+            for name, task in p["tasks"].items() for c in task["candidates"]]
 
 
 def run_jobs() -> list[dict]:
@@ -203,14 +236,23 @@ def run_jobs() -> list[dict]:
 # -- tables ---------------------------------------------------------------------------------------------------------
 
 
-def table() -> str:
+def table(second: bool = False) -> str:
     """Per regime (size, epsilon): each task's no-candidate arms, the candidate arms, the oracle's gain (in-sample and
-    leave-one-seed-out), the related candidate's gain and the worst harm; from the results alone."""
+    leave-one-seed-out), the related candidate's gain and the worst harm; from the results alone. Pass 2
+    (``second``): pass 1's trainings with its sp-base arms replaced by pass 2's."""
     p = plan()
     runs = read_runs()
     jobs = run_jobs()
+    if second:
+        jobs = [j for j in jobs if j["arm"] != "sp-base"] + run2_jobs()
     have = [runs[key(j)] for j in jobs if key(j) in runs]
-    lines = [f"# {p['label']}", "", f"{len(have)} of {len(jobs)} trainings done.", ""]
+    label = json.loads(PLAN2.read_text())["label"] if second else p["label"]
+    lines = [f"# {label}", "", f"{len(have)} of {len(jobs)} trainings done.", ""]
+    if second and TUNED2.is_file():
+        t = json.loads(TUNED2.read_text())
+        lines += [f"Second phase's point (pass 2, tuned on {', '.join(json.loads(PLAN2.read_text())['tuning']['tasks'])} with their first "
+                  f"candidate): lr {t['point']['lr']} at batch 500, {t['point']['epochs']} epochs (mean {100 * t['point']['mean_accuracy']:.1f}%)"
+                  + (", a corner of its grid" if t.get("corner") else ""), ""]
     if TUNED.is_file():
         t = json.loads(TUNED.read_text())
         lines.append(f"From-base point (tuned on {', '.join(p['tuning']['tasks'])}): peft {t['point']['peft']}, lr {t['point']['lr']} "
@@ -268,8 +310,10 @@ def table() -> str:
                     lines.append(f"| {n} | {eps:g} | {len(rows)} | {f('ft_over_scratch'):+.1f} | {f('oracle'):+.1f} | {f('loso'):+.1f} | "
                                  f"{sum(r['oracle'] >= 3 for r in rows)}/{len(rows)} | {f('related'):+.1f} | {f('harm'):+.1f} |")
         lines.append("")
-    (OUT / "tables.md").write_text("\n".join(lines) + "\n") if OUT.is_dir() else None
-    (OUT / "summary.json").write_text(json.dumps(summary, indent=1) + "\n") if OUT.is_dir() else None
+    suffix = "2" if second else ""
+    if OUT.is_dir():
+        (OUT / f"tables{suffix}.md").write_text("\n".join(lines) + "\n")
+        (OUT / f"summary{suffix}.json").write_text(json.dumps(summary, indent=1) + "\n")
     return "\n".join(lines)
 
 
@@ -280,7 +324,7 @@ def _part(text: str) -> tuple[int, int]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks validity.pilot.run61", description=__doc__.split("\n\n")[0])
-    ap.add_argument("cmd", choices=["base", "tune", "tuned", "run", "table"])
+    ap.add_argument("cmd", choices=["base", "tune", "tuned", "run", "table", "tune2", "tuned2", "run2", "table2"])
     ap.add_argument("--part", type=_part, default=(1, 1), help="I/N: every N-th job from the I-th")
     a = ap.parse_args(argv)
     if a.cmd == "base":
@@ -291,8 +335,14 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(tuned(), indent=1))
     elif a.cmd == "run":
         do(run_jobs(), a.part)
+    elif a.cmd == "tune2":
+        do(tune2_jobs(), a.part)
+    elif a.cmd == "tuned2":
+        print(json.dumps(tuned(second=True), indent=1))
+    elif a.cmd == "run2":
+        do(run2_jobs(), a.part)
     else:
-        print(table())
+        print(table(second=a.cmd == "table2"))
     return 0
 
 
