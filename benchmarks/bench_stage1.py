@@ -22,6 +22,14 @@ ledger in a temporary folder, and the stage-1 cache is a temporary one: nothing 
 
     OMP_NUM_THREADS=1 python -m benchmarks.bench_stage1 --part stage1 --json benchmarks/results/cpu_stage1.json
     OMP_NUM_THREADS=1 python -m benchmarks.bench_stage1 --part target --json benchmarks/results/cpu_stage1_target.json
+
+On the held-out benchmark's selection tasks (issue 61's target: MNIST and photos, each with its same-distribution public
+split, the whole private training set, epsilon 2; benchmark-only data)::
+
+    OMP_NUM_THREADS=1 python -m benchmarks.bench_stage1 --part target --round 1 --private mnist-train --private-test mnist-test \
+        --public pub-mnist --json benchmarks/results/cpu_stage1_target_mnist.json
+    OMP_NUM_THREADS=1 python -m benchmarks.bench_stage1 --part target --round 1 --private photos-train --private-test photos-test \
+        --public pub-photos --model fmnist-cnn@32x3 --json benchmarks/results/cpu_stage1_target_photos.json
 """
 
 from __future__ import annotations
@@ -97,8 +105,9 @@ def target_arm(method: str, seed: int, a, out: Path) -> dict:
     from gsd_cli.train.tuned import fill_defaults
 
     stage1_cache.clear()
-    cfg = TrainConfig(private=a.private, method=method, public=a.public if method == "second-phase" else None, model=a.model,
-                      epsilon=a.epsilon, seed=seed, insecure_seed=seed)
+    cfg = TrainConfig(private=a.private, private_test=a.private_test, method=method,
+                      public=a.public if method == "second-phase" else None, model=a.model, epsilon=a.epsilon, seed=seed,
+                      insecure_seed=seed)
     fill_defaults(cfg, set())
     t0 = time.perf_counter()
     s = train(cfg, out)
@@ -122,12 +131,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="--part target: seeds (and insecure seeds)")
     ap.add_argument("--epsilon", type=float, default=2.0)
+    ap.add_argument("--private-test", default=None, help="--part target: the test set (default: the private set's test part)")
+    ap.add_argument("--round", type=int, default=None,
+                    help="make the held-out benchmark's round N sets resolvable by name (benchmark-only data: python -m "
+                         "benchmarks validity --round N prepare), e.g. --round 1 --private photos-train --private-test "
+                         "photos-test --public pub-photos --model fmnist-cnn@32x3")
     add_json(ap)
     a = ap.parse_args(argv)
     before = loadavg()
     box = Path(tempfile.mkdtemp(prefix="gsd-bench-stage1-"))  # never the user's cache, ledger or ledger keys
     os.environ.update(GSD_CACHE_DIR=str(box / "cache"), GSD_LEDGER=str(box / "ledger.sqlite"), XDG_CONFIG_HOME=str(box / "config"))
-    doc: dict = {"model": a.model, "public": a.public, "private": a.private, "cpu_threads": torch.get_num_threads()}
+    if a.round is not None:
+        from .validity.heldout.run import ready
+
+        ready(a.round)
+    doc: dict = {"model": a.model, "public": a.public, "private": a.private, "private_test": a.private_test, "round": a.round,
+                 "cpu_threads": torch.get_num_threads()}
     if a.part in ("stage1", "both"):
         doc["stage1"] = [stage1_arm(n, a) for n in a.settings]
     if a.part in ("target", "both"):
