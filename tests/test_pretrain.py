@@ -265,3 +265,19 @@ def _tensor(tensors: dict, name: str) -> torch.Tensor:
     hits = [k for k in tensors if k == name or k.endswith("." + name)]
     assert len(hits) == 1, (name, sorted(tensors)[:8])
     return tensors[hits[0]]
+
+
+def test_auto_select_from_a_base_probes_at_its_weights_against_the_base_alone(base, tmp_path, capsys):
+    """Issue 61: --auto-select with --weights ranks at the base's weights (the trained model, not the probe network),
+    its feature probe's baseline is the base's features and stage 1 starts from the base; the decision names the base
+    alone as the contestant without a candidate."""
+    code = main(["train", "--private", "mnist-a", "--auto-select", "--public", "mnist-b", "--weights", str(base),
+                 "--model", "fmnist-cnn", "--rank-k", "2", "--rank-examples", "40", "--probe-repeats", "2",
+                 "--public-examples", "120", "--public-epochs", "1", "--epochs", "1", "--epsilon", "8", "-q",
+                 "--out", str(tmp_path / "run")])
+    assert code == 0, capsys.readouterr().err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["selection"]["model"] == "fmnist-cnn" and summary["selection"]["weights"] == str(base)
+    private = json.loads((tmp_path / "run" / "private-summary.json").read_text())
+    probe = json.dumps(private)
+    assert f"the base alone (--weights {base})" in probe and "untrained" not in probe
