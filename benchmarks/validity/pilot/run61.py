@@ -108,7 +108,8 @@ def key(job: dict) -> str:
 
 
 def fit(job: dict) -> dict:
-    """One training through gsd's library; its record."""
+    """One training through gsd's library; its record. ``job["private"]`` (default ``<train>~<size>``) and
+    ``job["delta"]`` (default the plan's) for issue 62's price curve; ``size`` is the declared size either way."""
     from gsd_cli.train import TrainConfig
     from gsd_cli.train import train as gsd_train
     from gsd_cli.train.tuned import training_settings
@@ -123,9 +124,9 @@ def fit(job: dict) -> dict:
     if hp["lr"] is not None:  # the grid's rates are at batch 500: scaled with the batch as gsd train's defaults
         s["lr"] = hp["lr"] * s["batch_size"] / 500
     peft = job.get("peft")
-    cfg = TrainConfig(private=f"{task['train']}~{n}", private_test=task["test"], public=job.get("public"), method=method,
-                      model=task["model"], seed=job["seed"], insecure_seed=job["seed"], epsilon=job["epsilon"],
-                      delta=p["delta"], expected_size=n, lr=s["lr"], epochs=s["epochs"], batch_size=s["batch_size"],
+    cfg = TrainConfig(private=job.get("private") or f"{task['train']}~{n}", private_test=task["test"], public=job.get("public"),
+                      method=method, model=task["model"], seed=job["seed"], insecure_seed=job["seed"], epsilon=job["epsilon"],
+                      delta=job.get("delta", p["delta"]), expected_size=n, lr=s["lr"], epochs=s["epochs"], batch_size=s["batch_size"],
                       weights=str(base_dir() / task["base"]) if from_base else None,
                       peft=None if peft in (None, "all") else peft)
     t0 = time.perf_counter()
