@@ -281,3 +281,19 @@ def test_auto_select_from_a_base_probes_at_its_weights_against_the_base_alone(ba
     private = json.loads((tmp_path / "run" / "private-summary.json").read_text())
     probe = json.dumps(private)
     assert f"the base alone (--weights {base})" in probe and "untrained" not in probe
+
+
+def test_stage_1_from_a_gsd_base_centres_its_grid_on_the_scratch_rate(base, tmp_path):
+    """Issue 61's pilot: from gsd's small bases stage 1 chose 27x paper 004's pre-trained CNN rate; a base gets the
+    scratch rate's grid, published weights (a plain weights file) keep paper 004's."""
+    from gsd_cli.train import TrainConfig
+    from gsd_cli.train.second_phase import CNN_LR, SCRATCH_LR, pretrained_start, stage1_settings
+
+    spec, net, _, _ = build_model("fmnist-cnn", 10, 0)
+    plain = tmp_path / "plain.safetensors"
+    shutil.copy(base / "weights.safetensors", plain)
+    assert not pretrained_start(None) and not pretrained_start(str(base)) and not pretrained_start(str(base / "weights.safetensors"))
+    assert pretrained_start(str(plain)) and pretrained_start("IMAGENET1K_V1")
+    for weights, centre in ((str(base), SCRATCH_LR), (str(plain), CNN_LR), (None, SCRATCH_LR)):
+        s = stage1_settings(TrainConfig(method="second-phase", public="mnist-b", weights=weights), net, spec)
+        assert s.lrs[1] == centre and len(s.lrs) == 3, weights

@@ -66,7 +66,12 @@ SCRATCH_LR = 3e-3
 
 def default_public_lr(model: nn.Module, pretrained: bool = True) -> float:
     """Stage 1's Adam learning rate: for pre-trained weights, paper 004 Appendix B (3e-3 for
-    transformer-based models, 5e-5 for CNNs); from scratch, :data:`SCRATCH_LR` (gsd's benchmark)."""
+    transformer-based models, 5e-5 for CNNs); from scratch, :data:`SCRATCH_LR` (gsd's benchmark).
+
+    A base of ``gsd pretrain`` counts as from scratch here (:func:`pretrained_start`): paper 004's 5e-5 is for
+    ImageNet-scale backbones, and from gsd's small bases issue 61's pilot saw stage 1 choose the top of its extended grid,
+    1.35e-3 (27 x 5e-5, the extension spent), on every candidate of pass 2's tuning (mnist and mnist-m with UCI digits,
+    seeds 0-1) and in the pre-trained-base tutorial (``benchmarks/results/pilot61/runs.jsonl``, ``stage1``)."""
     if not pretrained:
         return SCRATCH_LR
     from probes.backbones import LinearSelfAttention
@@ -113,6 +118,16 @@ def _swap(model: nn.Module, name: str, new: nn.Module) -> nn.Module:
     return old
 
 
+def pretrained_start(weights) -> bool:
+    """Whether stage 1 starts from published pre-trained weights (paper 004's learning rates, :func:`default_public_lr`):
+    ``--weights`` given and not a base of ``gsd pretrain`` (:func:`gsd_cli.models.base.base_folder`)."""
+    if weights is None:
+        return False
+    from ...models.base import base_folder
+
+    return base_folder(weights) is None
+
+
 def stage1_settings(cfg, model: nn.Module, spec, saved: dict | None = None) -> Stage1Settings:
     """Stage 1's resolved settings (:class:`gsd_cli.train.second_phase.stage1_fit.Stage1Settings`) from ``cfg``'s ``public_*``
     fields (None: their defaults): ``--public-lr`` alone where given, else the grid around the model's default
@@ -127,7 +142,7 @@ def stage1_settings(cfg, model: nn.Module, spec, saved: dict | None = None) -> S
     elif saved is not None and not val:
         lrs = (float(saved.get("lr", default_public_lr(model))),)
     else:
-        d = default_public_lr(model, pretrained=cfg.weights is not None)
+        d = default_public_lr(model, pretrained=pretrained_start(cfg.weights))
         grid = val > 0 and getattr(cfg, "public_grid", True)  # the feature probe's quick stage 1: the default alone
         lrs = tuple(float(f"{d * f:.3g}") for f in LR_FACTORS) if grid else (d,)
     patience = getattr(cfg, "public_patience", None)
