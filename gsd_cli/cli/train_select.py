@@ -48,5 +48,6 @@ def dp_probe_selection(cfg, private: str, publics: list, *, private_test, catalo
     if p.config.public is not None:
         out.print(f"training with [bold]{escape(p.config.public)}[/] (--method {p.config.method})")
     else:
-        out.print(f"training without public data (--method {p.config.method})")
+        start = "from the base alone" if p.config.weights is not None else "without public data"
+        out.print(f"training {start} (--method {p.config.method})")
     return p.config, p.selection

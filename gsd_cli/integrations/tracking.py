@@ -291,7 +291,9 @@ def train_tracked(config, out: str | Path, *, log: Sequence[str], log_dir: str |
         return train(config, out, progress=progress, **train_kwargs)
     base = Path(log_dir) if log_dir is not None else Path(out)
     selection = train_kwargs.get("selection")
-    dp = config.private_seed is None and (selection is None or bool(selection.get("privacy") and selection.get("dp", True)))
+    # DP: no selection, one chosen from public facts alone (reads_private False: nothing to choose, or declined), or a DP one
+    dp = config.private_seed is None and (selection is None or selection.get("reads_private") is False
+                                          or bool(selection.get("privacy") and selection.get("dp", True)))
     tags = {"dp": _dp_tag(dp), "gsd.command": "train", "gsd.method": config.method, "gsd.publishable": "false"}
     follower = MetricsFollower(Path(out), lambda: open_trackers(kinds, base, Path(out).name), progress, tags)
     failed = True

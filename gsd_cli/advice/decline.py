@@ -1,0 +1,65 @@
+"""Whether the DP advice should spend any of the budget at all (issue 62): public facts against the measured price.
+
+``gsd train --auto-select --select-epsilon E`` spends ``E`` of the run's total on choosing a public set (the DP feature
+probe, :mod:`gsd_cli.advice.dp_probe`); the training gets the rest. Where the price curve measured that no selection
+wins its price back, the advice **declines to spend**: it trains without a selection (from the base alone where the run
+starts from ``--weights``, else DP-SGD from scratch) with the whole total, reads no private example for a selection,
+books nothing for one, and says why. ``--no-fallback`` selects anyway.
+
+The rule reads public facts only, so declining costs no privacy:
+
+* the measured regime (``gsd_cli/report/price62.json``, written by ``python -m benchmarks validity.pilot.price62 table
+  --update-package`` from issue 62's price curve): the model family, whether the run starts from a base, the private
+  set sizes and the total epsilon it measured, and each selection design's mean gain over training without a selection
+  at the same total;
+* the run's settings: ``--model``, ``--weights``, the total ``--epsilon`` and the declared size ``--expected-size`` (a
+  public number; without it the size is private and the rule does not apply).
+
+It declines only inside the measured regime (the same model family and start, a declared size between the smallest
+and the largest measured, a total epsilon at most the measured one) and only when no design's mean gain there was
+above 0. Outside it the advice spends as asked: nothing was measured there.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+#: the measured price curve (package data; None when it is not there)
+CURVE = Path(__file__).resolve().parents[1] / "report" / "price62.json"
+
+
+@cache
+def measured() -> dict | None:
+    """The price curve's regime and figures, as the benchmark wrote them; None without the file."""
+    try:
+        return json.loads(CURVE.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def decline_reason(*, model, weights, expected_size, epsilon: float, doc: dict | None = None) -> str | None:
+    """Why the DP advice should not spend (module docstring), or None (spend). ``doc``: the curve (default
+    :func:`measured`)."""
+    from ..train.tuned import family
+
+    doc = measured() if doc is None else doc
+    if not doc or not doc.get("decline"):
+        return None
+    r = doc["regime"]
+    start = "base" if weights is not None else "scratch"
+    if family(model) != r["model"] or start != r["start"]:
+        return None
+    if not isinstance(expected_size, int) or not min(r["sizes"]) <= expected_size <= max(r["sizes"]):
+        return None
+    if float(epsilon) > float(r["epsilon"]):
+        return None
+    best = max(doc["designs"], key=lambda d: doc["designs"][d]["gain"])
+    g = doc["designs"][best]["gain"]
+    where = "from a base" if start == "base" else "from scratch"
+    return (f"the selection cannot win back its price here: in {doc['source']} ({r['model']} {where}, "
+            f"{min(r['sizes']):,}-{max(r['sizes']):,} private examples, total epsilon {r['epsilon']:g}) no design of the "
+            f"DP advice gained on average over training without a selection at the same total (the best, {best}: "
+            f"{g:+.1f} points over {doc['designs'][best]['cells']} cells); declared size {expected_size:,}, epsilon "
+            f"{float(epsilon):g} (public facts): nothing spent on a selection, --no-fallback selects anyway")
