@@ -63,3 +63,35 @@ def decline_reason(*, model, weights, expected_size, epsilon: float, doc: dict |
             f"DP advice gained on average over training without a selection at the same total (the best, {best}: "
             f"{g:+.1f} points over {doc['designs'][best]['cells']} cells); declared size {expected_size:,}, epsilon "
             f"{float(epsilon):g} (public facts): nothing spent on a selection, --no-fallback selects anyway")
+
+
+def declined_plan(config, total: tuple[float, float], fallback: bool) -> dict | None:
+    """The fields of :func:`gsd_cli.advice.select.dp_plan`'s plan (:class:`gsd_cli.advice.select.Plan`) when the advice declines to spend (:func:`gsd_cli.advice.decline.decline_reason`), else
+    None: DP-SGD without a candidate (from the base alone with ``--weights``) at the whole total, or, for an explicit
+    ``--method second-phase``, an error that says so."""
+    from dataclasses import replace
+
+    from .decide import FALLBACK, Decision, without
+    from .probe import start_of
+
+    why = decline_reason(model=config.model, weights=config.weights, expected_size=config.expected_size,
+                         epsilon=total[0]) if fallback else None
+    if why is None:
+        return None
+    record = {"method": "declined", "winner": None, "privacy": None, "reads_private": False, "declined": why,
+              "spent": "nothing: the advice declined to spend (public facts)",
+              "total": {"epsilon": total[0], "delta": total[1]}}
+    budget = (f"privacy: the run's total is epsilon {total[0]:g}, delta {total[1]:.3g}: the selection nothing (declined); "
+              f"the training {total[0]:g}, delta {total[1]:.3g}")
+    config = replace(config, epsilon=total[0], delta=total[1])
+    if config.method == "second-phase":
+        decision = Decision("second-phase", None, False, f"--method second-phase: {why}; train with --method dpsgd, or add "
+                            "--no-fallback to select anyway", refused=True, evidence={"declined": why})
+        record["advice"] = decision.to_dict()
+        return dict(config=config, ranking=None, decision=decision, selection=record, public=True, error=decision.message,
+                    budget=budget)
+    decision = Decision(FALLBACK, None, True, f"--method auto: training DP-SGD {without(start_of(config))}: {why}",
+                        evidence={"declined": why})
+    record["advice"] = decision.to_dict()
+    return dict(config=replace(config, method=FALLBACK, public=None, public_distance=None), ranking=None, decision=decision,
+                selection=record, public=True, budget=budget)

@@ -114,13 +114,11 @@ def advised_selection(private: str, candidates: Sequence[str], method: str = "au
     examples = int(rank_options.get("examples", 2000))
 
     def run_probe(sources):
-        from .probe import DRAWS as PROBE_REPEATS, ProbeResult, probe_second_phase
+        from .probe import DRAWS as PROBE_REPEATS, ProbeResult, probe_second_phase, start_of
 
         if notify is not None:  # public: not which candidates are probed
             notify(probe_plan(probe_repeats or PROBE_REPEATS, len(pubs), examples, train_settings, usable_only=gate == "helping"))
         if not sources:
-            from .probe import start_of
-
             return ProbeResult([], {}, examples=min(examples, len(train_part)), model=str(train_settings.model),
                                start=start_of(train_settings))
         return probe_second_phase(train_part, sources, train_settings, examples=examples, repeats=probe_repeats or PROBE_REPEATS,
@@ -175,10 +173,9 @@ def dp_advised_selection(private: str, candidates: Sequence[str], method: str = 
     (:func:`gsd_cli.advice.dp_probe.split_budget`). Returns ``(decision, selection)``: the decision and the
     selection's public record (for the run's summary); None for a multi-label task (declared: public), which the
     DP probe does not score (the DP selection on GSD decides there). ``classes``: the run's ``--classes``."""
+    from ..data import require_declared_classes, with_classes
     from ..privacy.budget import book_selection
     from .dp_probe import dp_probe_advice
-
-    from ..data import require_declared_classes, with_classes
 
     train_part, test_part = private_parts(private, private_test, catalog)
     if classes is not None:  # --classes: the training's label space
@@ -224,9 +221,8 @@ def probe_plan(repeats: int, candidates: int, examples: int, settings, usable_on
     probed, :func:`choosable`, a private fact not in the line; with ``usable_only``, every candidate the
     second phase can use, a public fact; a stage 1 trained before with the same settings is read from
     :mod:`gsd_cli.train.second_phase.stage1_cache`)."""
-    from ..train.size import Info
-
     from ..train.second_phase.stage1_fit import LR_FACTORS, STAGE1_CAP
+    from ..train.size import Info
 
     runs = repeats * candidates
     which = "the second phase can use" if usable_only else "the advice could choose"
@@ -366,16 +362,15 @@ def dp_plan(config: TrainConfig, private: str, candidates: Sequence[str], *, sel
     ``total`` (epsilon, delta) split between the selection and the training
     (:func:`gsd_cli.advice.dp_probe.split_budget`), the probe booked and drawn, its decision applied (an explicit
     method it refuses: ``error`` with ``fallback``, else the second phase with the first candidate it can use and a
-    ``warning``). Nothing to choose (public facts): nothing spent, the training gets the whole total. Where the measured
-    price curve says no selection wins its price back (:mod:`gsd_cli.advice.decline`, public facts; with ``fallback``):
-    nothing spent either, the training without a selection. None for a multi-label task (then the DP selection on GSD
-    decides, :func:`plan`)."""
+    ``warning``). Nothing to choose, or the advice declines to spend (:mod:`gsd_cli.advice.decline`; public facts):
+    nothing spent, the training gets the whole total. None for a multi-label task (the DP selection on GSD decides)."""
     from .dp_probe import split_budget
 
     train_epsilon, train_delta, selection_delta = split_budget(total[0], total[1], select_epsilon)
-    declined = _declined(config, total, fallback)
-    if declined is not None:  # public facts only: nothing read, nothing booked, the training gets the whole total
-        return declined
+    from .decline import declined_plan
+
+    if (declined := declined_plan(config, total, fallback)) is not None:  # public facts: nothing read or booked
+        return Plan(**declined)
     advised = dp_advised_selection(private, candidates, config.method, settings=config, epsilon=select_epsilon, delta=selection_delta,
                                    private_test=private_test, catalog=catalog, seed=config.seed, device=device,
                                    insecure_seed=config.private_seed, progress=progress, classes=classes)
@@ -402,31 +397,3 @@ def dp_plan(config: TrainConfig, private: str, candidates: Sequence[str], *, sel
         config = replace(config, method=decision.method, public=decision.public, public_distance=None)
     return Plan(config, None, decision, record, True, warning=warning, budget=budget)
 
-
-def _declined(config: TrainConfig, total: tuple[float, float], fallback: bool) -> Plan | None:
-    """:func:`dp_plan`'s plan when the advice declines to spend (:func:`gsd_cli.advice.decline.decline_reason`), else
-    None: DP-SGD without a candidate (from the base alone with ``--weights``) at the whole total, or, for an explicit
-    ``--method second-phase``, an error that says so."""
-    from .decide import FALLBACK, Decision, without
-    from .decline import decline_reason
-    from .probe import start_of
-
-    why = decline_reason(model=config.model, weights=config.weights, expected_size=config.expected_size,
-                         epsilon=total[0]) if fallback else None
-    if why is None:
-        return None
-    record = {"method": "declined", "winner": None, "privacy": None, "reads_private": False, "declined": why,
-              "spent": "nothing: the advice declined to spend (public facts)",
-              "total": {"epsilon": total[0], "delta": total[1]}}
-    budget = (f"privacy: the run's total is epsilon {total[0]:g}, delta {total[1]:.3g}: the selection nothing (declined); "
-              f"the training {total[0]:g}, delta {total[1]:.3g}")
-    config = replace(config, epsilon=total[0], delta=total[1])
-    if config.method == "second-phase":
-        decision = Decision("second-phase", None, False, f"--method second-phase: {why}; train with --method dpsgd, or add "
-                            "--no-fallback to select anyway", refused=True, evidence={"declined": why})
-        record["advice"] = decision.to_dict()
-        return Plan(config, None, decision, record, True, error=decision.message, budget=budget)
-    decision = Decision(FALLBACK, None, True, f"--method auto: training DP-SGD {without(start_of(config))}: {why}",
-                        evidence={"declined": why})
-    record["advice"] = decision.to_dict()
-    return Plan(replace(config, method=FALLBACK, public=None, public_distance=None), None, decision, record, True, budget=budget)
