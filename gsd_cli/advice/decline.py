@@ -16,8 +16,9 @@ The rule reads public facts only, so declining costs no privacy:
   public number; without it the size is private and the rule does not apply).
 
 It declines only inside the measured regime (the same model family and start, a declared size between the smallest
-and the largest measured, a total epsilon at most the measured one) and only when no design's mean gain there was
-above 0. Outside it the advice spends as asked: nothing was measured there.
+and the largest measured, a total epsilon at most the measured one) and only when no design that ``--select-epsilon``
+runs (a share of the total by basic composition) had a mean gain above 0 there. Outside it the advice spends as
+asked: nothing was measured there.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ def decline_reason(*, model, weights, expected_size, epsilon: float, doc: dict |
         return None
     if float(epsilon) > float(r["epsilon"]):
         return None
-    best = max(doc["designs"], key=lambda d: doc["designs"][d]["gain"])
+    basic = {k: v for k, v in doc["designs"].items() if v.get("composition", "basic") == "basic"}  # what --select-epsilon runs
+    best = max(basic, key=lambda d: basic[d]["gain"])
     g = doc["designs"][best]["gain"]
     where = "from a base" if start == "base" else "from scratch"
     return (f"the selection cannot win back its price here: in {doc['source']} ({r['model']} {where}, "

@@ -3,6 +3,8 @@ against its selection's price, in issue 61's pilot regime (from a base; 500 and 
 
     python -m benchmarks validity.pilot.price62 run [--part I/N]   # every design, cell and the trainings they name
     python -m benchmarks validity.pilot.price62 table              # the curve (from the results alone)
+    python -m benchmarks validity.pilot.price62 table --update-package   # and gsd_cli/report/price62.json, which
+                                                                          # gsd_cli.advice.decline reads
 
 Each cell (task, size, seed) and design: the DP feature probe (:func:`gsd_cli.advice.select.dp_advised_selection`, its
 private draws from ``insecure_seed`` = the seed: reproducible, not DP) decides, then the training it names runs through
@@ -153,8 +155,9 @@ def run(part: tuple[int, int]) -> None:
                   training_job(task, n, seed, 2.0, None)], (1, 1))
 
 
-def table() -> str:
+def table(update_package: bool = False) -> str:
     p, runs, decs = plan(), read_runs(), read_decisions()
+    figures = {}
     lines = [f"# {plan62()['label']}", ""]
     oracle = {}
     s2 = OUT / "summary2.json"
@@ -180,6 +183,8 @@ def table() -> str:
             chose += rec["chosen"] is not None
         if gains:
             g, b = statistics.fmean(gains), statistics.fmean(budget)
+            figures[name] = {"gain": round(g, 3), "budget_part": round(b, 3), "cells": len(gains), "chose": chose,
+                             "composition": d["composition"]}
             o = statistics.fmean(oracle.values()) if oracle else float("nan")
             rows.append(f"| {name} | {len(gains)} | {chose} | {g:+.2f} | {b:+.2f} | {g - b:+.2f} | {100 * g / o if o == o and o > 0 else float('nan'):.0f}% |")
     lines += ["| design | cells | chose a candidate | gain over ft-base at 2 | budget part | choice part | share of the oracle's gain |",
@@ -188,6 +193,19 @@ def table() -> str:
         lines.append(f"Oracle (pass 2, in-sample, epsilon 2): mean {statistics.fmean(oracle.values()):+.2f} over {len(oracle)} task-size cells.")
     text = "\n".join(lines) + "\n"
     (OUT / "price62.md").write_text(text)
+    if update_package:
+        want = len(p["tasks"]) * len(p["sizes"]) * len(p["seeds"])
+        short = [n for n in plan62()["designs"] if figures.get(n, {}).get("cells") != want]
+        if short:
+            raise SystemExit(f"designs {short} have fewer than {want} complete cells: run price62 run first")
+        doc = {"source": "issue 62's price curve (benchmarks/results/pilot61/price62.md; a pilot on seen tasks)",
+               "regime": {"model": "fmnist-cnn", "start": "base", "sizes": sorted(p["sizes"]), "epsilon": 2.0},
+               # gsd train --select-epsilon runs the basic designs: it declines where none of them gained
+               "designs": figures, "decline": all(f["gain"] <= 0 for f in figures.values() if f["composition"] == "basic"),
+               "rule": plan62()["rule"]}
+        path = run61.HERE.parents[2] / "gsd_cli" / "report" / "price62.json"
+        path.write_text(json.dumps(doc, indent=1) + "\n")
+        text += f"wrote {path}\n"
     return text
 
 
@@ -195,11 +213,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks validity.pilot.price62", description=__doc__.split("\n\n")[0])
     ap.add_argument("cmd", choices=["run", "table"])
     ap.add_argument("--part", type=run61._part, default=(1, 1))
+    ap.add_argument("--update-package", action="store_true", help="table: also write gsd_cli/report/price62.json")
     a = ap.parse_args(argv)
     if a.cmd == "run":
         run(a.part)
     else:
-        print(table())
+        print(table(a.update_package))
     return 0
 
 
