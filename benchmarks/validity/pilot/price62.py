@@ -3,6 +3,7 @@ against its selection's price, in issue 61's pilot regime (from a base; 500 and 
 
     python -m benchmarks validity.pilot.price62 run [--part I/N]   # every design, cell and the trainings they name
     python -m benchmarks validity.pilot.price62 table              # the curve (from the results alone)
+    python -m benchmarks validity.pilot.price62 plot               # docs/images/price62.png, the curve
     python -m benchmarks validity.pilot.price62 table --update-package   # and gsd_cli/report/price62.json, which
                                                                           # gsd_cli.advice.decline reads
 
@@ -209,14 +210,43 @@ def table(update_package: bool = False) -> str:
     return text
 
 
+def plot() -> str:
+    """The curve as a figure: each design's mean gain (and its budget part) against the share of the budget it takes,
+    the selection's epsilon share for basic composition, the share of examples held aside for parallel composition."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    doc = json.loads((run61.HERE.parents[2] / "gsd_cli" / "report" / "price62.json").read_text())
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for comp, marker, label in (("basic", "o", "basic composition: share of epsilon"), ("parallel", "s", "parallel: share of examples")):
+        pts = sorted((plan62()["designs"][n].get("share", plan62()["designs"][n].get("examples")), f)
+                     for n, f in doc["designs"].items() if f["composition"] == comp)
+        x = [100 * a for a, _ in pts]
+        ax.plot(x, [f["gain"] for _, f in pts], marker=marker, label=f"{label}: gain")
+        ax.plot(x, [f["budget_part"] for _, f in pts], marker=marker, linestyle=":", alpha=0.6, label=f"{label}: budget part")
+    ax.axhline(0, color="grey", linewidth=0.8)
+    ax.set_xlabel("the selection's share (%)")
+    ax.set_ylabel("points over DP fine-tuning from the base")
+    ax.set_title("DP advice at total epsilon 2, 500-2,000 private examples (20 cells)", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = run61.HERE.parents[2] / "docs" / "images" / "price62.png"
+    fig.savefig(path, dpi=120)
+    return f"wrote {path}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks validity.pilot.price62", description=__doc__.split("\n\n")[0])
-    ap.add_argument("cmd", choices=["run", "table"])
+    ap.add_argument("cmd", choices=["run", "table", "plot"])
     ap.add_argument("--part", type=run61._part, default=(1, 1))
     ap.add_argument("--update-package", action="store_true", help="table: also write gsd_cli/report/price62.json")
     a = ap.parse_args(argv)
     if a.cmd == "run":
         run(a.part)
+    elif a.cmd == "plot":
+        print(plot())
     else:
         print(table(a.update_package))
     return 0
