@@ -65,10 +65,13 @@ def test_the_from_base_table_is_the_pilots_committed_tuning():
 
     from gsd_cli.train.tuned import FROM_BASE, is_tuned, lr_reason, training_settings
 
-    tuned = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/results/pilot61/tuned.json").read_text())["per_peft"]
+    results = Path(__file__).resolve().parents[1] / "benchmarks/results/pilot61"
+    tuned = {"dpsgd": json.loads((results / "tuned.json").read_text())["per_peft"],
+             "second-phase": json.loads((results / "tuned2.json").read_text())["per_peft"]}
     for (fam, method, peft), v in FROM_BASE.items():
-        assert (fam, method) == ("fmnist-cnn", "dpsgd") and {k: v[k] for k in ("lr", "epochs")} == \
-            {k: tuned[peft][k] for k in ("lr", "epochs")} and v["batch_size"] == 500
+        assert fam == "fmnist-cnn" and {k: v[k] for k in ("lr", "epochs")} == \
+            {k: tuned[method][peft][k] for k in ("lr", "epochs")} and v["batch_size"] == 500
+    assert training_defaults("fmnist-cnn", "second-phase", "base", None)["lr"] == 0.25
     assert training_defaults("fmnist-cnn", "dpsgd", "base", "head") == FROM_BASE[("fmnist-cnn", "dpsgd", "head")]
     assert training_defaults("fmnist-cnn", "dpsgd", "base", "lora") == TUNED[("fmnist-cnn", "dpsgd")], "an untuned PEFT: the scratch point"
     assert is_tuned("fmnist-cnn", "dpsgd", "base", None) and not is_tuned("resnet20", "dpsgd", "base", "head")
