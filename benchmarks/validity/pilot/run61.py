@@ -9,6 +9,8 @@ exists, keyed by its settings, so that a stopped run resumes where it stopped.
     python -m benchmarks validity.pilot.run61 run [--part I/N]  # every arm, size, epsilon and seed
     python -m benchmarks validity.pilot.run61 table             # the tables (from the results alone)
     python -m benchmarks validity.pilot.run61 tune2 | tuned2 | run2 | table2   # pass 2 (plan61b.json), the same way
+    python -m benchmarks validity.pilot.run61 tune3 | tuned3                    # pass 3 (plan61c.json): the second
+                                                                                 # phase from scratch, re-tuned
 
 Each training goes through gsd's library (:func:`gsd_cli.train.train`) with its private randomness from
 ``insecure_seed`` (reproducible, not DP); the ledger is the benchmark's own (in the data folder). ``--part I/N`` runs
@@ -115,17 +117,17 @@ def fit(job: dict) -> dict:
     from gsd_cli.train.tuned import training_settings
 
     p = plan()
-    task = p["tasks"][job["task"]]
+    task = p["tasks"].get(job["task"], {"train": None, "test": None, "model": None, "base": ""})  # pass 3: the job names them
     arm, n = job["arm"], job["size"]
-    from_base = arm != "dpsgd"
-    method = {"dpsgd": "dpsgd", "ft-base": "dpsgd", "sp-base": "second-phase", "gep-base": "gep"}[arm]
+    from_base = arm not in ("dpsgd", "sp-scratch")
+    method = {"dpsgd": "dpsgd", "ft-base": "dpsgd", "sp-base": "second-phase", "gep-base": "gep", "sp-scratch": "second-phase"}[arm]
     hp = {"lr": job.get("lr"), "epochs": job.get("epochs")}
-    s = training_settings(task["model"], "dpsgd", expected_size=n, lr=None, epochs=hp["epochs"], batch_size=None)
+    s = training_settings(job.get("model") or task["model"], "dpsgd", expected_size=n, lr=None, epochs=hp["epochs"], batch_size=None)
     if hp["lr"] is not None:  # the grid's rates are at batch 500: scaled with the batch as gsd train's defaults
         s["lr"] = hp["lr"] * s["batch_size"] / 500
     peft = job.get("peft")
-    cfg = TrainConfig(private=job.get("private") or f"{task['train']}~{n}", private_test=task["test"], public=job.get("public"),
-                      method=method, model=task["model"], seed=job["seed"], insecure_seed=job["seed"], epsilon=job["epsilon"],
+    cfg = TrainConfig(private=job.get("private") or f"{task['train']}~{n}", private_test=job.get("test") or task["test"],
+                      public=job.get("public"), method=method, model=job.get("model") or task["model"], seed=job["seed"], insecure_seed=job["seed"], epsilon=job["epsilon"],
                       delta=job.get("delta", p["delta"]), expected_size=n, lr=s["lr"], epochs=s["epochs"], batch_size=s["batch_size"],
                       weights=str(base_dir() / task["base"]) if from_base else None,
                       peft=None if peft in (None, "all") else peft)
@@ -198,6 +200,42 @@ def tune2_jobs() -> list[dict]:
     return [{"task": task, "arm": "sp-base", "pass": 2, "public": next(iter(tasks[task]["candidates"])), "size": t["size"],
              "epsilon": t["epsilon"], "seed": seed, "lr": lr, "epochs": ep, "peft": pf}
             for task in t["tasks"] for seed in t["seeds"] for pf in g["peft"] for ep in g["epochs"] for lr in g["lr"]]
+
+
+PLAN3 = HERE / "plan61c.json"
+TUNED3 = OUT / "tuned3.json"
+
+
+def tune3_jobs() -> list[dict]:
+    """Pass 3's grid (plan61c.json): the second phase from scratch on the selection tasks' whole private sets."""
+    from ..heldout.run import size
+
+    t = json.loads(PLAN3.read_text())["tuning"]
+    return [{"task": task, "arm": "sp-scratch", "pass": 3, "public": pub, "private": f"{task}-train", "test": f"{task}-test",
+             "model": t["models"][task], "size": size(f"{task}-train"), "epsilon": t["epsilon"], "seed": seed, "lr": lr,
+             "epochs": ep, "peft": "all"}
+            for task, pub in t["tasks"].items() for seed in t["seeds"] for ep in t["grid"]["epochs"] for lr in t["grid"]["lr"]]
+
+
+def tuned3() -> dict:
+    runs, jobs = read_runs(), tune3_jobs()
+    missing = [j for j in jobs if key(j) not in runs]
+    if missing:
+        raise SystemExit(f"{len(missing)} of {len(jobs)} pass-3 runs missing: python -m benchmarks validity.pilot.run61 tune3")
+    by = {}
+    for j in jobs:
+        by.setdefault((j["lr"], j["epochs"]), []).append(runs[key(j)]["accuracy"])
+    means = {k: statistics.fmean(v) for k, v in by.items()}
+    per_task = {}
+    for j in jobs:
+        per_task.setdefault(f"{j['task']} lr {j['lr']} x {j['epochs']}", []).append(runs[key(j)]["accuracy"])
+    best = max(means, key=lambda k: means[k])
+    out = {"point": {"lr": best[0], "epochs": best[1], "mean_accuracy": round(means[best], 4)},
+           "grid": [{"lr": k[0], "epochs": k[1], "mean_accuracy": round(v, 4)} for k, v in means.items()],
+           "per_task": {k: round(statistics.fmean(v), 4) for k, v in per_task.items()},
+           "rule": json.loads(PLAN3.read_text())["tuning"]["rule"]}
+    TUNED3.write_text(json.dumps(out, indent=1) + "\n")
+    return out
 
 
 def run2_jobs() -> list[dict]:
@@ -325,7 +363,7 @@ def _part(text: str) -> tuple[int, int]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks validity.pilot.run61", description=__doc__.split("\n\n")[0])
-    ap.add_argument("cmd", choices=["base", "tune", "tuned", "run", "table", "tune2", "tuned2", "run2", "table2"])
+    ap.add_argument("cmd", choices=["base", "tune", "tuned", "run", "table", "tune2", "tuned2", "run2", "table2", "tune3", "tuned3"])
     ap.add_argument("--part", type=_part, default=(1, 1), help="I/N: every N-th job from the I-th")
     a = ap.parse_args(argv)
     if a.cmd == "base":
@@ -340,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
         do(tune2_jobs(), a.part)
     elif a.cmd == "tuned2":
         print(json.dumps(tuned(second=True), indent=1))
+    elif a.cmd == "tune3":
+        do(tune3_jobs(), a.part)
+    elif a.cmd == "tuned3":
+        print(json.dumps(tuned3(), indent=1))
     elif a.cmd == "run2":
         do(run2_jobs(), a.part)
     else:
