@@ -27,7 +27,11 @@ def test_the_table_is_the_committed_tuning():
     """Each tuned entry is the tuning's chosen point (benchmarks/results/heldout6/tuned6.json) at its batch size."""
     from pathlib import Path
 
-    tuned = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/results/heldout6/tuned6.json").read_text())["methods"]
+    root = Path(__file__).resolve().parents[1] / "benchmarks/results"
+    tuned = json.loads((root / "heldout6/tuned6.json").read_text())["methods"]
+    # the second phase was tuned again for the stage 1 that learns (issue 61's pass 3)
+    tuned["second-phase"] = {"chosen": {k: v for k, v in json.loads((root / "pilot61/tuned3.json").read_text())["point"].items()
+                                        if k in ("lr", "epochs")}}
     for (fam, method), v in TUNED.items():
         assert fam == "fmnist-cnn" and {k: v[k] for k in ("lr", "epochs")} == tuned[method]["chosen"] and v["batch_size"] == 500
     assert family("fmnist-cnn@32x3") == "fmnist-cnn" and family("net.py:make") is None and family("timm:resnet18") is None

@@ -218,6 +218,7 @@ def tune3_jobs() -> list[dict]:
 
 
 def tuned3() -> dict:
+    ready()
     runs, jobs = read_runs(), tune3_jobs()
     missing = [j for j in jobs if key(j) not in runs]
     if missing:
