@@ -60,7 +60,7 @@ def test_the_learning_rate_follows_the_batch_unless_given():
     assert SMALL_SET_STEPS == 4 and small["batch_size"] == 79 and small["lr"] == pytest.approx(0.079)
     assert training_settings("fmnist-cnn", "dpsgd", expected_size=10_000) == tuned
     assert training_settings("fmnist-cnn", "dpsgd", expected_size=316, batch_size=100)["batch_size"] == 100
-    assert scaled_lr("fmnist-cnn", "second-phase", 250) == pytest.approx(0.25)
+    assert scaled_lr("fmnist-cnn", "second-phase", 250) == pytest.approx(0.0625)  # 0.125 at 500 (issue 61, pass 3)
     # the plan line's reason
     assert lr_reason("fmnist-cnn", "dpsgd", 0.5, 500) == "lr 0.5 (tuned for dpsgd on fmnist-cnn at batch 500)"
     assert lr_reason("fmnist-cnn", "dpsgd", 0.064, 64).startswith("lr 0.064 (0.5, tuned for dpsgd on fmnist-cnn at batch 500, scaled to batch 64")
