@@ -93,10 +93,14 @@ def describe(source) -> Candidate:
     return Candidate(getattr(source, "name", str(source)), n, classes)
 
 
+#: the contestant without a candidate when the run starts from scratch (:func:`gsd_cli.advice.probe.start_of`)
+UNTRAINED = "the untrained model"
+
+
 def without(start: str) -> str:
     """How the fallback trains, in words: without public data (from scratch), or from the base alone with no candidate
     (``start``: :func:`gsd_cli.advice.probe.start_of`)."""
-    return "without public data" if start == "the untrained model" else f"from {start}, with no candidate"
+    return "without public data" if start == UNTRAINED else f"from {start}, with no candidate"
 
 
 def second_phase_usable(c: Candidate, private_classes: int) -> str | None:

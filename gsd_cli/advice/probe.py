@@ -43,6 +43,7 @@ import torch
 
 from .. import data as gdata
 from ..defaults import ADVICE
+from .decide import UNTRAINED
 
 #: draws of the probe (of the initial model, the private examples and stage 1's shuffles): :data:`gsd_cli.defaults.ADVICE`
 DRAWS = ADVICE.probe_draws
@@ -66,7 +67,7 @@ class ProbeResult:
     #: the draws planned (0: as many as ``baseline`` has); fewer are run when every candidate's test is decided
     planned: int = 0
     #: the contestant without a candidate, in words (:func:`start_of`)
-    start: str = "the untrained model"
+    start: str = UNTRAINED
 
     @property
     def repeats(self) -> int:
@@ -110,7 +111,7 @@ def start_of(settings) -> str:
     the advice chooses among the candidates and the base alone; the probe's baseline is then the base's features, and
     stage 1 starts from the base), else the untrained model (DP-SGD from scratch)."""
     weights = getattr(settings, "weights", None)
-    return f"the base alone (--weights {weights})" if weights else "the untrained model"
+    return f"the base alone (--weights {weights})" if weights else UNTRAINED
 
 
 def linear_probe_accuracy(feats: torch.Tensor, labels: torch.Tensor, num_classes: int, seed: int) -> float:

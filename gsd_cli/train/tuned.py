@@ -62,8 +62,6 @@ FROM_BASE = {
     # the second phase from a base, all parameters: pass 2 of the pilot (plan61b.json; benchmarks/results/pilot61/tuned2.json)
     ("fmnist-cnn", "second-phase", "all"): {"lr": 0.25, "epochs": 12, "batch_size": 500},
 }
-SOURCE_BASE = ("benchmarks/results/pilot61/tuned.json and tuned2.json (issue 61's pilot: DP fine-tuning and the second phase "
-               "from a base; docs/validity.md)")
 #: the settings this module decides
 FIELDS = tuple(UNTUNED)
 

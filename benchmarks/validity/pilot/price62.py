@@ -66,13 +66,7 @@ def ready() -> dict:
 
 
 def read_decisions() -> dict:
-    out = {}
-    if DECISIONS.is_file():
-        for line in DECISIONS.read_text().splitlines():
-            if line.strip():
-                r = json.loads(line)
-                out[(r["task"], r["size"], r["seed"], r["design"])] = r
-    return out
+    return run61.read_jsonl(DECISIONS, lambda r: (r["task"], r["size"], r["seed"], r["design"]))
 
 
 def training_job(task: str, n: int, seed: int, eps: float, chosen: str | None, private: str | None = None,

@@ -95,14 +95,16 @@ def build_bases() -> dict:
 # -- trainings ------------------------------------------------------------------------------------------------------
 
 
+def read_jsonl(path: Path, key) -> dict:
+    """The records of a results file (one JSON object a line; appended whole by parallel parts), by ``key(record)``;
+    a key written twice keeps its last record."""
+    if not path.is_file():
+        return {}
+    return {key(r): r for r in (json.loads(line) for line in path.read_text().splitlines() if line.strip())}
+
+
 def read_runs() -> dict:
-    runs = {}
-    if RUNS.is_file():
-        for line in RUNS.read_text().splitlines():
-            if line.strip():
-                rec = json.loads(line)
-                runs[rec["key"]] = rec
-    return runs
+    return read_jsonl(RUNS, lambda r: r["key"])
 
 
 def key(job: dict) -> str:
@@ -367,24 +369,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("cmd", choices=["base", "tune", "tuned", "run", "table", "tune2", "tuned2", "run2", "table2", "tune3", "tuned3"])
     ap.add_argument("--part", type=_part, default=(1, 1), help="I/N: every N-th job from the I-th")
     a = ap.parse_args(argv)
-    if a.cmd == "base":
-        print(json.dumps(build_bases(), indent=1))
-    elif a.cmd == "tune":
-        do(tune_jobs(), a.part)
-    elif a.cmd == "tuned":
-        print(json.dumps(tuned(), indent=1))
-    elif a.cmd == "run":
-        do(run_jobs(), a.part)
-    elif a.cmd == "tune2":
-        do(tune2_jobs(), a.part)
-    elif a.cmd == "tuned2":
-        print(json.dumps(tuned(second=True), indent=1))
-    elif a.cmd == "tune3":
-        do(tune3_jobs(), a.part)
-    elif a.cmd == "tuned3":
-        print(json.dumps(tuned3(), indent=1))
-    elif a.cmd == "run2":
-        do(run2_jobs(), a.part)
+    jobs = {"tune": tune_jobs, "run": run_jobs, "tune2": tune2_jobs, "run2": run2_jobs, "tune3": tune3_jobs}
+    shown = {"base": build_bases, "tuned": tuned, "tuned2": lambda: tuned(second=True), "tuned3": tuned3}
+    if a.cmd in jobs:
+        do(jobs[a.cmd](), a.part)
+    elif a.cmd in shown:
+        print(json.dumps(shown[a.cmd](), indent=1))
     else:
         print(table(second=a.cmd == "table2"))
     return 0

@@ -254,7 +254,7 @@ def _search(model, names, inputs, train_pos, val_pos, labels, s: Stage1Settings,
     while state["trial"] < len(lrs):
         ti = state["trial"]
         opt = torch.optim.Adam([params[n] for n in names], lr=lrs[ti])
-        if ti == state["trial"] and state["epoch"] > 0:  # resumed within this trial
+        if state["epoch"] > 0:  # resumed within this trial
             set_params(model, names, tensors, "param.", opt)
         else:
             set_params(model, names, start, "start.")
