@@ -10,6 +10,7 @@ import hashlib
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -39,9 +40,12 @@ def _split(n: int) -> dict:
 
 
 def test_every_round_has_a_spec_whose_tasks_are_its_frozen_split_s():
-    assert rounds() == [1, 2, 3, 4, 5, 6]
+    assert rounds() == [1, 2, 3, 4, 5, 6, 7]
     for n in rounds():
         spec, split = load(n), _split(n)
+        if "spec" in split and "tasks" not in split:  # written by ``freeze``: the spec itself, unchanged since
+            assert json.loads(spec.path.read_text()) == split["spec"], n
+            continue
         frozen = split["tasks"]
         assert spec.scored_tasks == list(split["held_out"]), n
         assert set(frozen) == set(spec.tasks) if n == 1 else set(frozen) == set(spec.scored_tasks), n
@@ -78,6 +82,37 @@ def test_the_later_rounds_are_new_realistic_held_out_tasks_with_what_they_pre_re
         if n >= 3:
             assert len(split["gsd_cli_commit"]) == 40 and "auto:probe-same" in split["exploratory_arm"] and "auto:probe-same" in spec.arms
     assert "auto:few25" in _split(5)["few_shot_arms"] and {"auto:few10", "auto:few25"} <= set(load(5).arms)
+
+
+def test_round_7_s_spec_is_issue_62_s_protocol_frozen_before_its_runs():
+    """Round 7 (issue 62): at 500 private examples at least 8 tasks of at least 4 kinds, every task from a new source
+    with at least 6 candidates (one related from another source or more, three unrelated or more, one harmful);
+    from a base, DP-SGD from scratch beside it; sizes 500 and 2,000; epsilon 2; 3 seeds or more; the frozen file has
+    the spec, every set's hash and the base's, and it was committed before any result of the round."""
+    spec, doc = load(7), _split(7)
+    small = [t for t in spec.tasks.values() if t.size == 500]
+    assert len(small) >= 8 and len({t.kind for t in small}) >= 4 and {t.size for t in spec.tasks.values()} == {500, 2000}
+    for t in small:
+        unrelated = set(t.candidates) - set(t.related) - set(t.harmful)
+        assert len(t.candidates) >= 6 and t.related and t.harmful and len(unrelated) >= 3, t.name
+        assert set(t.related) | set(t.harmful) <= set(t.candidates) and t.base in spec.bases
+    assert spec.epsilon == 2.0 and len(spec.seeds) >= 3 and spec.no_candidate == ("dpsgd", "ft-base")
+    assert not spec.from_base("dpsgd") and spec.from_base("ft-base") and spec.from_base("sp-base")
+    assert doc["spec"] == json.loads(spec.path.read_text()) and set(doc["bases_sha256"]) == set(spec.bases)
+    assert {x for t in spec.tasks.values() for x in (t.train.rsplit("~", 1)[0], t.test)} <= set(doc["data_sha256"])
+    assert {c for t in spec.tasks.values() for c in t.candidates} <= set(doc["data_sha256"]) | set(doc["other_sha256"])
+
+    def first_commit(path):
+        out = subprocess.run(["git", "-C", str(ROOT), "log", "--format=%ct", "--diff-filter=A", "--", str(path)],
+                             capture_output=True, text=True, check=False).stdout.split()
+        return int(out[-1]) if out else None
+
+    frozen = first_commit(spec.frozen_path)
+    if frozen is None:
+        pytest.skip("not a git checkout")
+    for later in (ROOT / "benchmarks/results/heldout7/tuning/runs.jsonl", ROOT / "benchmarks/results/heldout7/runs.jsonl"):
+        added = first_commit(later)
+        assert added is None or added >= frozen, later
 
 
 def test_round_6_s_spec_is_its_protocol_and_the_protocol_was_frozen_before_its_runs():
@@ -462,3 +497,117 @@ def test_the_stops_replay_makes_the_real_gates_decision_on_the_same_draws(monkey
     assert r["stops"] == [decision.method, decision.public] == ["second-phase", "digits"]
     assert r["stopped"]["ranking"] == {n: s["draws"] for n, s in ranking.stopped.items()} == {"mnist-b": 1}
     assert r["stopped"]["probe"] == decision.evidence["probe"]["stopped"] == {"noise": 1}
+
+
+# -- a round run from a base at several private sizes (round 7's regime), on synthetic data -------------------------
+
+
+def sized(tmp_path: Path, targets=()) -> tuple:
+    """Two tasks at private sizes 40 and 400, a base, DP-SGD from scratch and from the base as no-candidate methods,
+    the second phase from the base with each candidate, and a DP advice made to select (tuned per size)."""
+    res = tmp_path / "res"
+    spec = parse({"round": 98, "label": "round 98 (synthetic, sized)", "frozen": str(tmp_path / "frozen.json"), "data": "none",
+                  "results": str(res), "out": str(tmp_path / "scores"), "seeds": [0, 1, 2], "epsilon": 2.0, "delta": 1e-5,
+                  "sizes": [40, 400], "base": {"clip": 1.0}, "bases": {"B": {"model": "m", "public": ["z"], "epochs": 1}},
+                  "methods": {"dpsgd": {}, "ft-base": {"method": "dpsgd", "from_base": True},
+                              "sp-base": {"method": "second-phase", "from_base": True}},
+                  "no_candidate": ["dpsgd", "ft-base"], "candidate_methods": ["sp-base"],
+                  "tuning": {"round": 98, "tasks": [], "seeds": [], "grid": {}, "runs": str(res), "out": str(res / "tuned.json")},
+                  "rank": {}, "steps": ["dp-select"], "dp": {"dp-select": {"select_epsilon": 0.5, "fallback": False}},
+                  "gsd_ranking": "advised", "arms": {"auto:dp-select": {"decider": "dp", "step": "dp-select", "what": "x"}},
+                  "validated": "sp-base", "probe_pick": "sp-base",
+                  "sets": {"small": {"rounds": [98], "sizes": [40], "label": "40"}, "large": {"rounds": [98], "sizes": [400], "label": "400"}},
+                  "bootstrap": {"draws": 300, "key": "t:{set}:{figure}"}, "targets": list(targets),
+                  "tasks": {t: {"kind": "k", "train": f"{t}-train", "test": f"{t}-test", "model": "m", "candidates": ["p", "q"],
+                                "base": "B", **({"sizes": [40]} if t == "b" else {})} for t in "ab"}})
+    res.mkdir()
+    (res / "tuned.json").write_text(json.dumps({"sizes": {str(n): {"methods": {m: {"chosen": {"lr": 0.5, "epochs": e}} for m in spec.methods}}
+                                                          for n, e in ((40, 6), (400, 24))}}))
+    return spec, res
+
+
+#: per task (size): each option's accuracy (points) on seeds 0-2, at epsilon 2
+SIZED = {"a@40": {"dpsgd": 30, "ft-base": 40, "sp-base:p": 50, "sp-base:q": 35},
+         "a@400": {"dpsgd": 60, "ft-base": 62, "sp-base:p": 63, "sp-base:q": 55},
+         "b@40": {"dpsgd": 20, "ft-base": 21, "sp-base:p": 10, "sp-base:q": 22}}
+
+
+def sized_steps(spec, task, seed, name):
+    m, p = ("second-phase", "p") if task.name == "a@40" else ("dpsgd", None)
+    return {"training": {"method": m, "public": p, "from_base": True, "epsilon": 1.5, "delta": 9e-6}}
+
+
+def sized_fit(task, method, public, seed, s):
+    assert s["expected_size"] == 100 and s["epochs"] == {40: 6, 400: 24}[task.size]  # the tuned point of its size
+    assert s["batch_size"] == task.size // 4 and s["lr_scale"] == pytest.approx(task.size / 4 / 500)
+    assert s.get("from_base") == (None if method == "dpsgd" else "B") and s.get("train_method") == {
+        "dpsgd": None, "ft-base": "dpsgd", "sp-base": "second-phase"}[method]
+    acc = SIZED[task.name][label_of(method, public)] - (3 if s["epsilon"] == 1.5 else 0)
+    return acc / 100, s["epsilon"]
+
+
+def label_of(method, public):
+    return method if public is None else f"{method}:{public}"
+
+
+def test_a_sized_from_base_round_runs_each_size_as_a_task_at_its_tuned_point_with_the_dp_advice_s_share(tmp_path, monkeypatch):
+    spec, res_dir = sized(tmp_path)
+    assert list(spec.tasks) == ["a@40", "a@400", "b@40"] and spec.tasks["a@400"].train == "a-train~400"
+    assert spec.tasks["b@40"].family == "b" and spec.method_of("dpsgd", True) == "ft-base" and spec.method_of("dpsgd", False) == "dpsgd"
+    run_synthetic(monkeypatch, spec, sized_fit, sized_steps)
+    runs = [json.loads(x) for x in (res_dir / "runs.jsonl").read_text().splitlines()]
+    # 4 options a cell; at the share: the decision's training and both no-candidate methods (ft-base is the decision
+    # where the advice chose no candidate: trained once)
+    assert len(runs) == 9 * 4 + 3 * 3 + 6 * 2
+    decisions = {(d["task"], d["seed"]): (d["method"], d["public"]) for d in read_lines(res_dir / "decisions.jsonl")}
+    assert decisions[("a@40", 0)] == ("sp-base", "p") and decisions[("b@40", 2)] == ("ft-base", None)
+    targets = [{"name": "pays", "figure": "oracle-loso.tasks_gaining_3_share", "at_least": 0.5, "set": "large"},
+               {"name": "share", "figure": "auto:dp-select.oracle_share.mean", "at_least": 0.5, "set": "large", "requires": "pays"},
+               {"name": "pays small", "figure": "oracle-loso.tasks_gaining_3_share", "at_least": 0.5, "set": "small"}]
+    doc = S.build(replace(spec, targets=tuple(targets)))
+    assert doc["figures"]["small"]["tasks"] == ["a@40", "b@40"] and doc["figures"]["large"]["tasks"] == ["a@400"]
+    assert doc["tasks"]["a@40"]["reference"] == "ft-base" and doc["tasks"]["a@40"]["gain"]["oracle"] == pytest.approx(10)
+    assert doc["verdicts"]["pays"] == [0.0, 0.5, False] and doc["verdicts"]["share"][2] is None  # not scored: gate missed
+    assert doc["verdicts"]["pays small"] == [0.5, 0.5, True]
+    split = doc["figures"]["small"]["auto:dp-select"]["budget_split"]
+    # a@40 chose p (47 at 1.5) against ft-base at 1.5 (37): +10; b@40 chose ft-base: 0 against itself at the share
+    assert split["used_public"]["vs_reference_at_share"] == pytest.approx(10.0)
+    assert split["chose_no_candidate"]["vs_reference_at_share"] == pytest.approx(0.0)
+    assert "not scored (gate missed)" in R.markdown(spec, doc)
+
+
+def test_a_seeded_subset_depends_on_the_set_s_length_only_and_nests():
+    from validity.heldout.spec import subset_indices
+
+    small, large = subset_indices(5000, 500), subset_indices(5000, 2000)
+    assert len(set(small)) == 500 and set(small) <= set(large) and small == sorted(small)
+    assert small == sorted(int(i) for i in np.random.default_rng(0).permutation(5000)[:500])
+    with pytest.raises(SystemExit, match="a subset of 600 examples of a set of 500"):
+        subset_indices(500, 600)
+
+
+def test_the_sized_tuning_grows_its_grid_at_an_edge_and_says_when_it_stays_on_one(tmp_path, monkeypatch):
+    """The best rate lies below the grid: it grows down twice (0.125 -> 0.0625 -> 0.03125) and stays on the edge
+    (said); the best epochs (12) are inside from the start."""
+    import math
+
+    res = tmp_path / "res"
+    doc = json.loads((HERE / "rounds/round7.json").read_text())
+    doc["tuning"] = {**doc["tuning"], "runs": str(res), "out": str(res / "tuned.json"), "sizes": [500], "seeds": [0],
+                     "tasks": doc["tuning"]["tasks"][1:], "grid": {"dpsgd": {"lr": [0.125, 0.25], "epochs": [6, 12, 24]}}}
+    spec = parse(doc)
+    monkeypatch.setattr(RUN, "size", lambda name: 500)
+    seen = []
+
+    def fit(task, method, public, seed, s):
+        seen.append((s["lr"], s["epochs"]))
+        return 0.5 - 0.01 * abs(math.log2(s["lr"]) + 8) - 0.01 * abs(s["epochs"] - 12) / 6, 2.0
+
+    monkeypatch.setattr(RUN, "fit", fit)
+    out = RUN.tune_sized(spec, res / "runs.jsonl", (1, 1))
+    assert out == {"500": {"dpsgd": {"lr": 0.03125, "epochs": 12}}}
+    tuned = json.loads((res / "tuned.json").read_text())["sizes"]["500"]["methods"]["dpsgd"]
+    assert tuned["edge"] is True and [g["best"]["lr"] for g in tuned["grown"]] == [0.125, 0.0625]
+    assert len(seen) == len(set(seen)) == 4 * 3  # each point once: 2 rates, then one more, then one more, x 3 epochs
+    assert RUN.grown({"lr": [0.5, 1.0], "epochs": [24, 48]}, {"lr": 0.5, "epochs": 48},
+                     {"factor": 2, "epochs_max": 48, "epochs_min": 3}) == {"lr": [0.25, 0.5, 1.0], "epochs": [24, 48]}

@@ -113,7 +113,7 @@ def markdown(spec: Round, doc: dict) -> str:
          *(f"- `{a}`: {w}" for a, w in doc["arms"].items()), ""]
     if doc["verdicts"]:
         L += ["## Targets", "", "| target | figure | threshold | result |", "|---|---|---|---|"]
-        L += [f"| {k} | {'-' if v is None else format(v, '.3g')} | {thr:g} | {'pass' if ok else '**miss**'} |"
+        L += [f"| {k} | {'-' if v is None else format(v, '.3g')} | {thr:g} | {'not scored (gate missed)' if ok is None else 'pass' if ok else '**miss**'} |"
               for k, (v, thr, ok) in doc["verdicts"].items()]
         L.append("")
     for name, f in doc["figures"].items():
@@ -136,7 +136,7 @@ def round_note(spec: Round, doc: dict, note: dict) -> dict:
             "select_epsilon": spec.select_epsilon, "intervals": "95% bootstrap over tasks", "non_private": _arm_note(f[a]),
             "dp": _arm_note(f[b]), "agreement": {k: f["agreement"][f"{b}~{a}"][k] for k in ("cells", "share")},
             "oracle_gain": {k: f["oracle"]["task_gain"][k] for k in ("mean", "ci")},
-            "missed": [k for k, v in doc["verdicts"].items() if not v[2]], "scored_with": doc["scored_with"]}
+            "missed": [k for k, v in doc["verdicts"].items() if v[2] is False], "scored_with": doc["scored_with"]}
 
 
 def pooled_note(spec: Round, doc: dict, note: dict) -> dict:

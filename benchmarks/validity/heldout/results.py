@@ -79,12 +79,18 @@ def load_json(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def tuned(spec: Round) -> dict:
-    """Each method's tuned grid point (the spec's tuning ``out`` file)."""
+def tuned(spec: Round, size: int | None = None) -> dict:
+    """Each method's tuned grid point (the spec's tuning ``out`` file); a round tuned per private size (its file has
+    ``sizes``) gives the points of ``size``."""
     path = RESULTS / spec.tuning["out"]
     if not path.is_file():
         raise SystemExit(f"{path} is missing: python -m benchmarks validity --round {spec.round} tune")
-    return {m: d["chosen"] for m, d in json.loads(path.read_text())["methods"].items()}
+    doc = json.loads(path.read_text())
+    if "sizes" in doc:
+        if str(size) not in doc["sizes"]:
+            raise SystemExit(f"{path} has no tuned points for {size} private examples (it has {sorted(doc['sizes'])})")
+        doc = doc["sizes"][str(size)]
+    return {m: d["chosen"] for m, d in doc["methods"].items()}
 
 
 def step_file(steps_dir: Path, task: str, seed: int, step: str) -> Path:
@@ -100,7 +106,9 @@ class Results:
         self.spec, self.dir = spec, spec.results_dir
         self.runs_file, self.decisions_file, self.steps_dir = (self.dir / "runs.jsonl", self.dir / "decisions.jsonl",
                                                                self.dir / "rankings")
-        self.tuned = tuned(spec)
+        sizes = sorted({t.size for t in spec.tasks.values()}, key=lambda n: n or 0)
+        self.by_size = {n: tuned(spec, n) for n in sizes}
+        self.tuned = self.by_size[sizes[0]] if sizes == [None] else {str(n): v for n, v in self.by_size.items()}
         self.runs = {r["key"]: r for r in read_lines(self.runs_file)}
         self.accuracy, self.commits = {}, set()
         for r in self.runs.values():  # a later run of the same cell and settings replaces an earlier one
@@ -111,7 +119,8 @@ class Results:
         self._steps: dict = {}
 
     def _tuned(self, record: dict) -> bool:
-        want = {"epochs": self.spec.base["epochs"], **self.tuned.get(record["method"], {})}
+        hp = self.by_size[self.spec.tasks[record["task"]].size]
+        want = {**({"epochs": self.spec.base["epochs"]} if "epochs" in self.spec.base else {}), **hp.get(record["method"], {})}
         return all(record["settings"].get(k) == v for k, v in want.items())
 
     def acc(self, task: str, method: str, public: str | None, seed: int, epsilon: float | None = None) -> float | None:

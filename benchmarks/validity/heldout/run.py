@@ -26,8 +26,11 @@ import os
 import tempfile
 import time
 
+from dataclasses import replace
+from pathlib import Path
+
 from .results import RESULTS, Results, append_line, gsd_commit, load_json, read_lines, run_key, save_json, step_file, tuned
-from .spec import Round, Task, load
+from .spec import Round, Task, load, subset_indices
 
 ROOT = (__package__ or "").removesuffix("validity.heldout").rstrip(".")
 
@@ -51,10 +54,47 @@ def ready(n: int) -> Round:
         if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != sha:
             raise SystemExit(f"{path} is not the file {spec.frozen} froze: python -m benchmarks validity --round {n} prepare --force")
     register_npz(mod.NAMES, mod.data_dir(), f"python -m benchmarks validity --round {n} prepare")
-    if spec.tuning["round"] != n:
-        ready(spec.tuning["round"])
     os.environ.setdefault("GSD_LEDGER", str(mod.data_dir() / "ledger.sqlite"))  # the benchmark's bookings, not the user's
+    for r in {spec.tuning["round"], *spec.data_rounds} - {n}:
+        ready(r)
+    others = other_files(spec) if frozen.get("other_sha256") else {}
+    for name, sha in frozen.get("other_sha256", {}).items():  # the earlier rounds' sets this round uses, as frozen
+        if hashlib.sha256(others[name].read_bytes()).hexdigest() != sha:
+            raise SystemExit(f"{others[name]} is not the file {spec.frozen} froze")
+    for name, sha in frozen.get("bases_sha256", {}).items():
+        path = base_dir(spec, name) / "weights.safetensors"
+        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != sha:
+            raise SystemExit(f"{path} is not the base {spec.frozen} froze: python -m benchmarks validity --round {n} prepare")
+    for task in [*spec.tasks.values(), *tuning_tasks(spec)]:
+        if task.size is not None:
+            register_subset(task.train, task.size)
+    if spec.bases:
+        BASES.update({name: base_dir(spec, name) for name in spec.bases})
     return spec
+
+
+#: every base a ready round declares, by name: its folder
+BASES: dict[str, Path] = {}
+
+
+def base_dir(spec: Round, name: str) -> Path:
+    """Where a round's base ``name`` is built (beside its data)."""
+    return data(spec).data_dir() / "bases" / name
+
+
+def register_subset(name: str, n: int) -> None:
+    """``<set>~<n>`` resolvable: the seeded subset of :func:`.spec.subset_indices` (public: it depends on the set's
+    length only)."""
+    from gsd_cli.data import register_dataset, resolve
+    from gsd_cli.data.splits import SubsetSource
+
+    parent = name.rsplit("~", 1)[0]
+
+    def make():
+        src = resolve(parent)
+        return SubsetSource(src, subset_indices(len(src), n), name)
+
+    register_dataset(name, make)
 
 
 @functools.cache
@@ -68,15 +108,36 @@ def settings(spec: Round, task: Task, method: str, hp: dict, epsilon: float | No
     """Every setting of a training (what its key hashes): the shared ones, the model, the private set's declared size,
     the method's own, the tuned (or grid) point and the budget."""
     budget = {"epsilon": spec.epsilon if epsilon is None else epsilon, "delta": spec.delta if delta is None else delta}
-    return {**spec.base, **budget, "model": task.model, "expected_size": size(task.train), **spec.methods[method], **hp}
+    own = dict(spec.methods[method])
+    if "method" in own:  # a method of the spec that trains another gsd method (ft-base: dpsgd from the base)
+        own["train_method"] = own.pop("method")
+    if own.pop("from_base", False):
+        own["from_base"] = task.base
+    batch = {}
+    if task.size is not None and "batch_size" not in spec.base:  # gsd train's default batch: at most N/4, the grid's
+        b = min(500, task.size // 4)                                # rates (at batch 500) scaled with it
+        batch = {"batch_size": b, "lr_scale": b / 500}
+    return {**spec.base, **budget, "model": task.model, "expected_size": size(task.train), **own, **batch, **hp}
+
+
+def train_config(task: Task, method: str, public: str | None, s: dict, **extra):
+    """The :class:`gsd_cli.train.TrainConfig` of a training's settings (``train_method``: the gsd method; ``from_base``:
+    the base's name, trained from its weights)."""
+    from gsd_cli.train import TrainConfig
+
+    s = dict(s)
+    gsd_method, base = s.pop("train_method", method), s.pop("from_base", None)
+    if "lr_scale" in s:
+        s["lr"] = s["lr"] * s.pop("lr_scale")
+    weights = None if base is None else str(BASES[base])
+    return TrainConfig(private=task.train, public=public, method=gsd_method, weights=weights, **s, **extra)
 
 
 def fit(task: Task, method: str, public: str | None, seed: int, s: dict) -> tuple[float, float]:
     """One training through gsd's library (:func:`gsd_cli.train.train`): its test accuracy and epsilon."""
-    from gsd_cli.train import TrainConfig
     from gsd_cli.train import train as gsd_train
 
-    cfg = TrainConfig(private=task.train, private_test=task.test, public=public, method=method, seed=seed, insecure_seed=seed, **s)
+    cfg = train_config(task, method, public, s, private_test=task.test, seed=seed, insecure_seed=seed)
     with tempfile.TemporaryDirectory() as tmp:
         summ = gsd_train(cfg, os.path.join(tmp, "run"), device="cpu")
     return summ["test"]["accuracy"], summ["epsilon"]
@@ -120,13 +181,12 @@ def compute_step(spec: Round, task: Task, seed: int, step: str) -> dict:
     from gsd_cli.advice.dp_probe import split_budget
     from gsd_cli.advice.probe import probe_second_phase
     from gsd_cli.advice.select import advised_selection, auto_select, dp_advised_selection
-    from gsd_cli.train import TrainConfig
 
     cache, cands = SubspaceCache(data(spec).data_dir() / "subspaces"), list(task.candidates)
     sp = spec.validated
 
     def config(epsilon=None, delta=None):
-        return TrainConfig(private=task.train, public=cands[0], method=sp, **settings(spec, task, sp, tuned(spec)[sp], epsilon, delta))
+        return train_config(task, sp, cands[0], settings(spec, task, sp, tuned(spec, task.size)[sp], epsilon, delta))
 
     if step == "rank":
         return auto_select(task.train, cands, private_test=task.test, seed=seed, device="cpu", cache=cache, **spec.rank).to_dict()
@@ -138,12 +198,32 @@ def compute_step(spec: Round, task: Task, seed: int, step: str) -> dict:
     if step == "probe":  # every draw of every candidate (stop_decided=False): the orders read every mean gain
         return probe_second_phase(resolve(task.train), [resolve(c) for c in cands], config(), examples=spec.rank["examples"],
                                   seed=seed, device="cpu", stop_decided=False).to_dict()
+    if step in (spec.dp or {}):  # gsd train --auto-select --select-epsilon's plan (its decline rule included)
+        return dp_step(spec, task, seed, step, config(), cands)
     if step == "dp":
         eps_t, delta_t, delta_s = split_budget(spec.epsilon, spec.delta, spec.select_epsilon)
         dec, selection = dp_advised_selection(task.train, cands, "auto", settings=config(eps_t, delta_t), epsilon=spec.select_epsilon,
                                               delta=delta_s, private_test=task.test, seed=seed, device="cpu", insecure_seed=seed)
         return {"decision": dec.to_dict(), "selection": selection, "training": {"epsilon": eps_t, "delta": delta_t}}
     raise SystemExit(f"round {spec.round}: unknown step {step!r} (rank, advised, advised-native, probe, dp)")
+
+
+def dp_step(spec: Round, task: Task, seed: int, name: str, config, cands: list[str]) -> dict:
+    """A DP advice step of ``spec.dp`` (``select_epsilon``, ``fallback``): :func:`gsd_cli.advice.select.dp_plan` at
+    the round's total, as ``gsd train --auto-select --select-epsilon`` runs it (where the advice declines to spend,
+    nothing is read and the training gets the whole total); the plan's training, decision and selection record."""
+    from gsd_cli.advice.select import dp_plan
+
+    d = spec.dp[name]
+    cfg = replace(config, method="auto", seed=seed, insecure_seed=seed)
+    plan = dp_plan(cfg, task.train, cands, select_epsilon=d["select_epsilon"], total=(spec.epsilon, spec.delta),
+                   fallback=d.get("fallback", True), private_test=task.test, device="cpu")
+    if plan is None or plan.error:
+        raise SystemExit(f"{task.name} seed {seed}: the DP advice refused ({None if plan is None else plan.error})")
+    c = plan.config
+    return {"decision": plan.decision.to_dict(), "selection": plan.selection, "warning": plan.warning,
+            "training": {"method": c.method, "public": c.public, "from_base": c.weights is not None, "epsilon": c.epsilon,
+                         "delta": c.delta}}
 
 
 def step(spec: Round, steps_dir, task: Task, seed: int, name: str) -> dict:
@@ -162,6 +242,11 @@ def decide(spec: Round, res: Results, task: Task, seed: int, arm: str) -> dict |
     """The arm's decision in a cell (its decider on the cell's steps), or None where the spec gives it no decider (an
     arm of an earlier round whose decisions are frozen only)."""
     a = spec.arms[arm]
+    if a.get("decider") == "dp" and a.get("step", "dp") in (spec.dp or {}):
+        t = step(spec, res.steps_dir, task, seed, a["step"])["training"]
+        m = spec.method_of(t["method"], t["from_base"])
+        return {"method": m, "public": t["public"] if m not in spec.no_candidate else None, "epsilon": t["epsilon"],
+                "delta": t["delta"]}
     if a.get("decider") == "dp":
         doc = step(spec, res.steps_dir, task, seed, "dp")
         d = doc["decision"]
@@ -176,11 +261,13 @@ def decide(spec: Round, res: Results, task: Task, seed: int, arm: str) -> dict |
     facts = {c: describe(resolve(c)) for c in task.candidates}
     probe = step(spec, res.steps_dir, task, seed, "probe") if a.get("probe") else None
     m, p = advise(step(spec, res.steps_dir, task, seed, a["ranking"]), probe, facts, int(resolve(task.train).num_classes))
+    if spec.bases:  # a from-base round: gsd's decision names gsd's method, trained from the task's base
+        m = spec.method_of(m, task.base is not None)
     return {"method": m, "public": p}
 
 
 def run_cell(spec: Round, res: Results, runs: dict, task: Task, seed: int) -> None:
-    hp = tuned(spec)
+    hp = tuned(spec, task.size)
     jobs = [(m, c) for m, c in spec.options(task.name)] + ([(spec.null["method"], spec.null_set(task.name))] if spec.null else [])
     for m, c in jobs:
         train(res.runs_file, runs, task, m, c, seed, settings(spec, task, m, hp[m]))
@@ -199,6 +286,9 @@ def run_cell(spec: Round, res: Results, runs: dict, task: Task, seed: int) -> No
         if "epsilon" in d:
             s = settings(spec, task, d["method"], hp[d["method"]], d["epsilon"], d["delta"])
             train(res.runs_file, runs, task, d["method"], d["public"], seed, s)
+            if spec.dp and d["epsilon"] < spec.epsilon:  # every no-candidate method at the training's own share too
+                for m in spec.no_candidate:
+                    train(res.runs_file, runs, task, m, None, seed, settings(spec, task, m, hp[m], d["epsilon"], d["delta"]))
 
 
 def _threads() -> None:
@@ -253,10 +343,13 @@ def best_points(spec: Round, jobs: list[tuple], runs: dict) -> dict | None:
 
 
 def tune(n: int, part: tuple[int, int] = (1, 1)) -> dict | None:
-    """Every tuning run (``part`` I/N, as :func:`run`); then, once all are recorded, the tuned file (kept if it exists)."""
+    """Every tuning run (``part`` I/N, as :func:`run`); then, once all are recorded, the tuned file (kept if it exists).
+    A round tuned per private size (:func:`tune_sized`) grows its grid at an edge and may need a second call."""
     spec = ready(n)
     _threads()
     runs_file = RESULTS / spec.tuning["runs"] / "runs.jsonl"
+    if spec.tuning.get("sizes"):
+        return tune_sized(spec, runs_file, part)
     runs = {r["key"]: r for r in read_lines(runs_file)}
     jobs = tune_jobs(spec)
     for task, m, c, hp, seed in jobs[part[0] - 1:: part[1]]:
@@ -271,27 +364,170 @@ def tune(n: int, part: tuple[int, int] = (1, 1)) -> dict | None:
     return {m: d["chosen"] for m, d in out.items()}
 
 
+# -- tuning per private size (a from-base round) ------------------------------------------------------------------
+
+
+def tuning_tasks(spec: Round) -> list[Task]:
+    """The tuning tasks of a round tuned per size (``tuning.tasks``: {round, task, candidate, base}), one per size:
+    an earlier round's task on its seeded subset, from the named base. Empty for a round tuned the old way."""
+    out = []
+    for entry in spec.tuning["tasks"] if spec.tuning.get("sizes") else ():
+        t = load(entry["round"]).tasks[entry["task"]]
+        out += [replace(t, name=f"{t.name}@{k}", train=f"{t.train}~{k}", size=k, group=t.name, base=entry["base"])
+                for k in spec.tuning["sizes"]]
+    return out
+
+
+def grid_jobs(spec: Round, method: str, size: int, axes: dict) -> list[tuple]:
+    """(task, method, candidate, point, seed) of every tuning run of ``method`` at ``size`` over the product of
+    ``axes`` (lr x epochs): each tuning task with its declared candidate (none for a no-candidate method)."""
+    cand = {e["task"]: e["candidate"] for e in spec.tuning["tasks"]}
+    tasks = [t for t in tuning_tasks(spec) if t.size == size]
+    return [(t, method, None if method in spec.no_candidate else cand[t.group], {"lr": lr, "epochs": ep}, seed)
+            for seed in spec.tuning["seeds"] for t in tasks for lr in axes["lr"] for ep in axes["epochs"]]
+
+
+def grid_scores(spec: Round, jobs: list[tuple], runs: dict) -> list[dict] | None:
+    """Each point's mean accuracy over its runs (None while one is missing)."""
+    by_point: dict[tuple, list] = {}
+    for t, m, c, hp, seed in jobs:
+        by_point.setdefault((hp["lr"], hp["epochs"]), []).append(runs.get(run_key(t.name, m, c, settings(spec, t, m, hp), seed), {}).get("accuracy"))
+    if any(a is None for x in by_point.values() for a in x):
+        return None
+    return [{"hp": {"lr": lr, "epochs": ep}, "mean_accuracy": sum(x) / len(x), "runs": len(x)} for (lr, ep), x in by_point.items()]
+
+
+def grown(axes: dict, best: dict, rule: dict) -> dict | None:
+    """The grid grown outwards where its best point is on an edge (``rule``: ``factor``; ``epochs_max``,
+    ``epochs_min``: the bounds of the epochs), or None where it is inside (or at a bound)."""
+    f, out, grew = rule["factor"], {k: list(v) for k, v in axes.items()}, False
+    lo, hi = min(axes["lr"]), max(axes["lr"])
+    if best["lr"] == lo:
+        out["lr"].insert(0, lo / f)
+        grew = True
+    if best["lr"] == hi:
+        out["lr"].append(hi * f)
+        grew = True
+    lo, hi = min(axes["epochs"]), max(axes["epochs"])
+    if best["epochs"] == hi and hi * f <= rule["epochs_max"]:
+        out["epochs"].append(int(hi * f))
+        grew = True
+    if best["epochs"] == lo and lo // f >= rule["epochs_min"]:
+        out["epochs"].insert(0, int(lo // f))
+        grew = True
+    return out if grew else None
+
+
+def tune_sized(spec: Round, runs_file: Path, part: tuple[int, int]) -> dict | None:
+    """Per private size and method: the grid's runs (this part's share), then the best point (the first on a tie);
+    where it is on an edge of the grid the grid grows outwards (:func:`grown`, at most ``extend.times`` times) and
+    those runs follow. Once every size and method has its point, the tuned file (kept if it exists)."""
+    rule, out, missing = spec.tuning["extend"], {}, False
+    for k in spec.tuning["sizes"]:
+        for method, grid in spec.tuning["grid"].items():
+            axes, history = {"lr": list(grid["lr"]), "epochs": list(grid["epochs"])}, []
+            while True:
+                jobs = grid_jobs(spec, method, k, axes)
+                runs = {r["key"]: r for r in read_lines(runs_file)}
+                for t, m, c, hp, seed in jobs[part[0] - 1:: part[1]]:
+                    train(runs_file, runs, t, m, c, seed, settings(spec, t, m, hp))
+                scores = grid_scores(spec, jobs, {r["key"]: r for r in read_lines(runs_file)})
+                if scores is None:
+                    missing = True
+                    break
+                best = max(scores, key=lambda x: x["mean_accuracy"])["hp"]
+                nxt = grown(axes, best, rule) if len(history) < rule["times"] else None
+                if nxt is None:
+                    corner = grown(axes, best, {**rule, "epochs_max": 10**9, "epochs_min": 0}) is not None
+                    out.setdefault(str(k), {"methods": {}})["methods"][method] = {
+                        "chosen": best, "grid": scores, "grown": history, "edge": corner}
+                    break
+                history.append({"from": axes, "best": best})
+                axes = nxt
+    if missing:
+        print("tuning runs missing (another part still running?): run tune again once every part has finished")
+        return None
+    path = RESULTS / spec.tuning["out"]
+    if not path.is_file():
+        save_json(path, {"rule": spec.tuning["rule"], "tasks": spec.tuning["tasks"], "sizes": out})
+    return {k: {m: d["chosen"] for m, d in v["methods"].items()} for k, v in out.items()}
+
+
 # -- data --------------------------------------------------------------------------------------------------------
 
 
 def prepare(n: int, force: bool = False) -> dict:
-    """The round's npz files (missing ones; every one with ``force``): {name: examples}."""
-    return data(load(n)).build(force=force)
+    """The round's npz files (missing ones; every one with ``force``) and its bases (:func:`build_bases`):
+    {name: examples}."""
+    counts = data(load(n)).build(force=force)
+    spec = load(n)
+    if spec.bases:
+        build_bases(spec)
+    return counts
+
+
+def build_bases(spec: Round) -> None:
+    """The round's bases (:func:`gsd_cli.train.pretrain.pretrain_base`), each built once from its public sets; every
+    private set of the round's tasks and tuning tasks is named as private, so a base that would see one is refused."""
+    from gsd_cli.train.pretrain import pretrain_base
+
+    ready.cache_clear()
+    frozen = spec.frozen_path.is_file()
+    if not frozen:  # the data is not frozen yet: register the sets without the frozen check
+        from ..npz_sets import register_npz
+
+        mod = data(spec)
+        register_npz(mod.NAMES, mod.data_dir(), f"python -m benchmarks validity --round {spec.round} prepare")
+        for r in {spec.tuning["round"], *spec.data_rounds} - {spec.round}:
+            ready(r)
+    else:
+        ready(spec.round)
+    private = sorted({t.train.rsplit("~", 1)[0] for t in [*spec.tasks.values(), *tuning_tasks(spec)]}
+                     | {t.test for t in [*spec.tasks.values(), *tuning_tasks(spec)]})
+    _threads()
+    for name, b in spec.bases.items():
+        folder = base_dir(spec, name)
+        if (folder / "card.json").is_file():
+            continue
+        t0 = time.perf_counter()
+        pretrain_base(list(b["public"]), folder, model=b["model"], private=private, epochs=b["epochs"], device="cpu")
+        print(f"{name}: built in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def other_files(spec: Round) -> dict[str, Path]:
+    """The npz files of the earlier rounds' sets this round uses (candidates, tuning tasks, bases' public sets)."""
+    used = {c for t in spec.tasks.values() for c in t.candidates}
+    used |= {x for t in tuning_tasks(spec) for x in (t.train.rsplit("~", 1)[0], t.test)}
+    used |= {e["candidate"] for e in spec.tuning["tasks"] if isinstance(e, dict)}
+    used |= {x for b in (spec.bases or {}).values() for x in b["public"]}
+    out = {}
+    for r in spec.data_rounds:
+        mod = data(load(r))
+        out.update({x: mod.data_dir() / f"{x}.npz" for x in mod.NAMES if x in used})
+    return out
 
 
 def freeze(n: int) -> dict:
-    """Write the round's frozen file (refused when it exists): the spec, the SHA-256 of every npz file and the gsd
-    commit under test. Commit it before the round's first run."""
+    """Write the round's frozen file (refused when it exists): the spec, the SHA-256 of every npz file (the round's and
+    the earlier rounds' sets it uses), of every base's weights, and the gsd commit under test. Commit it before the
+    round's first run."""
     spec = load(n)
     if spec.frozen_path.is_file():
         raise SystemExit(f"{spec.frozen_path} exists: round {n} is frozen")
     mod = data(spec)
     missing = [x for x in mod.NAMES if not (mod.data_dir() / f"{x}.npz").is_file()]
+    missing += [f"base {b}" for b in spec.bases or {} if not (base_dir(spec, b) / "weights.safetensors").is_file()]
     if missing:
         raise SystemExit(f"missing {missing[:3]}...: python -m benchmarks validity --round {n} prepare")
+    sha = lambda p: hashlib.sha256(Path(p).read_bytes()).hexdigest()  # noqa: E731
     doc = {"spec": json.loads(spec.path.read_text()), "gsd_cli_commit": gsd_commit(),
-           "data_sha256": {x: hashlib.sha256((mod.data_dir() / f"{x}.npz").read_bytes()).hexdigest() for x in mod.NAMES},
+           "data_sha256": {x: sha(mod.data_dir() / f"{x}.npz") for x in mod.NAMES},
            "note": f"written by python -m benchmarks validity --round {n} freeze before any run; the commit that froze it: "
                    f"git log --diff-filter=A -- {spec.frozen_path.name}"}
+    if spec.data_rounds:
+        doc["other_sha256"] = {x: sha(p) for x, p in sorted(other_files(spec).items())}
+    if spec.bases:
+        doc["bases_sha256"] = {b: sha(base_dir(spec, b) / "weights.safetensors") for b in spec.bases}
+        doc["bases_card"] = {b: json.loads((base_dir(spec, b) / "card.json").read_text()) for b in spec.bases}
     save_json(spec.frozen_path, doc)
     return doc

@@ -16,7 +16,9 @@ the same bootstrap), the gain where the oracle gains 3 points or more, the tasks
 candidate against the others; for an arm that trains at a share of the budget (the DP advice), its loss split
 into the budget's part and the choice's part; the mean Spearman of GSD's and of the probe's order with the
 validated method's accuracy; the probe's pick against a random candidate; the agreement of two arms' decisions; and
-the spec's targets, each passed or missed. Every interval draws from a generator keyed by the round's bootstrap
+the spec's targets, each passed or missed (or not scored: a target that ``requires`` another is scored only where
+that one passed). A round run at several private sizes scores each task at each size as a task of its own
+(``<task>@<size>``); its sets name the sizes they hold, so that a set never holds one task twice. Every interval draws from a generator keyed by the round's bootstrap
 key, the set and the figure: an interval does not move when another figure, task or round is added.
 """
 
@@ -117,6 +119,10 @@ def cell(spec: Round, res: Results, task: str, seed: int) -> dict | str:
             continue
         out[arm] = acc
         out["decisions"][arm] = [d["method"], d["public"]] + ([d["epsilon"]] if "epsilon" in d else [])
+        if spec.dp and "epsilon" in d:  # the no-candidate methods at the training's own share (the runner trains them)
+            at = {label(m, None): res.acc(task, m, None, seed, d["epsilon"]) for m in spec.no_candidate}
+            missing += [f"{m} at epsilon {d['epsilon']:g}" for m, a in at.items() if a is None]
+            out.setdefault("at_share", {})[arm] = at
     probe = res.step(task, seed, "probe")
     if "probe" in spec.steps and probe is None:
         missing.append("probe")
@@ -142,7 +148,8 @@ def oracles(spec: Round, task: str, cells: list[dict]) -> dict:
     best = choose(cells, opts)
     loso = [choose(cells[:i] + cells[i + 1:], opts) if len(cells) > 1 else best for i in range(len(cells))]
     for c, lo in zip(cells, loso):
-        c.update({"reference": c["options"][ref], "oracle": c["options"][best], "oracle-loso": c["options"][lo]})
+        c.update({"reference": c["options"][ref], "reference_option": ref, "oracle": c["options"][best],
+                  "oracle-loso": c["options"][lo]})
     return {"reference": ref, "oracle_choice": best, "loso_choices": loso}
 
 
@@ -180,6 +187,7 @@ def task_scores(spec: Round, res: Results, task: str, partial: bool = False) -> 
     if not cells:
         return None
     out = {"task": task, "kind": t.kind, "realistic": t.realistic, "source": t.source, "seeds": [c["seed"] for c in cells],
+           **({"size": t.size, "group": t.group} if t.size is not None else {}),
            **oracles(spec, task, cells), **orders(spec, res, task, cells), "cells": cells}
     arms = [a for a in (*spec.arms, "probe-pick", "random", "oracle", "oracle-loso") if all(a in c for c in cells)]
     out["mean"] = {a: float(np.mean([c[a] for c in cells])) for a in ("reference", *arms)}
@@ -255,11 +263,16 @@ def budget_split(spec: Round, tasks: list[dict], arm: str) -> dict | None:
             if d is None or len(d) < 3:
                 return None
             full = c["options"][label(d[0], d[1] if d[0] not in spec.no_candidate else None)]
-            rows.append((d[0] in spec.no_candidate, c[arm] - c["reference"], c[arm] - full, full - c["reference"]))
+            same = c.get("at_share", {}).get(arm, {}).get(c.get("reference_option"))  # the reference at the same share
+            rows.append((d[0] in spec.no_candidate, c[arm] - c["reference"], c[arm] - full, full - c["reference"],
+                         None if same is None else c[arm] - same))
 
     def part(sel):
         sel = list(sel)
-        return {"cells": len(sel), **{k: _mean([r[i] for r in sel]) for i, k in ((1, "total"), (2, "budget"), (3, "choice"))}}
+        out = {"cells": len(sel), **{k: _mean([r[i] for r in sel]) for i, k in ((1, "total"), (2, "budget"), (3, "choice"))}}
+        if sel and all(r[4] is not None for r in sel):  # the choice at equal training budget: against the reference there
+            out["vs_reference_at_share"] = _mean([r[4] for r in sel])
+        return out
 
     return {"all": part(rows), "chose_no_candidate": part(r for r in rows if r[0]), "used_public": part(r for r in rows if not r[0])}
 
@@ -321,10 +334,14 @@ def verdicts(spec: Round, figs: dict) -> dict:
     """Each target of the spec: [figure, threshold, passed]."""
     out = {}
     for t in spec.targets:
-        v = dig(figs[t.get("set", next(iter(spec.sets)))], t["figure"])
+        try:
+            v = dig(figs[t.get("set", next(iter(spec.sets)))], t["figure"])
+        except (KeyError, IndexError, TypeError):  # a figure an unfinished or degenerate set does not have
+            v = None
         op, thr = next((k, t[k]) for k in ("at_least", "at_most", "above") if k in t)
         ok = v is not None and {"at_least": v >= thr, "at_most": v <= thr, "above": v > thr}[op]
-        out[t["name"]] = [v, thr, bool(ok)]
+        gate = out.get(t.get("requires"))
+        out[t["name"]] = [v, thr, None if gate is not None and gate[2] is not True else bool(ok)]
     return out
 
 
@@ -340,7 +357,8 @@ def build(spec: Round, partial: bool = False) -> dict:
         return scored[n]
 
     own, res, tasks = scores(spec.round)
-    figs = {name: figures(spec, name, [x for r in st["rounds"] for x in scores(r)[2].values() if x])
+    figs = {name: figures(spec, name, [x for r in st["rounds"] for x in scores(r)[2].values()
+                                       if x and (not st.get("sizes") or x.get("size") in st["sizes"])])
             for name, st in spec.sets.items()}
     return {"round": spec.round, "label": spec.label, "spec": str(spec.path.relative_to(RESULTS.parents[1])),
             "frozen": spec.frozen, "frozen_commit": first_commit(spec.frozen_path),

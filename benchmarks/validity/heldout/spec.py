@@ -33,6 +33,15 @@ class Task:
     realistic: bool = True
     source: str | None = None
     same: str | None = None
+    base: str | None = None  # the base (a key of the round's ``bases``) its from-base methods start from
+    size: int | None = None  # the private set's size: ``train`` is a seeded subset ``<set>~<size>`` (:func:`expand`)
+    group: str | None = None  # the task these sizes of it come from (None: the task is its own)
+    related: tuple[str, ...] = ()  # the candidates related to it from another source (documentation, and a figure)
+    harmful: tuple[str, ...] = ()  # the candidates declared harmful
+
+    @property
+    def family(self) -> str:
+        return self.group or self.name
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,11 @@ class Round:
     targets: tuple = ()  # {name, figure, at_least | at_most | above, set}
     scored: tuple[str, ...] = ()  # the tasks scored (default: every task)
     package_note: dict | None = None
+    sizes: tuple[int, ...] = ()  # private set sizes (seeded subsets): each task runs at each (a task's own ``sizes`` wins)
+    bases: dict | None = None  # name -> {model, public, epochs}: bases built from public sets only (run.build_bases)
+    data_rounds: tuple[int, ...] = ()  # earlier rounds whose sets this round's tasks use as candidates
+    dp: dict | None = None  # DP advice steps: name -> {select_epsilon, fallback} (gsd_cli.advice.select.dp_plan)
+    rule: str = ""  # the pre-registered pass/fail rule, in words
     what: str = ""
     path: Path = field(default=SPECS, compare=False)
 
@@ -91,8 +105,42 @@ class Round:
         cands = self.tasks[task].candidates
         return [(m, None) for m in self.no_candidate] + [(m, c) for m in self.candidate_methods for c in cands]
 
+    def gsd_method(self, method: str) -> str:
+        """The gsd method a method of the spec trains (``methods[m]["method"]``, default the name itself)."""
+        return self.methods[method].get("method", method)
+
+    def from_base(self, method: str) -> bool:
+        return bool(self.methods[method].get("from_base"))
+
+    def method_of(self, gsd_method: str, from_base: bool) -> str:
+        """The spec's method that trains ``gsd_method`` from the base (or not): how a decision of gsd's names it."""
+        for m in self.methods:
+            if self.gsd_method(m) == gsd_method and self.from_base(m) == from_base:
+                return m
+        raise SystemExit(f"round {self.round}: no method trains {gsd_method} {'from a base' if from_base else 'from scratch'}")
+
     def null_set(self, task: str) -> str | None:
         return self.null["sets"][self.tasks[task].model] if self.null else None
+
+
+def expand(name: str, fields_: dict, sizes: tuple[int, ...]) -> dict[str, Task]:
+    """A task of the spec as the tasks that run: itself, or one per private size (``<name>@<size>``, its training set
+    the seeded subset ``<train>~<size>``, :func:`subset_indices`)."""
+    if not sizes:
+        return {name: Task(name, **fields_)}
+    return {f"{name}@{n}": Task(f"{name}@{n}", **{**fields_, "train": f"{fields_['train']}~{n}"}, size=n, group=name)
+            for n in sizes}
+
+
+def subset_indices(total: int, size: int) -> list[int]:
+    """The rows of a private set's seeded subset of ``size`` (of ``total``): the first ``size`` of one permutation
+    drawn from a fixed, public seed (0), sorted, so that a smaller size is a part of a larger one. The subset depends
+    on the set's length only, never on its examples."""
+    import numpy as np
+
+    if size > total:
+        raise SystemExit(f"a subset of {size} examples of a set of {total}")
+    return sorted(int(i) for i in np.random.default_rng(0).permutation(total)[:size])
 
 
 def load(n: int, directory: Path = SPECS) -> Round:
@@ -109,7 +157,10 @@ def parse(doc: dict, path: Path = SPECS) -> Round:
     unknown = sorted(set(doc) - known)
     if unknown:
         raise SystemExit(f"{path}: unknown spec fields {unknown}")
-    tasks = {n: Task(n, **{k: tuple(v) if isinstance(v, list) else v for k, v in t.items()}) for n, t in doc["tasks"].items()}
+    tasks = {}
+    for n, t in doc["tasks"].items():
+        t = {k: tuple(v) if isinstance(v, list) else v for k, v in t.items()}
+        tasks.update(expand(n, t, tuple(t.pop("sizes", doc.get("sizes", ())))))
     tup = {k: tuple(tuple(x) if isinstance(x, list) else x for x in v) for k, v in doc.items()
            if isinstance(v, list) and k != "tasks"}
     return Round(**{**doc, **tup, "tasks": tasks, "path": path})
