@@ -489,6 +489,7 @@ def build_bases(spec: Round) -> None:
         folder = base_dir(spec, name)
         if (folder / "card.json").is_file():
             continue
+        folder.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         pretrain_base(list(b["public"]), folder, model=b["model"], private=private, epochs=b["epochs"], device="cpu")
         print(f"{name}: built in {time.perf_counter() - t0:.0f} s", flush=True)

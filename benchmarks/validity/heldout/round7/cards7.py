@@ -2,8 +2,9 @@
 Debian packages, one image per card (jokers and backs left out), as 32x32 RGB on white (:func:`.prepare7._rgb`).
 
 - ``cards-train`` / ``cards-test``: gnome-cards-data's decks (``/usr/share/aisleriot/cards/*.svgz``), labelled by
-  suit (:data:`SUITS`); split by design family (:data:`GNOME_FAMILY`: a deck and its recoloured or bitmap twin go to
-  one part), a family in test if :func:`.prepare7.in_test` says so (salt ``cards``)
+  suit (:data:`SUITS`); split by design family (:data:`GNOME_FAMILY`: decks that share court cards or number cards go
+  to one part) with :func:`_test_families`. :func:`.prepare7.in_test` puts only 2 of the 15 families in test, so the
+  fallback chooses: anglo (4 decks: anglo, gnomangelo and their bitmap twins), orell, rheinland, tango_nuevo
 - ``cards-rank-train`` / ``cards-rank-test``: the same images, labelled by rank (:data:`RANKS`)
 - ``pub-kde-cards`` / ``pub-kde-ranks``: kdegames-card-data-kf5's decks (``/usr/share/carddecks/svg-*/*.svgz``) that
   draw French suits and are no gnome deck's design (:data:`KDE_DROP`), by suit / by rank
@@ -43,12 +44,14 @@ GNOME_DIR = "/usr/share/aisleriot/cards"
 KDE_DIR = "/usr/share/carddecks"
 #: gnome decks left out, and why
 GNOME_DROP = {"swiss-xvii": "Swiss suits (acorns, shields, roses, bells) under club/diamond/heart/spade ids"}
-#: gnome decks that draw another deck's court cards (recoloured, bitmap, relabelled, or the same art with other
-#: aces and indices; tango_nuevo: Tango's style redrawn), by eye: the split keeps each family whole
+#: gnome decks that share a design, merged by eye (the same court cards recoloured, as bitmaps, relabelled or with
+#: other aces) and by a check at 32x32 (two decks whose same cards differ by a median mean absolute difference under
+#: 10 of 255: the same number cards); the split keeps each family (named by one member) whole
 GNOME_FAMILY = {"anglo_bitmap": "anglo", "gnomangelo": "anglo", "gnomangelo_bitmap": "anglo",
-                "anglo_modern_4_color": "anglo_modern", "atlasnye_skat": "atlasnye", "Атласные": "atlasnye",
-                "neoclassical_4_color": "neoclassical", "ancient_french": "paris", "bellot": "paris",
-                "tango_nuevo": "tango"}
+                "anglo_modern_4_color": "anglo_modern", "anglo_poker": "anglo_modern", "atlasnye": "anglo_modern",
+                "atlasnye_skat": "anglo_modern", "Атласные": "anglo_modern", "lattmann": "berlin", "tarocco": "berlin",
+                "ancient_french": "paris", "bellot": "paris", "guyenne-classic": "paris",
+                "neoclassical_4_color": "neoclassical"}
 #: KDE deck folders (``svg-<name>``) left out, and why
 KDE_DROP = {"dondorf": "a gnome deck's design (dondorf)", "gm-paris": "a gnome deck's design (paris)",
             "nicu-ornamental": "a gnome deck's design (ornamental)",
@@ -126,7 +129,8 @@ def deck_cards(path: Path, kde: bool, height: int = HEIGHT) -> list[tuple[np.nda
         if not rsvg.rsvg_handle_get_intrinsic_size_in_pixels(handle, ctypes.byref(w), ctypes.byref(h)):
             raise SystemExit(f"{path} has no size in pixels")
         page = (w.value, h.value)
-        ids = [(f"{r}_{s}" if kde else f"{s}_{r}", i, j) for i, s in enumerate(SUIT_IDS) for j, r in enumerate(RANK_IDS)]
+        ids = [(f"{r}_{s}" if kde else f"{s}_{r}", i, j)
+               for i, s in enumerate(SUIT_IDS) for j, r in enumerate(RANK_IDS)]
         probe = _draw(libs, handle, page, ids[0][0], 1000 / max(page))  # the ace of clubs sets the deck's scale
         if probe is None:
             raise SystemExit(f"{path}: #{ids[0][0]} draws nothing")
@@ -143,6 +147,7 @@ def deck_cards(path: Path, kde: bool, height: int = HEIGHT) -> list[tuple[np.nda
 
 
 def _png(im: np.ndarray) -> bytes:
+    """An (H, W, 3) uint8 image as PNG bytes (what :func:`.prepare7._rgb` reads)."""
     from PIL import Image
 
     buf = io.BytesIO()
@@ -180,15 +185,10 @@ def build() -> Sets:
     family = {d: GNOME_FAMILY.get(d, d) for d in gnome}
     test = _test_families(sorted(set(family.values())))
     parts: dict[str, tuple[list, list, list]] = {k: ([], [], []) for k in ("train", "test", "kde")}
-    for name, path in gnome.items():
-        xs, ss, rs = parts["test" if family[name] in test else "train"]
-        for im, s, r in deck_cards(path, kde=False):
-            xs.append(_rgb(_png(im)))
-            ss.append(s)
-            rs.append(r)
-    for path in kde_decks().values():
-        xs, ss, rs = parts["kde"]
-        for im, s, r in deck_cards(path, kde=True):
+    decks = [("test" if family[d] in test else "train", p) for d, p in gnome.items()]
+    for part, path in decks + [("kde", p) for p in kde_decks().values()]:
+        xs, ss, rs = parts[part]
+        for im, s, r in deck_cards(path, kde=part == "kde"):
             xs.append(_rgb(_png(im)))
             ss.append(s)
             rs.append(r)
