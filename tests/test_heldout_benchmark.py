@@ -613,3 +613,21 @@ def test_the_sized_tuning_grows_its_grid_at_an_edge_and_says_when_it_stays_on_on
     assert len(seen) == len(set(seen)) == 4 * 3  # each point once: 2 rates, then one more, then one more, x 3 epochs
     assert RUN.grown({"lr": [0.5, 1.0], "epochs": [24, 48]}, {"lr": 0.5, "epochs": 48},
                      {"factor": 2, "epochs_max": 48, "epochs_min": 3}) == {"lr": [0.25, 0.5, 1.0], "epochs": [24, 48]}
+
+
+def test_a_sized_round_s_package_note_says_size_by_size_whether_public_data_paid(tmp_path, monkeypatch):
+    from gsd_cli.report import validity as V
+
+    spec, _ = sized(tmp_path)
+    spec = replace(spec, package_note={"file": "heldout7.json", "kind": "by_size", "dp": "auto:dp-select"},
+                   targets=({"name": "pays", "figure": "oracle-loso.tasks_gaining_3_share", "at_least": 0.5, "set": "small"},))
+    run_synthetic(monkeypatch, spec, sized_fit, sized_steps)
+    note = json.loads(json.dumps(R.package_note(spec, S.build(spec))))
+    small = note["sets"]["small"]
+    assert small["sizes"] == [40] and small["oracle_loso"]["gaining_3"] == 1 and small["oracle_loso"]["of"] == 2
+    assert small["dp"]["cells"] == 6 and "non_private" not in small and note["missed"] == [] and note["not_scored"] == []
+    text = V.round7_sentence(note)
+    assert "at 40 private examples (2 tasks) public data paid: the oracle chosen on other seeds gained 3 points or more on 1 of 2" in text
+    assert "at 400 private examples (1 tasks) public data did not pay" in text and "(DP, the same total) within 0.5 points in" in text
+    monkeypatch.setattr(V, "heldout7", lambda: note)
+    assert V.validity_line().startswith("validity (round 98") and "Round 6 (from scratch: " in V.validity_line()

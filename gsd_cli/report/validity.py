@@ -37,6 +37,36 @@ def heldout6() -> dict | None:
     return _shipped("heldout6.json")
 
 
+def heldout7() -> dict | None:
+    """Round 7's shipped figures (``heldout7.json``: ``python -m benchmarks validity --round 7 score --update-package``)."""
+    return _shipped("heldout7.json")
+
+
+def round7_sentence(doc: dict) -> str:
+    """Round 7's figures, size by size: whether public data paid (the oracle chosen on other seeds gaining 3 points or
+    more), then each advice against the best arm without a candidate and GSD's order (the formats of the markdown)."""
+    def arm(x: dict | None, what: str) -> str:
+        if not x:
+            return ""
+        return (f"; {what} within 0.5 points in {x['no_harm']} of {x['cells']} cells, mean gain {_ci(x['gain'], '+.2f')} "
+                f"points" + (f", {_pct(x['oracle_share'])} of the oracle's" if x["oracle_share"].get("mean") is not None else ""))
+
+    parts = []
+    for st in doc["sets"].values():
+        lo = st["oracle_loso"]
+        pays = "paid" if lo["gaining_3"] >= lo["of"] / 2 else "did not pay"
+        rho = st.get("spearman_gsd")
+        parts.append(
+            f"at {', '.join(f'{n:,}' for n in st['sizes'])} private examples ({lo['of']} tasks) public data {pays}: the oracle "
+            f"chosen on other seeds gained 3 points or more on {lo['gaining_3']} of {lo['of']} tasks (mean {_ci(lo['gain'], '+.1f')})"
+            + arm(st.get("non_private"), "gsd train --auto-select --weights (not DP)")
+            + arm(st.get("dp"), f"with --select-epsilon {doc['select_epsilon']:g} (DP, the same total)")
+            + (f"; GSD's order against the second phase, mean Spearman {_ci(rho, '+.2f')}" if rho else ""))
+    missed = f"; targets missed: {', '.join(doc['missed'])}" if doc["missed"] else "; every scored target met"
+    return (f"validity ({doc['label']}; epsilon {doc['epsilon']:g}; gains over the best arm without a candidate, DP-SGD "
+            f"from scratch or from the base; intervals: {doc['intervals']}): " + "; ".join(parts) + missed + ".")
+
+
 def round6_sentence(doc: dict) -> str:
     """Round 6's figures: the non-private advice and the DP advice at the same total epsilon, each against DP-SGD
     tuned over learning rate and length (the formats of the round's markdown)."""
@@ -94,7 +124,10 @@ def validity_line(metric: str = "gsd") -> str | None:
         return "validity: " + advice_sentence(private=True)
     if metric != "gsd" or not doc:
         return None
-    r6 = heldout6()
+    r6, r7 = heldout6(), heldout7()
+    if r7:
+        earlier = round6_sentence(r6).replace("validity (", "Round 6 (from scratch: ", 1) + " " if r6 else ""
+        return round7_sentence(r7) + " " + earlier + heldout_sentence(doc, "Earlier") + " " + advice_sentence()
     if r6:
         return round6_sentence(r6) + " " + heldout_sentence(doc, "Earlier") + " " + advice_sentence()
     return heldout_sentence(doc) + " " + advice_sentence()

@@ -160,10 +160,38 @@ def pooled_note(spec: Round, doc: dict, note: dict) -> dict:
             "intervals": "95% bootstrap over tasks", "pre_registered": one(note["pre_registered"]), "later": one(note["later"])}
 
 
+def sized_note(spec: Round, doc: dict, note: dict) -> dict:
+    """A round run at several private sizes (``heldout7.json``): per size whether public data paid (the
+    leave-one-seed-out oracle's tasks gaining 3 points), the oracles' gains, each advice's figures and GSD's order;
+    the targets missed and those not scored (their gate missed)."""
+    def one(name: str) -> dict:
+        f = doc["figures"][name]
+        arms = {k: _arm_note(f[note[k]]) for k in ("non_private", "dp", "dp_select") if note.get(k) in f}
+        for k in arms:
+            arms[k]["loso_share"] = {x: f[note[k]]["loso_share"][x] for x in ("mean", "ci")}
+            split = f[note[k]].get("budget_split")
+            if split:
+                arms[k]["budget_split"] = split["all"]
+        lo = f["oracle-loso"]
+        return {"label": spec.sets[name]["label"], "sizes": list(spec.sets[name].get("sizes", [])), "tasks": f["tasks"],
+                "oracle_loso": {"gaining_3": lo["tasks_gaining_3"], "of": len(f["tasks"]),
+                                "gain": {k: lo["task_gain"][k] for k in ("mean", "ci")}},
+                "oracle": {"gaining_3": f["oracle"]["tasks_gaining_3"], "gain": {k: f["oracle"]["task_gain"][k] for k in ("mean", "ci")}},
+                **arms, "spearman_gsd": {k: f["spearman"][k] for k in ("mean", "ci")} if "spearman" in f else None}
+
+    return {"source": f"{doc['command']} --update-package (benchmarks/results/{spec.out}.md)", "label": spec.label,
+            "epsilon": spec.epsilon, "select_epsilon": (spec.dp or {}).get(spec.arms.get(note.get("dp"), {}).get("step"), {}).get("select_epsilon", spec.select_epsilon),
+            "tuned": doc["tuned"], "intervals": "95% bootstrap over tasks", "sets": {n: one(n) for n in spec.sets},
+            "missed": [k for k, v in doc["verdicts"].items() if v[2] is False],
+            "not_scored": [k for k, v in doc["verdicts"].items() if v[2] is None], "scored_with": doc["scored_with"]}
+
+
 def package_note(spec: Round, doc: dict) -> dict | None:
     note = spec.package_note
     if not note:
         return None
+    if note.get("kind") == "by_size":
+        return sized_note(spec, doc, note)
     return (pooled_note if "pre_registered" in note else round_note)(spec, doc, note)
 
 
