@@ -521,7 +521,7 @@ def sized(tmp_path: Path, targets=()) -> tuple:
                   "sets": {"small": {"rounds": [98], "sizes": [40], "label": "40"}, "large": {"rounds": [98], "sizes": [400], "label": "400"}},
                   "bootstrap": {"draws": 300, "key": "t:{set}:{figure}"}, "targets": list(targets),
                   "tasks": {t: {"kind": "k", "train": f"{t}-train", "test": f"{t}-test", "model": "m", "candidates": ["p", "q"],
-                                "base": "B", **({"sizes": [40]} if t == "b" else {})} for t in "ab"}})
+                                "base": "B", "related": ["p"], **({"sizes": [40]} if t == "b" else {})} for t in "ab"}})
     res.mkdir()
     (res / "tuned.json").write_text(json.dumps({"sizes": {str(n): {"methods": {m: {"chosen": {"lr": 0.5, "epochs": e}} for m in spec.methods}}
                                                           for n, e in ((40, 6), (400, 24))}}))
@@ -576,6 +576,9 @@ def test_a_sized_from_base_round_runs_each_size_as_a_task_at_its_tuned_point_wit
     assert split["used_public"]["vs_reference_at_share"] == pytest.approx(10.0)
     assert split["chose_no_candidate"]["vs_reference_at_share"] == pytest.approx(0.0)
     assert "not scored (gate missed)" in R.markdown(spec, doc)
+    rel = doc["figures"]["small"]["related"]  # p: +10 on a@40, -11 on b@40; the worst candidate: q, then p
+    assert (rel["mean"], rel["tasks"], rel["gaining_3"]) == (pytest.approx(-0.5), 2, 1)
+    assert doc["figures"]["small"]["worst_candidate"]["by_task"] == {"a@40": "q", "b@40": "p"}
 
 
 def test_a_seeded_subset_depends_on_the_set_s_length_only_and_nests():

@@ -26,6 +26,13 @@ def _pts(x: float | None, dec: int, ci: list | None = None) -> str:
     return f"{x:+.{dec}f}" + (f" [{ci[0]:+.{dec}f}, {ci[1]:+.{dec}f}]" if ci else "")
 
 
+def _hp(h: dict) -> str:
+    """A tuned point (``lr``, ``epochs``), or a size's points (method -> point)."""
+    if all(isinstance(v, dict) for v in h.values()):
+        return "at " + ", ".join(f"{m} {_hp(v)}" for m, v in h.items())
+    return f"lr {h['lr']:g} x {h['epochs']} epochs" if set(h) == {"lr", "epochs"} else str(h)
+
+
 def arm_row(arm: str, x: dict, dec: int) -> str:
     g, w = x["task_gain"], x.get("where_oracle_gains_3", {})
     by_choice = f"{x['chose_no_candidate']} | {x['used_public_ok']} of {x['used_public']}" if "used_public" in x else "- | -"
@@ -53,6 +60,11 @@ def set_lines(spec: Round, name: str, f: dict) -> list[str]:
         if key in f:
             L.append(f"- {what} against {f[key]['method']} accuracy, mean Spearman over tasks "
                      f"{_pts(f[key]['mean'], 2, f[key]['ci'])}: " + ", ".join(f"{t} {r:+.2f}" for t, r in f[key]["by_task"].items()))
+    if "related" in f:
+        r, w = f["related"], f["worst_candidate"]
+        L.append(f"- the best related set from another source (with `{spec.probe_pick}`): mean gain {_pts(r['mean'], dec, r['ci'])}, "
+                 f">= 3 points on {r['gaining_3']} of {r['tasks']} tasks; the worst candidate: mean {_pts(w['mean'], dec)} ("
+                 + ", ".join(f"{t} {c}" for t, c in w["by_task"].items()) + ")")
     if "pick_vs_random" in f:
         L.append(f"- the probe's pick minus a random candidate: {_pts(f['pick_vs_random']['mean'], dec, f['pick_vs_random']['ci'])}")
     L += [f"- `{a.replace('~', '` and `')}` decide alike in {x['cells']} of {x['of']} cells" for a, x in f["agreement"].items()]
@@ -61,6 +73,7 @@ def set_lines(spec: Round, name: str, f: dict) -> list[str]:
         if s:
             L.append(f"- `{a}` at a share of the budget, its loss per cell = the budget's part + the choice's part: " + "; ".join(
                 f"{what} ({p['cells']} cells) {_pts(p['total'], 2)} = {_pts(p['budget'], 2)} + {_pts(p['choice'], 2)}"
+                + (f" (against the reference at the same share: {_pts(p['vs_reference_at_share'], 2)})" if "vs_reference_at_share" in p else "")
                 for what, p in (("all", s["all"]), ("chose no candidate", s["chose_no_candidate"]), ("used a candidate", s["used_public"]))
                 if p["cells"]))
         b = f[a]["by_source"]
@@ -107,7 +120,7 @@ def markdown(spec: Round, doc: dict) -> str:
          f"Spec `{doc['spec']}`, frozen in `{spec.frozen}` (commit {doc['frozen_commit']}) before the round's first run. "
          f"Scored with gsd {doc['scored_with']} from the committed results (`benchmarks/results/{spec.results}/`; the runs "
          f"were made at {len(doc['run_commits'])} gsd commit{'' if len(doc['run_commits']) == 1 else 's'}). Command: `{doc['command']}`. Tuned: "
-         + "; ".join(f"{m} {h}" for m, h in doc["tuned"].items()) + ". The reference is the best arm that uses no candidate "
+         + "; ".join(f"{m} {_hp(h)}" for m, h in doc["tuned"].items()) + ". The reference is the best arm that uses no candidate "
          f"({', '.join(spec.no_candidate)}); gains in points over it, per task the mean over seeds; intervals: 95% bootstrap "
          f"over tasks ({spec.bootstrap['draws']} draws).", "",
          *(f"- `{a}`: {w}" for a, w in doc["arms"].items()), ""]

@@ -384,7 +384,7 @@ def grid_jobs(spec: Round, method: str, size: int, axes: dict) -> list[tuple]:
     cand = {e["task"]: e["candidate"] for e in spec.tuning["tasks"]}
     tasks = [t for t in tuning_tasks(spec) if t.size == size]
     return [(t, method, None if method in spec.no_candidate else cand[t.group], {"lr": lr, "epochs": ep}, seed)
-            for seed in spec.tuning["seeds"] for t in tasks for lr in axes["lr"] for ep in axes["epochs"]]
+            for seed in spec.tuning["seeds"] for t in tasks for ep in axes["epochs"] for lr in axes["lr"]]  # parts: alike
 
 
 def grid_scores(spec: Round, jobs: list[tuple], runs: dict) -> list[dict] | None:

@@ -192,6 +192,10 @@ def task_scores(spec: Round, res: Results, task: str, partial: bool = False) -> 
     arms = [a for a in (*spec.arms, "probe-pick", "random", "oracle", "oracle-loso") if all(a in c for c in cells)]
     out["mean"] = {a: float(np.mean([c[a] for c in cells])) for a in ("reference", *arms)}
     out["gain"] = {a: float(np.mean([c[a] - c["reference"] for c in cells])) for a in arms}
+    cand = {c: float(np.mean([x["options"][label(spec.probe_pick, c)] - x["reference"] for x in cells])) for c in t.candidates}
+    out["candidate_gain"] = cand  # each candidate's (with the probe-pick method) mean gain over the reference
+    if t.related:
+        out["related_gain"] = max(cand[c] for c in t.related)
     return out
 
 
@@ -313,6 +317,12 @@ def figures(spec: Round, set_name: str, tasks: list[dict]) -> dict:
         f = order_figures(tasks, which, key, boot)
         if f:
             out[key] = {"method": spec.validated, **f}
+    related = [t["related_gain"] for t in tasks if "related_gain" in t]
+    if related:  # what the best related set from another source gave, and the worst candidate
+        out["related"] = {"mean": float(np.mean(related)), "ci": boot(related, "related:gain"), "tasks": len(related),
+                          "gaining_3": int(sum(g >= BIG_GAIN for g in related))}
+        out["worst_candidate"] = {"mean": float(np.mean([min(t["candidate_gain"].values()) for t in tasks])),
+                                  "by_task": {t["task"]: min(t["candidate_gain"], key=t["candidate_gain"].get) for t in tasks}}
     if "probe-pick" in arms:
         d = np.array([t["mean"]["probe-pick"] - t["mean"]["random"] for t in tasks])
         out["pick_vs_random"] = {"mean": float(d.mean()), "ci": boot(d, "pick-vs-random")}
