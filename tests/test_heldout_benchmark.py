@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from validity.heldout import report as R
 from validity.heldout import run as RUN
+from validity.heldout import tuning as TUNING
 from validity.heldout import score as S
 from validity.heldout.results import Results, read_lines, run_key
 from validity.heldout.spec import HERE, load, parse, rounds
@@ -172,9 +173,9 @@ def test_the_runner_s_tuning_finds_every_committed_tuning_run_and_chooses_the_co
     monkeypatch.setattr(RUN, "compute_step", lambda *a: pytest.fail("the plain rankings are recorded"))
     for n, methods in ((5, 3), (6, 2)):
         spec = load(n)
-        jobs = RUN.tune_jobs(spec)
+        jobs = TUNING.tune_jobs(spec)
         assert len(jobs) == 3 * 4 * sum(len(g) for g in spec.tuning["grid"].values()) and len(spec.tuning["grid"]) == methods
-        points = RUN.best_points(spec, jobs, runs)
+        points = TUNING.best_points(spec, jobs, runs)
         assert points is not None and {m: d["chosen"] for m, d in points.items()} == Results(spec).tuned, n
 
 
@@ -609,12 +610,12 @@ def test_the_sized_tuning_grows_its_grid_at_an_edge_and_says_when_it_stays_on_on
         return 0.5 - 0.01 * abs(math.log2(s["lr"]) + 8) - 0.01 * abs(s["epochs"] - 12) / 6, 2.0
 
     monkeypatch.setattr(RUN, "fit", fit)
-    out = RUN.tune_sized(spec, res / "runs.jsonl", (1, 1))
+    out = TUNING.tune_sized(spec, res / "runs.jsonl", (1, 1))
     assert out == {"500": {"dpsgd": {"lr": 0.03125, "epochs": 12}}}
     tuned = json.loads((res / "tuned.json").read_text())["sizes"]["500"]["methods"]["dpsgd"]
     assert tuned["edge"] is True and [g["best"]["lr"] for g in tuned["grown"]] == [0.125, 0.0625]
     assert len(seen) == len(set(seen)) == 4 * 3  # each point once: 2 rates, then one more, then one more, x 3 epochs
-    assert RUN.grown({"lr": [0.5, 1.0], "epochs": [24, 48]}, {"lr": 0.5, "epochs": 48},
+    assert TUNING.grown({"lr": [0.5, 1.0], "epochs": [24, 48]}, {"lr": 0.5, "epochs": 48},
                      {"factor": 2, "epochs_max": 48, "epochs_min": 3}) == {"lr": [0.25, 0.5, 1.0], "epochs": [24, 48]}
 
 

@@ -56,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         run.freeze(a.round)
         print(f"wrote {load(a.round).frozen_path}: commit it before the round's first run")
     elif a.cmd == "tune":
-        print("tuned:", run.tune(a.round, a.part))
+        from . import tuning
+
+        print("tuned:", tuning.tune(a.round, a.part))
     else:
         run.run(a.round, a.part)
     return 0

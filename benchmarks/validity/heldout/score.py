@@ -379,13 +379,10 @@ def build(spec: Round, partial: bool = False) -> dict:
 
 def status(spec: Round) -> list[str]:
     """Where a round stands, from its results alone: per task the complete cells and the first missing pieces."""
-    from .results import tuned
-
     try:
-        tuned(spec)
+        res = Results(spec)  # reads the tuned file (per size where the round is tuned per size)
     except SystemExit as e:
         return [f"round {spec.round}: not tuned ({e})"]
-    res = Results(spec)
     out, done = [], 0
     for task in spec.scored_tasks:
         got = [cell(spec, res, task, s) for s in spec.seeds]

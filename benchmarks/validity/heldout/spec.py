@@ -11,7 +11,7 @@ candidates, the figure sets and their bootstrap, the targets and the frozen file
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -169,3 +169,14 @@ def parse(doc: dict, path: Path = SPECS) -> Round:
 def rounds(directory: Path = SPECS) -> list[int]:
     """The rounds that have a spec."""
     return sorted(int(p.stem[5:]) for p in directory.glob("round*.json"))
+
+
+def tuning_tasks(spec: Round) -> list[Task]:
+    """The tuning tasks of a round tuned per size (``tuning.tasks``: {round, task, candidate, base}), one per size:
+    an earlier round's task on its seeded subset, from the named base. Empty for a round tuned the old way."""
+    out = []
+    for entry in spec.tuning["tasks"] if spec.tuning.get("sizes") else ():
+        t = load(entry["round"]).tasks[entry["task"]]
+        out += [replace(t, name=f"{t.name}@{k}", train=f"{t.train}~{k}", size=k, group=t.name, base=entry["base"])
+                for k in spec.tuning["sizes"]]
+    return out

@@ -25,7 +25,7 @@ import numpy as np
 
 from .replay import Ranking, probe_result
 from .results import Results
-from .spec import RESULTS, load
+from .spec import RESULTS
 
 
 def _restricted(doc: dict, names: list[str]) -> dict:
