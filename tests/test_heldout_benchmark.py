@@ -37,6 +37,13 @@ def _split(n: int) -> dict:
     return json.loads(load(n).frozen_path.read_text())
 
 
+def _added_at(path) -> int | None:
+    """When the commit that added ``path`` was made (Unix time), or None outside a git checkout."""
+    out = subprocess.run(["git", "-C", str(ROOT), "log", "--format=%ct", "--diff-filter=A", "--", str(path)],
+                         capture_output=True, text=True, check=False).stdout.split()
+    return int(out[-1]) if out else None
+
+
 # -- the specs ---------------------------------------------------------------------------------------------------
 
 
@@ -105,16 +112,11 @@ def test_round_7_s_spec_is_issue_62_s_protocol_frozen_before_its_runs():
     assert {x for t in spec.tasks.values() for x in (t.train.rsplit("~", 1)[0], t.test)} <= set(doc["data_sha256"])
     assert {c for t in spec.tasks.values() for c in t.candidates} <= set(doc["data_sha256"]) | set(doc["other_sha256"])
 
-    def first_commit(path):
-        out = subprocess.run(["git", "-C", str(ROOT), "log", "--format=%ct", "--diff-filter=A", "--", str(path)],
-                             capture_output=True, text=True, check=False).stdout.split()
-        return int(out[-1]) if out else None
-
-    frozen = first_commit(spec.frozen_path)
+    frozen = _added_at(spec.frozen_path)
     if frozen is None:
         pytest.skip("not a git checkout")
     for later in (ROOT / "benchmarks/results/heldout7/tuning/runs.jsonl", ROOT / "benchmarks/results/heldout7/runs.jsonl"):
-        added = first_commit(later)
+        added = _added_at(later)
         assert added is None or added >= frozen, later
 
 
@@ -135,16 +137,11 @@ def test_round_6_s_spec_is_its_protocol_and_the_protocol_was_frozen_before_its_r
                           "auto:dp oracle share": T["auto:dp"]["oracle_share"], "auto:dp agreement": T["auto:dp"]["agreement_share"],
                           "probe pick vs random CI low": T["probe-pick"]["vs_random_ci_low_above"]}
 
-    def first_commit(path):
-        out = subprocess.run(["git", "-C", str(ROOT), "log", "--format=%ct", "--diff-filter=A", "--", str(path)],
-                             capture_output=True, text=True, check=False).stdout.split()
-        return int(out[-1]) if out else None
-
-    frozen = first_commit(spec.frozen_path)
+    frozen = _added_at(spec.frozen_path)
     if frozen is None:
         pytest.skip("not a git checkout")
     for later in (ROOT / "benchmarks/results/heldout6/tuned6.json", ROOT / "benchmarks/results/heldout6/runs.jsonl"):
-        added = first_commit(later)
+        added = _added_at(later)
         assert added is None or added >= frozen, later
 
 
@@ -556,7 +553,7 @@ def label_of(method, public):
 def test_a_sized_from_base_round_runs_each_size_as_a_task_at_its_tuned_point_with_the_dp_advice_s_share(tmp_path, monkeypatch):
     spec, res_dir = sized(tmp_path)
     assert list(spec.tasks) == ["a@40", "a@400", "b@40"] and spec.tasks["a@400"].train == "a-train~400"
-    assert spec.tasks["b@40"].family == "b" and spec.method_of("dpsgd", True) == "ft-base" and spec.method_of("dpsgd", False) == "dpsgd"
+    assert spec.tasks["b@40"].group == "b" and spec.method_of("dpsgd", True) == "ft-base" and spec.method_of("dpsgd", False) == "dpsgd"
     run_synthetic(monkeypatch, spec, sized_fit, sized_steps)
     runs = [json.loads(x) for x in (res_dir / "runs.jsonl").read_text().splitlines()]
     # 4 options a cell; at the share: the decision's training and both no-candidate methods (ft-base is the decision
@@ -624,12 +621,14 @@ def test_a_sized_round_s_package_note_says_size_by_size_whether_public_data_paid
 
     spec, _ = sized(tmp_path)
     spec = replace(spec, package_note={"file": "heldout7.json", "kind": "by_size", "dp": "auto:dp-select"},
-                   targets=({"name": "pays", "figure": "oracle-loso.tasks_gaining_3_share", "at_least": 0.5, "set": "small"},))
+                   targets=({"name": "pays", "figure": "oracle-loso.tasks_gaining_3_share", "at_least": 0.5, "set": "small"},
+                            {"name": "pays large", "figure": "oracle-loso.tasks_gaining_3_share", "at_least": 0.5, "set": "large"}))
     run_synthetic(monkeypatch, spec, sized_fit, sized_steps)
     note = json.loads(json.dumps(R.package_note(spec, S.build(spec))))
     small = note["sets"]["small"]
     assert small["sizes"] == [40] and small["oracle_loso"]["gaining_3"] == 1 and small["oracle_loso"]["of"] == 2
-    assert small["dp"]["cells"] == 6 and "non_private" not in small and note["missed"] == [] and note["not_scored"] == []
+    assert small["dp"]["cells"] == 6 and "non_private" not in small and note["missed"] == ["pays large"] and note["not_scored"] == []
+    assert (small["pays"], note["sets"]["large"]["pays"]) == (True, False)
     text = V.round7_sentence(note)
     assert "at 40 private examples (2 tasks) public data paid: the oracle chosen on other seeds gained 3 points or more on 1 of 2" in text
     assert "at 400 private examples (1 tasks) public data did not pay" in text and "(DP, the same total) within 0.5 points in" in text

@@ -54,7 +54,7 @@ def round7_sentence(doc: dict) -> str:
     parts = []
     for st in doc["sets"].values():
         lo = st["oracle_loso"]
-        pays = "paid" if lo["gaining_3"] >= lo["of"] / 2 else "did not pay"
+        pays = {True: "paid", False: "did not pay", None: "was not tested"}[st["pays"]]  # the round's own gate
         rho = st.get("spearman_gsd")
         parts.append(
             f"at {', '.join(f'{n:,}' for n in st['sizes'])} private examples ({lo['of']} tasks) public data {pays}: the oracle "

@@ -186,7 +186,8 @@ def sized_note(spec: Round, doc: dict, note: dict) -> dict:
             if split:
                 arms[k]["budget_split"] = split["all"]
         lo = f["oracle-loso"]
-        return {"label": spec.sets[name]["label"], "sizes": list(spec.sets[name].get("sizes", [])), "tasks": f["tasks"],
+        gate = [t["name"] for t in spec.targets if t.get("set") == name and t["figure"] == "oracle-loso.tasks_gaining_3_share"]
+        return {"label": spec.sets[name]["label"], "pays": doc["verdicts"][gate[0]][2] if gate else None, "sizes": list(spec.sets[name].get("sizes", [])), "tasks": f["tasks"],
                 "oracle_loso": {"gaining_3": lo["tasks_gaining_3"], "of": len(f["tasks"]),
                                 "gain": {k: lo["task_gain"][k] for k in ("mean", "ci")}},
                 "oracle": {"gaining_3": f["oracle"]["tasks_gaining_3"], "gain": {k: f["oracle"]["task_gain"][k] for k in ("mean", "ci")}},

@@ -241,8 +241,8 @@ def decide(spec: Round, res: Results, task: Task, seed: int, arm: str) -> dict |
     """The arm's decision in a cell (its decider on the cell's steps), or None where the spec gives it no decider (an
     arm of an earlier round whose decisions are frozen only)."""
     a = spec.arms[arm]
-    if a.get("decider") == "dp" and a.get("step", "dp") in (spec.dp or {}):
-        t = step(spec, res.steps_dir, task, seed, a["step"])["training"]
+    if a.get("decider") == "dp" and (name := a.get("step", "dp")) in (spec.dp or {}):
+        t = step(spec, res.steps_dir, task, seed, name)["training"]
         m = spec.method_of(t["method"], t["from_base"])
         return {"method": m, "public": t["public"] if m not in spec.no_candidate else None, "epsilon": t["epsilon"],
                 "delta": t["delta"]}
@@ -314,31 +314,28 @@ def run(n: int, part: tuple[int, int] = (1, 1)) -> None:
 def prepare(n: int, force: bool = False) -> dict:
     """The round's npz files (missing ones; every one with ``force``) and its bases (:func:`build_bases`):
     {name: examples}."""
-    counts = data(load(n)).build(force=force)
     spec = load(n)
+    counts = data(spec).build(force=force)
     if spec.bases:
         build_bases(spec)
     return counts
 
 
 def build_bases(spec: Round) -> None:
-    """The round's bases (:func:`gsd_cli.train.pretrain.pretrain_base`), each built once from its public sets; every
-    private set of the round's tasks and tuning tasks is named as private, so a base that would see one is refused."""
+    """The round's missing bases (:func:`gsd_cli.train.pretrain.pretrain_base`), each from its public sets; every
+    private set of the round's tasks and tuning tasks is named as private, so a base that would see one is refused.
+    The sets are registered without :func:`ready`'s check of the bases (a lost base is built again here; ``ready``
+    then checks it against the frozen hash)."""
     from gsd_cli.train.pretrain import pretrain_base
 
-    ready.cache_clear()
-    frozen = spec.frozen_path.is_file()
-    if not frozen:  # the data is not frozen yet: register the sets without the frozen check
-        from ..npz_sets import register_npz
+    from ..npz_sets import register_npz
 
-        mod = data(spec)
-        register_npz(mod.NAMES, mod.data_dir(), f"python -m benchmarks validity --round {spec.round} prepare")
-        for r in {spec.tuning["round"], *spec.data_rounds} - {spec.round}:
-            ready(r)
-    else:
-        ready(spec.round)
-    private = sorted({t.train.rsplit("~", 1)[0] for t in [*spec.tasks.values(), *tuning_tasks(spec)]}
-                     | {t.test for t in [*spec.tasks.values(), *tuning_tasks(spec)]})
+    mod = data(spec)
+    register_npz(mod.NAMES, mod.data_dir(), f"python -m benchmarks validity --round {spec.round} prepare")
+    for r in {spec.tuning["round"], *spec.data_rounds} - {spec.round}:
+        ready(r)
+    tasks = [*spec.tasks.values(), *tuning_tasks(spec)]
+    private = sorted({t.train.rsplit("~", 1)[0] for t in tasks} | {t.test for t in tasks})
     _threads()
     for name, b in spec.bases.items():
         folder = base_dir(spec, name)

@@ -39,10 +39,6 @@ class Task:
     related: tuple[str, ...] = ()  # the candidates related to it from another source (documentation, and a figure)
     harmful: tuple[str, ...] = ()  # the candidates declared harmful
 
-    @property
-    def family(self) -> str:
-        return self.group or self.name
-
 
 @dataclass(frozen=True)
 class Round:

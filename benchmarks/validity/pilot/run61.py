@@ -49,27 +49,19 @@ def base_dir() -> Path:
 
 
 def ready() -> dict:
-    """Every set of the pilot's data rounds resolvable by name, and each task's seeded subsets (``<train>~<n>``)."""
-    from gsd_cli.data import register_dataset, resolve
-    from gsd_cli.data.splits import SubsetSource
-
+    """Every set of the pilot's data rounds resolvable by name, and each task's seeded subsets (``<train>~<n>``: the
+    held-out runner's rule, :func:`benchmarks.validity.heldout.spec.subset_indices`)."""
     from ..heldout.run import ready as round_ready
+    from ..heldout.run import register_subset
 
     p = plan()
     for r in p["data_rounds"]:
         round_ready(r)
     os.environ["GSD_LEDGER"] = str(base_dir() / "ledger.sqlite")
     base_dir().mkdir(parents=True, exist_ok=True)
-
-    import numpy as np
-
     for task in p["tasks"].values():
         for n in p["sizes"]:
-            def make(train=task["train"], n=n):
-                src = resolve(train)
-                order = np.random.default_rng(0).permutation(len(src))[: max(p["sizes"])]
-                return SubsetSource(src, np.sort(order[:n]), f"{train}~{n}")
-            register_dataset(f"{task['train']}~{n}", make)
+            register_subset(f"{task['train']}~{n}", n)
     return p
 
 
