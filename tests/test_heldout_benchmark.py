@@ -346,7 +346,7 @@ def run_synthetic(monkeypatch, spec, fit=fake_fit, steps=fake_steps):
 def test_the_runner_records_each_cell_once_and_resumes_keyed_by_task_arm_and_seed(tmp_path, monkeypatch):
     spec, res_dir = synthetic(tmp_path)
     assert S.status(spec)[0].startswith("round 99 (synthetic): 0 of 6 cells complete")
-    res = run_synthetic(monkeypatch, spec)
+    run_synthetic(monkeypatch, spec)
     lines = (res_dir / "runs.jsonl").read_text().splitlines()
     assert len(lines) == 3 * 6 + 6  # every option of every cell, and each DP decision's training at its share, 1.5
     decisions = [json.loads(x) for x in (res_dir / "decisions.jsonl").read_text().splitlines()]
@@ -634,3 +634,31 @@ def test_a_sized_round_s_package_note_says_size_by_size_whether_public_data_paid
     assert "at 400 private examples (1 tasks) public data did not pay" in text and "(DP, the same total) within 0.5 points in" in text
     monkeypatch.setattr(V, "heldout7", lambda: note)
     assert V.validity_line().startswith("validity (round 98") and "Round 6 (from scratch: " in V.validity_line()
+
+
+def test_a_base_that_is_not_the_frozen_one_is_used_only_as_a_recorded_deviation(tmp_path, capsys):
+    """ready's base check: the frozen weights pass; other weights stop the run unless the round's deviations file
+    records their hash (a base rebuilt from the frozen recipe), and then it is said."""
+    import hashlib
+
+    w = tmp_path / "B" / "weights.safetensors"
+    with pytest.raises(SystemExit, match="missing"):
+        RUN.check_base(w, "0" * 64, None, 7)
+    w.parent.mkdir()
+    w.write_bytes(b"frozen")
+    frozen = hashlib.sha256(b"frozen").hexdigest()
+    assert RUN.check_base(w, frozen, None, 7) == frozen
+    w.write_bytes(b"rebuilt")
+    rebuilt = hashlib.sha256(b"rebuilt").hexdigest()
+    with pytest.raises(SystemExit, match="deviations file"):
+        RUN.check_base(w, frozen, None, 7)
+    with pytest.raises(SystemExit, match="not the base round 7 froze"):
+        RUN.check_base(w, frozen, {"sha256": frozen, "reason": "x"}, 7)
+    assert RUN.check_base(w, frozen, {"sha256": rebuilt, "reason": "lost cache"}, 7) == rebuilt
+    assert "the rebuilt base" in capsys.readouterr().err
+
+
+def test_round_7_s_deviations_name_the_rebuilt_base_and_keep_the_frozen_file():
+    dev = json.loads((HERE / "round7/split7-deviations.json").read_text())["bases_rebuilt"]
+    frozen = _split(7)["bases_sha256"]
+    assert set(dev) <= set(frozen) and all(d["frozen_sha256"] == frozen[b] != d["sha256"] and d["reason"] for b, d in dev.items())

@@ -22,6 +22,7 @@ import hashlib
 import importlib
 import json
 import os
+import sys
 import tempfile
 import time
 
@@ -60,10 +61,9 @@ def ready(n: int) -> Round:
     for name, sha in frozen.get("other_sha256", {}).items():  # the earlier rounds' sets this round uses, as frozen
         if hashlib.sha256(others[name].read_bytes()).hexdigest() != sha:
             raise SystemExit(f"{others[name]} is not the file {spec.frozen} froze")
+    rebuilt = (load_json(deviations_path(spec)) or {}).get("bases_rebuilt", {})
     for name, sha in frozen.get("bases_sha256", {}).items():
-        path = base_dir(spec, name) / "weights.safetensors"
-        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != sha:
-            raise SystemExit(f"{path} is not the base {spec.frozen} froze: python -m benchmarks validity --round {n} prepare")
+        BASE_SHA[name] = check_base(base_dir(spec, name) / "weights.safetensors", sha, rebuilt.get(name), n)
     for task in [*spec.tasks.values(), *tuning_tasks(spec)]:
         if task.size is not None:
             register_subset(task.train, task.size)
@@ -74,11 +74,36 @@ def ready(n: int) -> Round:
 
 #: every base a ready round declares, by name: its folder
 BASES: dict[str, Path] = {}
+#: every base a ready round declares, by name: the SHA-256 of the weights in use (each run and decision records it)
+BASE_SHA: dict[str, str] = {}
+
+
+def deviations_path(spec: Round) -> Path:
+    """A frozen round's recorded deviations from its pre-registration (beside the frozen file; the frozen file itself
+    is never rewritten): ``bases_rebuilt`` names a base rebuilt from the frozen recipe whose weights differ."""
+    return spec.frozen_path.with_name(spec.frozen_path.stem + "-deviations.json")
 
 
 def base_dir(spec: Round, name: str) -> Path:
     """Where a round's base ``name`` is built (beside its data)."""
     return data(spec).data_dir() / "bases" / name
+
+
+def check_base(path: Path, frozen_sha: str, rebuilt: dict | None, n: int) -> str:
+    """The SHA-256 of the base weights ``path``: the frozen one, or the one a deviation ``rebuilt`` (the round's
+    deviations file: ``sha256``, ``reason``) records for a base rebuilt from the frozen recipe (said on stderr);
+    anything else stops: a base is never swapped silently."""
+    if not path.is_file():
+        raise SystemExit(f"{path} is missing: python -m benchmarks validity --round {n} prepare")
+    got = hashlib.sha256(path.read_bytes()).hexdigest()
+    if got == frozen_sha:
+        return got
+    if rebuilt is None or got != rebuilt.get("sha256"):
+        raise SystemExit(f"{path} is not the base round {n} froze (sha256 {got[:12]}): a base rebuilt from the frozen "
+                         "recipe is used only once its hash and the reason are recorded in the round's deviations file")
+    print(f"{path.parent.name}: the rebuilt base ({got[:12]}), not the frozen one ({frozen_sha[:12]}): {rebuilt['reason']}",
+          file=sys.stderr, flush=True)
+    return got
 
 
 def register_subset(name: str, n: int) -> None:
@@ -151,7 +176,7 @@ def train(runs_file, runs: dict, task: Task, method: str, public: str | None, se
     acc, eps = fit(task, method, public, seed, s)
     rec = {"key": key, "task": task.name, "method": method, "public": public, "seed": seed, "settings": s, "accuracy": acc,
            "epsilon": eps, "seconds": round(time.perf_counter() - t0, 2), "commit": gsd_commit(),
-           "loadavg": [round(x, 2) for x in os.getloadavg()]}
+           "loadavg": [round(x, 2) for x in os.getloadavg()], **({"bases": dict(BASE_SHA)} if BASE_SHA else {})}
     append_line(runs_file, rec)
     runs[key] = rec
     print(f"  {task.name} {method} {public or '-'} seed {seed} epsilon {s['epsilon']:g}: {100 * acc:.1f}% "
@@ -279,7 +304,8 @@ def run_cell(spec: Round, res: Results, runs: dict, task: Task, seed: int) -> No
             if d is None:
                 print(f"  {arm}: no decider (its decisions are frozen only)", flush=True)
                 continue
-            d = {"task": task.name, "seed": seed, "arm": arm, **d, "commit": gsd_commit()}
+            d = {"task": task.name, "seed": seed, "arm": arm, **d, "commit": gsd_commit(),
+                     **({"bases": dict(BASE_SHA)} if BASE_SHA else {})}
             append_line(res.decisions_file, d)
             res.decisions[(task.name, arm, seed)] = d
         if "epsilon" in d:
