@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -258,13 +259,13 @@ def test_rounds_1_to_5_rescore_to_every_figure_their_old_scorer_committed(n):
             assert x["oracle_share"]["ci"] == pytest.approx(y["oracle_share"]["ci"]) and x["by_source"]["source_mean"] == pytest.approx(y["by_source"]["source_mean"])
 
 
-@pytest.mark.parametrize("n, note", [(5, "heldout.json"), (6, "heldout6.json")])
+@pytest.mark.parametrize("n, note", [(5, "heldout.json"), (6, "heldout6.json")])  # round 7 joins once its note ships
 def test_the_shipped_validity_notes_are_the_rescored_figures_and_quote_only_printed_ones(n, note):
     """gsd_cli/report/heldout*.json is what ``score --update-package`` writes from the re-scored round, and every
     figure gsd rank's note quotes is in the round's markdown."""
     import re
 
-    from gsd_cli.report.validity import heldout_sentence, round6_sentence
+    from gsd_cli.report.validity import heldout_sentence, round6_sentence, round7_sentence
 
     spec, doc = load(n), scored(n)
     shipped = json.loads((ROOT / "gsd_cli/report" / note).read_text())
@@ -273,7 +274,7 @@ def test_the_shipped_validity_notes_are_the_rescored_figures_and_quote_only_prin
     for k in set(shipped) - {"scored_with", "source"}:
         assert made[k] == pytest.approx(shipped[k]) if not isinstance(shipped[k], dict) else _approx(made[k], shipped[k]), k
     md = R.markdown(spec, doc)
-    sentence = heldout_sentence(shipped) if n == 5 else round6_sentence(shipped)
+    sentence = {5: heldout_sentence, 6: round6_sentence, 7: round7_sentence}[n](shipped)
     quoted = re.findall(r"[+-]\d+\.\d+ \[[+-]\d+\.\d+, [+-]\d+\.\d+\]|-?\d+% \[-?\d+%, -?\d+%\]|\d+ of \d+ cells", sentence)
     assert len(quoted) >= 4
     for q in quoted:
@@ -662,3 +663,20 @@ def test_round_7_s_deviations_name_the_rebuilt_base_and_keep_the_frozen_file():
     dev = json.loads((HERE / "round7/split7-deviations.json").read_text())["bases_rebuilt"]
     frozen = _split(7)["bases_sha256"]
     assert set(dev) <= set(frozen) and all(d["frozen_sha256"] == frozen[b] != d["sha256"] and d["reason"] for b, d in dev.items())
+
+
+def test_a_round_s_base_is_restored_from_its_committed_copy_and_a_new_one_is_kept(tmp_path):
+    built = []
+
+    def build(folder):
+        built.append(folder)
+        folder.mkdir()
+        (folder / "card.json").write_text("{}")
+        (folder / "weights.safetensors").write_bytes(b"w")
+
+    folder, kept = tmp_path / "cache" / "bases" / "B", tmp_path / "results" / "bases" / "B"
+    assert RUN.place_base(folder, kept, build).startswith("built") and (kept / "weights.safetensors").read_bytes() == b"w"
+    assert RUN.place_base(folder, kept, build) == "present"
+    shutil.rmtree(folder)  # the cache is lost: the committed copy comes back, nothing is rebuilt
+    assert RUN.place_base(folder, kept, build).startswith("restored") and (folder / "weights.safetensors").read_bytes() == b"w"
+    assert len(built) == 1

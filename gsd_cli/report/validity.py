@@ -58,7 +58,7 @@ def round7_sentence(doc: dict) -> str:
         rho = st.get("spearman_gsd")
         parts.append(
             f"at {', '.join(f'{n:,}' for n in st['sizes'])} private examples ({lo['of']} tasks) public data {pays}: the oracle "
-            f"chosen on other seeds gained 3 points or more on {lo['gaining_3']} of {lo['of']} tasks (mean {_ci(lo['gain'], '+.1f')})"
+            f"chosen on other seeds gained 3 points or more on {lo['gaining_3']} of {lo['of']} tasks (mean {_ci(lo['gain'], '+.2f')})"
             + arm(st.get("non_private"), "gsd train --auto-select --weights (not DP)")
             + arm(st.get("dp"), f"with --select-epsilon {doc['select_epsilon']:g} (DP, the same total)")
             + (f"; GSD's order against the second phase, mean Spearman {_ci(rho, '+.2f')}" if rho else ""))

@@ -22,6 +22,7 @@ import hashlib
 import importlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -364,13 +365,33 @@ def build_bases(spec: Round) -> None:
     private = sorted({t.train.rsplit("~", 1)[0] for t in tasks} | {t.test for t in tasks})
     _threads()
     for name, b in spec.bases.items():
-        folder = base_dir(spec, name)
-        if (folder / "card.json").is_file():
-            continue
-        folder.parent.mkdir(parents=True, exist_ok=True)
+        def build(folder, b=b):
+            pretrain_base(list(b["public"]), folder, model=b["model"], private=private, epochs=b["epochs"], device="cpu")
+
         t0 = time.perf_counter()
-        pretrain_base(list(b["public"]), folder, model=b["model"], private=private, epochs=b["epochs"], device="cpu")
-        print(f"{name}: built in {time.perf_counter() - t0:.0f} s", flush=True)
+        how = place_base(base_dir(spec, name), kept_base(spec, name), build)
+        print(f"{name}: {how} ({time.perf_counter() - t0:.0f} s)", flush=True)
+
+
+def place_base(folder: Path, kept: Path, build) -> str:
+    """A base in ``folder``: there already, else copied from its committed copy ``kept``, else ``build(folder)`` and
+    copied to ``kept`` (to commit). Says which."""
+    if (folder / "card.json").is_file():
+        return "present"
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    if (kept / "weights.safetensors").is_file():  # a lost cache does not rebuild (and change) the round's base
+        shutil.copytree(kept, folder)
+        return f"restored from {kept}"
+    build(folder)
+    shutil.copytree(folder, kept)
+    return f"built; its copy in {kept} is to be committed"
+
+
+def kept_base(spec: Round, name: str) -> Path:
+    """The committed copy of a round's base ``name`` (its weights and card, beside the round's results; a small CNN's
+    are about 160 kB): a base is a float computation that another CPU does not reproduce bit for bit, so the run
+    reads the copy the round froze or recorded, not a rebuild."""
+    return spec.results_dir / "bases" / name
 
 
 def other_files(spec: Round) -> dict[str, Path]:
