@@ -58,9 +58,12 @@ def test_the_card_records_each_set_its_size_classes_and_fingerprint(base):
         assert fp["name"] == s["name"] and fp["examples"] == 40 and len(fp["content"]["sha256"]) == 64
 
 
-def test_the_same_settings_give_the_same_base(base, tmp_path):
+def test_the_same_settings_give_the_same_base_on_the_same_machine_and_the_card_says_which(base, tmp_path):
     card = pretrain_base(["digits", "textures"], tmp_path / "again", **SMALL)
     assert card["weights_sha256"] == _card(base)["weights_sha256"]
+    m = card["training"]["machine"]  # another CPU instruction set or thread count may give other floats
+    assert m["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and m["threads"] == torch.get_num_threads()
+    assert m["torch"] == torch.__version__
 
 
 @pytest.mark.parametrize("given", ["folder", "file"])

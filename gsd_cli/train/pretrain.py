@@ -276,9 +276,21 @@ def pretrain_base(public, out, *, model: str = "fmnist-cnn", catalog=None, priva
         "training": {"seed": seed, "epochs": epochs, "lr": lr, "batch_size": batch_size, "examples_cap": examples, "optimizer": "Adam",
                      "loss": "cross-entropy over the concatenated label spaces", "augmentation": None,
                      "validation_fraction": VALIDATION_FRACTION, **record, "device": dev.type,
-                     "seconds": round(time.perf_counter() - t0, 2)},
+                     "seconds": round(time.perf_counter() - t0, 2), "machine": _machine(dev)},
     }
     return write_base(folder, net, card)
+
+
+def _machine(dev) -> dict:
+    """What a bit-for-bit rebuild also needs (the same sets and settings are not enough): float kernels differ by
+    CPU instruction set (a base rebuilt on an AVX2 CPU differed from one built with AVX-512), thread count and build."""
+    import platform
+
+    out = {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+           "machine": platform.machine()}
+    if dev.type == "cuda":
+        out["gpu"] = torch.cuda.get_device_name(dev)
+    return out
 
 
 def _architecture(model) -> str:
