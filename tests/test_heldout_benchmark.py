@@ -319,7 +319,9 @@ def fake_steps(spec, task, seed, name):
     gains = {"a": {"p": [0.1], "q": [0.0]}, "b": {"p": [0.0], "q": [0.05]}}[task.name]
     dist = {"a": {"p": 0.3, "q": 0.5}, "b": {"p": 0.2, "q": 0.6}}[task.name]
     m, p, _ = DP[task.name][seed]
-    return {"advised": {"ranking": {"results": [{"public": c, "distance": d} for c, d in dist.items()]}},
+    refused = {"p": {"second_phase": "p has 50 examples, fewer than 100 per private class (200)"}} if task.name == "a" else {}
+    return {"advised": {"ranking": {"results": [{"public": c, "distance": d} for c, d in dist.items()]},
+                        "decision": {"evidence": refused}},
             "probe": {"gains": gains},
             "dp": {"decision": {"method": m, "public": p}, "training": {"epsilon": 1.5, "delta": 9e-6}}}[name]
 
@@ -370,6 +372,9 @@ def test_the_scorer_s_oracles_no_harm_budget_split_orders_and_targets(tmp_path, 
     assert a["oracle_choice"] == "second-phase:p" and a["loso_choices"] == ["second-phase:p", "second-phase:q", "second-phase:p"]
     assert a["gain"]["oracle"] == pytest.approx(16 / 3) and a["gain"]["oracle-loso"] == pytest.approx((10 - 10 - 6) / 3)
     assert a["cells"][0]["probe_pick"] == "p" and doc["tasks"]["b"]["cells"][0]["probe_pick"] == "q"
+    # a's probe pick p was kept out of the second phase by the advice's rule on every seed; b's q was not
+    assert doc["figures"]["all"]["pick_refused"] == {"cells": 3, "of": 6, "reasons": ["p has 50 examples, fewer than 100 per private class (200)"]}
+    assert "kept out of the second phase by the advice's eligibility rule in 3 of 6 cells" in R.markdown(spec, doc)
     f = doc["figures"]["all"]
     dp = f["auto:dp"]
     assert (dp["no_harm"], dp["cells"], dp["chose_no_candidate"], dp["used_public"], dp["used_public_ok"]) == (2, 6, 4, 2, 2)

@@ -67,6 +67,10 @@ def set_lines(spec: Round, name: str, f: dict) -> list[str]:
                  + ", ".join(f"{t} {c}" for t, c in w["by_task"].items()) + ")")
     if "pick_vs_random" in f:
         L.append(f"- the probe's pick minus a random candidate: {_pts(f['pick_vs_random']['mean'], dec, f['pick_vs_random']['ci'])}")
+    if "pick_refused" in f:
+        x = f["pick_refused"]
+        L.append(f"- the probe's top candidate was kept out of the second phase by the advice's eligibility rule in "
+                 f"{x['cells']} of {x['of']} cells ({'; '.join(x['reasons'])})")
     L += [f"- `{a.replace('~', '` and `')}` decide alike in {x['cells']} of {x['of']} cells" for a, x in f["agreement"].items()]
     for a in (a for a in arms if a in spec.arms):
         s = f[a].get("budget_split")

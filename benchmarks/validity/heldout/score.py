@@ -133,6 +133,8 @@ def cell(spec: Round, res: Results, task: str, seed: int) -> dict | str:
     if probe is not None:
         out["probe_pick"] = max(t.candidates, key=lambda c: float(np.mean(probe["gains"][c])))
         out["probe-pick"] = options[label(spec.probe_pick, out["probe_pick"])]
+        ev = ((res.step(task, seed, spec.gsd_ranking) or {}).get("decision") or {}).get("evidence") or {}
+        out["pick_refused"] = (ev.get(out["probe_pick"]) or {}).get("second_phase")  # the advice's eligibility rule
     return out
 
 
@@ -326,6 +328,9 @@ def figures(spec: Round, set_name: str, tasks: list[dict]) -> dict:
     if "probe-pick" in arms:
         d = np.array([t["mean"]["probe-pick"] - t["mean"]["random"] for t in tasks])
         out["pick_vs_random"] = {"mean": float(d.mean()), "ci": boot(d, "pick-vs-random")}
+    refused = [c["pick_refused"] for t in tasks for c in t["cells"] if c.get("pick_refused")]
+    if refused:  # cells whose probe's top candidate the advised ranking kept out of the second phase, and why
+        out["pick_refused"] = {"cells": len(refused), "of": sum(len(t["cells"]) for t in tasks), "reasons": sorted(set(refused))}
     out["agreement"] = {}
     for a, b in spec.agreement:
         if a in arms and b in arms:
