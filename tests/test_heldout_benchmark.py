@@ -259,7 +259,7 @@ def test_rounds_1_to_5_rescore_to_every_figure_their_old_scorer_committed(n):
             assert x["oracle_share"]["ci"] == pytest.approx(y["oracle_share"]["ci"]) and x["by_source"]["source_mean"] == pytest.approx(y["by_source"]["source_mean"])
 
 
-@pytest.mark.parametrize("n, note", [(5, "heldout.json"), (6, "heldout6.json")])  # round 7 joins once its note ships
+@pytest.mark.parametrize("n, note", [(5, "heldout.json"), (6, "heldout6.json"), (7, "heldout7.json")])
 def test_the_shipped_validity_notes_are_the_rescored_figures_and_quote_only_printed_ones(n, note):
     """gsd_cli/report/heldout*.json is what ``score --update-package`` writes from the re-scored round, and every
     figure gsd rank's note quotes is in the round's markdown."""

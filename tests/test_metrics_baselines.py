@@ -266,6 +266,17 @@ def test_the_validity_line_is_printed_from_the_shipped_figures():
     dp = validity_line("dp-energy")  # gsd rank --dp's default: what auto-select does with a private selection's winner
     assert "--select-epsilon" in dp and "noise references" in dp and "validity: Advice" in shown("dp-energy")
     assert "noise references" in line
+    # round 7 (gsd_cli/report/heldout7.json) leads: per private size, whether public data paid, then both advices,
+    # the eligibility rule's refusals beside the feature probe's top candidate, and the DP advice's declines
+    from gsd_cli.report.validity import heldout7
+
+    r7 = heldout7()
+    assert r7 is not None and line.index("round 7") < line.index("round 6") < line.index("Earlier (held-out")
+    for st in r7["sets"].values():
+        r, dp = st["pick_refused"], st["dp"]
+        assert f"kept the feature probe's top candidate out in {r['cells']} of {r['of']} cells" in line
+        assert f"{dp['no_harm']} of {dp['cells']} cells, mean gain" in line and f"it chose no candidate in {dp['dpsgd_by_choice']} of them" in line
+        assert f"{st['sizes'][0]:,} private examples ({st['oracle_loso']['of']} tasks) public data " in line
 
 
 def test_logme_of_degenerate_features_is_finite():

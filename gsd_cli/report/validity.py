@@ -60,11 +60,23 @@ def round7_sentence(doc: dict) -> str:
             f"at {', '.join(f'{n:,}' for n in st['sizes'])} private examples ({lo['of']} tasks) public data {pays}: the oracle "
             f"chosen on other seeds gained 3 points or more on {lo['gaining_3']} of {lo['of']} tasks (mean {_ci(lo['gain'], '+.2f')})"
             + arm(st.get("non_private"), "gsd train --auto-select --weights (not DP)")
+            + _refused(st)
             + arm(st.get("dp"), f"with --select-epsilon {doc['select_epsilon']:g} (DP, the same total)")
+            + (f" (it chose no candidate in {st['dp']['dpsgd_by_choice']} of them)" if st.get("dp") else "")
             + (f"; GSD's order against the second phase, mean Spearman {_ci(rho, '+.2f')}" if rho else ""))
     missed = f"; targets missed: {', '.join(doc['missed'])}" if doc["missed"] else "; every scored target met"
     return (f"validity ({doc['label']}; epsilon {doc['epsilon']:g}; gains over the best arm without a candidate, DP-SGD "
             f"from scratch or from the base; intervals: {doc['intervals']}): " + "; ".join(parts) + missed + ".")
+
+
+def _refused(st: dict) -> str:
+    """How often the advice's eligibility rule kept the feature probe's top candidate out, and what the probe's pick
+    would have gained without the rule (round 7's finding; absent from notes that predate it)."""
+    r, p = st.get("pick_refused"), st.get("probe_pick")
+    if not (r and p):
+        return ""
+    return (f" (its eligibility rule kept the feature probe's top candidate out in {r['cells']} of {r['of']} cells; "
+            f"the probe's top candidate, always used: mean gain {_ci(p['gain'], '+.2f')} points, {_pct(p['oracle_share'])} of the oracle's)")
 
 
 def round6_sentence(doc: dict) -> str:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from .spec import RESULTS, Round
 
@@ -45,7 +46,8 @@ def arm_row(arm: str, x: dict, dec: int) -> str:
 def set_lines(spec: Round, name: str, f: dict) -> list[str]:
     """The figures of one set: a row per arm and the oracles, then the set's other figures."""
     dec = spec.decimals
-    L = [f"## Figures, {spec.sets[name]['label']} ({len(f['tasks'])} tasks: {', '.join(f['tasks'])})", "",
+    lab, listed = spec.sets[name]["label"], ", ".join(f["tasks"])  # a label that counts its tasks is not counted again
+    L = [f"## Figures, {lab}: {listed}" if re.search(r"\(\d+ tasks", lab) else f"## Figures, {lab} ({len(f['tasks'])} tasks: {listed})", "",
          f"| arm | within {spec.tolerance} points of the reference | chose no candidate | used a candidate: within | "
          "mean task gain | median | top two (their share of the gain) | share of the oracle's gain | share of the "
          "leave-one-seed-out oracle's | mean gain where the oracle gains >= 3 |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -195,7 +197,10 @@ def sized_note(spec: Round, doc: dict, note: dict) -> dict:
                 "oracle_loso": {"gaining_3": lo["tasks_gaining_3"], "of": len(f["tasks"]),
                                 "gain": {k: lo["task_gain"][k] for k in ("mean", "ci")}},
                 "oracle": {"gaining_3": f["oracle"]["tasks_gaining_3"], "gain": {k: f["oracle"]["task_gain"][k] for k in ("mean", "ci")}},
-                **arms, "spearman_gsd": {k: f["spearman"][k] for k in ("mean", "ci")} if "spearman" in f else None}
+                **arms, "spearman_gsd": {k: f["spearman"][k] for k in ("mean", "ci")} if "spearman" in f else None,
+                **({"probe_pick": {"gain": {k: f["probe-pick"]["task_gain"][k] for k in ("mean", "ci")},
+                                   "oracle_share": {k: f["probe-pick"]["oracle_share"][k] for k in ("mean", "ci")}}} if "probe-pick" in f else {}),
+                **({"pick_refused": {k: f["pick_refused"][k] for k in ("cells", "of")}} if "pick_refused" in f else {})}
 
     return {"source": f"{doc['command']} --update-package (benchmarks/results/{spec.out}.md)", "label": spec.label,
             "epsilon": spec.epsilon, "select_epsilon": (spec.dp or {}).get(spec.arms.get(note.get("dp"), {}).get("step"), {}).get("select_epsilon", spec.select_epsilon),
