@@ -639,7 +639,7 @@ def test_a_sized_round_s_package_note_says_size_by_size_whether_public_data_paid
     assert "at 40 private examples (2 tasks) public data paid: the oracle chosen on other seeds gained 3 points or more on 1 of 2" in text
     assert "at 400 private examples (1 tasks) public data did not pay" in text and "(DP, the same total) within 0.5 points in" in text
     monkeypatch.setattr(V, "heldout7", lambda: note)
-    assert V.validity_line().startswith("validity (round 98") and "Round 6 (from scratch: " in V.validity_line()
+    assert V.validity_line().startswith("validity (round 98") and "Round 6 (from scratch, no task with a related public set from another source: " in V.validity_line()
 
 
 def test_a_base_that_is_not_the_frozen_one_is_used_only_as_a_recorded_deviation(tmp_path, capsys):

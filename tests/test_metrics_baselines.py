@@ -272,6 +272,9 @@ def test_the_validity_line_is_printed_from_the_shipped_figures():
 
     r7 = heldout7()
     assert r7 is not None and line.index("round 7") < line.index("round 6") < line.index("Earlier (held-out")
+    og = r6["oracle_gain"]  # where public data could not pay, the note says how little the oracle gained
+    assert "Round 6 (from scratch, no task with a related public set from another source" in line
+    assert f"the oracle (the best choice in hindsight) gained {og['mean']:+.2f} [{og['ci'][0]:+.2f}, {og['ci'][1]:+.2f}] points" in line
     for st in r7["sets"].values():
         r, dp = st["pick_refused"], st["dp"]
         assert f"kept the feature probe's top candidate out in {r['cells']} of {r['of']} cells" in line

@@ -91,7 +91,9 @@ def round6_sentence(doc: dict) -> str:
 
     missed = f"; targets missed: {', '.join(doc['missed'])}" if doc["missed"] else "; every target met"
     return (f"validity ({doc['label']}, {doc['tasks']} tasks; DP-SGD tuned over {doc['baseline']['grid']}: lr {b['lr']:g}, "
-            f"{b['epochs']} epochs; intervals: {doc['intervals']}): gsd train --auto-select (not DP) {arm(p)}; with "
+            f"{b['epochs']} epochs; intervals: {doc['intervals']}): "
+            + (f"the oracle (the best choice in hindsight) gained {_ci(doc['oracle_gain'], '+.2f')} points; " if doc.get("oracle_gain") else "")
+            + f"gsd train --auto-select (not DP) {arm(p)}; with "
             f"--select-epsilon {doc['select_epsilon']:g} at the same total epsilon (DP) {arm(d)}{missed}.")
 
 
@@ -138,7 +140,7 @@ def validity_line(metric: str = "gsd") -> str | None:
         return None
     r6, r7 = heldout6(), heldout7()
     if r7:
-        earlier = round6_sentence(r6).replace("validity (", "Round 6 (from scratch: ", 1) + " " if r6 else ""
+        earlier = round6_sentence(r6).replace("validity (", "Round 6 (from scratch, no task with a related public set from another source: ", 1) + " " if r6 else ""
         return round7_sentence(r7) + " " + earlier + heldout_sentence(doc, "Earlier") + " " + advice_sentence()
     if r6:
         return round6_sentence(r6) + " " + heldout_sentence(doc, "Earlier") + " " + advice_sentence()
