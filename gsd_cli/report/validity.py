@@ -70,8 +70,9 @@ def round7_sentence(doc: dict) -> str:
 
 
 def _refused(st: dict) -> str:
-    """How often the advice's eligibility rule kept the feature probe's top candidate out, and what the probe's pick
-    would have gained without the rule (round 7's finding; absent from notes that predate it)."""
+    """How often the advice's eligibility rule kept the feature probe's top candidate out, and what that candidate
+    gained when always used (the scorer's ``probe-pick``: neither the rule nor the advice's tests applied; round 7's
+    finding, absent from notes that predate it)."""
     r, p = st.get("pick_refused"), st.get("probe_pick")
     if not (r and p):
         return ""
